@@ -1,0 +1,4 @@
+//! Prints previewd's CRDs as YAML: `cargo run --bin crdgen > crds/previewd.dev.yaml`.
+fn main() {
+    print!("{}", previewd::crd::crds_yaml());
+}

@@ -1,0 +1,17 @@
+//! previewd: a Kubernetes controller that gives every branch or pull request its own
+//! short-lived preview environment. See `docs/architecture.md` for the data flow.
+
+pub mod config;
+pub mod crd;
+pub mod error;
+pub mod sandbox;
+pub mod telemetry;
+
+pub use error::Error;
+
+/// Installs rustls' process-wide crypto provider (ring). Must run before any TLS client is
+/// built: when several crates enable different rustls back-ends, rustls cannot pick one by
+/// itself and panics at the first connection. Safe to call more than once.
+pub fn install_crypto_provider() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}

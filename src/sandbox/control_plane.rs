@@ -1,0 +1,443 @@
+//! A real Kubernetes control plane on loopback: etcd, kube-apiserver (bearer-token auth, RBAC,
+//! service-account keys), kube-controller-manager and kube-scheduler, on ports chosen free at
+//! run time, with data in a temporary folder that is removed when it stops.
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use kube::config::{KubeConfigOptions, Kubeconfig};
+
+use super::SandboxError;
+use super::process::{self, ManagedProcess};
+use super::provision::Binaries;
+
+/// The range services get their cluster IPs from.
+const SERVICE_CIDR: &str = "10.96.0.0/16";
+/// Prefix of data folders, followed by the owner's pid (so dead owners' folders can be swept).
+const DATA_DIR_PREFIX: &str = "previewd-sandbox-";
+
+/// A running control plane. Dropping it stops every process and removes its data.
+pub struct ControlPlane {
+    dir: PathBuf,
+    kubeconfig_path: PathBuf,
+    kubeconfig: Kubeconfig,
+    api_url: String,
+    // Stopped in this order on drop: dependants first, etcd last.
+    processes: Vec<ManagedProcess>,
+    started_in: Duration,
+}
+
+/// Ports of one control plane.
+#[derive(Clone, Copy, Debug)]
+struct Ports {
+    etcd_client: u16,
+    etcd_peer: u16,
+    apiserver: u16,
+    controller_manager: u16,
+    scheduler: u16,
+}
+
+impl Ports {
+    fn pick() -> Result<Self, SandboxError> {
+        // Hold all listeners until every port is chosen, so the five are distinct.
+        let listeners: Vec<TcpListener> = (0..5)
+            .map(|_| TcpListener::bind("127.0.0.1:0"))
+            .collect::<Result<_, _>>()
+            .map_err(|e| SandboxError::Process(format!("cannot find a free loopback port: {e}")))?;
+        let port = |i: usize| listeners[i].local_addr().map(|a| a.port()).unwrap_or(0);
+        Ok(Self {
+            etcd_client: port(0),
+            etcd_peer: port(1),
+            apiserver: port(2),
+            controller_manager: port(3),
+            scheduler: port(4),
+        })
+    }
+}
+
+impl ControlPlane {
+    /// Starts the control plane and waits until the apiserver answers `/readyz` and the
+    /// `default` namespace's service account exists (pods can then be created).
+    pub async fn start(binaries: &Binaries) -> Result<Self, SandboxError> {
+        // A port picked free can be taken by someone else before our process binds it
+        // (several test binaries start control planes at once); such a start is retried.
+        let mut last_error = None;
+        for _ in 0..3 {
+            match Self::start_once(binaries).await {
+                Ok(plane) => return Ok(plane),
+                Err(e @ SandboxError::PortTaken(_)) => last_error = Some(e),
+                Err(e) => return Err(e),
+            }
+        }
+        Err(last_error.expect("three attempts were made"))
+    }
+
+    async fn start_once(binaries: &Binaries) -> Result<Self, SandboxError> {
+        let started = Instant::now();
+        sweep_stale_data_dirs();
+        let dir = make_data_dir()?;
+        process::stop_all_at_exit(&dir);
+        let ports = Ports::pick()?;
+        let token = random_hex(16)?;
+        write_credentials(&dir, &token)?;
+
+        let mut processes = Vec::new();
+        let etcd = ManagedProcess::spawn(
+            "etcd",
+            &binaries.etcd,
+            &[
+                format!("--data-dir={}", dir.join("etcd").display()),
+                format!(
+                    "--listen-client-urls=http://127.0.0.1:{}",
+                    ports.etcd_client
+                ),
+                format!(
+                    "--advertise-client-urls=http://127.0.0.1:{}",
+                    ports.etcd_client
+                ),
+                format!("--listen-peer-urls=http://127.0.0.1:{}", ports.etcd_peer),
+                format!(
+                    "--initial-advertise-peer-urls=http://127.0.0.1:{}",
+                    ports.etcd_peer
+                ),
+                format!(
+                    "--initial-cluster=default=http://127.0.0.1:{}",
+                    ports.etcd_peer
+                ),
+                "--log-level=warn".into(),
+            ],
+            &dir.join("etcd.log"),
+        )?;
+        processes.insert(0, etcd);
+
+        let apiserver = ManagedProcess::spawn(
+            "kube-apiserver",
+            &binaries.path("kube-apiserver"),
+            &apiserver_args(&dir, &ports),
+            &dir.join("apiserver.log"),
+        )?;
+        processes.insert(0, apiserver);
+
+        let api_url = format!("https://127.0.0.1:{}", ports.apiserver);
+        let kubeconfig_path = dir.join("kubeconfig");
+        let mut plane = Self {
+            dir: dir.clone(),
+            kubeconfig_path: kubeconfig_path.clone(),
+            kubeconfig: Kubeconfig::default(),
+            api_url: api_url.clone(),
+            processes,
+            started_in: Duration::ZERO,
+        };
+        plane.wait_for_apiserver_certificate().await?;
+        let kubeconfig_text = kubeconfig_yaml(&api_url, &token, &dir.join("certs/apiserver.crt"))?;
+        std::fs::write(&kubeconfig_path, &kubeconfig_text)
+            .map_err(|e| SandboxError::io(&kubeconfig_path, e))?;
+        plane.kubeconfig = Kubeconfig::from_yaml(&kubeconfig_text).map_err(|e| {
+            SandboxError::Process(format!("generated kubeconfig does not parse: {e}"))
+        })?;
+        plane.wait_ready().await?;
+
+        let controller_manager = ManagedProcess::spawn(
+            "kube-controller-manager",
+            &binaries.path("kube-controller-manager"),
+            &[
+                format!("--kubeconfig={}", kubeconfig_path.display()),
+                "--leader-elect=false".into(),
+                "--port=0".into(),
+                format!("--secure-port={}", ports.controller_manager),
+                "--bind-address=127.0.0.1".into(),
+                format!(
+                    "--service-account-private-key-file={}",
+                    dir.join("sa.key").display()
+                ),
+                format!(
+                    "--root-ca-file={}",
+                    dir.join("certs/apiserver.crt").display()
+                ),
+                "--use-service-account-credentials=false".into(),
+                // No cloud, no kubelet: keep the node lifecycle controller's defaults but let a
+                // test's namespace deletion and GC happen quickly.
+                "--concurrent-namespace-syncs=10".into(),
+                "--concurrent-gc-syncs=20".into(),
+            ],
+            &dir.join("controller-manager.log"),
+        )?;
+        plane.processes.insert(0, controller_manager);
+        let scheduler = ManagedProcess::spawn(
+            "kube-scheduler",
+            &binaries.path("kube-scheduler"),
+            &[
+                format!("--kubeconfig={}", kubeconfig_path.display()),
+                "--leader-elect=false".into(),
+                "--port=0".into(),
+                format!("--secure-port={}", ports.scheduler),
+                "--bind-address=127.0.0.1".into(),
+            ],
+            &dir.join("scheduler.log"),
+        )?;
+        plane.processes.insert(0, scheduler);
+        plane.wait_for_default_service_account().await?;
+        plane.started_in = started.elapsed();
+        Ok(plane)
+    }
+
+    /// Path of a kubeconfig (admin, bearer token) for this control plane.
+    pub fn kubeconfig_path(&self) -> &Path {
+        &self.kubeconfig_path
+    }
+
+    /// The folder with the kubeconfig, logs and data.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    pub fn api_url(&self) -> &str {
+        &self.api_url
+    }
+
+    /// How long the start took, from nothing to pods being creatable.
+    pub fn started_in(&self) -> Duration {
+        self.started_in
+    }
+
+    /// A client for this control plane, bound to the calling tokio runtime.
+    pub async fn client(&self) -> Result<kube::Client, SandboxError> {
+        client_from_kubeconfig(self.kubeconfig.clone()).await
+    }
+
+    /// A process of the control plane by name (`kube-apiserver`, `etcd`, …), for fault tests.
+    pub fn process_mut(&mut self, name: &str) -> Option<&mut ManagedProcess> {
+        self.processes.iter_mut().find(|p| p.name() == name)
+    }
+
+    /// Stops everything (scheduler, controller-manager, apiserver, etcd) and removes the data.
+    pub fn stop(mut self) {
+        self.stop_processes();
+    }
+
+    fn stop_processes(&mut self) {
+        for mut process in self.processes.drain(..) {
+            process.stop(Duration::from_secs(10));
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+
+    /// The apiserver writes its self-signed certificate before it serves; the kubeconfig
+    /// embeds it, so wait for the file (and fail early when the process dies).
+    async fn wait_for_apiserver_certificate(&mut self) -> Result<(), SandboxError> {
+        let cert = self.dir.join("certs/apiserver.crt");
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while Instant::now() < deadline {
+            self.check_alive()?;
+            if std::fs::metadata(&cert)
+                .map(|m| m.len() > 0)
+                .unwrap_or(false)
+            {
+                tokio::time::sleep(Duration::from_millis(50)).await; // let the write finish
+                return Ok(());
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        Err(self.failure("kube-apiserver wrote no certificate within 60 s"))
+    }
+
+    async fn wait_ready(&mut self) -> Result<(), SandboxError> {
+        let client = self.client().await?;
+        let deadline = Instant::now() + Duration::from_secs(90);
+        while Instant::now() < deadline {
+            self.check_alive()?;
+            // `send` rather than `request_text`: the 500s of a starting apiserver are expected
+            // here and should not be logged as client errors.
+            let request = http::Request::get("/readyz")
+                .body(kube::client::Body::empty())
+                .expect("static request");
+            if let Ok(response) = client.send(request).await
+                && response.status().is_success()
+            {
+                return Ok(());
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        Err(self.failure("kube-apiserver was not ready within 90 s"))
+    }
+
+    async fn wait_for_default_service_account(&mut self) -> Result<(), SandboxError> {
+        use k8s_openapi::api::core::v1::ServiceAccount;
+        let client = self.client().await?;
+        let accounts: kube::Api<ServiceAccount> = kube::Api::namespaced(client, "default");
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while Instant::now() < deadline {
+            self.check_alive()?;
+            if let Ok(Some(account)) = accounts.get_opt("default").await
+                && !account.secrets.unwrap_or_default().is_empty()
+            {
+                return Ok(());
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        Err(self.failure(
+            "the controller-manager created no token for the default service account within 60 s",
+        ))
+    }
+
+    fn check_alive(&mut self) -> Result<(), SandboxError> {
+        let dead = self.processes.iter_mut().find_map(|p| {
+            p.exited()
+                .map(|status| (p.name().to_string(), status, p.log_tail(15)))
+        });
+        match dead {
+            None => Ok(()),
+            Some((name, status, tail)) if tail.contains("address already in use") => Err(
+                SandboxError::PortTaken(format!("{name} exited ({status}): {tail}")),
+            ),
+            Some((name, status, tail)) => Err(SandboxError::Process(format!(
+                "{name} exited ({status}); last lines of its log ({}):\n{tail}",
+                self.dir.display()
+            ))),
+        }
+    }
+
+    fn failure(&self, what: &str) -> SandboxError {
+        let tails: Vec<String> = self
+            .processes
+            .iter()
+            .map(|p| {
+                format!(
+                    "--- {} ({})\n{}",
+                    p.name(),
+                    p.log_path().display(),
+                    p.log_tail(10)
+                )
+            })
+            .collect();
+        SandboxError::Process(format!("{what}\n{}", tails.join("\n")))
+    }
+}
+
+impl Drop for ControlPlane {
+    fn drop(&mut self) {
+        self.stop_processes();
+    }
+}
+
+/// A kube client from a kubeconfig, honouring its current context.
+pub async fn client_from_kubeconfig(kubeconfig: Kubeconfig) -> Result<kube::Client, SandboxError> {
+    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+        .await
+        .map_err(|e| SandboxError::Process(format!("kubeconfig: {e}")))?;
+    kube::Client::try_from(config).map_err(|e| SandboxError::Process(format!("kube client: {e}")))
+}
+
+fn apiserver_args(dir: &Path, ports: &Ports) -> Vec<String> {
+    vec![
+        format!("--etcd-servers=http://127.0.0.1:{}", ports.etcd_client),
+        format!("--secure-port={}", ports.apiserver),
+        "--bind-address=127.0.0.1".into(),
+        "--advertise-address=127.0.0.1".into(),
+        format!("--cert-dir={}", dir.join("certs").display()),
+        format!("--token-auth-file={}", dir.join("tokens.csv").display()),
+        "--authorization-mode=RBAC".into(),
+        "--service-account-issuer=https://kubernetes.default.svc".into(),
+        format!(
+            "--service-account-key-file={}",
+            dir.join("sa.pub").display()
+        ),
+        format!(
+            "--service-account-signing-key-file={}",
+            dir.join("sa.key").display()
+        ),
+        format!("--service-cluster-ip-range={SERVICE_CIDR}"),
+        "--allow-privileged=true".into(),
+        // No kubelet answers on the nodes' addresses; never try to reach one.
+        "--kubelet-preferred-address-types=InternalIP".into(),
+    ]
+}
+
+/// The admin token (group system:masters) and the service-account signing keys.
+fn write_credentials(dir: &Path, token: &str) -> Result<(), SandboxError> {
+    let tokens = dir.join("tokens.csv");
+    std::fs::write(&tokens, format!("{token},admin,admin,\"system:masters\"\n"))
+        .map_err(|e| SandboxError::io(&tokens, e))?;
+    let key = dir.join("sa.key");
+    let public = dir.join("sa.pub");
+    openssl(&["genrsa", "-out", &key.to_string_lossy(), "2048"])?;
+    openssl(&[
+        "rsa",
+        "-in",
+        &key.to_string_lossy(),
+        "-pubout",
+        "-out",
+        &public.to_string_lossy(),
+    ])
+}
+
+fn openssl(args: &[&str]) -> Result<(), SandboxError> {
+    let output = Command::new("openssl").args(args).output().map_err(|e| {
+        SandboxError::Process(format!("cannot run openssl (apt-get install openssl): {e}"))
+    })?;
+    if !output.status.success() {
+        return Err(SandboxError::Process(format!(
+            "openssl {} failed: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&output.stderr)
+        )));
+    }
+    Ok(())
+}
+
+fn kubeconfig_yaml(api_url: &str, token: &str, ca_file: &Path) -> Result<String, SandboxError> {
+    use base64::Engine as _;
+    let ca = std::fs::read(ca_file).map_err(|e| SandboxError::io(ca_file, e))?;
+    Ok(format!(
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: previewd-sandbox\n  cluster:\n    server: {api_url}\n    certificate-authority-data: {}\nusers:\n- name: admin\n  user:\n    token: {token}\ncontexts:\n- name: previewd-sandbox\n  context:\n    cluster: previewd-sandbox\n    user: admin\n    namespace: default\ncurrent-context: previewd-sandbox\n",
+        base64::engine::general_purpose::STANDARD.encode(&ca)
+    ))
+}
+
+/// Data lives in memory (/dev/shm) where there is one: etcd fsyncs on every write.
+fn make_data_dir() -> Result<PathBuf, SandboxError> {
+    let base = data_dir_base();
+    let dir = tempfile::Builder::new()
+        .prefix(&format!("{DATA_DIR_PREFIX}{}-", std::process::id()))
+        .tempdir_in(&base)
+        .map_err(|e| SandboxError::io(&base, e))?
+        .keep();
+    Ok(dir)
+}
+
+fn data_dir_base() -> PathBuf {
+    let shm = PathBuf::from("/dev/shm");
+    let writable = tempfile::tempdir_in(&shm).is_ok();
+    if writable { shm } else { std::env::temp_dir() }
+}
+
+/// Removes data folders left by sandboxes whose process is gone (killed with SIGKILL).
+pub fn sweep_stale_data_dirs() {
+    let Ok(entries) = std::fs::read_dir(data_dir_base()) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().to_string();
+        let Some(rest) = name.strip_prefix(DATA_DIR_PREFIX) else {
+            continue;
+        };
+        let owner = rest
+            .split('-')
+            .next()
+            .and_then(|pid| pid.parse::<u32>().ok());
+        if owner.is_some_and(|pid| !process::pid_alive(pid)) {
+            let _ = std::fs::remove_dir_all(entry.path());
+        }
+    }
+}
+
+fn random_hex(bytes: usize) -> Result<String, SandboxError> {
+    let mut buffer = vec![0u8; bytes];
+    let mut file = std::fs::File::open("/dev/urandom")
+        .map_err(|e| SandboxError::io(Path::new("/dev/urandom"), e))?;
+    std::io::Read::read_exact(&mut file, &mut buffer)
+        .map_err(|e| SandboxError::io(Path::new("/dev/urandom"), e))?;
+    Ok(hex::encode(buffer))
+}

@@ -1,0 +1,288 @@
+//! Test support: one real control plane per test binary (or the cluster named by
+//! `PREVIEWD_TEST_KUBECONFIG`), a fresh namespace per test, cleanup and a dump of what the
+//! namespace held when a test fails.
+#![allow(dead_code)] // each test binary uses a different part of this module
+
+use std::future::Future;
+use std::path::PathBuf;
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use futures::FutureExt;
+use k8s_openapi::api::core::v1::Namespace;
+use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use kube::config::Kubeconfig;
+use kube::{Client, ResourceExt};
+use previewd::sandbox::{NodeSimulatorConfig, Sandbox, SandboxOptions, StderrProgress};
+
+/// The cluster every test in this binary shares.
+pub struct SharedCluster {
+    pub kubeconfig_path: PathBuf,
+    /// pid of the sandbox's kube-apiserver; `None` on an external cluster.
+    pub apiserver_pid: Option<u32>,
+    /// Whether pods are run by the node simulator (they are on the sandbox).
+    pub simulated_nodes: bool,
+}
+
+pub fn cache_dir() -> PathBuf {
+    previewd::config::default_cache_dir()
+}
+
+/// The shared cluster, started on first use. The sandbox lives on a thread of its own with its
+/// own runtime (each `#[tokio::test]` has a runtime that ends with the test), and is stopped by
+/// previewd's exit hook when the test binary exits.
+pub fn shared() -> &'static SharedCluster {
+    static SHARED: OnceLock<SharedCluster> = OnceLock::new();
+    SHARED.get_or_init(|| {
+        previewd::install_crypto_provider();
+        if let Some(path) = std::env::var_os("PREVIEWD_TEST_KUBECONFIG") {
+            return SharedCluster {
+                kubeconfig_path: path.into(),
+                apiserver_pid: None,
+                simulated_nodes: false,
+            };
+        }
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::Builder::new()
+            .name("test-sandbox".into())
+            .spawn(move || {
+                let runtime = tokio::runtime::Builder::new_multi_thread()
+                    .worker_threads(2)
+                    .enable_all()
+                    .build()
+                    .expect("sandbox runtime");
+                runtime.block_on(async move {
+                    let options = SandboxOptions {
+                        cache_dir: cache_dir(),
+                        nodes: NodeSimulatorConfig::default(),
+                    };
+                    match Sandbox::start(options, Arc::new(StderrProgress)).await {
+                        Ok(mut sandbox) => {
+                            let pid = sandbox
+                                .control_plane_mut()
+                                .process_mut("kube-apiserver")
+                                .and_then(|p| p.pid());
+                            let _ = tx.send(Ok((sandbox.kubeconfig_path().to_path_buf(), pid)));
+                            std::future::pending::<()>().await;
+                            drop(sandbox);
+                        }
+                        Err(e) => {
+                            let _ = tx.send(Err(e.to_string()));
+                        }
+                    }
+                });
+            })
+            .expect("spawn the sandbox thread");
+        let (kubeconfig_path, apiserver_pid) = rx
+            .recv()
+            .expect("sandbox thread answered")
+            .unwrap_or_else(|e| panic!("the test control plane did not start: {e}"));
+        SharedCluster {
+            kubeconfig_path,
+            apiserver_pid,
+            simulated_nodes: true,
+        }
+    })
+}
+
+/// A client for the shared cluster, bound to the calling test's runtime.
+pub async fn client() -> Client {
+    let path = shared().kubeconfig_path.clone();
+    let kubeconfig = Kubeconfig::read_from(&path).expect("read the test kubeconfig");
+    previewd::sandbox::control_plane::client_from_kubeconfig(kubeconfig)
+        .await
+        .expect("test client")
+}
+
+/// Runs `test` in a fresh namespace named after it; on failure prints what the namespace
+/// held; deletes the namespace afterwards either way.
+pub async fn in_namespace<F, Fut>(test_name: &str, test: F)
+where
+    F: FnOnce(Client, String) -> Fut,
+    Fut: Future<Output = ()>,
+{
+    let client = client().await;
+    let namespace = create_namespace(&client, test_name).await;
+    let outcome = std::panic::AssertUnwindSafe(test(client.clone(), namespace.clone()))
+        .catch_unwind()
+        .await;
+    if outcome.is_err() {
+        dump_namespace(&client, &namespace).await;
+    }
+    let namespaces: Api<Namespace> = Api::all(client);
+    let _ = namespaces
+        .delete(&namespace, &DeleteParams::default())
+        .await;
+    if let Err(panic) = outcome {
+        std::panic::resume_unwind(panic);
+    }
+}
+
+pub async fn create_namespace(client: &Client, test_name: &str) -> String {
+    let suffix: String = format!(
+        "{:x}",
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos()
+    );
+    let base: String = test_name
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() {
+                c.to_ascii_lowercase()
+            } else {
+                '-'
+            }
+        })
+        .collect();
+    let name = format!(
+        "t-{}-{}",
+        &base[..base.len().min(40)].trim_end_matches('-'),
+        &suffix[suffix.len() - 6..]
+    );
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    let namespace: Namespace = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": name, "labels": {"previewd.dev/test": "true"}}
+    }))
+    .unwrap();
+    namespaces
+        .create(&PostParams::default(), &namespace)
+        .await
+        .expect("create the test namespace");
+    wait_for_default_service_account(client, &name).await;
+    name
+}
+
+/// Pods cannot be created before the namespace's `default` service account has its token.
+async fn wait_for_default_service_account(client: &Client, namespace: &str) {
+    use k8s_openapi::api::core::v1::ServiceAccount;
+    let accounts: Api<ServiceAccount> = Api::namespaced(client.clone(), namespace);
+    for _ in 0..150 {
+        if let Ok(Some(account)) = accounts.get_opt("default").await
+            && !account.secrets.unwrap_or_default().is_empty()
+        {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("namespace {namespace} got no default service account token within 15 s");
+}
+
+/// Prints events, pods, deployments and jobs of a namespace (for failed tests).
+pub async fn dump_namespace(client: &Client, namespace: &str) {
+    use k8s_openapi::api::apps::v1::Deployment;
+    use k8s_openapi::api::batch::v1::Job;
+    use k8s_openapi::api::core::v1::{Event, Pod};
+    eprintln!("===== what namespace {namespace} held when the test failed =====");
+    let lp = ListParams::default();
+    if let Ok(events) = Api::<Event>::namespaced(client.clone(), namespace)
+        .list(&lp)
+        .await
+    {
+        for e in events.items.iter().rev().take(40) {
+            eprintln!(
+                "event {} {}: {} {}",
+                e.involved_object.kind.clone().unwrap_or_default(),
+                e.involved_object.name.clone().unwrap_or_default(),
+                e.reason.clone().unwrap_or_default(),
+                e.message.clone().unwrap_or_default()
+            );
+        }
+    }
+    if let Ok(pods) = Api::<Pod>::namespaced(client.clone(), namespace)
+        .list(&lp)
+        .await
+    {
+        for p in pods.items {
+            let status = p.status.clone().unwrap_or_default();
+            eprintln!(
+                "pod {} node={:?} phase={:?}",
+                p.name_any(),
+                p.spec.and_then(|s| s.node_name),
+                status.phase
+            );
+        }
+    }
+    if let Ok(deployments) = Api::<Deployment>::namespaced(client.clone(), namespace)
+        .list(&lp)
+        .await
+    {
+        for d in deployments.items {
+            eprintln!(
+                "deployment {} status={}",
+                d.name_any(),
+                serde_json::to_string(&d.status).unwrap_or_default()
+            );
+        }
+    }
+    if let Ok(jobs) = Api::<Job>::namespaced(client.clone(), namespace)
+        .list(&lp)
+        .await
+    {
+        for j in jobs.items {
+            eprintln!(
+                "job {} status={}",
+                j.name_any(),
+                serde_json::to_string(&j.status).unwrap_or_default()
+            );
+        }
+    }
+    eprintln!("===== end of dump =====");
+}
+
+/// Polls `check` every 250 ms until it returns `Some`, or panics after `timeout` with `what`.
+pub async fn eventually<T, F, Fut>(what: &str, timeout: Duration, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        if let Some(value) = check().await {
+            return value;
+        }
+        if tokio::time::Instant::now() > deadline {
+            panic!("timed out after {timeout:?} waiting for: {what}");
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+/// The fixture folder shared by the project (`../shared/fixtures`).
+pub fn fixture(path: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../shared/fixtures")
+        .join(path)
+}
+
+/// Parses a multi-document YAML file into JSON objects (empty documents skipped).
+pub fn yaml_documents(text: &str) -> Vec<serde_json::Value> {
+    use serde::Deserialize;
+    serde_yaml_ng::Deserializer::from_str(text)
+        .map(|doc| serde_json::Value::deserialize(doc).expect("valid YAML document"))
+        .filter(|doc| !doc.is_null())
+        .collect()
+}
+
+/// Server-side applies arbitrary objects into `namespace`, resolving each kind through discovery.
+pub async fn apply_all(client: &Client, namespace: &str, objects: &[serde_json::Value]) {
+    use kube::api::{DynamicObject, GroupVersionKind, Patch, PatchParams};
+    use kube::discovery::pinned_kind;
+    for object in objects {
+        let api_version = object["apiVersion"].as_str().expect("apiVersion");
+        let kind = object["kind"].as_str().expect("kind");
+        let name = object["metadata"]["name"].as_str().expect("metadata.name");
+        let (group, version) = api_version.rsplit_once('/').unwrap_or(("", api_version));
+        let gvk = GroupVersionKind::gvk(group, version, kind);
+        let (resource, _) = pinned_kind(client, &gvk).await.expect("kind is served");
+        let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), namespace, &resource);
+        api.patch(
+            name,
+            &PatchParams::apply("previewd-tests").force(),
+            &Patch::Apply(object),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("apply {kind}/{name}: {e}"));
+    }
+}
