@@ -33,13 +33,50 @@ pub enum LogFormat {
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
+    /// Run the controller against a cluster: in-cluster config, else `--kubeconfig`, else the
+    /// current kubeconfig context.
+    Run(RunArgs),
     /// Run a real Kubernetes control plane with simulated nodes on this machine (no cluster
     /// needed), with previewd's CRDs installed, until Ctrl-C or SIGTERM.
     Sandbox(SandboxArgs),
 }
 
 #[derive(Debug, Args)]
+pub struct ControllerArgs {
+    /// Only watch PreviewTemplates and PreviewEnvironments in this namespace (default: all).
+    #[arg(long, env = "PREVIEWD_WATCH_NAMESPACE")]
+    pub watch_namespace: Option<String>,
+    /// Server-side applies in flight at once within a wave.
+    #[arg(long, env = "PREVIEWD_APPLY_CONCURRENCY", default_value_t = 16)]
+    pub apply_concurrency: usize,
+    /// How often everything is re-applied regardless of the apply cache (drift repair), e.g. `10m`.
+    #[arg(long, env = "PREVIEWD_RESYNC_INTERVAL", default_value = "10m", value_parser = parse_duration)]
+    pub resync_interval: Duration,
+}
+
+impl ControllerArgs {
+    pub fn controller_config(&self) -> crate::controller::ControllerConfig {
+        crate::controller::ControllerConfig {
+            namespace: self.watch_namespace.clone(),
+            apply_concurrency: self.apply_concurrency.max(1),
+            resync_interval: self.resync_interval,
+        }
+    }
+}
+
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    /// Path of a kubeconfig to use instead of the in-cluster or default configuration.
+    #[arg(long, env = "PREVIEWD_KUBECONFIG")]
+    pub kubeconfig: Option<PathBuf>,
+    #[command(flatten)]
+    pub controller: ControllerArgs,
+}
+
+#[derive(Debug, Args)]
 pub struct SandboxArgs {
+    #[command(flatten)]
+    pub controller: ControllerArgs,
     /// Write `{"kubeconfig": "<path>"}` to this file once the control plane is ready.
     #[arg(long)]
     pub info_file: Option<PathBuf>,
@@ -78,5 +115,45 @@ pub fn default_cache_dir() -> PathBuf {
     match std::env::var_os("HOME").filter(|v| !v.is_empty()) {
         Some(home) => PathBuf::from(home).join(".cache/previewd"),
         None => std::env::temp_dir().join("previewd-cache"),
+    }
+}
+
+/// Parses `90s`, `10m`, `72h`, `14d` (or a plain number of seconds).
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let text = text.trim();
+    let split = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let number: u64 = number
+        .parse()
+        .map_err(|_| format!("{text:?} is not a duration like 90s, 10m, 72h or 14d"))?;
+    let seconds = match unit {
+        "" | "s" => 1,
+        "m" => 60,
+        "h" => 3_600,
+        "d" => 86_400,
+        _ => {
+            return Err(format!(
+                "{text:?}: unknown unit {unit:?} (use s, m, h or d)"
+            ));
+        }
+    };
+    Ok(Duration::from_secs(number * seconds))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_parse_with_units() {
+        assert_eq!(parse_duration("90s"), Ok(Duration::from_secs(90)));
+        assert_eq!(parse_duration("10m"), Ok(Duration::from_secs(600)));
+        assert_eq!(parse_duration("72h"), Ok(Duration::from_secs(259_200)));
+        assert_eq!(parse_duration("14d"), Ok(Duration::from_secs(1_209_600)));
+        assert_eq!(parse_duration("5"), Ok(Duration::from_secs(5)));
+        assert!(parse_duration("3 weeks").is_err());
+        assert!(parse_duration("m").is_err());
     }
 }

@@ -1,9 +1,18 @@
 //! previewd: a Kubernetes controller that gives every branch or pull request its own
 //! short-lived preview environment. See `docs/architecture.md` for the data flow.
 
+pub mod apply;
 pub mod config;
+pub mod controller;
 pub mod crd;
 pub mod error;
+pub mod guard;
+pub mod health;
+pub mod metrics;
+pub mod namespace;
+pub mod naming;
+pub mod observed;
+pub mod render;
 pub mod sandbox;
 pub mod telemetry;
 

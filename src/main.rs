@@ -2,7 +2,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use clap::Parser;
-use previewd::config::{Cli, Command, SandboxArgs};
+use previewd::config::{Cli, Command, RunArgs, SandboxArgs};
 use previewd::sandbox::{self, Sandbox, StderrProgress};
 
 fn main() -> ExitCode {
@@ -13,6 +13,7 @@ fn main() -> ExitCode {
     let result = runtime.block_on(async {
         match cli.command {
             Command::Sandbox(args) => run_sandbox(args).await,
+            Command::Run(args) => run_controller(args).await,
         }
     });
     match result {
@@ -46,6 +47,9 @@ async fn run_sandbox(args: SandboxArgs) -> Result<(), previewd::Error> {
     println!("  kubeconfig: {kubeconfig}");
     println!("  nodes:      {}", sandbox.node_names().join(", "));
     println!("  try:        KUBECONFIG={kubeconfig} kubectl get nodes,crds,previewenvironments -A");
+    println!(
+        "  controller: previewd is reconciling PreviewEnvironments (try: kubectl apply -f templates/web-postgres/)"
+    );
     println!("Press Ctrl-C to stop; everything the sandbox started stops with it.");
     if let Some(path) = &args.info_file {
         let info = serde_json::json!({ "kubeconfig": kubeconfig });
@@ -54,9 +58,37 @@ async fn run_sandbox(args: SandboxArgs) -> Result<(), previewd::Error> {
             source: e,
         })?;
     }
+    let client = sandbox.control_plane().client().await?;
+    let controller = tokio::spawn(previewd::controller::run(
+        client,
+        args.controller.controller_config(),
+        Arc::new(previewd::metrics::Metrics::new()),
+        None,
+    ));
     wait_for_shutdown_signal().await;
     eprintln!("[sandbox] stopping");
+    controller.abort();
     drop(sandbox);
+    Ok(())
+}
+
+async fn run_controller(args: RunArgs) -> Result<(), previewd::Error> {
+    let client = match &args.kubeconfig {
+        Some(path) => {
+            let kubeconfig = kube::config::Kubeconfig::read_from(path)
+                .map_err(|e| previewd::Error::Config(format!("reading {}: {e}", path.display())))?;
+            sandbox::control_plane::client_from_kubeconfig(kubeconfig).await?
+        }
+        None => kube::Client::try_default().await.map_err(|e| {
+            previewd::Error::Config(format!("no Kubernetes configuration found: {e}"))
+        })?,
+    };
+    tracing::info!("previewd controller starting");
+    let metrics = Arc::new(previewd::metrics::Metrics::new());
+    tokio::select! {
+        _ = previewd::controller::run(client, args.controller.controller_config(), metrics, None) => {}
+        _ = wait_for_shutdown_signal() => tracing::info!("shutting down"),
+    }
     Ok(())
 }
 

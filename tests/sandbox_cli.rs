@@ -22,7 +22,11 @@ fn start_sandbox() -> SandboxRun {
         .stderr(Stdio::piped())
         .spawn()
         .expect("start previewd sandbox");
-    SandboxRun { child, info_file, _scratch: scratch }
+    SandboxRun {
+        child,
+        info_file,
+        _scratch: scratch,
+    }
 }
 
 /// Waits for the info file; returns the kubeconfig path and how long it took.
@@ -38,7 +42,12 @@ fn wait_for_info(run: &mut SandboxRun) -> (PathBuf, Duration) {
         }
         if let Ok(Some(status)) = run.child.try_wait() {
             let mut stderr = String::new();
-            run.child.stderr.take().unwrap().read_to_string(&mut stderr).unwrap();
+            run.child
+                .stderr
+                .take()
+                .unwrap()
+                .read_to_string(&mut stderr)
+                .unwrap();
             panic!("previewd sandbox exited early ({status}):\n{stderr}");
         }
         std::thread::sleep(Duration::from_millis(100));
@@ -56,7 +65,11 @@ fn processes_using(dir: &Path) -> Vec<u32> {
         .filter_map(|entry| entry.file_name().to_string_lossy().parse::<u32>().ok())
         .filter(|pid| {
             std::fs::read(format!("/proc/{pid}/cmdline"))
-                .map(|raw| String::from_utf8_lossy(&raw).replace('\0', " ").contains(&needle))
+                .map(|raw| {
+                    String::from_utf8_lossy(&raw)
+                        .replace('\0', " ")
+                        .contains(&needle)
+                })
                 .unwrap_or(false)
         })
         .collect()
@@ -83,8 +96,16 @@ fn wait_until_gone(pids: &[u32], timeout: Duration) -> Vec<u32> {
 }
 
 fn kubectl(kubeconfig: &Path, args: &[&str]) -> String {
-    let output = Command::new("kubectl").env("KUBECONFIG", kubeconfig).args(args).output().expect("run kubectl");
-    assert!(output.status.success(), "kubectl {args:?}: {}", String::from_utf8_lossy(&output.stderr));
+    let output = Command::new("kubectl")
+        .env("KUBECONFIG", kubeconfig)
+        .args(args)
+        .output()
+        .expect("run kubectl");
+    assert!(
+        output.status.success(),
+        "kubectl {args:?}: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
     String::from_utf8_lossy(&output.stdout).to_string()
 }
 
@@ -100,32 +121,76 @@ fn sandbox_serves_a_cluster_and_stops_everything_on_sigterm() {
     let data_dir = kubeconfig.parent().unwrap().to_path_buf();
 
     let nodes = kubectl(&kubeconfig, &["get", "nodes", "--no-headers"]);
-    assert_eq!(nodes.lines().filter(|l| l.contains(" Ready ")).count(), 2, "nodes:\n{nodes}");
+    assert_eq!(
+        nodes.lines().filter(|l| l.contains(" Ready ")).count(),
+        2,
+        "nodes:\n{nodes}"
+    );
     let crds = kubectl(&kubeconfig, &["get", "crds", "-o", "name"]);
-    assert!(crds.contains("previewenvironments.previewd.dev") && crds.contains("previewtemplates.previewd.dev"));
+    assert!(
+        crds.contains("previewenvironments.previewd.dev")
+            && crds.contains("previewtemplates.previewd.dev")
+    );
 
     let children = processes_using(&data_dir);
-    assert_eq!(children.len(), 4, "etcd, apiserver, controller-manager and scheduler run");
+    assert_eq!(
+        children.len(),
+        4,
+        "etcd, apiserver, controller-manager and scheduler run"
+    );
 
     signal(&run.child, libc::SIGTERM);
     let status = run.child.wait().unwrap();
     let mut stdout = String::new();
-    run.child.stdout.take().unwrap().read_to_string(&mut stdout).unwrap();
+    run.child
+        .stdout
+        .take()
+        .unwrap()
+        .read_to_string(&mut stdout)
+        .unwrap();
     let mut stderr = String::new();
-    run.child.stderr.take().unwrap().read_to_string(&mut stderr).unwrap();
-    assert!(status.success(), "previewd sandbox exits cleanly on SIGTERM: {status}\n{stderr}");
-    assert!(stdout.contains(&format!("kubeconfig: {}", kubeconfig.display())), "prints the kubeconfig:\n{stdout}");
-    assert!(stdout.contains("kubectl get"), "prints a kubectl line to try:\n{stdout}");
+    run.child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut stderr)
+        .unwrap();
+    assert!(
+        status.success(),
+        "previewd sandbox exits cleanly on SIGTERM: {status}\n{stderr}"
+    );
+    assert!(
+        stdout.contains(&format!("kubeconfig: {}", kubeconfig.display())),
+        "prints the kubeconfig:\n{stdout}"
+    );
+    assert!(
+        stdout.contains("kubectl get"),
+        "prints a kubectl line to try:\n{stdout}"
+    );
 
-    assert_eq!(wait_until_gone(&children, Duration::from_secs(5)), Vec::<u32>::new(), "no stray processes");
+    assert_eq!(
+        wait_until_gone(&children, Duration::from_secs(5)),
+        Vec::<u32>::new(),
+        "no stray processes"
+    );
     assert!(!data_dir.exists(), "the data folder is removed");
 
     // A run that had to build says so on stderr; a cached one starts in seconds.
     let built = stderr.contains("building kube-apiserver");
-    eprintln!("previewd sandbox: control plane ready in {:.1} s ({})", ready_in.as_secs_f64(),
-        if built { "first run: built the binaries" } else { "cached binaries" });
+    eprintln!(
+        "previewd sandbox: control plane ready in {:.1} s ({})",
+        ready_in.as_secs_f64(),
+        if built {
+            "first run: built the binaries"
+        } else {
+            "cached binaries"
+        }
+    );
     if !built {
-        assert!(ready_in < Duration::from_secs(15), "with cached binaries the sandbox is ready in under 15 s, took {ready_in:?}");
+        assert!(
+            ready_in < Duration::from_secs(15),
+            "with cached binaries the sandbox is ready in under 15 s, took {ready_in:?}"
+        );
     }
 }
 

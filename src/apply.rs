@@ -1,0 +1,228 @@
+//! Apply: server-side apply under one field manager, objects of a wave in parallel (bounded),
+//! and a skip cache so that nothing unchanged is sent.
+//!
+//! Per object the cache keeps two SHA-256s: of the rendered manifest, and of what the apply
+//! returned (projected onto the manifest's fields, see [`observed::project`]). An object is
+//! applied when its manifest changed, when it is missing from the watch store, or when what
+//! the watch last saw (projected the same way) differs from what the apply returned: drift. A
+//! periodic full resync bypasses the cache.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use futures::{StreamExt, TryStreamExt};
+use kube::api::{
+    ApiResource, DeleteParams, DynamicObject, GroupVersionKind, Patch, PatchParams,
+    PropagationPolicy,
+};
+use kube::{Api, Client};
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+
+use crate::crd::FIELD_MANAGER;
+use crate::health::Health;
+use crate::metrics::Metrics;
+use crate::observed::{self, ObjectKey, ObservedStore};
+
+type Sha = [u8; 32];
+
+fn sha(value: &Value) -> Sha {
+    Sha256::digest(value.to_string().as_bytes()).into()
+}
+
+#[derive(Clone, Copy)]
+struct CacheEntry {
+    manifest: Sha,
+    applied: Sha,
+}
+
+/// What one `apply` call did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ApplyStats {
+    pub sent: usize,
+    pub skipped: usize,
+}
+
+pub struct Applier {
+    client: Client,
+    store: Arc<ObservedStore>,
+    metrics: Arc<Metrics>,
+    concurrency: usize,
+    cache: Mutex<HashMap<ObjectKey, CacheEntry>>,
+    resources: Mutex<HashMap<(String, String), ApiResource>>,
+}
+
+impl Applier {
+    pub fn new(
+        client: Client,
+        store: Arc<ObservedStore>,
+        metrics: Arc<Metrics>,
+        concurrency: usize,
+    ) -> Self {
+        Self {
+            client,
+            store,
+            metrics,
+            concurrency: concurrency.max(1),
+            cache: Mutex::new(HashMap::new()),
+            resources: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// The API resource of `apiVersion`/`kind` (discovered once), with its watch running.
+    pub async fn resource(
+        &self,
+        api_version: &str,
+        kind: &str,
+    ) -> Result<ApiResource, kube::Error> {
+        let key = (api_version.to_string(), kind.to_string());
+        if let Some(resource) = self.resources.lock().expect("resources lock").get(&key) {
+            return Ok(resource.clone());
+        }
+        let (group, version) = api_version.rsplit_once('/').unwrap_or(("", api_version));
+        let (resource, _) = kube::discovery::pinned_kind(
+            &self.client,
+            &GroupVersionKind::gvk(group, version, kind),
+        )
+        .await?;
+        self.store.ensure_watch(&resource).await?;
+        self.resources
+            .lock()
+            .expect("resources lock")
+            .insert(key, resource.clone());
+        Ok(resource)
+    }
+
+    fn api(&self, resource: &ApiResource, namespace: &str) -> Api<DynamicObject> {
+        if namespace.is_empty() {
+            Api::all_with(self.client.clone(), resource)
+        } else {
+            Api::namespaced_with(self.client.clone(), namespace, resource)
+        }
+    }
+
+    /// Whether `manifest` must be sent: see the module documentation.
+    fn needs_apply(&self, key: &ObjectKey, manifest: &Value, manifest_sha: &Sha) -> bool {
+        let Some(entry) = self.cache.lock().expect("cache lock").get(key).copied() else {
+            return true;
+        };
+        if entry.manifest != *manifest_sha {
+            return true;
+        }
+        match self.store.get(key) {
+            None => true,
+            Some(observed) => sha(&observed::project(&observed.content, manifest)) != entry.applied,
+        }
+    }
+
+    /// Applies `objects` concurrently (at most `concurrency` at once). With `bypass_cache`
+    /// everything is sent (the periodic resync).
+    pub async fn apply(
+        &self,
+        objects: &[&Value],
+        bypass_cache: bool,
+    ) -> Result<ApplyStats, kube::Error> {
+        for object in objects {
+            self.resource(
+                object["apiVersion"].as_str().unwrap_or_default(),
+                object["kind"].as_str().unwrap_or_default(),
+            )
+            .await?;
+        }
+        // Futures collected first: a stream built from a borrowing closure trips the compiler's
+        // higher-ranked lifetime inference once it sits inside the controller's future.
+        let pending: Vec<_> = objects
+            .iter()
+            .map(|object| Box::pin(self.apply_one(object, bypass_cache)))
+            .collect();
+        let sent: Vec<bool> = futures::stream::iter(pending)
+            .buffer_unordered(self.concurrency)
+            .try_collect()
+            .await?;
+        let sent_count = sent.iter().filter(|s| **s).count();
+        Ok(ApplyStats {
+            sent: sent_count,
+            skipped: sent.len() - sent_count,
+        })
+    }
+
+    async fn apply_one(&self, manifest: &Value, bypass_cache: bool) -> Result<bool, kube::Error> {
+        let key = ObjectKey::of(manifest);
+        let manifest_sha = sha(manifest);
+        if !bypass_cache && !self.needs_apply(&key, manifest, &manifest_sha) {
+            self.metrics.applies.with_label_values(&["skipped"]).inc();
+            return Ok(false);
+        }
+        let resource = self.resource(&key.api_version, &key.kind).await?;
+        let params = PatchParams::apply(FIELD_MANAGER).force();
+        self.metrics.applies.with_label_values(&["sent"]).inc();
+        self.metrics.write("apply");
+        let returned = self
+            .api(&resource, &key.namespace)
+            .patch(&key.name, &params, &Patch::Apply(manifest))
+            .await?;
+        let mut returned = serde_json::to_value(&returned).unwrap_or(Value::Null);
+        returned["apiVersion"] = Value::String(key.api_version.clone());
+        returned["kind"] = Value::String(key.kind.clone());
+        self.store.record(&returned);
+        let applied = sha(&observed::project(&observed::strip(&returned), manifest));
+        self.cache.lock().expect("cache lock").insert(
+            key,
+            CacheEntry {
+                manifest: manifest_sha,
+                applied,
+            },
+        );
+        Ok(true)
+    }
+
+    /// Deletes an object previewd no longer renders (background propagation: a Job's pods go too).
+    pub async fn delete(&self, key: &ObjectKey) -> Result<(), kube::Error> {
+        let resource = self.resource(&key.api_version, &key.kind).await?;
+        let params = DeleteParams {
+            propagation_policy: Some(PropagationPolicy::Background),
+            ..Default::default()
+        };
+        self.metrics.write("delete");
+        match self
+            .api(&resource, &key.namespace)
+            .delete(&key.name, &params)
+            .await
+        {
+            Ok(_) => {}
+            Err(kube::Error::Api(status)) if status.code == 404 => {}
+            Err(e) => return Err(e),
+        }
+        self.forget(key);
+        Ok(())
+    }
+
+    /// Health of an object from the watch store (not seen yet: still progressing).
+    pub fn health(&self, key: &ObjectKey) -> Health {
+        self.store
+            .get(key)
+            .map(|o| o.health)
+            .unwrap_or_else(|| Health::Progressing("not observed yet".into()))
+    }
+
+    /// Drops an object from the cache and the store (its environment is gone).
+    pub fn forget(&self, key: &ObjectKey) {
+        self.cache.lock().expect("cache lock").remove(key);
+        self.store.forget(key);
+    }
+
+    /// Forgets every cached object in `namespace`.
+    pub fn forget_namespace(&self, namespace: &str) {
+        let keys: Vec<ObjectKey> = self
+            .cache
+            .lock()
+            .expect("cache lock")
+            .keys()
+            .filter(|k| k.namespace == namespace || k.name == namespace && k.namespace.is_empty())
+            .cloned()
+            .collect();
+        for key in keys {
+            self.forget(&key);
+        }
+    }
+}

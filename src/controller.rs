@@ -1,0 +1,814 @@
+//! The controller: reconcile a `PreviewEnvironment` into a running, seeded namespace.
+//!
+//! `reconcile` reads top to bottom as the pipeline: template → manifests → render → guard →
+//! namespace and guard rails → waves (apply, then wait for health) → prune → status. Only
+//! `apply`, the status write, events and the finalizer write to the API server, and none of
+//! them writes when nothing changed.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use chrono::{DateTime, Utc};
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
+use kube::api::{Patch, PatchParams};
+use kube::runtime::controller::{Action, Controller};
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::finalizer::{Event as FinalizerEvent, finalizer};
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Api, Client, Resource, ResourceExt};
+use serde_json::Value;
+
+use crate::apply::Applier;
+use crate::crd::{
+    Condition, FINALIZER, InlineManifest, LABEL_ENVIRONMENT, LABEL_ENVIRONMENT_NAMESPACE,
+    LABEL_MANAGED_BY, LABEL_TEMPLATE, ManifestSource, Phase, PreviewEnvironment,
+    PreviewEnvironmentStatus, PreviewTemplate, PreviewTemplateSpec, ResourceStatus, SeedStatus,
+    Timings,
+};
+use crate::health::Health;
+use crate::metrics::Metrics;
+use crate::observed::{ObjectKey, ObservedStore};
+use crate::render::{self, RenderContext, RenderedObject};
+use crate::{guard, namespace, naming};
+
+/// Settings of the controller (from `config`).
+#[derive(Clone, Debug)]
+pub struct ControllerConfig {
+    /// Watch only this namespace's templates and environments (all namespaces if `None`).
+    pub namespace: Option<String>,
+    /// Server-side applies in flight at once within a wave.
+    pub apply_concurrency: usize,
+    /// How often everything is re-applied regardless of the cache, to repair drift.
+    pub resync_interval: Duration,
+}
+
+impl Default for ControllerConfig {
+    fn default() -> Self {
+        Self {
+            namespace: None,
+            apply_concurrency: 16,
+            resync_interval: Duration::from_secs(600),
+        }
+    }
+}
+
+/// Errors of one reconcile.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("reading the manifests: {0}")]
+    Manifests(String),
+    #[error("applying: {0}")]
+    Apply(#[source] kube::Error),
+    #[error("pruning: {0}")]
+    Prune(#[source] kube::Error),
+    #[error("writing status: {0}")]
+    Status(#[source] kube::Error),
+    #[error("deleting the namespace: {0}")]
+    Cleanup(#[source] kube::Error),
+    #[error("namespace {0} is still terminating")]
+    NamespaceTerminating(String),
+    #[error("finalizer: {0}")]
+    Finalizer(String),
+}
+
+impl Error {
+    pub fn category(&self) -> &'static str {
+        match self {
+            Error::Manifests(_) => "manifests",
+            Error::Apply(_) => "apply",
+            Error::Prune(_) => "prune",
+            Error::Status(_) => "status",
+            Error::Cleanup(_) | Error::NamespaceTerminating(_) => "cleanup",
+            Error::Finalizer(_) => "finalizer",
+        }
+    }
+}
+
+/// Everything reconcile needs, built once.
+pub struct Context {
+    pub client: Client,
+    pub config: ControllerConfig,
+    pub metrics: Arc<Metrics>,
+    pub applier: Applier,
+    pub templates: Store<PreviewTemplate>,
+    recorder: Recorder,
+    failures: Mutex<HashMap<ObjectRef<PreviewEnvironment>, u32>>,
+    last_full_apply: Mutex<HashMap<ObjectRef<PreviewEnvironment>, Instant>>,
+}
+
+/// Runs the controller until the stream ends (it does not on its own). Returns the context so
+/// callers (tests, the sandbox) can read metrics while it runs.
+pub async fn run(
+    client: Client,
+    config: ControllerConfig,
+    metrics: Arc<Metrics>,
+    context_out: Option<tokio::sync::oneshot::Sender<Arc<Context>>>,
+) {
+    let (environments, templates): (Api<PreviewEnvironment>, Api<PreviewTemplate>) =
+        match &config.namespace {
+            Some(ns) => (
+                Api::namespaced(client.clone(), ns),
+                Api::namespaced(client.clone(), ns),
+            ),
+            None => (Api::all(client.clone()), Api::all(client.clone())),
+        };
+    let (trigger_tx, trigger_rx) = tokio::sync::mpsc::unbounded_channel();
+    let store = ObservedStore::new(client.clone(), trigger_tx);
+    let (template_store, template_writer) = kube::runtime::reflector::store();
+    let template_stream = kube::runtime::reflector(
+        template_writer,
+        watcher(templates, watcher::Config::default()),
+    )
+    .default_backoff()
+    .touched_objects();
+    let controller = Controller::new(environments, watcher::Config::default());
+    let environment_store = controller.store();
+    let context = Arc::new(Context {
+        applier: Applier::new(
+            client.clone(),
+            store,
+            metrics.clone(),
+            config.apply_concurrency,
+        ),
+        recorder: Recorder::new(
+            client.clone(),
+            Reporter {
+                controller: "previewd".into(),
+                instance: None,
+            },
+        ),
+        client,
+        config,
+        metrics,
+        templates: template_store,
+        failures: Mutex::new(HashMap::new()),
+        last_full_apply: Mutex::new(HashMap::new()),
+    });
+    if let Some(out) = context_out {
+        let _ = out.send(context.clone());
+    }
+    controller
+        // A template change re-renders every environment made from it.
+        .watches_stream(template_stream, move |template: PreviewTemplate| {
+            let name = template.name_any();
+            let namespace = template.namespace();
+            environment_store
+                .state()
+                .into_iter()
+                .filter(|env| env.spec.template == name && env.namespace() == namespace)
+                .map(|env| ObjectRef::from_obj(&*env))
+                .collect::<Vec<_>>()
+        })
+        // Objects of an environment changed (health or drift): reconcile it.
+        .reconcile_on(tokio_stream_from(trigger_rx))
+        .run(reconcile, error_policy, context)
+        .for_each(|result| async move {
+            if let Err(e) = result {
+                tracing::debug!(error = %e, "reconcile failed");
+            }
+        })
+        .await;
+}
+
+fn tokio_stream_from<T: Send + 'static>(
+    mut rx: tokio::sync::mpsc::UnboundedReceiver<T>,
+) -> impl futures::Stream<Item = T> + Send {
+    futures::stream::poll_fn(move |cx| rx.poll_recv(cx))
+}
+
+async fn reconcile(
+    environment: Arc<PreviewEnvironment>,
+    context: Arc<Context>,
+) -> Result<Action, Error> {
+    let started = Instant::now();
+    let api: Api<PreviewEnvironment> = Api::namespaced(
+        context.client.clone(),
+        &environment.namespace().unwrap_or_default(),
+    );
+    let has_finalizer = environment.finalizers().iter().any(|f| f == FINALIZER);
+    if !has_finalizer && environment.meta().deletion_timestamp.is_none() {
+        context.metrics.write("finalizer");
+    }
+    let result = finalizer(&api, FINALIZER, environment, |event| async {
+        match event {
+            FinalizerEvent::Apply(environment) => {
+                reconcile_environment(&environment, &context).await
+            }
+            FinalizerEvent::Cleanup(environment) => cleanup(&environment, &context).await,
+        }
+    })
+    .await
+    .map_err(|e| match e {
+        kube::runtime::finalizer::Error::ApplyFailed(e)
+        | kube::runtime::finalizer::Error::CleanupFailed(e) => e,
+        other => Error::Finalizer(other.to_string()),
+    });
+    let outcome = if result.is_ok() { "ok" } else { "error" };
+    context
+        .metrics
+        .reconcile_duration
+        .with_label_values(&[outcome])
+        .observe(started.elapsed().as_secs_f64());
+    result
+}
+
+fn error_policy(
+    environment: Arc<PreviewEnvironment>,
+    error: &Error,
+    context: Arc<Context>,
+) -> Action {
+    context
+        .metrics
+        .reconcile_errors
+        .with_label_values(&[error.category()])
+        .inc();
+    if let Error::NamespaceTerminating(_) = error {
+        return Action::requeue(Duration::from_secs(1));
+    }
+    let key = ObjectRef::from_obj(&*environment);
+    let attempt = {
+        let mut failures = context.failures.lock().expect("failures lock");
+        let attempt = failures.entry(key).or_insert(0);
+        *attempt += 1;
+        *attempt
+    };
+    let delay = Duration::from_secs(1u64 << attempt.min(8)).min(Duration::from_secs(300));
+    tracing::warn!(environment = %environment.name_any(), attempt, error = %error, "reconcile failed; retrying in {delay:?}");
+    Action::requeue(delay)
+}
+
+/// Where one reconcile got to.
+struct Progress {
+    phase: Phase,
+    resources: Vec<ResourceStatus>,
+    seeds: Vec<SeedStatus>,
+    condition: (bool, &'static str, String),
+}
+
+async fn reconcile_environment(
+    environment: &PreviewEnvironment,
+    context: &Context,
+) -> Result<Action, Error> {
+    let key = ObjectRef::from_obj(environment);
+    let env_namespace = environment.namespace().unwrap_or_default();
+    let Some(template) = context
+        .templates
+        .get(&ObjectRef::new(&environment.spec.template).within(&env_namespace))
+    else {
+        let message = format!(
+            "PreviewTemplate {:?} not found in namespace {env_namespace:?}",
+            environment.spec.template
+        );
+        write_status(
+            environment,
+            context,
+            failed_status(environment, "TemplateNotFound", &message, None),
+        )
+        .await?;
+        return Ok(Action::requeue(context.config.resync_interval));
+    };
+    let namespace = environment_namespace(environment, &template.spec);
+    let labels = environment_labels(environment, &template);
+    let context_values = render_context(environment, &template.spec, &namespace);
+
+    let manifests = match manifests(&template, context).await {
+        Ok(manifests) => manifests,
+        Err(message) => {
+            let status = failed_status(
+                environment,
+                "ManifestsUnavailable",
+                &message,
+                Some(&namespace),
+            );
+            write_status(environment, context, status).await?;
+            return Ok(Action::requeue(context.config.resync_interval));
+        }
+    };
+    let rendered = match context_values.and_then(|values| {
+        render::render(&manifests, &template.spec.seeds, &values, &labels)
+            .map(|objects| (values, objects))
+    }) {
+        Ok(rendered) => rendered,
+        Err(error) => {
+            // A broken template is not retried until it changes (or the slow resync).
+            let status = failed_status(
+                environment,
+                "RenderFailed",
+                &error.to_string(),
+                Some(&namespace),
+            );
+            write_status(environment, context, status).await?;
+            return Ok(Action::requeue(context.config.resync_interval));
+        }
+    };
+    let (values, objects) = rendered;
+    let violations = guard::check(&objects, &namespace);
+    if !violations.is_empty() {
+        let message = violations
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join("; ");
+        let status = failed_status(environment, "GuardRejected", &message, Some(&namespace));
+        write_status(environment, context, status).await?;
+        return Ok(Action::requeue(context.config.resync_interval));
+    }
+
+    let bypass_cache = resync_due(context, &key);
+    let namespace_object = namespace::namespace_object(&namespace, &template.spec, &labels);
+    context
+        .applier
+        .apply(&[&namespace_object], bypass_cache)
+        .await
+        .map_err(Error::Apply)?;
+    let guard_rails = namespace::guard_rails(&namespace, &template.spec, &labels);
+    context
+        .applier
+        .apply(&guard_rails.iter().collect::<Vec<_>>(), bypass_cache)
+        .await
+        .map_err(Error::Apply)?;
+
+    let progress = apply_waves(&objects, context, bypass_cache).await?;
+    if progress.phase == Phase::Ready {
+        prune(environment, &objects, context).await?;
+    }
+    if bypass_cache {
+        context
+            .last_full_apply
+            .lock()
+            .expect("resync lock")
+            .insert(key.clone(), Instant::now());
+    }
+    context.failures.lock().expect("failures lock").remove(&key);
+
+    let status = progress_status(environment, progress, &namespace, &values.url);
+    let requeue = match status.phase {
+        Phase::Ready | Phase::Degraded => context.config.resync_interval,
+        // The watch store triggers us when objects change; this is only a safety net.
+        _ => Duration::from_secs(30).min(context.config.resync_interval),
+    };
+    write_status(environment, context, status).await?;
+    Ok(Action::requeue(requeue))
+}
+
+/// Applies wave after wave; stops at the first wave that is not healthy yet.
+async fn apply_waves(
+    objects: &[RenderedObject],
+    context: &Context,
+    bypass_cache: bool,
+) -> Result<Progress, Error> {
+    let waves: BTreeSet<i32> = objects.iter().map(|o| o.wave).collect();
+    let mut resources = Vec::new();
+    let mut seeds = Vec::new();
+    let mut phase = Phase::Ready;
+    let mut condition = (true, "Ready", "every object is healthy".to_string());
+    for wave in waves {
+        let members: Vec<&RenderedObject> = objects.iter().filter(|o| o.wave == wave).collect();
+        if phase == Phase::Ready {
+            let manifests: Vec<&Value> = members.iter().map(|o| &o.object).collect();
+            context
+                .applier
+                .apply(&manifests, bypass_cache)
+                .await
+                .map_err(Error::Apply)?;
+        }
+        let mut wave_health = Vec::new();
+        for object in &members {
+            let health = if phase == Phase::Ready {
+                context.applier.health(&ObjectKey::of(&object.object))
+            } else {
+                Health::Progressing(format!("waiting for wave {}", wave - 1))
+            };
+            wave_health.push(health.clone());
+            match &object.seed {
+                Some(seed) => seeds.push(SeedStatus {
+                    name: seed.clone(),
+                    job: object.name().to_string(),
+                    state: match &health {
+                        Health::Ready => "Succeeded".into(),
+                        Health::Failed(_) => "Failed".into(),
+                        Health::Progressing(_) => "Running".into(),
+                    },
+                    message: health.message(),
+                }),
+                None => resources.push(ResourceStatus {
+                    api_version: object.api_version().to_string(),
+                    kind: object.kind().to_string(),
+                    name: object.name().to_string(),
+                    wave,
+                    state: health.state().to_string(),
+                    message: health.message(),
+                }),
+            }
+        }
+        if phase != Phase::Ready {
+            continue;
+        }
+        if let Some((object, Health::Failed(message))) = members
+            .iter()
+            .zip(&wave_health)
+            .find(|(_, h)| matches!(h, Health::Failed(_)))
+        {
+            phase = Phase::Degraded;
+            let what = if object.seed.is_some() {
+                "seed Job"
+            } else {
+                object.kind()
+            };
+            condition = (
+                false,
+                if object.seed.is_some() {
+                    "SeedFailed"
+                } else {
+                    "ObjectFailed"
+                },
+                format!("{what} {} failed: {message}", object.name()),
+            );
+        } else if let Some((object, _)) = members
+            .iter()
+            .zip(&wave_health)
+            .find(|(_, h)| matches!(h, Health::Progressing(_)))
+        {
+            phase = if object.seed.is_some() {
+                Phase::Seeding
+            } else {
+                Phase::Deploying
+            };
+            condition = (
+                false,
+                if object.seed.is_some() {
+                    "Seeding"
+                } else {
+                    "Deploying"
+                },
+                format!(
+                    "waiting for wave {wave}: {} {}",
+                    object.kind(),
+                    object.name()
+                ),
+            );
+        }
+    }
+    Ok(Progress {
+        phase,
+        resources,
+        seeds,
+        condition,
+    })
+}
+
+/// Deletes objects (and seed Jobs) the previous render produced and this one does not. The
+/// previous render is what the status lists, so this survives restarts.
+async fn prune(
+    environment: &PreviewEnvironment,
+    objects: &[RenderedObject],
+    context: &Context,
+) -> Result<(), Error> {
+    let Some(status) = &environment.status else {
+        return Ok(());
+    };
+    let namespace = status.namespace.clone().unwrap_or_default();
+    let current: BTreeSet<ObjectKey> = objects.iter().map(|o| ObjectKey::of(&o.object)).collect();
+    let previous = status
+        .resources
+        .iter()
+        .map(|r| ObjectKey {
+            api_version: r.api_version.clone(),
+            kind: r.kind.clone(),
+            namespace: namespace.clone(),
+            name: r.name.clone(),
+        })
+        .chain(status.seeds.iter().map(|s| ObjectKey {
+            api_version: "batch/v1".into(),
+            kind: "Job".into(),
+            namespace: namespace.clone(),
+            name: s.job.clone(),
+        }));
+    for key in previous.filter(|k| !current.contains(k)) {
+        tracing::info!(environment = %environment.name_any(), object = %key, "pruning an object the template no longer renders");
+        context.applier.delete(&key).await.map_err(Error::Prune)?;
+    }
+    Ok(())
+}
+
+/// The finalizer's work: delete the namespace and wait until it is gone.
+async fn cleanup(environment: &PreviewEnvironment, context: &Context) -> Result<Action, Error> {
+    let namespace = match &environment
+        .status
+        .as_ref()
+        .and_then(|s| s.namespace.clone())
+    {
+        Some(ns) => ns.clone(),
+        None => match context.templates.get(
+            &ObjectRef::new(&environment.spec.template)
+                .within(&environment.namespace().unwrap_or_default()),
+        ) {
+            Some(template) => environment_namespace(environment, &template.spec),
+            None => return Ok(Action::await_change()),
+        },
+    };
+    let namespaces: Api<Namespace> = Api::all(context.client.clone());
+    match namespaces
+        .get_opt(&namespace)
+        .await
+        .map_err(Error::Cleanup)?
+    {
+        None => {
+            context.applier.forget_namespace(&namespace);
+            context
+                .last_full_apply
+                .lock()
+                .expect("resync lock")
+                .remove(&ObjectRef::from_obj(environment));
+            Ok(Action::await_change())
+        }
+        Some(existing) => {
+            // Never delete a namespace previewd did not create for this environment.
+            let labels = existing.labels();
+            if labels.get(LABEL_ENVIRONMENT) != Some(&environment.name_any()) {
+                tracing::warn!(namespace = %namespace, "namespace is not labelled as this environment's; leaving it");
+                return Ok(Action::await_change());
+            }
+            if existing.metadata.deletion_timestamp.is_none() {
+                context.metrics.write("delete");
+                namespaces
+                    .delete(&namespace, &Default::default())
+                    .await
+                    .map_err(Error::Cleanup)?;
+                publish(
+                    context,
+                    environment,
+                    EventType::Normal,
+                    "Deleting",
+                    format!("deleting namespace {namespace}"),
+                )
+                .await;
+            }
+            Err(Error::NamespaceTerminating(namespace))
+        }
+    }
+}
+
+/// Whether the slow periodic resync is due: then the apply cache is bypassed. The clock of an
+/// environment starts at its first reconcile, whose cache is empty anyway.
+fn resync_due(context: &Context, key: &ObjectRef<PreviewEnvironment>) -> bool {
+    let mut last = context.last_full_apply.lock().expect("resync lock");
+    match last.get(key) {
+        None => {
+            last.insert(key.clone(), Instant::now());
+            false
+        }
+        Some(at) => at.elapsed() >= context.config.resync_interval,
+    }
+}
+
+/// The environment's namespace name (deterministic).
+pub fn environment_namespace(
+    environment: &PreviewEnvironment,
+    template: &PreviewTemplateSpec,
+) -> String {
+    let prefix = template
+        .namespace
+        .prefix
+        .clone()
+        .unwrap_or_else(|| "preview".into());
+    naming::namespace_name(
+        &prefix,
+        &environment.namespace().unwrap_or_default(),
+        &environment.name_any(),
+    )
+}
+
+fn environment_labels(
+    environment: &PreviewEnvironment,
+    template: &PreviewTemplate,
+) -> BTreeMap<String, String> {
+    [
+        (LABEL_MANAGED_BY.to_string(), "previewd".to_string()),
+        (LABEL_ENVIRONMENT.to_string(), environment.name_any()),
+        (
+            LABEL_ENVIRONMENT_NAMESPACE.to_string(),
+            environment.namespace().unwrap_or_default(),
+        ),
+        (LABEL_TEMPLATE.to_string(), template.name_any()),
+    ]
+    .into()
+}
+
+fn render_context(
+    environment: &PreviewEnvironment,
+    template: &PreviewTemplateSpec,
+    namespace: &str,
+) -> Result<RenderContext, render::RenderError> {
+    let source = &environment.spec.source;
+    let mut context = RenderContext {
+        name: environment.name_any(),
+        branch: source.branch.clone(),
+        slug: naming::slug(&source.branch),
+        sha: source.head_sha.clone(),
+        short_sha: source.head_sha.chars().take(7).collect(),
+        pr: source.pull_request,
+        repository: source.repository.clone(),
+        author: source.author.clone().unwrap_or_default(),
+        namespace: namespace.to_string(),
+        host: String::new(),
+        url: String::new(),
+        values: template.values.clone(),
+    };
+    context.host = match &template.url.host {
+        Some(host) => render::render_string("url.host", host, &context)?,
+        None => format!("{namespace}.preview.localhost"),
+    };
+    context.url = format!(
+        "{}://{}",
+        template.url.scheme.as_deref().unwrap_or("https"),
+        context.host
+    );
+    Ok(context)
+}
+
+/// The template's manifests: inline, or every key of a ConfigMap (sorted by key).
+async fn manifests(
+    template: &PreviewTemplate,
+    context: &Context,
+) -> Result<Vec<InlineManifest>, String> {
+    let ManifestSource {
+        inline,
+        config_map,
+        repository_path,
+    } = &template.spec.manifests;
+    if let Some(path) = repository_path {
+        return Err(format!(
+            "manifests from the repository ({path}) need the forge integration, which this previewd does not have yet"
+        ));
+    }
+    let mut all = inline.clone();
+    if let Some(source) = config_map {
+        let api: Api<ConfigMap> = Api::namespaced(
+            context.client.clone(),
+            &template.namespace().unwrap_or_default(),
+        );
+        let map = api
+            .get_opt(&source.name)
+            .await
+            .map_err(|e| format!("reading ConfigMap {}: {e}", source.name))?
+            .ok_or_else(|| {
+                format!(
+                    "ConfigMap {:?} named by the template does not exist",
+                    source.name
+                )
+            })?;
+        for (key, text) in map.data.unwrap_or_default() {
+            all.push(InlineManifest {
+                name: format!("{}/{key}", source.name),
+                template: text,
+            });
+        }
+    }
+    if all.is_empty() {
+        return Err("the template has no manifests".into());
+    }
+    Ok(all)
+}
+
+fn failed_status(
+    environment: &PreviewEnvironment,
+    reason: &'static str,
+    message: &str,
+    namespace: Option<&str>,
+) -> PreviewEnvironmentStatus {
+    let previous = environment.status.clone().unwrap_or_default();
+    PreviewEnvironmentStatus {
+        phase: Phase::Degraded,
+        namespace: namespace.map(str::to_string).or(previous.namespace.clone()),
+        conditions: vec![condition(&previous.conditions, false, reason, message)],
+        ..previous
+    }
+}
+
+fn progress_status(
+    environment: &PreviewEnvironment,
+    progress: Progress,
+    namespace: &str,
+    url: &str,
+) -> PreviewEnvironmentStatus {
+    let previous = environment.status.clone().unwrap_or_default();
+    let (ok, reason, message) = progress.condition;
+    let sha = &environment.spec.source.head_sha;
+    let now = Utc::now();
+    let mut timings = previous
+        .timings
+        .clone()
+        .filter(|t| &t.sha == sha)
+        .unwrap_or_else(|| Timings {
+            sha: sha.clone(),
+            requested_at: environment.spec.last_activity.unwrap_or(now),
+            ready_at: None,
+            seconds_to_ready: None,
+        });
+    let ready = progress.phase == Phase::Ready;
+    if ready && timings.ready_at.is_none() {
+        timings.ready_at = Some(now);
+        timings.seconds_to_ready =
+            Some(((now - timings.requested_at).num_milliseconds() as f64 / 1000.0).max(0.0));
+    }
+    PreviewEnvironmentStatus {
+        phase: progress.phase,
+        namespace: Some(namespace.to_string()),
+        url: Some(url.to_string()),
+        deployed_sha: if ready {
+            Some(sha.clone())
+        } else {
+            previous.deployed_sha.clone()
+        },
+        observed_generation: environment.metadata.generation,
+        resources: progress.resources,
+        seeds: progress.seeds,
+        conditions: vec![condition(&previous.conditions, ok, reason, &message)],
+        timings: Some(timings),
+        comment_id: previous.comment_id,
+    }
+}
+
+/// The `Ready` condition, keeping its transition time when its status did not change.
+fn condition(previous: &[Condition], ok: bool, reason: &str, message: &str) -> Condition {
+    let status = if ok { "True" } else { "False" };
+    let since: DateTime<Utc> = previous
+        .iter()
+        .find(|c| c.type_ == "Ready" && c.status == status)
+        .map(|c| c.last_transition_time)
+        .unwrap_or_else(Utc::now);
+    Condition {
+        type_: "Ready".into(),
+        status: status.into(),
+        reason: reason.into(),
+        message: message.into(),
+        last_transition_time: since,
+    }
+}
+
+/// Writes the status only when it differs from what the object holds; publishes an Event when
+/// the phase changes.
+async fn write_status(
+    environment: &PreviewEnvironment,
+    context: &Context,
+    status: PreviewEnvironmentStatus,
+) -> Result<(), Error> {
+    let previous = environment.status.clone().unwrap_or_default();
+    if environment.status.as_ref() == Some(&status) {
+        return Ok(());
+    }
+    let api: Api<PreviewEnvironment> = Api::namespaced(
+        context.client.clone(),
+        &environment.namespace().unwrap_or_default(),
+    );
+    context.metrics.write("status");
+    api.patch_status(
+        &environment.name_any(),
+        &PatchParams::default(),
+        &Patch::Merge(serde_json::json!({ "status": status })),
+    )
+    .await
+    .map_err(Error::Status)?;
+    if previous.phase != status.phase || environment.status.is_none() {
+        let message = status
+            .conditions
+            .first()
+            .map(|c| c.message.clone())
+            .unwrap_or_default();
+        let kind = if status.phase == Phase::Degraded {
+            EventType::Warning
+        } else {
+            EventType::Normal
+        };
+        publish(context, environment, kind, status.phase.as_str(), message).await;
+    }
+    Ok(())
+}
+
+async fn publish(
+    context: &Context,
+    environment: &PreviewEnvironment,
+    type_: EventType,
+    reason: &str,
+    note: String,
+) {
+    context.metrics.write("event");
+    let event = Event {
+        type_,
+        reason: reason.into(),
+        note: Some(note),
+        action: "Reconcile".into(),
+        secondary: None,
+    };
+    if let Err(e) = context
+        .recorder
+        .publish(&event, &environment.object_ref(&()))
+        .await
+    {
+        tracing::debug!(error = %e, "could not publish an event");
+    }
+}

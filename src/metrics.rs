@@ -1,0 +1,99 @@
+//! Prometheus metrics. Labels are static categories only: never an environment, a branch or
+//! an error message.
+
+use prometheus::{
+    Encoder, HistogramOpts, HistogramVec, IntCounterVec, Opts, Registry, TextEncoder,
+};
+
+pub struct Metrics {
+    pub registry: Registry,
+    /// Server-side applies sent, and skipped because nothing changed.
+    pub applies: IntCounterVec,
+    /// Every write request previewd sends to the API server, by operation.
+    pub writes: IntCounterVec,
+    pub reconcile_duration: HistogramVec,
+    pub reconcile_errors: IntCounterVec,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let registry = Registry::new();
+        let applies = IntCounterVec::new(
+            Opts::new(
+                "previewd_apply_requests_total",
+                "Server-side applies, sent or skipped by the apply cache",
+            ),
+            &["outcome"],
+        )
+        .expect("valid metric");
+        let writes = IntCounterVec::new(
+            Opts::new(
+                "previewd_write_requests_total",
+                "Write requests sent to the Kubernetes API",
+            ),
+            &["operation"],
+        )
+        .expect("valid metric");
+        let reconcile_duration = HistogramVec::new(
+            HistogramOpts::new(
+                "previewd_reconcile_duration_seconds",
+                "Time spent in one reconcile",
+            )
+            .buckets(vec![
+                0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+            ]),
+            &["outcome"],
+        )
+        .expect("valid metric");
+        let reconcile_errors = IntCounterVec::new(
+            Opts::new(
+                "previewd_reconcile_errors_total",
+                "Reconcile errors by category",
+            ),
+            &["category"],
+        )
+        .expect("valid metric");
+        for collector in [
+            Box::new(applies.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(writes.clone()),
+            Box::new(reconcile_duration.clone()),
+            Box::new(reconcile_errors.clone()),
+        ] {
+            registry.register(collector).expect("metric registers once");
+        }
+        Self {
+            registry,
+            applies,
+            writes,
+            reconcile_duration,
+            reconcile_errors,
+        }
+    }
+
+    /// Counts one write request of `operation` (`apply`, `delete`, `status`, `finalizer`, `event`).
+    pub fn write(&self, operation: &'static str) {
+        self.writes.with_label_values(&[operation]).inc();
+    }
+
+    /// All write requests so far.
+    pub fn total_writes(&self) -> u64 {
+        ["apply", "delete", "status", "finalizer", "event"]
+            .iter()
+            .map(|op| self.writes.with_label_values(&[op]).get())
+            .sum()
+    }
+
+    pub fn render(&self) -> String {
+        let mut buffer = Vec::new();
+        TextEncoder::new()
+            .encode(&self.registry.gather(), &mut buffer)
+            .expect("text encoding");
+        String::from_utf8(buffer).expect("metrics are UTF-8")
+    }
+}
