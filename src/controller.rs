@@ -332,9 +332,9 @@ async fn reconcile_environment(
         .map_err(Error::Apply)?;
 
     let progress = apply_waves(&objects, context, bypass_cache).await?;
-    if progress.phase == Phase::Ready {
-        prune(environment, &objects, context).await?;
-    }
+    // Prune in every reconcile, not only once Ready: the next status write replaces the record
+    // of what the previous render produced, so waiting would forget what to delete.
+    prune(environment, &objects, context).await?;
     if bypass_cache {
         context
             .last_full_apply

@@ -228,3 +228,100 @@ async fn unsafe_or_broken_templates_apply_nothing_and_say_why() {
     })
     .await;
 }
+
+fn small_template(config_maps: &[&str], seed_sql: &str) -> PreviewTemplate {
+    let manifests: Vec<serde_json::Value> = config_maps
+        .iter()
+        .map(|name| json!({"name": format!("{name}.yaml"), "template": format!("apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: {name}\ndata:\n  sha: \"{{{{ short_sha }}}}\"\n")}))
+        .collect();
+    let job = format!(
+        "apiVersion: batch/v1\nkind: Job\nmetadata:\n  name: seed\nspec:\n  backoffLimit: 0\n  template:\n    spec:\n      restartPolicy: Never\n      containers:\n      - name: psql\n        image: postgres:16-alpine\n        args: [\"{seed_sql}\"]\n"
+    );
+    serde_json::from_value(json!({
+        "apiVersion": "previewd.dev/v1alpha1", "kind": "PreviewTemplate", "metadata": {"name": "small"},
+        "spec": {"forge": {"kind": "github", "repository": "Codertocat/Hello-World"},
+                 "manifests": {"inline": manifests},
+                 "seeds": [{"name": "data", "wave": 1, "job": job}]}
+    }))
+    .unwrap()
+}
+
+#[tokio::test]
+async fn template_changes_prune_removed_objects_and_rerun_a_changed_seed_once() {
+    in_namespace("prune-seed", |client, ns| async move {
+        let _context = start_controller(&client, &ns, Duration::from_secs(600)).await;
+        let templates: Api<PreviewTemplate> = Api::namespaced(client.clone(), &ns);
+        let environments: Api<PreviewEnvironment> = Api::namespaced(client.clone(), &ns);
+        let apply = |template: PreviewTemplate| {
+            let templates = templates.clone();
+            async move {
+                templates
+                    .patch(
+                        "small",
+                        &PatchParams::apply("test").force(),
+                        &Patch::Apply(template),
+                    )
+                    .await
+                    .unwrap()
+            }
+        };
+        apply(small_template(&["alpha", "beta"], "one.sql")).await;
+        environments
+            .create(&PostParams::default(), &environment_of("small"))
+            .await
+            .unwrap();
+        let ready =
+            wait_for_phase(&environments, "pr-7", Phase::Ready, Duration::from_secs(60)).await;
+        let status = ready.status.unwrap();
+        let target = status.namespace.clone().unwrap();
+        let first_job = status.seeds[0].job.clone();
+        let config_maps: Api<k8s_openapi::api::core::v1::ConfigMap> =
+            Api::namespaced(client.clone(), &target);
+        assert!(config_maps.get_opt("beta").await.unwrap().is_some());
+
+        // Remove `beta` and change the seed: beta is deleted, the new seed Job runs, the old one goes.
+        apply(small_template(&["alpha"], "two.sql")).await;
+        let jobs: Api<Job> = Api::namespaced(client.clone(), &target);
+        let second_job = eventually(
+            "the changed seed to run and beta to be pruned",
+            Duration::from_secs(60),
+            || {
+                let (environments, config_maps, first_job) =
+                    (environments.clone(), config_maps.clone(), first_job.clone());
+                async move {
+                    let status = environments.get("pr-7").await.ok()?.status?;
+                    let job = status.seeds.first()?.clone();
+                    let done = status.phase == Phase::Ready
+                        && job.job != first_job
+                        && job.state == "Succeeded";
+                    let pruned = config_maps.get_opt("beta").await.ok()?.is_none();
+                    (done && pruned).then_some(job.job)
+                }
+            },
+        )
+        .await;
+        eventually(
+            "the old seed Job to be deleted",
+            Duration::from_secs(30),
+            || {
+                let (jobs, first_job) = (jobs.clone(), first_job.clone());
+                async move { jobs.get_opt(&first_job).await.ok()?.is_none().then_some(()) }
+            },
+        )
+        .await;
+        // The changed seed ran exactly once: one Job, one pod run, and nothing new after a while.
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let seed_jobs: Vec<String> = jobs
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .iter()
+            .map(|j| j.name_any())
+            .collect();
+        assert_eq!(seed_jobs, vec![second_job.clone()]);
+        let job = jobs.get(&second_job).await.unwrap();
+        assert_eq!(job.status.unwrap().succeeded, Some(1));
+    })
+    .await;
+}
