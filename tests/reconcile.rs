@@ -222,7 +222,7 @@ async fn unsafe_or_broken_templates_apply_nothing_and_say_why() {
             assert_eq!(condition.reason, reason);
             assert!(condition.message.contains(needle), "condition says {:?}, expected it to mention {needle:?}", condition.message);
             // Nothing was applied: not even the harmless ConfigMap, not even the namespace.
-            let namespaces = Api::<Namespace>::all(client.clone()).list(&ListParams::default().labels("previewd.dev/environment=pr-7")).await.unwrap();
+            let namespaces = Api::<Namespace>::all(client.clone()).list(&ListParams::default().labels(&format!("previewd.dev/environment=pr-7,previewd.dev/environment-namespace={ns}"))).await.unwrap();
             assert!(namespaces.items.is_empty(), "no namespace was created for a rejected template");
         }
     })
