@@ -598,7 +598,8 @@ fn environment_labels(
     .into()
 }
 
-fn render_context(
+/// What the templates see for `environment` deployed into `namespace`.
+pub fn render_context(
     environment: &PreviewEnvironment,
     template: &PreviewTemplateSpec,
     namespace: &str,

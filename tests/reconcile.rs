@@ -325,3 +325,336 @@ async fn template_changes_prune_removed_objects_and_rerun_a_changed_seed_once() 
     })
     .await;
 }
+
+/// Objects previewd manages for one environment, by kind.
+async fn managed_counts(client: &Client, target: &str) -> (usize, usize, usize) {
+    use k8s_openapi::api::core::v1::{Service, ServiceAccount};
+    let lp = ListParams::default().labels("app.kubernetes.io/managed-by=previewd");
+    let deployments = Api::<Deployment>::namespaced(client.clone(), target)
+        .list(&lp)
+        .await
+        .unwrap()
+        .items
+        .len();
+    let services = Api::<Service>::namespaced(client.clone(), target)
+        .list(&lp)
+        .await
+        .unwrap()
+        .items
+        .len();
+    let accounts = Api::<ServiceAccount>::namespaced(client.clone(), target)
+        .list(&lp)
+        .await
+        .unwrap()
+        .items
+        .len();
+    (deployments, services, accounts)
+}
+
+#[tokio::test]
+async fn online_boutique_example_reaches_ready_with_all_35_objects() {
+    in_namespace("boutique", |client, ns| async move {
+        let _context = start_controller(&client, &ns, Duration::from_secs(600)).await;
+        let (template, environment) = example("online-boutique");
+        Api::<PreviewTemplate>::namespaced(client.clone(), &ns)
+            .create(&PostParams::default(), &template)
+            .await
+            .unwrap();
+        let environments: Api<PreviewEnvironment> = Api::namespaced(client.clone(), &ns);
+        environments
+            .create(&PostParams::default(), &environment)
+            .await
+            .unwrap();
+        let ready = wait_for_phase(
+            &environments,
+            "online-boutique-pr-7",
+            Phase::Ready,
+            Duration::from_secs(120),
+        )
+        .await;
+        let status = ready.status.unwrap();
+        let target = status.namespace.unwrap();
+        assert_eq!(
+            status.url.as_deref(),
+            Some("https://feature-cart-badge.boutique.preview.example.com")
+        );
+        assert_eq!(managed_counts(&client, &target).await, (12, 12, 11));
+        let deployments = Api::<Deployment>::namespaced(client.clone(), &target)
+            .list(&ListParams::default())
+            .await
+            .unwrap();
+        for deployment in deployments.items {
+            let available = deployment
+                .status
+                .and_then(|s| s.conditions)
+                .unwrap_or_default()
+                .into_iter()
+                .any(|c| c.type_ == "Available" && c.status == "True");
+            assert!(
+                available,
+                "Deployment {} is Available",
+                deployment.metadata.name.unwrap_or_default()
+            );
+        }
+        eprintln!(
+            "online-boutique: Ready {:.1} s after the request",
+            status.timings.unwrap().seconds_to_ready.unwrap()
+        );
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn periodic_resync_reapplies_everything_and_reverts_a_kubectl_edit() {
+    in_namespace("resync", |client, ns| async move {
+        let context = start_controller(&client, &ns, Duration::from_secs(3)).await;
+        let templates: Api<PreviewTemplate> = Api::namespaced(client.clone(), &ns);
+        templates
+            .create(
+                &PostParams::default(),
+                &small_template(&["alpha", "beta"], "one.sql"),
+            )
+            .await
+            .unwrap();
+        let environments: Api<PreviewEnvironment> = Api::namespaced(client.clone(), &ns);
+        environments
+            .create(&PostParams::default(), &environment_of("small"))
+            .await
+            .unwrap();
+        let status = wait_for_phase(&environments, "pr-7", Phase::Ready, Duration::from_secs(60))
+            .await
+            .status
+            .unwrap();
+        let target = status.namespace.unwrap();
+
+        // Nothing changes, yet every resync sends all three objects (two ConfigMaps, the seed Job)
+        // again: the resync does not trust the cache.
+        let sent_before = applies_sent(&context);
+        tokio::time::sleep(Duration::from_secs(7)).await;
+        let resent = applies_sent(&context) - sent_before;
+        assert!(
+            resent >= 3,
+            "a resync re-applied the environment ({resent} applies in 7 s)"
+        );
+
+        // A managed field edited with kubectl comes back.
+        let kubeconfig = support::shared().kubeconfig_path.clone();
+        let output = std::process::Command::new("kubectl")
+            .env("KUBECONFIG", &kubeconfig)
+            .args([
+                "patch",
+                "configmap",
+                "alpha",
+                "-n",
+                &target,
+                "--type",
+                "merge",
+                "-p",
+                r#"{"data":{"sha":"edited-by-hand"}}"#,
+            ])
+            .output()
+            .expect("run kubectl");
+        assert!(
+            output.status.success(),
+            "kubectl patch: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        let config_maps: Api<k8s_openapi::api::core::v1::ConfigMap> =
+            Api::namespaced(client.clone(), &target);
+        eventually(
+            "the kubectl edit to be reverted",
+            Duration::from_secs(30),
+            || {
+                let config_maps = config_maps.clone();
+                async move {
+                    let data = config_maps.get("alpha").await.ok()?.data?;
+                    (data.get("sha").map(String::as_str) == Some("abc1234")).then_some(())
+                }
+            },
+        )
+        .await;
+        // The seed ran once in all this: resyncs re-apply its Job, they do not re-run it.
+        let jobs = Api::<Job>::namespaced(client.clone(), &target)
+            .list(&ListParams::default())
+            .await
+            .unwrap();
+        assert_eq!(jobs.items.len(), 1);
+        assert_eq!(jobs.items[0].status.clone().unwrap().succeeded, Some(1));
+    })
+    .await;
+}
+
+/// `previewd run` as its own process, so that it can be killed like a crashed pod. Killed
+/// with SIGKILL when dropped, also when the test fails.
+struct ControllerProcess(std::process::Child);
+
+impl ControllerProcess {
+    fn start(namespace: &str) -> Self {
+        let child = std::process::Command::new(env!("CARGO_BIN_EXE_previewd"))
+            .args(["run", "--watch-namespace", namespace, "--kubeconfig"])
+            .arg(&support::shared().kubeconfig_path)
+            .env("RUST_LOG", "warn")
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .expect("start previewd run");
+        Self(child)
+    }
+
+    /// SIGKILL: no shutdown code of previewd runs.
+    fn kill(mut self) {
+        self.0.kill().expect("SIGKILL previewd");
+        self.0.wait().expect("reap previewd");
+    }
+}
+
+impl Drop for ControllerProcess {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// The Online Boutique example with a 4 s seed in wave 1 and a ConfigMap in wave 2.
+fn boutique_with_slow_seed() -> PreviewTemplate {
+    let (mut template, _) = example("online-boutique");
+    template.spec.manifests.inline.push(previewd::crd::InlineManifest {
+        name: "after-seed.yaml".into(),
+        template: "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: after-seed\n  annotations:\n    previewd.dev/wave: \"2\"\ndata:\n  sha: \"{{ sha }}\"\n".into(),
+    });
+    template.spec.seeds.push(previewd::crd::SeedSpec {
+        name: "catalog".into(),
+        wave: 1,
+        job: "apiVersion: batch/v1\nkind: Job\nmetadata:\n  name: catalog\nspec:\n  backoffLimit: 0\n  template:\n    metadata:\n      annotations:\n        sandbox.previewd.dev/run-seconds: \"4\"\n    spec:\n      restartPolicy: Never\n      containers:\n      - name: load\n        image: busybox:1.36\n        args: [\"load-products\"]\n".into(),
+    });
+    template
+}
+
+#[tokio::test]
+async fn controller_killed_mid_apply_converges_after_restart_without_rerunning_the_seed() {
+    in_namespace("killed", |client, ns| async move {
+        use k8s_openapi::api::core::v1::Pod;
+        Api::<PreviewTemplate>::namespaced(client.clone(), &ns)
+            .create(&PostParams::default(), &boutique_with_slow_seed())
+            .await
+            .unwrap();
+        let environments: Api<PreviewEnvironment> = Api::namespaced(client.clone(), &ns);
+        let (_, environment) = example("online-boutique");
+        let name = environment.metadata.name.clone().unwrap();
+        let controller = ControllerProcess::start(&ns);
+        environments
+            .create(&PostParams::default(), &environment)
+            .await
+            .unwrap();
+
+        // Kill 1: the moment the first Deployment of wave 0 exists.
+        let namespaces: Api<Namespace> = Api::all(client.clone());
+        let selector =
+            format!("previewd.dev/environment={name},previewd.dev/environment-namespace={ns}");
+        let target = eventually("the environment namespace", Duration::from_secs(30), || {
+            let (namespaces, selector) = (namespaces.clone(), selector.clone());
+            async move {
+                namespaces
+                    .list(&ListParams::default().labels(&selector))
+                    .await
+                    .ok()?
+                    .items
+                    .first()
+                    .map(|n| n.name_any())
+            }
+        })
+        .await;
+        let deployments: Api<Deployment> = Api::namespaced(client.clone(), &target);
+        let mut deployments_at_kill = 0;
+        for _ in 0..3000 {
+            deployments_at_kill = deployments
+                .list(&ListParams::default())
+                .await
+                .unwrap()
+                .items
+                .len();
+            if deployments_at_kill > 0 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        controller.kill();
+        eprintln!("killed during wave 0 with {deployments_at_kill} of 12 Deployments applied");
+        assert!(deployments_at_kill > 0, "wave 0 started");
+
+        // Kill 2: while the seed Job runs.
+        let controller = ControllerProcess::start(&ns);
+        let jobs: Api<Job> = Api::namespaced(client.clone(), &target);
+        let seed_job = eventually("the seed Job to start", Duration::from_secs(90), || {
+            let jobs = jobs.clone();
+            async move {
+                jobs.list(&ListParams::default())
+                    .await
+                    .ok()?
+                    .items
+                    .first()
+                    .map(|j| j.name_any())
+            }
+        })
+        .await;
+        controller.kill();
+        let seed_status = jobs
+            .get(&seed_job)
+            .await
+            .unwrap()
+            .status
+            .unwrap_or_default();
+        assert_eq!(
+            seed_status.succeeded.unwrap_or(0),
+            0,
+            "killed while the seed was still running"
+        );
+
+        // Third start: converges.
+        let controller = ControllerProcess::start(&ns);
+        let ready = eventually(
+            &format!("{name} to be Ready after two kills"),
+            Duration::from_secs(120),
+            || {
+                let environments = environments.clone();
+                let name = name.clone();
+                async move {
+                    environments
+                        .get(&name)
+                        .await
+                        .ok()
+                        .filter(|e| e.status.as_ref().is_some_and(|s| s.phase == Phase::Ready))
+                }
+            },
+        )
+        .await;
+        controller.kill();
+        assert_eq!(ready.status.unwrap().seeds[0].job, seed_job);
+        assert_eq!(managed_counts(&client, &target).await, (12, 12, 11));
+        let config_maps: Api<k8s_openapi::api::core::v1::ConfigMap> =
+            Api::namespaced(client.clone(), &target);
+        assert!(
+            config_maps.get_opt("after-seed").await.unwrap().is_some(),
+            "wave 2 was applied"
+        );
+        // No duplicate seed run: one Job, one pod, one success.
+        let all_jobs: Vec<String> = jobs
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .iter()
+            .map(|j| j.name_any())
+            .collect();
+        assert_eq!(all_jobs, vec![seed_job.clone()]);
+        let seed_pods = Api::<Pod>::namespaced(client.clone(), &target)
+            .list(&ListParams::default().labels(&format!("job-name={seed_job}")))
+            .await
+            .unwrap();
+        assert_eq!(seed_pods.items.len(), 1, "the seed pod ran once");
+        assert_eq!(
+            jobs.get(&seed_job).await.unwrap().status.unwrap().succeeded,
+            Some(1)
+        );
+    })
+    .await;
+}

@@ -6,10 +6,12 @@
 //! * [`control_plane`]: starts and stops those processes on free loopback ports.
 //! * [`node_simulator`]: registers Nodes and plays kubelet for the pods bound to them.
 //! * [`compat`]: the documented rewrite that lets current manifests run on the 1.20 sandbox.
+//! * [`example_templates`]: generates the `online-boutique` example template from the fixture app.
 //! * [`process`]: children that never outlive previewd.
 
 pub mod compat;
 pub mod control_plane;
+pub mod example_templates;
 pub mod node_simulator;
 pub mod process;
 pub mod provision;
