@@ -582,7 +582,8 @@ pub fn environment_namespace(
     )
 }
 
-fn environment_labels(
+/// The labels previewd puts on every object of `environment`.
+pub fn environment_labels(
     environment: &PreviewEnvironment,
     template: &PreviewTemplate,
 ) -> BTreeMap<String, String> {
