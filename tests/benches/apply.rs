@@ -175,7 +175,10 @@ async fn benchmark() {
         let previewd_apply = || async {
             let before = requests.load(Ordering::Relaxed);
             let started = Instant::now();
-            let stats = applier.apply(&ours_refs, false).await.expect("previewd apply");
+            let stats = applier
+                .apply(&ours_refs, false)
+                .await
+                .expect("previewd apply");
             (
                 started.elapsed(),
                 requests.load(Ordering::Relaxed) - before,
@@ -212,7 +215,9 @@ async fn benchmark() {
     let kubectl_first = median(|r| r.kubectl_first);
     let previewd_unchanged = median(|r| r.previewd_unchanged);
     let kubectl_unchanged = median(|r| r.kubectl_unchanged);
-    println!("Online Boutique, 35 objects, {ROUNDS} rounds, medians (same control plane, same run):");
+    println!(
+        "Online Boutique, 35 objects, {ROUNDS} rounds, medians (same control plane, same run):"
+    );
     println!(
         "  first apply      previewd {:8.1} ms   kubectl --server-side {:8.1} ms   previewd is {:.1}x faster",
         ms(previewd_first),
@@ -222,7 +227,11 @@ async fn benchmark() {
     println!(
         "  unchanged again  previewd {:8.3} ms, {} requests   kubectl {:8.1} ms, {} requests",
         ms(previewd_unchanged),
-        rounds.iter().map(|r| r.previewd_unchanged_requests).max().unwrap(),
+        rounds
+            .iter()
+            .map(|r| r.previewd_unchanged_requests)
+            .max()
+            .unwrap(),
         ms(kubectl_unchanged),
         rounds[0].kubectl_unchanged_requests,
     );
