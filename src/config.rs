@@ -69,14 +69,32 @@ pub struct RunArgs {
     /// Path of a kubeconfig to use instead of the in-cluster or default configuration.
     #[arg(long, env = "PREVIEWD_KUBECONFIG")]
     pub kubeconfig: Option<PathBuf>,
+    /// Address of the HTTP server (webhooks, /metrics, /healthz, /readyz).
+    #[arg(long, env = "PREVIEWD_LISTEN", default_value = "0.0.0.0:8080")]
+    pub listen: std::net::SocketAddr,
     #[command(flatten)]
     pub controller: ControllerArgs,
+    #[command(flatten)]
+    pub webhooks: WebhookArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct WebhookArgs {
+    /// Deliveries with a larger body are refused with 413. GitHub's pull_request deliveries
+    /// are typically 20-40 KB; 2 MiB leaves room for pushes with many commits.
+    #[arg(long, env = "PREVIEWD_WEBHOOK_MAX_BODY_BYTES", default_value_t = 2 * 1024 * 1024)]
+    pub webhook_max_body_bytes: usize,
 }
 
 #[derive(Debug, Args)]
 pub struct SandboxArgs {
     #[command(flatten)]
     pub controller: ControllerArgs,
+    #[command(flatten)]
+    pub webhooks: WebhookArgs,
+    /// Address of previewd's HTTP server in the sandbox (port 0: any free port, printed).
+    #[arg(long, default_value = "127.0.0.1:0")]
+    pub listen: std::net::SocketAddr,
     /// Write `{"kubeconfig": "<path>"}` to this file once the control plane is ready.
     #[arg(long)]
     pub info_file: Option<PathBuf>,

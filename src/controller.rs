@@ -94,6 +94,9 @@ pub struct Context {
     pub metrics: Arc<Metrics>,
     pub applier: Applier,
     pub templates: Store<PreviewTemplate>,
+    /// Every watched environment, as the controller's own watch sees it (the webhook intake
+    /// reads it to find the environment of a branch).
+    pub environments: Store<PreviewEnvironment>,
     recorder: Recorder,
     failures: Mutex<HashMap<ObjectRef<PreviewEnvironment>, u32>>,
     last_full_apply: Mutex<HashMap<ObjectRef<PreviewEnvironment>, Instant>>,
@@ -144,6 +147,7 @@ pub async fn run(
         config,
         metrics,
         templates: template_store,
+        environments: environment_store.clone(),
         failures: Mutex::new(HashMap::new()),
         last_full_apply: Mutex::new(HashMap::new()),
     });

@@ -6,14 +6,18 @@ pub mod config;
 pub mod controller;
 pub mod crd;
 pub mod error;
+pub mod forge;
 pub mod guard;
 pub mod health;
+pub mod intake;
 pub mod metrics;
 pub mod namespace;
 pub mod naming;
 pub mod observed;
 pub mod render;
 pub mod sandbox;
+pub mod secrets;
+pub mod server;
 pub mod telemetry;
 
 pub use error::Error;

@@ -59,17 +59,71 @@ async fn run_sandbox(args: SandboxArgs) -> Result<(), previewd::Error> {
         })?;
     }
     let client = sandbox.control_plane().client().await?;
-    let controller = tokio::spawn(previewd::controller::run(
+    let listener = bind(args.listen).await?;
+    println!(
+        "  webhooks:   http://{}/webhooks/github and /webhooks/gitlab",
+        listener
+            .local_addr()
+            .map(|a| a.to_string())
+            .unwrap_or_default()
+    );
+    let services = tokio::spawn(run_services(
         client,
         args.controller.controller_config(),
-        Arc::new(previewd::metrics::Metrics::new()),
-        None,
+        args.webhooks.webhook_max_body_bytes,
+        listener,
     ));
     wait_for_shutdown_signal().await;
     eprintln!("[sandbox] stopping");
-    controller.abort();
+    services.abort();
     drop(sandbox);
     Ok(())
+}
+
+async fn bind(address: std::net::SocketAddr) -> Result<tokio::net::TcpListener, previewd::Error> {
+    tokio::net::TcpListener::bind(address)
+        .await
+        .map_err(|e| previewd::Error::Io {
+            context: format!("listening on {address}"),
+            source: e,
+        })
+}
+
+/// The controller and the HTTP server, sharing one set of caches and metrics. Returns when
+/// either stops (neither does on its own).
+async fn run_services(
+    client: kube::Client,
+    config: previewd::controller::ControllerConfig,
+    max_body_bytes: usize,
+    listener: tokio::net::TcpListener,
+) {
+    let metrics = Arc::new(previewd::metrics::Metrics::new());
+    let (context_tx, context_rx) = tokio::sync::oneshot::channel();
+    let controller =
+        previewd::controller::run(client.clone(), config, metrics.clone(), Some(context_tx));
+    tokio::pin!(controller);
+    let context = tokio::select! {
+        _ = &mut controller => return,
+        context = context_rx => match context {
+            Ok(context) => context,
+            Err(_) => return,
+        },
+    };
+    let state = previewd::server::ServerState::new(
+        client,
+        context.templates.clone(),
+        context.environments.clone(),
+        metrics,
+        max_body_bytes,
+    );
+    tokio::select! {
+        _ = controller => {}
+        result = previewd::server::serve(state, listener) => {
+            if let Err(e) = result {
+                tracing::error!(error = %e, "the HTTP server stopped");
+            }
+        }
+    }
 }
 
 async fn run_controller(args: RunArgs) -> Result<(), previewd::Error> {
@@ -84,9 +138,9 @@ async fn run_controller(args: RunArgs) -> Result<(), previewd::Error> {
         })?,
     };
     tracing::info!("previewd controller starting");
-    let metrics = Arc::new(previewd::metrics::Metrics::new());
+    let listener = bind(args.listen).await?;
     tokio::select! {
-        _ = previewd::controller::run(client, args.controller.controller_config(), metrics, None) => {}
+        _ = run_services(client, args.controller.controller_config(), args.webhooks.webhook_max_body_bytes, listener) => {}
         _ = wait_for_shutdown_signal() => tracing::info!("shutting down"),
     }
     Ok(())

@@ -2,7 +2,7 @@
 //! an error message.
 
 use prometheus::{
-    Encoder, HistogramOpts, HistogramVec, IntCounterVec, Opts, Registry, TextEncoder,
+    Encoder, HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
 pub struct Metrics {
@@ -13,6 +13,14 @@ pub struct Metrics {
     pub writes: IntCounterVec,
     pub reconcile_duration: HistogramVec,
     pub reconcile_errors: IntCounterVec,
+    /// Webhook deliveries by forge and outcome (`accepted`, `ignored`, `duplicate`, `pong`,
+    /// `unauthorized`, `malformed`, `too_large`, `error`).
+    pub webhooks: IntCounterVec,
+    pub webhook_duration: HistogramVec,
+    /// Forge API calls by forge, operation and outcome (`ok`, `error`, `rate_limited`).
+    pub forge_requests: IntCounterVec,
+    /// The forge's remaining request budget, from its rate-limit headers.
+    pub forge_rate_limit_remaining: IntGaugeVec,
 }
 
 impl Default for Metrics {
@@ -59,11 +67,47 @@ impl Metrics {
             &["category"],
         )
         .expect("valid metric");
+        let webhooks = IntCounterVec::new(
+            Opts::new(
+                "previewd_webhook_deliveries_total",
+                "Webhook deliveries by outcome",
+            ),
+            &["forge", "outcome"],
+        )
+        .expect("valid metric");
+        let webhook_duration = HistogramVec::new(
+            HistogramOpts::new(
+                "previewd_webhook_duration_seconds",
+                "Time from a delivery's arrival to its answer",
+            )
+            .buckets(vec![
+                0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
+            ]),
+            &["forge"],
+        )
+        .expect("valid metric");
+        let forge_requests = IntCounterVec::new(
+            Opts::new("previewd_forge_requests_total", "Forge API requests"),
+            &["forge", "operation", "outcome"],
+        )
+        .expect("valid metric");
+        let forge_rate_limit_remaining = IntGaugeVec::new(
+            Opts::new(
+                "previewd_forge_rate_limit_remaining",
+                "Requests left in the forge's rate-limit window, as its last answer said",
+            ),
+            &["forge"],
+        )
+        .expect("valid metric");
         for collector in [
             Box::new(applies.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(writes.clone()),
             Box::new(reconcile_duration.clone()),
             Box::new(reconcile_errors.clone()),
+            Box::new(webhooks.clone()),
+            Box::new(webhook_duration.clone()),
+            Box::new(forge_requests.clone()),
+            Box::new(forge_rate_limit_remaining.clone()),
         ] {
             registry.register(collector).expect("metric registers once");
         }
@@ -73,20 +117,33 @@ impl Metrics {
             writes,
             reconcile_duration,
             reconcile_errors,
+            webhooks,
+            webhook_duration,
+            forge_requests,
+            forge_rate_limit_remaining,
         }
     }
 
-    /// Counts one write request of `operation` (`apply`, `delete`, `status`, `finalizer`, `event`).
+    /// Counts one write request of `operation` (`apply`, `delete`, `status`, `finalizer`,
+    /// `event`, and the webhook intake's `intake_apply`, `intake_delete`).
     pub fn write(&self, operation: &'static str) {
         self.writes.with_label_values(&[operation]).inc();
     }
 
     /// All write requests so far.
     pub fn total_writes(&self) -> u64 {
-        ["apply", "delete", "status", "finalizer", "event"]
-            .iter()
-            .map(|op| self.writes.with_label_values(&[op]).get())
-            .sum()
+        [
+            "apply",
+            "delete",
+            "status",
+            "finalizer",
+            "event",
+            "intake_apply",
+            "intake_delete",
+        ]
+        .iter()
+        .map(|op| self.writes.with_label_values(&[op]).get())
+        .sum()
     }
 
     pub fn render(&self) -> String {

@@ -491,7 +491,14 @@ struct ControllerProcess(std::process::Child);
 impl ControllerProcess {
     fn start(namespace: &str) -> Self {
         let child = std::process::Command::new(env!("CARGO_BIN_EXE_previewd"))
-            .args(["run", "--watch-namespace", namespace, "--kubeconfig"])
+            .args([
+                "run",
+                "--listen",
+                "127.0.0.1:0",
+                "--watch-namespace",
+                namespace,
+                "--kubeconfig",
+            ])
             .arg(&support::shared().kubeconfig_path)
             .env("RUST_LOG", "warn")
             .stdout(std::process::Stdio::null())

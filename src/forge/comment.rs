@@ -1,0 +1,242 @@
+//! The one comment previewd keeps on a pull/merge request (pure): its text for each state of
+//! the environment, and the hidden marker by which it is found again.
+//!
+//! The text depends only on the environment's state, never on the clock, so an unchanged
+//! environment renders the same text and the comment is not edited.
+
+use std::fmt::Write;
+
+use chrono::{DateTime, Utc};
+
+use crate::crd::{Phase, PreviewEnvironmentStatus};
+
+/// What the comment says the environment is doing.
+#[derive(Clone, Debug, PartialEq)]
+pub enum CommentState<'a> {
+    Live(&'a PreviewEnvironmentStatus),
+    Destroyed { reason: &'a str },
+}
+
+/// Everything the comment shows.
+#[derive(Clone, Debug)]
+pub struct CommentInput<'a> {
+    /// `namespace/name` of the PreviewEnvironment: identifies the comment.
+    pub environment: &'a str,
+    pub head_sha: &'a str,
+    pub state: CommentState<'a>,
+    /// When the environment expires if nothing happens (idle timeout or max age).
+    pub expires_at: Option<DateTime<Utc>>,
+}
+
+/// The hidden first line that identifies previewd's comment for `environment`.
+pub fn marker(environment: &str) -> String {
+    format!("<!-- previewd:environment={environment} -->")
+}
+
+/// The comment's full text.
+pub fn render(input: &CommentInput<'_>) -> String {
+    let mut out = marker(input.environment);
+    out.push('\n');
+    let short_sha: String = input.head_sha.chars().take(7).collect();
+    match &input.state {
+        CommentState::Destroyed { reason } => {
+            let _ = write!(
+                out,
+                "### Preview environment: destroyed\n\nThe environment was removed: {reason}.\n"
+            );
+        }
+        CommentState::Live(status) => render_live(&mut out, status, &short_sha, input.expires_at),
+    }
+    out.push_str("\n<sub>Kept up to date by previewd: this comment is edited in place.</sub>\n");
+    out
+}
+
+fn render_live(
+    out: &mut String,
+    status: &PreviewEnvironmentStatus,
+    short_sha: &str,
+    expires_at: Option<DateTime<Utc>>,
+) {
+    let headline = match status.phase {
+        Phase::Pending => "queued",
+        Phase::Queued => "queued",
+        Phase::Deploying => "deploying",
+        Phase::Seeding => "loading seed data",
+        Phase::Ready => "ready",
+        Phase::Degraded => "degraded",
+        Phase::Sleeping => "sleeping",
+        Phase::Terminating => "being removed",
+    };
+    let _ = writeln!(out, "### Preview environment: {headline}\n");
+    match (&status.url, status.phase) {
+        (Some(url), Phase::Ready) => {
+            let _ = writeln!(out, "**{url}** (commit `{short_sha}`)\n");
+        }
+        (Some(url), _) => {
+            let _ = writeln!(out, "Will be at {url} (commit `{short_sha}`)\n");
+        }
+        (None, _) => {
+            let _ = writeln!(out, "Commit `{short_sha}`\n");
+        }
+    }
+    if status.phase == Phase::Degraded
+        && let Some(condition) = status.conditions.iter().find(|c| c.type_ == "Ready")
+    {
+        let _ = writeln!(out, "**What failed:** {}\n", condition.message);
+    }
+    if !status.resources.is_empty() {
+        let ready = status
+            .resources
+            .iter()
+            .filter(|r| r.state == "Ready")
+            .count();
+        if status.phase != Phase::Ready {
+            let _ = writeln!(
+                out,
+                "{ready} of {} objects ready.\n",
+                status.resources.len()
+            );
+        }
+        let workloads: Vec<_> = status
+            .resources
+            .iter()
+            .filter(|r| matches!(r.kind.as_str(), "Deployment" | "StatefulSet"))
+            .collect();
+        if !workloads.is_empty() {
+            out.push_str("| service | state |\n|---|---|\n");
+            for workload in workloads {
+                let _ = writeln!(out, "| {} | {} |", workload.name, workload.state);
+            }
+            out.push('\n');
+        }
+    }
+    for seed in &status.seeds {
+        let detail = seed
+            .message
+            .as_deref()
+            .map(|m| format!(": {m}"))
+            .unwrap_or_default();
+        let _ = writeln!(out, "Seed **{}**: {}{detail}", seed.name, seed.state);
+    }
+    if !status.seeds.is_empty() {
+        out.push('\n');
+    }
+    if let Some(expires_at) = expires_at {
+        let _ = writeln!(
+            out,
+            "Expires {} unless there is a new push.",
+            expires_at.format("%Y-%m-%d %H:%M UTC")
+        );
+    }
+}
+
+/// The commit-status state for an environment's phase: `(github, gitlab)` words.
+pub fn commit_state(phase: Phase) -> CommitState {
+    match phase {
+        Phase::Ready => CommitState::Success,
+        Phase::Degraded => CommitState::Failure,
+        Phase::Pending | Phase::Queued => CommitState::Pending,
+        _ => CommitState::Running,
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CommitState {
+    Pending,
+    Running,
+    Success,
+    Failure,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::crd::{Condition, ResourceStatus, SeedStatus};
+
+    fn status(phase: Phase) -> PreviewEnvironmentStatus {
+        PreviewEnvironmentStatus {
+            phase,
+            url: Some("https://changes.preview.example.com".into()),
+            resources: vec![
+                ResourceStatus {
+                    api_version: "apps/v1".into(),
+                    kind: "Deployment".into(),
+                    name: "web".into(),
+                    wave: 0,
+                    state: "Ready".into(),
+                    message: None,
+                },
+                ResourceStatus {
+                    api_version: "v1".into(),
+                    kind: "Service".into(),
+                    name: "web".into(),
+                    wave: 0,
+                    state: if phase == Phase::Ready {
+                        "Ready"
+                    } else {
+                        "Applied"
+                    }
+                    .into(),
+                    message: None,
+                },
+            ],
+            seeds: vec![SeedStatus {
+                name: "load-sql".into(),
+                job: "seed-load-sql-abc".into(),
+                state: "Succeeded".into(),
+                message: None,
+            }],
+            ..Default::default()
+        }
+    }
+
+    fn input<'a>(state: CommentState<'a>) -> CommentInput<'a> {
+        CommentInput {
+            environment: "previews/web-pr-2-abc123",
+            head_sha: "ec26c3e57ca3a959ca5aad62de7213c562f8c821",
+            state,
+            expires_at: Some("2026-11-25T10:00:00Z".parse().unwrap()),
+        }
+    }
+
+    #[test]
+    fn ready_shows_url_services_seeds_and_expiry_after_the_marker() {
+        let ready = status(Phase::Ready);
+        let text = render(&input(CommentState::Live(&ready)));
+        assert!(text.starts_with("<!-- previewd:environment=previews/web-pr-2-abc123 -->\n"));
+        assert!(text.contains("Preview environment: ready"));
+        assert!(text.contains("**https://changes.preview.example.com** (commit `ec26c3e`)"));
+        assert!(text.contains("| web | Ready |"));
+        assert!(text.contains("Seed **load-sql**: Succeeded"));
+        assert!(text.contains("Expires 2026-11-25 10:00 UTC"));
+    }
+
+    #[test]
+    fn deploying_shows_progress_and_degraded_says_what_failed() {
+        let deploying = status(Phase::Deploying);
+        assert!(render(&input(CommentState::Live(&deploying))).contains("1 of 2 objects ready."));
+        let mut degraded = status(Phase::Degraded);
+        degraded.conditions.push(Condition {
+            type_: "Ready".into(),
+            status: "False".into(),
+            reason: "SeedFailed".into(),
+            message: "seed load-sql (Job seed-load-sql-abc) failed: BackoffLimitExceeded".into(),
+            last_transition_time: Utc::now(),
+        });
+        let text = render(&input(CommentState::Live(&degraded)));
+        assert!(text.contains("**What failed:** seed load-sql (Job seed-load-sql-abc) failed"));
+    }
+
+    #[test]
+    fn destroyed_says_why_and_the_same_state_renders_the_same_text() {
+        let text = render(&input(CommentState::Destroyed {
+            reason: "the pull request was merged",
+        }));
+        assert!(text.contains("destroyed") && text.contains("the pull request was merged"));
+        let ready = status(Phase::Ready);
+        assert_eq!(
+            render(&input(CommentState::Live(&ready))),
+            render(&input(CommentState::Live(&ready)))
+        );
+    }
+}

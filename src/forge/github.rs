@@ -1,0 +1,425 @@
+//! GitHub webhook deliveries: `X-Hub-Signature-256` verification and parsing by
+//! `X-GitHub-Event`.
+
+use hmac::{Hmac, Mac};
+use serde::Deserialize;
+use serde::de::DeserializeOwned;
+use sha2::Sha256;
+
+use super::{
+    ChangeRequest, Comment, EventKind, ForgeEvent, ForgeKind, ParseError, Push, SignatureError,
+    branch_of_ref, is_null_sha,
+};
+
+pub const SIGNATURE_HEADER: &str = "x-hub-signature-256";
+pub const EVENT_HEADER: &str = "x-github-event";
+pub const DELIVERY_HEADER: &str = "x-github-delivery";
+
+/// Checks `X-Hub-Signature-256: sha256=<hex HMAC-SHA256 of the body>` in constant time.
+pub fn verify(secret: &[u8], body: &[u8], header: Option<&str>) -> Result<(), SignatureError> {
+    let header = header.ok_or(SignatureError::Missing("X-Hub-Signature-256"))?;
+    let hex_digest = header
+        .trim()
+        .strip_prefix("sha256=")
+        .ok_or(SignatureError::Malformed("X-Hub-Signature-256"))?;
+    let expected =
+        hex::decode(hex_digest).map_err(|_| SignatureError::Malformed("X-Hub-Signature-256"))?;
+    let mut mac = Hmac::<Sha256>::new_from_slice(secret).expect("HMAC takes keys of any length");
+    mac.update(body);
+    mac.verify_slice(&expected)
+        .map_err(|_| SignatureError::Mismatch)
+}
+
+/// The header value GitHub would send for `body` signed with `secret` (tests, benchmarks, and
+/// anyone replaying a delivery by hand).
+pub fn sign(secret: &[u8], body: &[u8]) -> String {
+    let mut mac = Hmac::<Sha256>::new_from_slice(secret).expect("HMAC takes keys of any length");
+    mac.update(body);
+    format!("sha256={}", hex::encode(mac.finalize().into_bytes()))
+}
+
+#[derive(Deserialize)]
+struct Repository {
+    full_name: String,
+}
+
+#[derive(Deserialize)]
+struct User {
+    login: String,
+}
+
+#[derive(Deserialize)]
+struct Label {
+    name: String,
+}
+
+#[derive(Deserialize)]
+struct GitRef {
+    #[serde(rename = "ref")]
+    name: String,
+    sha: String,
+    /// `null` when the fork was deleted.
+    #[serde(default)]
+    repo: Option<Repository>,
+}
+
+#[derive(Deserialize)]
+struct PullRequest {
+    number: u64,
+    #[serde(default)]
+    draft: bool,
+    #[serde(default)]
+    merged: bool,
+    head: GitRef,
+    base: GitRef,
+    #[serde(default)]
+    user: Option<User>,
+    #[serde(default)]
+    labels: Vec<Label>,
+}
+
+#[derive(Deserialize)]
+struct PullRequestEvent {
+    action: String,
+    pull_request: PullRequest,
+    repository: Repository,
+}
+
+#[derive(Deserialize)]
+struct Pusher {
+    name: String,
+}
+
+#[derive(Deserialize)]
+struct PushEvent {
+    #[serde(rename = "ref")]
+    reference: String,
+    after: String,
+    #[serde(default)]
+    deleted: bool,
+    repository: Repository,
+    #[serde(default)]
+    pusher: Option<Pusher>,
+    #[serde(default)]
+    sender: Option<User>,
+}
+
+#[derive(Deserialize)]
+struct DeleteEvent {
+    #[serde(rename = "ref")]
+    reference: String,
+    ref_type: String,
+    repository: Repository,
+}
+
+#[derive(Deserialize)]
+struct Issue {
+    number: u64,
+    /// Present only when the issue is a pull request.
+    #[serde(default)]
+    pull_request: Option<serde_json::Value>,
+}
+
+#[derive(Deserialize)]
+struct IssueComment {
+    body: String,
+    user: User,
+}
+
+#[derive(Deserialize)]
+struct IssueCommentEvent {
+    action: String,
+    issue: Issue,
+    comment: IssueComment,
+    repository: Repository,
+}
+
+#[derive(Deserialize)]
+struct AnyEvent {
+    #[serde(default)]
+    repository: Option<Repository>,
+}
+
+fn from_json<T: DeserializeOwned>(event: &str, body: &[u8]) -> Result<T, ParseError> {
+    serde_json::from_slice(body).map_err(|source| ParseError::Json {
+        event: event.to_string(),
+        source,
+    })
+}
+
+fn event(repository: Repository, kind: EventKind) -> ForgeEvent {
+    ForgeEvent {
+        forge: ForgeKind::Github,
+        repository: repository.full_name,
+        kind,
+    }
+}
+
+/// Parses a verified delivery of type `event_type` (the `X-GitHub-Event` header).
+pub fn parse(event_type: &str, body: &[u8]) -> Result<ForgeEvent, ParseError> {
+    match event_type {
+        "pull_request" => parse_pull_request(body),
+        "push" => parse_push(body),
+        "delete" => {
+            let delivery: DeleteEvent = from_json(event_type, body)?;
+            let kind = if delivery.ref_type == "branch" {
+                EventKind::BranchDeleted {
+                    branch: delivery.reference,
+                }
+            } else {
+                EventKind::Ignored(format!("deletion of a {}", delivery.ref_type))
+            };
+            Ok(event(delivery.repository, kind))
+        }
+        "issue_comment" => {
+            let delivery: IssueCommentEvent = from_json(event_type, body)?;
+            let kind = if delivery.issue.pull_request.is_none() {
+                EventKind::Ignored("a comment on an issue, not on a pull request".into())
+            } else if delivery.action != "created" {
+                EventKind::Ignored(format!("comment {}", delivery.action))
+            } else {
+                EventKind::Comment(Comment {
+                    number: delivery.issue.number,
+                    author: delivery.comment.user.login,
+                    body: delivery.comment.body,
+                })
+            };
+            Ok(event(delivery.repository, kind))
+        }
+        "ping" => {
+            let delivery: AnyEvent = from_json(event_type, body)?;
+            Ok(ForgeEvent {
+                forge: ForgeKind::Github,
+                repository: delivery.repository.map(|r| r.full_name).unwrap_or_default(),
+                kind: EventKind::Ping,
+            })
+        }
+        other => {
+            let delivery: AnyEvent = from_json(other, body)?;
+            Ok(ForgeEvent {
+                forge: ForgeKind::Github,
+                repository: delivery.repository.map(|r| r.full_name).unwrap_or_default(),
+                kind: EventKind::Ignored(format!("event {other:?}")),
+            })
+        }
+    }
+}
+
+fn parse_pull_request(body: &[u8]) -> Result<ForgeEvent, ParseError> {
+    let delivery: PullRequestEvent = from_json("pull_request", body)?;
+    let pr = delivery.pull_request;
+    let kind = match delivery.action.as_str() {
+        "closed" => EventKind::ChangeRequestClosed {
+            number: pr.number,
+            branch: pr.head.name,
+            merged: pr.merged,
+        },
+        "opened" | "reopened" | "synchronize" | "ready_for_review" | "converted_to_draft"
+        | "labeled" | "unlabeled" | "edited" => {
+            let base = pr.base.repo.as_ref().map(|r| r.full_name.as_str());
+            let head = pr.head.repo.as_ref().map(|r| r.full_name.as_str());
+            EventKind::ChangeRequest(ChangeRequest {
+                number: pr.number,
+                action: delivery.action.clone(),
+                fork: head.is_none() || head != base,
+                branch: pr.head.name,
+                head_sha: pr.head.sha,
+                author: pr.user.map(|u| u.login),
+                draft: pr.draft,
+                labels: pr.labels.into_iter().map(|l| l.name).collect(),
+            })
+        }
+        other => EventKind::Ignored(format!("pull_request action {other:?}")),
+    };
+    Ok(event(delivery.repository, kind))
+}
+
+fn parse_push(body: &[u8]) -> Result<ForgeEvent, ParseError> {
+    let delivery: PushEvent = from_json("push", body)?;
+    let kind = match branch_of_ref(&delivery.reference) {
+        None => EventKind::Ignored(format!("push to {}", delivery.reference)),
+        Some(branch) if delivery.deleted || is_null_sha(&delivery.after) => {
+            EventKind::BranchDeleted {
+                branch: branch.to_string(),
+            }
+        }
+        Some(branch) => EventKind::Push(Push {
+            branch: branch.to_string(),
+            head_sha: delivery.after.clone(),
+            author: delivery
+                .sender
+                .map(|s| s.login)
+                .or(delivery.pusher.map(|p| p.name)),
+        }),
+    };
+    Ok(event(delivery.repository, kind))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fixture(name: &str) -> Vec<u8> {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../shared/fixtures/github")
+            .join(name);
+        std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+    }
+
+    fn kind(event_type: &str, file: &str) -> EventKind {
+        let event = parse(event_type, &fixture(file)).unwrap();
+        assert_eq!(event.repository, "Codertocat/Hello-World");
+        event.kind
+    }
+
+    #[test]
+    fn signatures_are_checked_over_the_exact_bytes() {
+        let body = fixture("pull_request.opened.json");
+        let header = sign(b"webhook-secret", &body);
+        assert_eq!(verify(b"webhook-secret", &body, Some(&header)), Ok(()));
+        assert_eq!(
+            verify(b"other-secret", &body, Some(&header)),
+            Err(SignatureError::Mismatch)
+        );
+        let mut changed = body.clone();
+        changed.push(b' ');
+        assert_eq!(
+            verify(b"webhook-secret", &changed, Some(&header)),
+            Err(SignatureError::Mismatch)
+        );
+        assert!(matches!(
+            verify(b"webhook-secret", &body, None),
+            Err(SignatureError::Missing(_))
+        ));
+        assert!(matches!(
+            verify(b"webhook-secret", &body, Some("sha1=abc")),
+            Err(SignatureError::Malformed(_))
+        ));
+        assert!(matches!(
+            verify(b"webhook-secret", &body, Some("sha256=zz")),
+            Err(SignatureError::Malformed(_))
+        ));
+    }
+
+    #[test]
+    fn pull_request_opened_is_a_snapshot_of_the_open_pr() {
+        let EventKind::ChangeRequest(pr) = kind("pull_request", "pull_request.opened.json") else {
+            panic!("expected a change request");
+        };
+        assert_eq!(pr.number, 2);
+        assert_eq!(pr.branch, "changes");
+        assert_eq!(pr.head_sha, "ec26c3e57ca3a959ca5aad62de7213c562f8c821");
+        assert_eq!(pr.author.as_deref(), Some("Codertocat"));
+        assert!(!pr.fork && !pr.draft);
+        assert_eq!(pr.labels, vec!["bug".to_string()]);
+    }
+
+    #[test]
+    fn every_open_pr_action_is_a_change_request() {
+        for file in [
+            "pull_request.reopened.json",
+            "pull_request.synchronize.json",
+            "pull_request.labeled.json",
+        ] {
+            assert!(
+                matches!(kind("pull_request", file), EventKind::ChangeRequest(_)),
+                "{file}"
+            );
+        }
+    }
+
+    #[test]
+    fn closed_says_whether_it_was_merged() {
+        assert_eq!(
+            kind("pull_request", "pull_request.closed.json"),
+            EventKind::ChangeRequestClosed {
+                number: 2,
+                branch: "changes".into(),
+                merged: false
+            }
+        );
+        // The fixture was closed without merging; flip `merged` in a copy for the merged case.
+        let mut merged: serde_json::Value =
+            serde_json::from_slice(&fixture("pull_request.closed.json")).unwrap();
+        merged["pull_request"]["merged"] = true.into();
+        let event = parse("pull_request", merged.to_string().as_bytes()).unwrap();
+        assert!(matches!(
+            event.kind,
+            EventKind::ChangeRequestClosed { merged: true, .. }
+        ));
+    }
+
+    #[test]
+    fn pushes_tags_and_deletions() {
+        assert_eq!(
+            kind("push", "push.with-new-branch.json"),
+            EventKind::Push(Push {
+                branch: "master".into(),
+                head_sha: "6113728f27ae82c7b1a177c8d03f9e96e0adf246".into(),
+                author: Some("Codertocat".into()),
+            })
+        );
+        assert!(matches!(kind("push", "push.json"), EventKind::Ignored(_)));
+        assert!(matches!(
+            kind("delete", "delete.json"),
+            EventKind::Ignored(_)
+        ));
+        let mut deleted: serde_json::Value =
+            serde_json::from_slice(&fixture("push.with-new-branch.json")).unwrap();
+        deleted["deleted"] = true.into();
+        deleted["after"] = "0000000000000000000000000000000000000000".into();
+        let event = parse("push", deleted.to_string().as_bytes()).unwrap();
+        assert_eq!(
+            event.kind,
+            EventKind::BranchDeleted {
+                branch: "master".into()
+            }
+        );
+    }
+
+    #[test]
+    fn comments_only_on_pull_requests_ping_and_unknown_events() {
+        assert!(matches!(
+            kind("issue_comment", "issue_comment.created.json"),
+            EventKind::Ignored(_)
+        ));
+        // The ping fixture is a hook of Octocoders/Hello-World.
+        let ping = parse("ping", &fixture("ping.json")).unwrap();
+        assert_eq!(
+            (ping.repository.as_str(), ping.kind),
+            ("Octocoders/Hello-World", EventKind::Ping)
+        );
+        let event = parse("create", &fixture("create.json")).unwrap();
+        assert!(matches!(event.kind, EventKind::Ignored(_)));
+    }
+
+    #[test]
+    fn extra_fields_are_ignored_and_optional_ones_may_be_missing() {
+        let mut delivery: serde_json::Value =
+            serde_json::from_slice(&fixture("pull_request.opened.json")).unwrap();
+        delivery["enterprise"] = serde_json::json!({"id": 1, "slug": "acme"});
+        delivery["pull_request"]["auto_merge_strategy_2030"] = "squash".into();
+        let pr = delivery["pull_request"].as_object_mut().unwrap();
+        pr.remove("draft");
+        pr.remove("labels");
+        pr.remove("user");
+        delivery["pull_request"]["head"]["repo"] = serde_json::Value::Null;
+        let EventKind::ChangeRequest(pr) = parse("pull_request", delivery.to_string().as_bytes())
+            .unwrap()
+            .kind
+        else {
+            panic!("expected a change request");
+        };
+        assert!(!pr.draft && pr.labels.is_empty() && pr.author.is_none());
+        assert!(
+            pr.fork,
+            "a PR whose head repository is gone counts as a fork"
+        );
+    }
+
+    #[test]
+    fn malformed_bodies_are_parse_errors() {
+        assert!(parse("pull_request", b"{\"action\": ").is_err());
+        assert!(parse("pull_request", b"{\"action\": \"opened\"}").is_err());
+    }
+}

@@ -1,0 +1,334 @@
+//! GitLab webhook deliveries: `X-Gitlab-Token` verification and parsing by `X-Gitlab-Event`.
+
+use serde::Deserialize;
+use serde::de::DeserializeOwned;
+
+use super::{
+    ChangeRequest, Comment, EventKind, ForgeEvent, ForgeKind, ParseError, Push, SignatureError,
+    branch_of_ref, is_null_sha, secrets_equal,
+};
+
+pub const TOKEN_HEADER: &str = "x-gitlab-token";
+pub const EVENT_HEADER: &str = "x-gitlab-event";
+pub const DELIVERY_HEADER: &str = "x-gitlab-event-uuid";
+
+/// GitLab sends the webhook secret itself; it is compared in constant time.
+pub fn verify(secret: &[u8], header: Option<&str>) -> Result<(), SignatureError> {
+    let token = header.ok_or(SignatureError::Missing("X-Gitlab-Token"))?;
+    if secrets_equal(secret, token.as_bytes()) {
+        Ok(())
+    } else {
+        Err(SignatureError::Mismatch)
+    }
+}
+
+#[derive(Deserialize)]
+struct Project {
+    path_with_namespace: String,
+}
+
+#[derive(Deserialize)]
+struct User {
+    username: String,
+}
+
+#[derive(Deserialize)]
+struct Label {
+    title: String,
+}
+
+#[derive(Deserialize)]
+struct Commit {
+    id: String,
+}
+
+#[derive(Deserialize)]
+struct MergeRequestAttributes {
+    iid: u64,
+    source_branch: String,
+    #[serde(default)]
+    source_project_id: Option<u64>,
+    #[serde(default)]
+    target_project_id: Option<u64>,
+    #[serde(default)]
+    action: Option<String>,
+    #[serde(default)]
+    state: Option<String>,
+    #[serde(default)]
+    last_commit: Option<Commit>,
+    #[serde(default)]
+    draft: bool,
+    #[serde(default)]
+    work_in_progress: bool,
+    #[serde(default)]
+    labels: Vec<Label>,
+}
+
+#[derive(Deserialize)]
+struct MergeRequestEvent {
+    project: Project,
+    #[serde(default)]
+    user: Option<User>,
+    object_attributes: MergeRequestAttributes,
+}
+
+#[derive(Deserialize)]
+struct PushEvent {
+    #[serde(rename = "ref")]
+    reference: String,
+    after: String,
+    #[serde(default)]
+    checkout_sha: Option<String>,
+    #[serde(default)]
+    user_username: Option<String>,
+    project: Project,
+}
+
+#[derive(Deserialize)]
+struct NoteAttributes {
+    note: String,
+    noteable_type: String,
+}
+
+#[derive(Deserialize)]
+struct NotedMergeRequest {
+    iid: u64,
+}
+
+#[derive(Deserialize)]
+struct NoteEvent {
+    project: Project,
+    user: User,
+    object_attributes: NoteAttributes,
+    #[serde(default)]
+    merge_request: Option<NotedMergeRequest>,
+}
+
+#[derive(Deserialize)]
+struct AnyEvent {
+    #[serde(default)]
+    project: Option<Project>,
+}
+
+fn from_json<T: DeserializeOwned>(event: &str, body: &[u8]) -> Result<T, ParseError> {
+    serde_json::from_slice(body).map_err(|source| ParseError::Json {
+        event: event.to_string(),
+        source,
+    })
+}
+
+fn event(project: Project, kind: EventKind) -> ForgeEvent {
+    ForgeEvent {
+        forge: ForgeKind::Gitlab,
+        repository: project.path_with_namespace,
+        kind,
+    }
+}
+
+/// Parses a verified delivery of type `event_type` (the `X-Gitlab-Event` header).
+pub fn parse(event_type: &str, body: &[u8]) -> Result<ForgeEvent, ParseError> {
+    match event_type {
+        "Merge Request Hook" => parse_merge_request(body),
+        "Push Hook" => {
+            let delivery: PushEvent = from_json(event_type, body)?;
+            let kind = match branch_of_ref(&delivery.reference) {
+                None => EventKind::Ignored(format!("push to {}", delivery.reference)),
+                Some(branch) if is_null_sha(&delivery.after) => EventKind::BranchDeleted {
+                    branch: branch.to_string(),
+                },
+                Some(branch) => EventKind::Push(Push {
+                    branch: branch.to_string(),
+                    head_sha: delivery.checkout_sha.unwrap_or(delivery.after),
+                    author: delivery.user_username,
+                }),
+            };
+            Ok(event(delivery.project, kind))
+        }
+        "Note Hook" => {
+            let delivery: NoteEvent = from_json(event_type, body)?;
+            let kind = match (
+                delivery.object_attributes.noteable_type.as_str(),
+                delivery.merge_request,
+            ) {
+                ("MergeRequest", Some(merge_request)) => EventKind::Comment(Comment {
+                    number: merge_request.iid,
+                    author: delivery.user.username,
+                    body: delivery.object_attributes.note,
+                }),
+                (other, _) => EventKind::Ignored(format!("a note on a {other}")),
+            };
+            Ok(event(delivery.project, kind))
+        }
+        other => {
+            let delivery: AnyEvent = from_json(other, body)?;
+            Ok(ForgeEvent {
+                forge: ForgeKind::Gitlab,
+                repository: delivery
+                    .project
+                    .map(|p| p.path_with_namespace)
+                    .unwrap_or_default(),
+                kind: EventKind::Ignored(format!("event {other:?}")),
+            })
+        }
+    }
+}
+
+fn parse_merge_request(body: &[u8]) -> Result<ForgeEvent, ParseError> {
+    let delivery: MergeRequestEvent = from_json("Merge Request Hook", body)?;
+    let mr = delivery.object_attributes;
+    // Older GitLab versions send no `action`; the state then says enough.
+    let action = mr
+        .action
+        .clone()
+        .or_else(|| {
+            mr.state
+                .clone()
+                .map(|s| if s == "opened" { "open".into() } else { s })
+        })
+        .unwrap_or_default();
+    let kind = match action.as_str() {
+        "close" | "closed" => EventKind::ChangeRequestClosed {
+            number: mr.iid,
+            branch: mr.source_branch,
+            merged: false,
+        },
+        "merge" | "merged" => EventKind::ChangeRequestClosed {
+            number: mr.iid,
+            branch: mr.source_branch,
+            merged: true,
+        },
+        "open" | "reopen" | "update" => {
+            let head_sha = mr
+                .last_commit
+                .map(|c| c.id)
+                .ok_or(ParseError::Missing("object_attributes.last_commit.id"))?;
+            EventKind::ChangeRequest(ChangeRequest {
+                number: mr.iid,
+                action: action.clone(),
+                branch: mr.source_branch,
+                head_sha,
+                author: delivery.user.map(|u| u.username),
+                draft: mr.draft || mr.work_in_progress,
+                fork: matches!((mr.source_project_id, mr.target_project_id), (Some(s), Some(t)) if s != t),
+                labels: mr.labels.into_iter().map(|l| l.title).collect(),
+            })
+        }
+        other => EventKind::Ignored(format!("merge request action {other:?}")),
+    };
+    Ok(event(delivery.project, kind))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fixture(name: &str) -> Vec<u8> {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../shared/fixtures/gitlab")
+            .join(name);
+        std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+    }
+
+    #[test]
+    fn the_token_is_compared_whole() {
+        assert_eq!(verify(b"tok", Some("tok")), Ok(()));
+        assert_eq!(verify(b"tok", Some("tok2")), Err(SignatureError::Mismatch));
+        assert!(matches!(
+            verify(b"tok", None),
+            Err(SignatureError::Missing(_))
+        ));
+    }
+
+    #[test]
+    fn merge_request_open_update_close_merge() {
+        let event = parse("Merge Request Hook", &fixture("merge_request.json")).unwrap();
+        assert_eq!(event.forge, ForgeKind::Gitlab);
+        assert_eq!(event.repository, "gitlabhq/gitlab-test");
+        assert_eq!(
+            event.kind,
+            EventKind::ChangeRequest(ChangeRequest {
+                number: 1,
+                action: "open".into(),
+                branch: "ms-viewport".into(),
+                head_sha: "da1560886d4f094c3e6c9ef40349f7d38b5d27d7".into(),
+                author: Some("user1".into()),
+                draft: false,
+                fork: false,
+                labels: vec!["API".into()],
+            })
+        );
+        let mut delivery: serde_json::Value =
+            serde_json::from_slice(&fixture("merge_request.json")).unwrap();
+        for (action, expected_merged) in [
+            ("close", Some(false)),
+            ("merge", Some(true)),
+            ("update", None),
+        ] {
+            delivery["object_attributes"]["action"] = action.into();
+            let kind = parse("Merge Request Hook", delivery.to_string().as_bytes())
+                .unwrap()
+                .kind;
+            match (kind, expected_merged) {
+                (EventKind::ChangeRequestClosed { merged, .. }, Some(expected)) => {
+                    assert_eq!(merged, expected)
+                }
+                (EventKind::ChangeRequest(_), None) => {}
+                (kind, _) => panic!("{action}: unexpected {kind:?}"),
+            }
+        }
+        delivery["object_attributes"]["action"] = "approved".into();
+        let kind = parse("Merge Request Hook", delivery.to_string().as_bytes())
+            .unwrap()
+            .kind;
+        assert!(matches!(kind, EventKind::Ignored(_)));
+    }
+
+    #[test]
+    fn pushes_branch_deletions_notes_and_tags() {
+        let event = parse("Push Hook", &fixture("push.json")).unwrap();
+        assert_eq!(event.repository, "mike/diaspora");
+        assert_eq!(
+            event.kind,
+            EventKind::Push(Push {
+                branch: "master".into(),
+                head_sha: "da1560886d4f094c3e6c9ef40349f7d38b5d27d7".into(),
+                author: Some("jsmith".into()),
+            })
+        );
+        let mut deleted: serde_json::Value = serde_json::from_slice(&fixture("push.json")).unwrap();
+        deleted["after"] = "0000000000000000000000000000000000000000".into();
+        deleted["checkout_sha"] = serde_json::Value::Null;
+        assert_eq!(
+            parse("Push Hook", deleted.to_string().as_bytes())
+                .unwrap()
+                .kind,
+            EventKind::BranchDeleted {
+                branch: "master".into()
+            }
+        );
+        let note = parse("Note Hook", &fixture("note_merge_request.json")).unwrap();
+        assert_eq!(note.repository, "gitlab-org/gitlab-test");
+        assert!(matches!(
+            note.kind,
+            EventKind::Comment(Comment { number: 1, .. })
+        ));
+        let tag = parse("Tag Push Hook", &fixture("tag_push.json")).unwrap();
+        assert!(matches!(tag.kind, EventKind::Ignored(_)));
+    }
+
+    #[test]
+    fn forks_and_drafts() {
+        let mut delivery: serde_json::Value =
+            serde_json::from_slice(&fixture("merge_request.json")).unwrap();
+        delivery["object_attributes"]["source_project_id"] = 99.into();
+        delivery["object_attributes"]["draft"] = true.into();
+        let EventKind::ChangeRequest(mr) =
+            parse("Merge Request Hook", delivery.to_string().as_bytes())
+                .unwrap()
+                .kind
+        else {
+            panic!("expected a change request");
+        };
+        assert!(mr.fork && mr.draft);
+    }
+}

@@ -1,0 +1,176 @@
+//! The forges previewd listens to (GitHub, GitLab): webhook deliveries verified and parsed into
+//! one typed [`ForgeEvent`], whatever forge sent them.
+//!
+//! Parsing is pure and forgiving: unknown fields are ignored, optional ones may be missing (the
+//! same deliveries arrive with more fields over time). What matters to previewd is only the
+//! current state of a pull/merge request or branch, so every "still open" action (opened,
+//! synchronize, labeled, …) becomes the same [`EventKind::ChangeRequest`] snapshot.
+
+pub mod comment;
+pub mod github;
+pub mod gitlab;
+
+use sha2::{Digest, Sha256};
+
+pub use crate::crd::ForgeKind;
+
+/// One verified delivery, forge-neutral.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ForgeEvent {
+    pub forge: ForgeKind,
+    /// `owner/name` (GitHub) or the project's full path (GitLab).
+    pub repository: String,
+    pub kind: EventKind,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum EventKind {
+    /// A pull/merge request is open, in this state (opened, reopened, new commits, labels
+    /// changed, draft toggled, edited).
+    ChangeRequest(ChangeRequest),
+    /// A pull/merge request was closed, merged or not.
+    ChangeRequestClosed {
+        number: u64,
+        branch: String,
+        merged: bool,
+    },
+    /// New commits on a branch (also the first push of a new branch).
+    Push(Push),
+    /// A branch was deleted.
+    BranchDeleted { branch: String },
+    /// A comment on a pull/merge request (comment commands).
+    Comment(Comment),
+    /// The forge checks that the hook works.
+    Ping,
+    /// Something previewd does not act on; the reason is logged.
+    Ignored(String),
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct ChangeRequest {
+    pub number: u64,
+    /// The forge's word for what happened (`opened`, `synchronize`, `update`, …), for logs.
+    pub action: String,
+    /// The head (source) branch.
+    pub branch: String,
+    pub head_sha: String,
+    pub author: Option<String>,
+    pub draft: bool,
+    /// The head branch lives in another repository (a fork).
+    pub fork: bool,
+    pub labels: Vec<String>,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Push {
+    pub branch: String,
+    pub head_sha: String,
+    pub author: Option<String>,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Comment {
+    /// The pull/merge request's number.
+    pub number: u64,
+    pub author: String,
+    pub body: String,
+}
+
+/// Why a delivery could not be parsed (answered with 400).
+#[derive(Debug, thiserror::Error)]
+pub enum ParseError {
+    #[error("the body is not valid JSON for a {event} delivery: {source}")]
+    Json {
+        event: String,
+        source: serde_json::Error,
+    },
+    #[error("the delivery has no {0}")]
+    Missing(&'static str),
+}
+
+/// Why a delivery was not accepted as coming from the forge (answered with 401).
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+pub enum SignatureError {
+    #[error("the delivery carries no {0} header")]
+    Missing(&'static str),
+    #[error("the {0} header is malformed")]
+    Malformed(&'static str),
+    #[error("the signature does not match the webhook secret")]
+    Mismatch,
+}
+
+/// The repository a delivery is about, read before verification only to find whose webhook
+/// secret applies. Nothing is acted on until the signature is checked.
+pub fn repository_of(forge: ForgeKind, body: &[u8]) -> Result<Option<String>, ParseError> {
+    let value: serde_json::Value =
+        serde_json::from_slice(body).map_err(|source| ParseError::Json {
+            event: "webhook".into(),
+            source,
+        })?;
+    let path: &[&str] = match forge {
+        ForgeKind::Github => &["repository", "full_name"],
+        ForgeKind::Gitlab => &["project", "path_with_namespace"],
+    };
+    let mut node = &value;
+    for key in path {
+        node = &node[*key];
+    }
+    Ok(node.as_str().map(str::to_string))
+}
+
+/// Equality of two secrets in time that does not depend on where they differ: both are hashed
+/// to 32 bytes first, so their lengths do not show either.
+pub fn secrets_equal(a: &[u8], b: &[u8]) -> bool {
+    let (a, b) = (Sha256::digest(a), Sha256::digest(b));
+    a.iter()
+        .zip(b.iter())
+        .fold(0u8, |acc, (x, y)| acc | (x ^ y))
+        == 0
+}
+
+/// A commit id of all zeros: the "after" of a branch deletion.
+fn is_null_sha(sha: &str) -> bool {
+    !sha.is_empty() && sha.bytes().all(|b| b == b'0')
+}
+
+/// `refs/heads/<branch>` → `<branch>`; tags and other refs → `None`.
+fn branch_of_ref(reference: &str) -> Option<&str> {
+    reference.strip_prefix("refs/heads/")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn secrets_compare_by_content_only() {
+        assert!(secrets_equal(b"s3cret", b"s3cret"));
+        assert!(!secrets_equal(b"s3cret", b"s3creT"));
+        assert!(!secrets_equal(b"s3cret", b"s3cret "));
+        assert!(!secrets_equal(b"", b"x"));
+    }
+
+    #[test]
+    fn repository_is_found_where_each_forge_puts_it() {
+        let github = br#"{"repository": {"full_name": "Codertocat/Hello-World"}}"#;
+        let gitlab = br#"{"project": {"path_with_namespace": "group/sub/app"}}"#;
+        assert_eq!(
+            repository_of(ForgeKind::Github, github).unwrap().as_deref(),
+            Some("Codertocat/Hello-World")
+        );
+        assert_eq!(
+            repository_of(ForgeKind::Gitlab, gitlab).unwrap().as_deref(),
+            Some("group/sub/app")
+        );
+        assert_eq!(repository_of(ForgeKind::Github, b"{}").unwrap(), None);
+        assert!(repository_of(ForgeKind::Github, b"{not json").is_err());
+    }
+
+    #[test]
+    fn refs_and_null_shas() {
+        assert_eq!(branch_of_ref("refs/heads/feature/x"), Some("feature/x"));
+        assert_eq!(branch_of_ref("refs/tags/v1"), None);
+        assert!(is_null_sha("0000000000000000000000000000000000000000"));
+        assert!(!is_null_sha("da1560886d4f094c3e6c9ef40349f7d38b5d27d7"));
+    }
+}

@@ -1,0 +1,557 @@
+//! Intake: a verified [`ForgeEvent`] becomes the `PreviewEnvironment`s to apply or delete.
+//!
+//! [`decide`] is pure (templates, the environments that exist, and `now` are passed in);
+//! [`execute`] then sends one API call per decision: a server-side apply of the environment
+//! (field manager `previewd-intake`) or its deletion. Nothing else is written from the request
+//! path: deploying is the controller's job.
+
+use std::sync::Arc;
+
+use chrono::{DateTime, Utc};
+use kube::api::{Api, DeleteParams, Patch, PatchParams};
+use kube::{Client, ResourceExt};
+
+use crate::crd::{
+    ForkPolicy, LABEL_TEMPLATE, PreviewEnvironment, PreviewEnvironmentSpec, PreviewTemplate, Source,
+};
+use crate::forge::{ChangeRequest, EventKind, ForgeEvent, Push};
+use crate::naming;
+
+/// The field manager of the intake's applies: the controller's status and the lifecycle's
+/// fields (sleep) are other managers', so the intake never overwrites them.
+pub const FIELD_MANAGER: &str = "previewd-intake";
+/// Label on intake-made environments: the pull/merge request number.
+pub const LABEL_PULL_REQUEST: &str = "previewd.dev/pull-request";
+
+/// One write the intake makes.
+#[derive(Clone, Debug)]
+pub enum Decision {
+    /// Create or update this environment (server-side apply).
+    Apply(Box<PreviewEnvironment>),
+    /// Delete this environment (its namespace goes with it).
+    Delete {
+        namespace: String,
+        name: String,
+        reason: &'static str,
+    },
+}
+
+/// What to do about `event`, for every template of its repository.
+pub fn decide(
+    event: &ForgeEvent,
+    templates: &[Arc<PreviewTemplate>],
+    environments: &[Arc<PreviewEnvironment>],
+    now: DateTime<Utc>,
+) -> Vec<Decision> {
+    let mut decisions = Vec::new();
+    for template in templates.iter().filter(|t| serves(t, event)) {
+        let existing: Vec<&PreviewEnvironment> = environments
+            .iter()
+            .map(|e| e.as_ref())
+            .filter(|e| {
+                e.spec.template == template.name_any() && e.namespace() == template.namespace()
+            })
+            .collect();
+        decide_for_template(event, template, &existing, now, &mut decisions);
+    }
+    decisions
+}
+
+/// Whether `template` is the one for the delivery's forge and repository.
+fn serves(template: &PreviewTemplate, event: &ForgeEvent) -> bool {
+    template.spec.forge.kind == event.forge
+        && template
+            .spec
+            .forge
+            .repository
+            .eq_ignore_ascii_case(&event.repository)
+}
+
+fn decide_for_template(
+    event: &ForgeEvent,
+    template: &PreviewTemplate,
+    existing: &[&PreviewEnvironment],
+    now: DateTime<Utc>,
+    decisions: &mut Vec<Decision>,
+) {
+    let triggers = &template.spec.triggers;
+    let namespace = template.namespace().unwrap_or_default();
+    let delete = |name: String, reason: &'static str| Decision::Delete {
+        namespace: namespace.clone(),
+        name,
+        reason,
+    };
+    match &event.kind {
+        EventKind::ChangeRequest(change) => {
+            if !triggers.pull_requests {
+                return;
+            }
+            let name =
+                naming::environment_name(&template.name_any(), &change.branch, Some(change.number));
+            let exists = existing.iter().any(|e| e.name_any() == name);
+            if change.draft && !triggers.draft_pull_requests {
+                if exists {
+                    decisions.push(delete(name, "the pull request is a draft"));
+                }
+                return;
+            }
+            if let Some(label) = &triggers.required_label
+                && !change.labels.iter().any(|l| l == label)
+            {
+                if exists {
+                    decisions.push(delete(name, "the required label was removed"));
+                }
+                return;
+            }
+            // A fork PR runs only where the template allows it. With RequireApproval it runs
+            // once approved (the approval creates the environment), so an update of an
+            // approved one goes through.
+            let allowed = !change.fork
+                || match triggers.fork_policy {
+                    ForkPolicy::Allow => true,
+                    ForkPolicy::RequireApproval => exists,
+                    ForkPolicy::Deny => false,
+                };
+            if allowed {
+                decisions.push(Decision::Apply(pull_request_environment(
+                    template, event, change, now,
+                )));
+            }
+        }
+        EventKind::ChangeRequestClosed {
+            number,
+            branch,
+            merged,
+        } => {
+            let name = naming::environment_name(&template.name_any(), branch, Some(*number));
+            let reason = if *merged {
+                "the pull request was merged"
+            } else {
+                "the pull request was closed"
+            };
+            decisions.push(delete(name, reason));
+        }
+        EventKind::Push(push) => {
+            // A push to a PR's branch updates that PR's environment, not a second one.
+            let pr_environments: Vec<&&PreviewEnvironment> = existing
+                .iter()
+                .filter(|e| {
+                    e.spec.source.pull_request.is_some() && e.spec.source.branch == push.branch
+                })
+                .collect();
+            if !pr_environments.is_empty() {
+                for environment in pr_environments {
+                    let mut source = environment.spec.source.clone();
+                    source.head_sha = push.head_sha.clone();
+                    decisions.push(Decision::Apply(environment_object(
+                        template,
+                        &environment.name_any(),
+                        source,
+                        now,
+                    )));
+                }
+            } else if triggers
+                .branches
+                .iter()
+                .any(|glob| glob_matches(glob, &push.branch))
+            {
+                decisions.push(Decision::Apply(branch_environment(
+                    template, event, push, now,
+                )));
+            }
+        }
+        EventKind::BranchDeleted { branch } => {
+            for environment in existing.iter().filter(|e| &e.spec.source.branch == branch) {
+                decisions.push(delete(environment.name_any(), "the branch was deleted"));
+            }
+            let branch_env = naming::environment_name(&template.name_any(), branch, None);
+            if !existing.iter().any(|e| e.name_any() == branch_env)
+                && triggers
+                    .branches
+                    .iter()
+                    .any(|glob| glob_matches(glob, branch))
+            {
+                // Not in our cache yet (just created?): delete by name anyway; 404 is fine.
+                decisions.push(delete(branch_env, "the branch was deleted"));
+            }
+        }
+        // Comment commands and pings change no environment here.
+        EventKind::Comment(_) | EventKind::Ping | EventKind::Ignored(_) => {}
+    }
+}
+
+fn pull_request_environment(
+    template: &PreviewTemplate,
+    event: &ForgeEvent,
+    change: &ChangeRequest,
+    now: DateTime<Utc>,
+) -> Box<PreviewEnvironment> {
+    let name = naming::environment_name(&template.name_any(), &change.branch, Some(change.number));
+    let source = Source {
+        repository: event.repository.clone(),
+        branch: change.branch.clone(),
+        pull_request: Some(change.number),
+        head_sha: change.head_sha.clone(),
+        author: change.author.clone(),
+        fork: change.fork,
+    };
+    environment_object(template, &name, source, now)
+}
+
+fn branch_environment(
+    template: &PreviewTemplate,
+    event: &ForgeEvent,
+    push: &Push,
+    now: DateTime<Utc>,
+) -> Box<PreviewEnvironment> {
+    let name = naming::environment_name(&template.name_any(), &push.branch, None);
+    let source = Source {
+        repository: event.repository.clone(),
+        branch: push.branch.clone(),
+        pull_request: None,
+        head_sha: push.head_sha.clone(),
+        author: push.author.clone(),
+        fork: false,
+    };
+    environment_object(template, &name, source, now)
+}
+
+fn environment_object(
+    template: &PreviewTemplate,
+    name: &str,
+    source: Source,
+    now: DateTime<Utc>,
+) -> Box<PreviewEnvironment> {
+    let mut environment = PreviewEnvironment::new(
+        name,
+        PreviewEnvironmentSpec {
+            template: template.name_any(),
+            last_activity: Some(now),
+            sleep: false,
+            source,
+        },
+    );
+    environment.metadata.namespace = template.namespace();
+    let mut labels =
+        std::collections::BTreeMap::from([(LABEL_TEMPLATE.to_string(), template.name_any())]);
+    if let Some(number) = environment.spec.source.pull_request {
+        labels.insert(LABEL_PULL_REQUEST.to_string(), number.to_string());
+    }
+    environment.metadata.labels = Some(labels);
+    Box::new(environment)
+}
+
+/// `*` matches any run of characters (`/` included), `?` exactly one.
+pub fn glob_matches(glob: &str, text: &str) -> bool {
+    fn matches(glob: &[char], text: &[char]) -> bool {
+        match glob.split_first() {
+            None => text.is_empty(),
+            Some(('*', rest)) => (0..=text.len()).any(|skip| matches(rest, &text[skip..])),
+            Some(('?', rest)) => !text.is_empty() && matches(rest, &text[1..]),
+            Some((c, rest)) => text.first() == Some(c) && matches(rest, &text[1..]),
+        }
+    }
+    let glob: Vec<char> = glob.chars().collect();
+    let text: Vec<char> = text.chars().collect();
+    matches(&glob, &text)
+}
+
+/// Sends the decisions: one server-side apply or delete each. A delete of an environment that
+/// is already gone is not an error.
+pub async fn execute(client: &Client, decisions: &[Decision]) -> Result<(), kube::Error> {
+    for decision in decisions {
+        match decision {
+            Decision::Apply(environment) => {
+                let api: Api<PreviewEnvironment> =
+                    Api::namespaced(client.clone(), &environment.namespace().unwrap_or_default());
+                let mut body = serde_json::to_value(environment).expect("serializable");
+                // `sleep: false` belongs to whoever puts an environment to sleep; the intake
+                // must not wake it by owning that field.
+                if let Some(spec) = body["spec"].as_object_mut() {
+                    spec.remove("sleep");
+                }
+                api.patch(
+                    &environment.name_any(),
+                    &PatchParams::apply(FIELD_MANAGER).force(),
+                    &Patch::Apply(body),
+                )
+                .await?;
+            }
+            Decision::Delete {
+                namespace,
+                name,
+                reason,
+            } => {
+                let api: Api<PreviewEnvironment> = Api::namespaced(client.clone(), namespace);
+                match api.delete(name, &DeleteParams::default()).await {
+                    Ok(_) => {
+                        tracing::info!(environment = %name, %namespace, reason, "deleting environment")
+                    }
+                    Err(kube::Error::Api(status)) if status.code == 404 => {}
+                    Err(e) => return Err(e),
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::crd::{ForgeKind, PreviewTemplateSpec};
+    use crate::forge::github;
+
+    fn now() -> DateTime<Utc> {
+        "2026-11-22T10:00:00Z".parse().unwrap()
+    }
+
+    fn template(name: &str, adjust: impl FnOnce(&mut PreviewTemplateSpec)) -> Arc<PreviewTemplate> {
+        let mut spec = PreviewTemplateSpec::default();
+        spec.forge.kind = ForgeKind::Github;
+        spec.forge.repository = "Codertocat/Hello-World".into();
+        adjust(&mut spec);
+        let mut template = PreviewTemplate::new(name, spec);
+        template.metadata.namespace = Some("previews".into());
+        Arc::new(template)
+    }
+
+    fn github_event(event_type: &str, file: &str) -> ForgeEvent {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../shared/fixtures/github")
+            .join(file);
+        github::parse(event_type, &std::fs::read(path).unwrap()).unwrap()
+    }
+
+    fn change_request(adjust: impl FnOnce(&mut ChangeRequest)) -> ForgeEvent {
+        let mut event = github_event("pull_request", "pull_request.opened.json");
+        if let EventKind::ChangeRequest(change) = &mut event.kind {
+            adjust(change);
+        }
+        event
+    }
+
+    fn applied(decisions: &[Decision]) -> Vec<&PreviewEnvironment> {
+        decisions
+            .iter()
+            .filter_map(|d| match d {
+                Decision::Apply(e) => Some(e.as_ref()),
+                Decision::Delete { .. } => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn an_opened_pr_becomes_one_environment_per_matching_template() {
+        let templates = [
+            template("web", |_| {}),
+            template("other-repo", |s| s.forge.repository = "someone/else".into()),
+            template("on-gitlab", |s| s.forge.kind = ForgeKind::Gitlab),
+        ];
+        let decisions = decide(
+            &github_event("pull_request", "pull_request.opened.json"),
+            &templates,
+            &[],
+            now(),
+        );
+        let environments = applied(&decisions);
+        assert_eq!(environments.len(), 1);
+        let environment = environments[0];
+        assert_eq!(environment.namespace().as_deref(), Some("previews"));
+        assert!(environment.name_any().starts_with("web-pr-2-"));
+        assert_eq!(environment.spec.template, "web");
+        assert_eq!(environment.spec.source.pull_request, Some(2));
+        assert_eq!(
+            environment.spec.source.head_sha,
+            "ec26c3e57ca3a959ca5aad62de7213c562f8c821"
+        );
+        assert_eq!(environment.spec.last_activity, Some(now()));
+        assert_eq!(
+            environment
+                .labels()
+                .get(LABEL_PULL_REQUEST)
+                .map(String::as_str),
+            Some("2")
+        );
+    }
+
+    #[test]
+    fn repository_names_match_case_insensitively() {
+        let templates = [template("web", |s| {
+            s.forge.repository = "codertocat/hello-world".into()
+        })];
+        let decisions = decide(
+            &github_event("pull_request", "pull_request.opened.json"),
+            &templates,
+            &[],
+            now(),
+        );
+        assert_eq!(applied(&decisions).len(), 1);
+    }
+
+    #[test]
+    fn closing_deletes_and_says_why() {
+        let templates = [template("web", |_| {})];
+        let decisions = decide(
+            &github_event("pull_request", "pull_request.closed.json"),
+            &templates,
+            &[],
+            now(),
+        );
+        let [Decision::Delete { name, reason, .. }] = decisions.as_slice() else {
+            panic!("expected one delete, got {decisions:?}");
+        };
+        assert!(name.starts_with("web-pr-2-"));
+        assert_eq!(*reason, "the pull request was closed");
+    }
+
+    #[test]
+    fn drafts_labels_and_forks_follow_the_triggers() {
+        let existing_env = |templates: &[Arc<PreviewTemplate>]| -> Vec<Arc<PreviewEnvironment>> {
+            applied(&decide(&change_request(|_| {}), templates, &[], now()))
+                .into_iter()
+                .map(|e| Arc::new(e.clone()))
+                .collect()
+        };
+        // Drafts off (default): a draft gets nothing; converting to draft deletes.
+        let templates = [template("web", |_| {})];
+        let draft = change_request(|c| c.draft = true);
+        assert!(decide(&draft, &templates, &[], now()).is_empty());
+        let existing = existing_env(&templates);
+        assert!(matches!(
+            decide(&draft, &templates, &existing, now()).as_slice(),
+            [Decision::Delete { .. }]
+        ));
+        // Drafts on.
+        let templates = [template("web", |s| s.triggers.draft_pull_requests = true)];
+        assert_eq!(applied(&decide(&draft, &templates, &[], now())).len(), 1);
+        // A required label.
+        let templates = [template("web", |s| {
+            s.triggers.required_label = Some("preview".into())
+        })];
+        assert!(decide(&change_request(|_| {}), &templates, &[], now()).is_empty());
+        let labeled = change_request(|c| c.labels.push("preview".into()));
+        assert_eq!(applied(&decide(&labeled, &templates, &[], now())).len(), 1);
+        // Forks: denied by default, allowed when the template says so, and with
+        // RequireApproval only once an environment exists (created by the approval).
+        let fork = change_request(|c| c.fork = true);
+        assert!(decide(&fork, &[template("web", |_| {})], &[], now()).is_empty());
+        let allow = [template("web", |s| {
+            s.triggers.fork_policy = ForkPolicy::Allow
+        })];
+        assert_eq!(applied(&decide(&fork, &allow, &[], now())).len(), 1);
+        let approval = [template("web", |s| {
+            s.triggers.fork_policy = ForkPolicy::RequireApproval
+        })];
+        assert!(decide(&fork, &approval, &[], now()).is_empty());
+        let existing = existing_env(&approval);
+        assert_eq!(
+            applied(&decide(&fork, &approval, &existing, now())).len(),
+            1
+        );
+        // PRs off.
+        let off = [template("web", |s| s.triggers.pull_requests = false)];
+        assert!(decide(&change_request(|_| {}), &off, &[], now()).is_empty());
+    }
+
+    #[test]
+    fn a_push_to_a_pr_branch_updates_that_environment_only() {
+        let templates = [template("web", |s| s.triggers.branches = vec!["*".into()])];
+        let pr_env: Vec<Arc<PreviewEnvironment>> =
+            applied(&decide(&change_request(|_| {}), &templates, &[], now()))
+                .into_iter()
+                .map(|e| Arc::new(e.clone()))
+                .collect();
+        let push = ForgeEvent {
+            forge: ForgeKind::Github,
+            repository: "Codertocat/Hello-World".into(),
+            kind: EventKind::Push(Push {
+                branch: "changes".into(),
+                head_sha: "feedbeef".into(),
+                author: None,
+            }),
+        };
+        let decisions = decide(&push, &templates, &pr_env, now());
+        let environments = applied(&decisions);
+        assert_eq!(
+            environments.len(),
+            1,
+            "no second environment for the branch"
+        );
+        assert_eq!(environments[0].name_any(), pr_env[0].name_any());
+        assert_eq!(environments[0].spec.source.head_sha, "feedbeef");
+        assert_eq!(environments[0].spec.source.pull_request, Some(2));
+    }
+
+    #[test]
+    fn branch_pushes_follow_the_globs_and_deletions_remove_them() {
+        let templates = [template("web", |s| {
+            s.triggers.branches = vec!["release/*".into()]
+        })];
+        let push = |branch: &str| ForgeEvent {
+            forge: ForgeKind::Github,
+            repository: "Codertocat/Hello-World".into(),
+            kind: EventKind::Push(Push {
+                branch: branch.into(),
+                head_sha: "abc".into(),
+                author: Some("a".into()),
+            }),
+        };
+        assert!(decide(&push("main"), &templates, &[], now()).is_empty());
+        let decisions = decide(&push("release/1.2"), &templates, &[], now());
+        let environment = applied(&decisions)[0].clone();
+        assert_eq!(environment.spec.source.pull_request, None);
+        assert_eq!(environment.spec.source.branch, "release/1.2");
+        let deleted = ForgeEvent {
+            forge: ForgeKind::Github,
+            repository: "Codertocat/Hello-World".into(),
+            kind: EventKind::BranchDeleted {
+                branch: "release/1.2".into(),
+            },
+        };
+        let decisions = decide(
+            &deleted,
+            &templates,
+            &[Arc::new(environment.clone())],
+            now(),
+        );
+        let [
+            Decision::Delete {
+                namespace,
+                name,
+                reason,
+            },
+        ] = decisions.as_slice()
+        else {
+            panic!("expected one delete, got {decisions:?}");
+        };
+        assert_eq!(
+            (namespace.as_str(), name.clone(), *reason),
+            ("previews", environment.name_any(), "the branch was deleted")
+        );
+    }
+
+    #[test]
+    fn pings_comments_and_ignored_events_change_nothing() {
+        let templates = [template("web", |_| {})];
+        for event in [
+            github_event("ping", "ping.json"),
+            github_event("push", "push.json"),
+            github_event("issue_comment", "issue_comment.created.json"),
+        ] {
+            assert!(
+                decide(&event, &templates, &[], now()).is_empty(),
+                "{event:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn globs() {
+        assert!(glob_matches("feature/*", "feature/login/x"));
+        assert!(glob_matches("*", "anything"));
+        assert!(glob_matches("v?", "v1"));
+        assert!(!glob_matches("feature/*", "main"));
+        assert!(!glob_matches("v?", "v10"));
+    }
+}

@@ -1,0 +1,423 @@
+//! The HTTP server: `POST /webhooks/github`, `POST /webhooks/gitlab`, `/metrics`, `/healthz`,
+//! `/readyz`.
+//!
+//! A delivery is answered as soon as its environments are written (one API call each); the
+//! controller does the deploying. In order:
+//!
+//! 1. a body over the size limit: 413;
+//! 2. a body that is not JSON: 400;
+//! 3. no `PreviewTemplate` for the delivery's repository: 202, ignored (logged);
+//! 4. a missing or wrong signature (checked against the webhook secret of each template of that
+//!    repository, in constant time): 401;
+//! 5. a delivery id already handled: 200, nothing written again;
+//! 6. otherwise the event is parsed (400 if it does not fit its type), decided on and written:
+//!    202 with what was done. An unknown event type is 202, ignored.
+
+use std::collections::{HashSet, VecDeque};
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use kube::runtime::reflector::Store;
+use kube::{Client, ResourceExt};
+use serde_json::json;
+
+use crate::crd::{ForgeKind, PreviewEnvironment, PreviewTemplate};
+use crate::forge::{self, EventKind, ForgeEvent, SignatureError, github, gitlab};
+use crate::intake::{self, Decision};
+use crate::metrics::Metrics;
+use crate::secrets::{SecretError, SecretReader};
+
+/// How many delivery ids are remembered to drop redeliveries.
+const REMEMBERED_DELIVERIES: usize = 10_000;
+
+/// Everything the handlers share.
+pub struct ServerState {
+    pub client: Client,
+    pub templates: Store<PreviewTemplate>,
+    pub environments: Store<PreviewEnvironment>,
+    pub secrets: SecretReader,
+    pub metrics: Arc<Metrics>,
+    pub max_body_bytes: usize,
+    deliveries: DeliveryLog,
+    ready: AtomicBool,
+}
+
+impl ServerState {
+    pub fn new(
+        client: Client,
+        templates: Store<PreviewTemplate>,
+        environments: Store<PreviewEnvironment>,
+        metrics: Arc<Metrics>,
+        max_body_bytes: usize,
+    ) -> Arc<Self> {
+        Arc::new(Self {
+            secrets: SecretReader::new(client.clone()),
+            client,
+            templates,
+            environments,
+            metrics,
+            max_body_bytes,
+            deliveries: DeliveryLog::default(),
+            ready: AtomicBool::new(false),
+        })
+    }
+}
+
+/// The router, for `serve` and for tests.
+pub fn router(state: Arc<ServerState>) -> Router {
+    Router::new()
+        .route("/webhooks/github", post(github_webhook))
+        .route("/webhooks/gitlab", post(gitlab_webhook))
+        .route("/metrics", get(metrics))
+        .route("/healthz", get(|| async { "ok" }))
+        .route("/readyz", get(readyz))
+        .with_state(state)
+}
+
+/// Serves until the future is dropped. Readiness turns on once the template and environment
+/// caches hold the cluster's state (before that, a delivery could miss its template).
+pub async fn serve(
+    state: Arc<ServerState>,
+    listener: tokio::net::TcpListener,
+) -> std::io::Result<()> {
+    let watcher_state = state.clone();
+    tokio::spawn(async move {
+        let templates = watcher_state.templates.wait_until_ready().await;
+        let environments = watcher_state.environments.wait_until_ready().await;
+        if templates.is_ok() && environments.is_ok() {
+            watcher_state.ready.store(true, Ordering::Relaxed);
+        }
+    });
+    let address: Option<SocketAddr> = listener.local_addr().ok();
+    tracing::info!(?address, "webhook server listening");
+    axum::serve(listener, router(state)).await
+}
+
+async fn readyz(State(state): State<Arc<ServerState>>) -> Response {
+    if state.ready.load(Ordering::Relaxed) {
+        (StatusCode::OK, "ready").into_response()
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, "caches not synced yet").into_response()
+    }
+}
+
+async fn metrics(State(state): State<Arc<ServerState>>) -> Response {
+    (
+        [("content-type", "text/plain; version=0.0.4")],
+        state.metrics.render(),
+    )
+        .into_response()
+}
+
+async fn github_webhook(State(state): State<Arc<ServerState>>, request: Request) -> Response {
+    handle(&state, ForgeKind::Github, request).await
+}
+
+async fn gitlab_webhook(State(state): State<Arc<ServerState>>, request: Request) -> Response {
+    handle(&state, ForgeKind::Gitlab, request).await
+}
+
+/// What a delivery came to: the HTTP answer and the metric outcome.
+struct Answer {
+    status: StatusCode,
+    outcome: &'static str,
+    body: serde_json::Value,
+}
+
+impl Answer {
+    fn new(status: StatusCode, outcome: &'static str, message: impl Into<String>) -> Self {
+        Self {
+            status,
+            outcome,
+            body: json!({ "outcome": outcome, "message": message.into() }),
+        }
+    }
+}
+
+async fn handle(state: &ServerState, forge: ForgeKind, request: Request) -> Response {
+    let started = std::time::Instant::now();
+    let headers = request.headers().clone();
+    let (event_header, delivery_header) = match forge {
+        ForgeKind::Github => (github::EVENT_HEADER, github::DELIVERY_HEADER),
+        ForgeKind::Gitlab => (gitlab::EVENT_HEADER, gitlab::DELIVERY_HEADER),
+    };
+    let event_type = header(&headers, event_header)
+        .unwrap_or_default()
+        .to_string();
+    let delivery = header(&headers, delivery_header).map(str::to_string);
+    let answer = answer(
+        state,
+        forge,
+        &headers,
+        &event_type,
+        delivery.as_deref(),
+        request.into_body(),
+    )
+    .await;
+    let forge_label = forge_label(forge);
+    state
+        .metrics
+        .webhooks
+        .with_label_values(&[forge_label, answer.outcome])
+        .inc();
+    state
+        .metrics
+        .webhook_duration
+        .with_label_values(&[forge_label])
+        .observe(started.elapsed().as_secs_f64());
+    let message = answer.body["message"].as_str().unwrap_or_default();
+    if answer.status.is_client_error() || answer.status.is_server_error() {
+        tracing::warn!(forge = forge_label, event = %event_type, delivery = ?delivery, status = answer.status.as_u16(), "webhook refused: {message}");
+    } else {
+        tracing::info!(forge = forge_label, event = %event_type, delivery = ?delivery, outcome = answer.outcome, "webhook: {message}");
+    }
+    (answer.status, axum::Json(answer.body)).into_response()
+}
+
+fn forge_label(forge: ForgeKind) -> &'static str {
+    match forge {
+        ForgeKind::Github => "github",
+        ForgeKind::Gitlab => "gitlab",
+    }
+}
+
+fn header<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
+    headers.get(name).and_then(|v| v.to_str().ok())
+}
+
+async fn answer(
+    state: &ServerState,
+    forge: ForgeKind,
+    headers: &HeaderMap,
+    event_type: &str,
+    delivery: Option<&str>,
+    body: Body,
+) -> Answer {
+    let body = match axum::body::to_bytes(body, state.max_body_bytes).await {
+        Ok(body) => body,
+        Err(_) => {
+            return Answer::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "too_large",
+                format!(
+                    "the body is over the limit of {} bytes",
+                    state.max_body_bytes
+                ),
+            );
+        }
+    };
+    if event_type.is_empty() {
+        return Answer::new(StatusCode::BAD_REQUEST, "malformed", "no event type header");
+    }
+    let repository = match forge::repository_of(forge, &body) {
+        Ok(repository) => repository.unwrap_or_default(),
+        Err(e) => return Answer::new(StatusCode::BAD_REQUEST, "malformed", e.to_string()),
+    };
+    let templates: Vec<Arc<PreviewTemplate>> = state
+        .templates
+        .state()
+        .into_iter()
+        .filter(|t| {
+            t.spec.forge.kind == forge && t.spec.forge.repository.eq_ignore_ascii_case(&repository)
+        })
+        .collect();
+    if templates.is_empty() {
+        return Answer::new(
+            StatusCode::ACCEPTED,
+            "ignored",
+            format!("no PreviewTemplate serves repository {repository:?}"),
+        );
+    }
+    if let Err(answer) = verify(state, forge, headers, &body, &templates).await {
+        return answer;
+    }
+    let event = match forge {
+        ForgeKind::Github => github::parse(event_type, &body),
+        ForgeKind::Gitlab => gitlab::parse(event_type, &body),
+    };
+    let event = match event {
+        Ok(event) => event,
+        Err(e) => return Answer::new(StatusCode::BAD_REQUEST, "malformed", e.to_string()),
+    };
+    if let EventKind::Ignored(reason) = &event.kind {
+        return Answer::new(StatusCode::ACCEPTED, "ignored", reason.clone());
+    }
+    if let EventKind::Ping = event.kind {
+        return Answer::new(StatusCode::OK, "pong", "the hook works");
+    }
+    let delivery_key = delivery.map(|d| format!("{}/{d}", forge_label(forge)));
+    if let Some(key) = &delivery_key
+        && !state.deliveries.begin(key)
+    {
+        return Answer::new(
+            StatusCode::OK,
+            "duplicate",
+            "this delivery was already handled",
+        );
+    }
+    let result = act(state, &event, &templates).await;
+    match result {
+        Ok(done) => {
+            let mut answer = Answer::new(StatusCode::ACCEPTED, "accepted", done.join("; "));
+            answer.body["environments"] = json!(done);
+            answer
+        }
+        Err(e) => {
+            // Forget the delivery so that a redelivery is handled.
+            if let Some(key) = &delivery_key {
+                state.deliveries.forget(key);
+            }
+            Answer::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "error",
+                format!("writing the environment failed, redeliver later: {e}"),
+            )
+        }
+    }
+}
+
+/// Accepts the delivery if it verifies against the webhook secret of any template of its
+/// repository.
+async fn verify(
+    state: &ServerState,
+    forge: ForgeKind,
+    headers: &HeaderMap,
+    body: &[u8],
+    templates: &[Arc<PreviewTemplate>],
+) -> Result<(), Answer> {
+    let mut last_error =
+        String::from("no PreviewTemplate of this repository names a webhookSecretRef");
+    let mut unavailable = false;
+    for template in templates {
+        let Some(reference) = &template.spec.forge.webhook_secret_ref else {
+            continue;
+        };
+        let namespace = template.namespace().unwrap_or_default();
+        let secret = match state.secrets.get(&namespace, reference).await {
+            Ok(secret) => secret,
+            Err(e) => {
+                unavailable |= matches!(e, SecretError::Api { .. });
+                last_error = format!("PreviewTemplate {namespace}/{}: {e}", template.name_any());
+                continue;
+            }
+        };
+        let verified = match forge {
+            ForgeKind::Github => {
+                github::verify(&secret, body, header(headers, github::SIGNATURE_HEADER))
+            }
+            ForgeKind::Gitlab => gitlab::verify(&secret, header(headers, gitlab::TOKEN_HEADER)),
+        };
+        match verified {
+            Ok(()) => return Ok(()),
+            Err(
+                e @ (SignatureError::Missing(_)
+                | SignatureError::Malformed(_)
+                | SignatureError::Mismatch),
+            ) => {
+                last_error = e.to_string();
+            }
+        }
+    }
+    if unavailable {
+        return Err(Answer::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "error",
+            last_error,
+        ));
+    }
+    Err(Answer::new(
+        StatusCode::UNAUTHORIZED,
+        "unauthorized",
+        last_error,
+    ))
+}
+
+/// Decides and writes; returns one line per environment written.
+async fn act(
+    state: &ServerState,
+    event: &ForgeEvent,
+    templates: &[Arc<PreviewTemplate>],
+) -> Result<Vec<String>, kube::Error> {
+    let environments = state.environments.state();
+    let decisions = intake::decide(event, templates, &environments, chrono::Utc::now());
+    intake::execute(&state.client, &decisions).await?;
+    for decision in &decisions {
+        let operation = match decision {
+            Decision::Apply(_) => "intake_apply",
+            Decision::Delete { .. } => "intake_delete",
+        };
+        state.metrics.write(operation);
+    }
+    Ok(decisions
+        .iter()
+        .map(|decision| match decision {
+            Decision::Apply(e) => format!(
+                "applied {}/{}",
+                e.namespace().unwrap_or_default(),
+                e.name_any()
+            ),
+            Decision::Delete {
+                namespace,
+                name,
+                reason,
+            } => format!("deleted {namespace}/{name} ({reason})"),
+        })
+        .collect())
+}
+
+/// Delivery ids being handled or handled recently: a redelivery (the forge's "Redeliver"
+/// button, or a retry after a timeout) changes nothing twice. Bounded: the oldest are dropped.
+#[derive(Default)]
+struct DeliveryLog {
+    inner: Mutex<(HashSet<String>, VecDeque<String>)>,
+}
+
+impl DeliveryLog {
+    /// Records `id`; false if it was already there.
+    fn begin(&self, id: &str) -> bool {
+        let mut guard = self.inner.lock().expect("delivery log");
+        let (seen, order) = &mut *guard;
+        if !seen.insert(id.to_string()) {
+            return false;
+        }
+        order.push_back(id.to_string());
+        while order.len() > REMEMBERED_DELIVERIES {
+            if let Some(oldest) = order.pop_front() {
+                seen.remove(&oldest);
+            }
+        }
+        true
+    }
+
+    fn forget(&self, id: &str) {
+        let mut guard = self.inner.lock().expect("delivery log");
+        let (seen, order) = &mut *guard;
+        seen.remove(id);
+        order.retain(|d| d != id);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_delivery_log_remembers_a_bounded_number_of_ids() {
+        let log = DeliveryLog::default();
+        assert!(log.begin("a"));
+        assert!(!log.begin("a"));
+        log.forget("a");
+        assert!(log.begin("a"));
+        for i in 0..REMEMBERED_DELIVERIES {
+            assert!(log.begin(&i.to_string()));
+        }
+        assert!(log.begin("a"), "the oldest id was dropped");
+    }
+}

@@ -1,0 +1,524 @@
+//! The webhook server against a real kube-apiserver: signed fixture deliveries create, update
+//! and delete PreviewEnvironments; bad input is refused and changes nothing; redeliveries and
+//! concurrent deliveries never make a second environment.
+//!
+//! Deliveries are the files in `../shared/fixtures/github` and `../shared/fixtures/gitlab`,
+//! signed as the forge signs them. Where a test needs a variant (another head SHA, another PR
+//! number, the GitLab project), it changes those fields in a copy and says so.
+
+mod support;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::{Api, ListParams, PostParams};
+use kube::{Client, ResourceExt};
+use previewd::controller::{self, ControllerConfig};
+use previewd::crd::{Phase, PreviewEnvironment, PreviewTemplate};
+use previewd::forge::github;
+use previewd::metrics::Metrics;
+use previewd::server::{self, ServerState};
+use serde_json::{Value, json};
+use support::{eventually, fixture, in_namespace};
+
+const SECRET: &str = "it-is-a-secret-to-everybody";
+
+/// A controller and the webhook server for one test namespace, on a free loopback port.
+struct Harness {
+    base: String,
+    http: reqwest::Client,
+    environments: Api<PreviewEnvironment>,
+}
+
+impl Harness {
+    async fn start(client: &Client, namespace: &str, max_body_bytes: usize) -> Self {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let metrics = Arc::new(Metrics::new());
+        let config = ControllerConfig {
+            namespace: Some(namespace.to_string()),
+            ..Default::default()
+        };
+        tokio::spawn(controller::run(
+            client.clone(),
+            config,
+            metrics.clone(),
+            Some(tx),
+        ));
+        let context = rx.await.expect("controller context");
+        let state = ServerState::new(
+            client.clone(),
+            context.templates.clone(),
+            context.environments.clone(),
+            metrics,
+            max_body_bytes,
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let base = format!("http://{}", listener.local_addr().unwrap());
+        tokio::spawn(server::serve(state.clone(), listener));
+        let http = reqwest::Client::new();
+        // Ready once the template and environment caches are synced.
+        eventually("the server to be ready", Duration::from_secs(30), || {
+            let (http, url) = (http.clone(), format!("{base}/readyz"));
+            async move {
+                http.get(url)
+                    .send()
+                    .await
+                    .ok()?
+                    .status()
+                    .is_success()
+                    .then_some(())
+            }
+        })
+        .await;
+        Self {
+            base,
+            http,
+            environments: Api::namespaced(client.clone(), namespace),
+        }
+    }
+
+    async fn github(
+        &self,
+        event: &str,
+        delivery: &str,
+        body: &[u8],
+        signature: Option<String>,
+    ) -> (u16, Value) {
+        let mut request = self
+            .http
+            .post(format!("{}/webhooks/github", self.base))
+            .header("X-GitHub-Event", event)
+            .header("X-GitHub-Delivery", delivery)
+            .header("Content-Type", "application/json")
+            .body(body.to_vec());
+        if let Some(signature) = signature {
+            request = request.header("X-Hub-Signature-256", signature);
+        }
+        let response = request.send().await.expect("send the delivery");
+        let status = response.status().as_u16();
+        (status, response.json().await.unwrap_or(Value::Null))
+    }
+
+    /// Sends `body` signed with the right secret.
+    async fn signed(&self, event: &str, delivery: &str, body: &[u8]) -> (u16, Value) {
+        self.github(
+            event,
+            delivery,
+            body,
+            Some(github::sign(SECRET.as_bytes(), body)),
+        )
+        .await
+    }
+
+    async fn gitlab(&self, event: &str, delivery: &str, body: &[u8], token: &str) -> (u16, Value) {
+        let response = self
+            .http
+            .post(format!("{}/webhooks/gitlab", self.base))
+            .header("X-Gitlab-Event", event)
+            .header("X-Gitlab-Event-UUID", delivery)
+            .header("X-Gitlab-Token", token)
+            .body(body.to_vec())
+            .send()
+            .await
+            .expect("send the delivery");
+        let status = response.status().as_u16();
+        (status, response.json().await.unwrap_or(Value::Null))
+    }
+
+    async fn environment_names(&self) -> Vec<String> {
+        let mut names: Vec<String> = self
+            .environments
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .iter()
+            .map(|e| e.name_any())
+            .collect();
+        names.sort();
+        names
+    }
+}
+
+/// The webhook secret and a small template (one ConfigMap showing the SHA) for `repository`.
+async fn install_template(client: &Client, namespace: &str, forge: &str, repository: &str) {
+    let secret: Secret = serde_json::from_value(json!({
+        "metadata": {"name": "webhook"},
+        "stringData": {"secret": SECRET}
+    }))
+    .unwrap();
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), namespace);
+    let _ = secrets.create(&PostParams::default(), &secret).await;
+    let template: PreviewTemplate = serde_json::from_value(json!({
+        "apiVersion": "previewd.dev/v1alpha1", "kind": "PreviewTemplate",
+        "metadata": {"name": format!("app-{forge}")},
+        "spec": {
+            "forge": {"kind": forge, "repository": repository,
+                      "webhookSecretRef": {"name": "webhook", "key": "secret"}},
+            "manifests": {"inline": [{"name": "app.yaml", "template":
+                "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: app\ndata:\n  sha: \"{{ sha }}\"\n"}]}
+        }
+    }))
+    .unwrap();
+    Api::<PreviewTemplate>::namespaced(client.clone(), namespace)
+        .create(&PostParams::default(), &template)
+        .await
+        .unwrap();
+}
+
+fn github_fixture(name: &str) -> Vec<u8> {
+    std::fs::read(fixture(&format!("github/{name}"))).unwrap()
+}
+
+fn json_fixture(path: &str) -> Value {
+    serde_json::from_slice(&std::fs::read(fixture(path)).unwrap()).unwrap()
+}
+
+async fn wait_ready_with_sha(
+    environments: &Api<PreviewEnvironment>,
+    name: &str,
+    sha: &str,
+) -> PreviewEnvironment {
+    eventually(
+        &format!("{name} Ready at {sha}"),
+        Duration::from_secs(60),
+        || {
+            let (environments, name, sha) =
+                (environments.clone(), name.to_string(), sha.to_string());
+            async move {
+                let environment = environments.get_opt(&name).await.ok()??;
+                let status = environment.status.as_ref()?;
+                (status.phase == Phase::Ready && status.deployed_sha.as_deref() == Some(&sha))
+                    .then_some(environment)
+            }
+        },
+    )
+    .await
+}
+
+async fn wait_gone(
+    client: &Client,
+    environments: &Api<PreviewEnvironment>,
+    name: &str,
+    namespace: &str,
+) {
+    let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
+    eventually(
+        &format!("{name} and namespace {namespace} to be deleted"),
+        Duration::from_secs(60),
+        || {
+            let (environments, namespaces, name, namespace) = (
+                environments.clone(),
+                namespaces.clone(),
+                name.to_string(),
+                namespace.to_string(),
+            );
+            async move {
+                let environment_gone = environments.get_opt(&name).await.ok()?.is_none();
+                let namespace_gone = namespaces.get_opt(&namespace).await.ok()?.is_none();
+                (environment_gone && namespace_gone).then_some(())
+            }
+        },
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn github_pull_request_opened_synchronized_closed() {
+    in_namespace("webhook-github", |client, ns| async move {
+        install_template(&client, &ns, "github", "Codertocat/Hello-World").await;
+        let harness = Harness::start(&client, &ns, 2 << 20).await;
+
+        let (status, answer) = harness
+            .signed(
+                "pull_request",
+                "d-opened",
+                &github_fixture("pull_request.opened.json"),
+            )
+            .await;
+        assert_eq!(status, 202, "{answer}");
+        let names = harness.environment_names().await;
+        assert_eq!(names.len(), 1, "one environment: {names:?}");
+        let name = names[0].clone();
+        assert!(name.starts_with("app-github-pr-2-"), "{name}");
+        let ready = wait_ready_with_sha(
+            &harness.environments,
+            &name,
+            "ec26c3e57ca3a959ca5aad62de7213c562f8c821",
+        )
+        .await;
+        let target = ready.status.unwrap().namespace.unwrap();
+
+        // synchronize: the fixture carries the opened PR's SHA; a copy with a new head SHA.
+        let mut synchronize = json_fixture("github/pull_request.synchronize.json");
+        let new_sha = "1f2e3d4c5b6a79880716253443526170f8e9dacb";
+        synchronize["pull_request"]["head"]["sha"] = new_sha.into();
+        let (status, _) = harness
+            .signed("pull_request", "d-sync", synchronize.to_string().as_bytes())
+            .await;
+        assert_eq!(status, 202);
+        wait_ready_with_sha(&harness.environments, &name, new_sha).await;
+        let config_map =
+            Api::<k8s_openapi::api::core::v1::ConfigMap>::namespaced(client.clone(), &target)
+                .get("app")
+                .await
+                .unwrap();
+        assert_eq!(config_map.data.unwrap()["sha"], new_sha);
+        assert_eq!(
+            harness.environment_names().await,
+            vec![name.clone()],
+            "still one environment"
+        );
+
+        let (status, answer) = harness
+            .signed(
+                "pull_request",
+                "d-closed",
+                &github_fixture("pull_request.closed.json"),
+            )
+            .await;
+        assert_eq!(status, 202, "{answer}");
+        assert!(
+            answer["message"].as_str().unwrap().contains("closed"),
+            "{answer}"
+        );
+        wait_gone(&client, &harness.environments, &name, &target).await;
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn gitlab_merge_request_open_update_merge() {
+    in_namespace("webhook-gitlab", |client, ns| async move {
+        install_template(&client, &ns, "gitlab", "gitlabhq/gitlab-test").await;
+        let harness = Harness::start(&client, &ns, 2 << 20).await;
+        let mut delivery = json_fixture("gitlab/merge_request.json");
+        let (status, answer) = harness
+            .gitlab(
+                "Merge Request Hook",
+                "g-open",
+                delivery.to_string().as_bytes(),
+                SECRET,
+            )
+            .await;
+        assert_eq!(status, 202, "{answer}");
+        let name = harness
+            .environment_names()
+            .await
+            .pop()
+            .expect("an environment");
+        let ready = wait_ready_with_sha(
+            &harness.environments,
+            &name,
+            "da1560886d4f094c3e6c9ef40349f7d38b5d27d7",
+        )
+        .await;
+        let target = ready.status.unwrap().namespace.unwrap();
+
+        // update with a new last commit (changed in a copy), then merge.
+        delivery["object_attributes"]["action"] = "update".into();
+        delivery["object_attributes"]["last_commit"]["id"] =
+            "0a1b2c3d4e5f60718293a4b5c6d7e8f901234567".into();
+        let (status, _) = harness
+            .gitlab(
+                "Merge Request Hook",
+                "g-update",
+                delivery.to_string().as_bytes(),
+                SECRET,
+            )
+            .await;
+        assert_eq!(status, 202);
+        wait_ready_with_sha(
+            &harness.environments,
+            &name,
+            "0a1b2c3d4e5f60718293a4b5c6d7e8f901234567",
+        )
+        .await;
+        delivery["object_attributes"]["action"] = "merge".into();
+        let (status, answer) = harness
+            .gitlab(
+                "Merge Request Hook",
+                "g-merge",
+                delivery.to_string().as_bytes(),
+                SECRET,
+            )
+            .await;
+        assert_eq!(status, 202);
+        assert!(
+            answer["message"].as_str().unwrap().contains("merged"),
+            "{answer}"
+        );
+        wait_gone(&client, &harness.environments, &name, &target).await;
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn bad_deliveries_are_refused_and_change_nothing() {
+    in_namespace("webhook-bad", |client, ns| async move {
+        install_template(&client, &ns, "github", "Codertocat/Hello-World").await;
+        install_template(&client, &ns, "gitlab", "gitlabhq/gitlab-test").await;
+        let harness = Harness::start(&client, &ns, 64 * 1024).await;
+        let opened = github_fixture("pull_request.opened.json");
+
+        let wrong = github::sign(b"not-the-secret", &opened);
+        assert_eq!(
+            harness
+                .github("pull_request", "b1", &opened, Some(wrong))
+                .await
+                .0,
+            401,
+            "wrong signature"
+        );
+        assert_eq!(
+            harness.github("pull_request", "b2", &opened, None).await.0,
+            401,
+            "no signature"
+        );
+        let mut tampered = opened.clone();
+        tampered.extend_from_slice(b"\n");
+        let signature_of_original = github::sign(SECRET.as_bytes(), &opened);
+        assert_eq!(
+            harness
+                .github("pull_request", "b3", &tampered, Some(signature_of_original))
+                .await
+                .0,
+            401,
+            "body changed after signing"
+        );
+        assert_eq!(
+            harness
+                .gitlab(
+                    "Merge Request Hook",
+                    "b4",
+                    &std::fs::read(fixture("gitlab/merge_request.json")).unwrap(),
+                    "wrong-token"
+                )
+                .await
+                .0,
+            401,
+            "wrong GitLab token"
+        );
+
+        let malformed = b"{\"action\": \"opened\", \"pull_request\": ";
+        assert_eq!(
+            harness.signed("pull_request", "b5", malformed).await.0,
+            400,
+            "malformed JSON"
+        );
+        let mut too_large = opened.clone();
+        too_large.resize(70 * 1024, b' ');
+        assert_eq!(
+            harness.signed("pull_request", "b6", &too_large).await.0,
+            413,
+            "over the size limit"
+        );
+
+        let (status, answer) = harness.signed("deployment_review", "b7", &opened).await;
+        assert_eq!(
+            (status, answer["outcome"].as_str()),
+            (202, Some("ignored")),
+            "unknown event: {answer}"
+        );
+        let mut elsewhere = json_fixture("github/pull_request.opened.json");
+        elsewhere["repository"]["full_name"] = "someone/unknown".into();
+        let (status, answer) = harness
+            .signed("pull_request", "b8", elsewhere.to_string().as_bytes())
+            .await;
+        assert_eq!(
+            (status, answer["outcome"].as_str()),
+            (202, Some("ignored")),
+            "unknown repository: {answer}"
+        );
+        // The ping fixture belongs to Octocoders/Hello-World: the copy names our repository.
+        let mut ping = json_fixture("github/ping.json");
+        ping["repository"]["full_name"] = "Codertocat/Hello-World".into();
+        let (status, answer) = harness
+            .signed("ping", "b9", ping.to_string().as_bytes())
+            .await;
+        assert_eq!((status, answer["outcome"].as_str()), (200, Some("pong")));
+        let (status, answer) = harness
+            .signed("push", "b10", &github_fixture("push.json"))
+            .await;
+        assert_eq!(
+            (status, answer["outcome"].as_str()),
+            (202, Some("ignored")),
+            "a tag push: {answer}"
+        );
+
+        // Extra fields GitHub may add, optional ones missing: handled.
+        let mut extended = json_fixture("github/pull_request.opened.json");
+        extended["enterprise"] = json!({"id": 7, "slug": "acme"});
+        extended["pull_request"]["a_field_from_2030"] = json!({"nested": true});
+        extended["pull_request"]
+            .as_object_mut()
+            .unwrap()
+            .remove("draft");
+        extended["pull_request"]
+            .as_object_mut()
+            .unwrap()
+            .remove("labels");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert!(
+            harness.environment_names().await.is_empty(),
+            "none of the bad deliveries wrote anything"
+        );
+        let (status, answer) = harness
+            .signed("pull_request", "b11", extended.to_string().as_bytes())
+            .await;
+        assert_eq!(status, 202, "{answer}");
+        assert_eq!(harness.environment_names().await.len(), 1);
+    })
+    .await;
+}
+
+/// `pull_request.opened.json` as PR `number` on branch `pr-<number>` (changed in a copy).
+fn opened_for(number: u64, sha: &str) -> Vec<u8> {
+    let mut delivery = json_fixture("github/pull_request.opened.json");
+    delivery["number"] = number.into();
+    delivery["pull_request"]["number"] = number.into();
+    delivery["pull_request"]["head"]["ref"] = format!("pr-{number}").into();
+    delivery["pull_request"]["head"]["sha"] = sha.into();
+    delivery.to_string().into_bytes()
+}
+
+#[tokio::test]
+async fn redeliveries_and_concurrent_deliveries_make_one_environment_per_pr() {
+    in_namespace("webhook-dup", |client, ns| async move {
+        install_template(&client, &ns, "github", "Codertocat/Hello-World").await;
+        let harness = Arc::new(Harness::start(&client, &ns, 2 << 20).await);
+
+        let body = github_fixture("pull_request.opened.json");
+        let first = harness.signed("pull_request", "same-id", &body).await;
+        let again = harness.signed("pull_request", "same-id", &body).await;
+        assert_eq!(first.0, 202);
+        assert_eq!(
+            (again.0, again.1["outcome"].as_str()),
+            (200, Some("duplicate"))
+        );
+        assert_eq!(harness.environment_names().await.len(), 1);
+
+        // 50 deliveries for 10 PRs at once: five deliveries per PR with distinct delivery ids
+        // (as when a forge retries after a timeout), all in flight together.
+        let mut tasks = Vec::new();
+        for number in 100..110u64 {
+            for attempt in 0..5 {
+                let harness = harness.clone();
+                tasks.push(tokio::spawn(async move {
+                    let body = opened_for(number, "2c3d4e5f60718293a4b5c6d7e8f9012345678901");
+                    harness
+                        .signed("pull_request", &format!("pr-{number}-{attempt}"), &body)
+                        .await
+                        .0
+                }));
+            }
+        }
+        for task in tasks {
+            assert_eq!(task.await.unwrap(), 202);
+        }
+        let names = harness.environment_names().await;
+        assert_eq!(names.len(), 11, "PR 2 and PRs 100-109: {names:?}");
+    })
+    .await;
+}
