@@ -28,10 +28,12 @@ use crate::crd::{
     PreviewEnvironmentStatus, PreviewTemplate, PreviewTemplateSpec, ResourceStatus, SeedStatus,
     Timings,
 };
+use crate::forge::report::Reporter as ForgeReporter;
 use crate::health::Health;
 use crate::metrics::Metrics;
 use crate::observed::{ObjectKey, ObservedStore};
 use crate::render::{self, RenderContext, RenderedObject};
+use crate::secrets::SecretReader;
 use crate::{guard, namespace, naming};
 
 /// Settings of the controller (from `config`).
@@ -72,6 +74,9 @@ pub enum Error {
     NamespaceTerminating(String),
     #[error("finalizer: {0}")]
     Finalizer(String),
+    /// The status was written; only the report to the forge failed (retried with backoff).
+    #[error("reporting to the forge: {0}")]
+    Forge(String),
 }
 
 impl Error {
@@ -83,6 +88,7 @@ impl Error {
             Error::Status(_) => "status",
             Error::Cleanup(_) | Error::NamespaceTerminating(_) => "cleanup",
             Error::Finalizer(_) => "finalizer",
+            Error::Forge(_) => "forge",
         }
     }
 }
@@ -97,6 +103,8 @@ pub struct Context {
     /// Every watched environment, as the controller's own watch sees it (the webhook intake
     /// reads it to find the environment of a branch).
     pub environments: Store<PreviewEnvironment>,
+    /// Keeps the PR comment, commit status and deployment status in line with each environment.
+    pub reporter: ForgeReporter,
     recorder: Recorder,
     failures: Mutex<HashMap<ObjectRef<PreviewEnvironment>, u32>>,
     last_full_apply: Mutex<HashMap<ObjectRef<PreviewEnvironment>, Instant>>,
@@ -129,6 +137,7 @@ pub async fn run(
     .touched_objects();
     let controller = Controller::new(environments, watcher::Config::default());
     let environment_store = controller.store();
+    let reporter = ForgeReporter::new(metrics.clone(), Arc::new(SecretReader::new(client.clone())));
     let context = Arc::new(Context {
         applier: Applier::new(
             client.clone(),
@@ -148,6 +157,7 @@ pub async fn run(
         metrics,
         templates: template_store,
         environments: environment_store.clone(),
+        reporter,
         failures: Mutex::new(HashMap::new()),
         last_full_apply: Mutex::new(HashMap::new()),
     });
@@ -192,6 +202,7 @@ async fn reconcile(
         context.client.clone(),
         &environment.namespace().unwrap_or_default(),
     );
+    let environment_ref = environment.clone();
     let has_finalizer = environment.finalizers().iter().any(|f| f == FINALIZER);
     if !has_finalizer && environment.meta().deletion_timestamp.is_none() {
         context.metrics.write("finalizer");
@@ -210,6 +221,14 @@ async fn reconcile(
         | kube::runtime::finalizer::Error::CleanupFailed(e) => e,
         other => Error::Finalizer(other.to_string()),
     });
+    if result.is_ok() {
+        // Backoff restarts only when a whole reconcile, forge report included, succeeded.
+        context
+            .failures
+            .lock()
+            .expect("failures lock")
+            .remove(&ObjectRef::from_obj(&*environment_ref));
+    }
     let outcome = if result.is_ok() { "ok" } else { "error" };
     context
         .metrics
@@ -346,8 +365,6 @@ async fn reconcile_environment(
             .expect("resync lock")
             .insert(key.clone(), Instant::now());
     }
-    context.failures.lock().expect("failures lock").remove(&key);
-
     let status = progress_status(environment, progress, &namespace, &values.url);
     let requeue = match status.phase {
         Phase::Ready | Phase::Degraded => context.config.resync_interval,
@@ -537,6 +554,7 @@ async fn cleanup(environment: &PreviewEnvironment, context: &Context) -> Result<
                 return Ok(Action::await_change());
             }
             if existing.metadata.deletion_timestamp.is_none() {
+                report_destroyed(environment, context).await;
                 context.metrics.write("delete");
                 namespaces
                     .delete(&namespace, &Default::default())
@@ -553,6 +571,31 @@ async fn cleanup(environment: &PreviewEnvironment, context: &Context) -> Result<
             }
             Err(Error::NamespaceTerminating(namespace))
         }
+    }
+}
+
+/// Tells the forge the environment is gone. A failure is logged and counted, never blocks the
+/// deletion: a forge outage must not keep namespaces alive.
+async fn report_destroyed(environment: &PreviewEnvironment, context: &Context) {
+    let Some(template) = template_of(environment, context) else {
+        return;
+    };
+    let reason = environment
+        .annotations()
+        .get(crate::intake::ANNOTATION_DELETION_REASON)
+        .cloned()
+        .unwrap_or_else(|| "the PreviewEnvironment was deleted".into());
+    if let Err(e) = context
+        .reporter
+        .report_destroyed(environment, &template, &reason)
+        .await
+    {
+        context
+            .metrics
+            .reconcile_errors
+            .with_label_values(&["forge"])
+            .inc();
+        tracing::warn!(environment = %environment.name_any(), error = %e, "could not tell the forge the environment was destroyed");
     }
 }
 
@@ -735,7 +778,7 @@ fn progress_status(
         seeds: progress.seeds,
         conditions: vec![condition(&previous.conditions, ok, reason, &message)],
         timings: Some(timings),
-        comment_id: previous.comment_id,
+        forge: previous.forge.clone(),
     }
 }
 
@@ -759,6 +802,36 @@ fn condition(previous: &[Condition], ok: bool, reason: &str, message: &str) -> C
 /// Writes the status only when it differs from what the object holds; publishes an Event when
 /// the phase changes.
 async fn write_status(
+    environment: &PreviewEnvironment,
+    context: &Context,
+    mut status: PreviewEnvironmentStatus,
+) -> Result<(), Error> {
+    // The forge first, so that what was sent is recorded by this same status write.
+    let mut forge_result = Ok(());
+    if let Some(template) = template_of(environment, context) {
+        let (record, result) = context
+            .reporter
+            .report(environment, &template, &status)
+            .await;
+        status.forge = record;
+        forge_result = result.map_err(|e| Error::Forge(e.to_string()));
+    }
+    let result = write_status_only(environment, context, status).await;
+    result.and(forge_result)
+}
+
+/// The environment's template, from the watch cache.
+fn template_of(
+    environment: &PreviewEnvironment,
+    context: &Context,
+) -> Option<Arc<PreviewTemplate>> {
+    context.templates.get(
+        &ObjectRef::new(&environment.spec.template)
+            .within(&environment.namespace().unwrap_or_default()),
+    )
+}
+
+async fn write_status_only(
     environment: &PreviewEnvironment,
     context: &Context,
     status: PreviewEnvironmentStatus,

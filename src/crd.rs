@@ -410,9 +410,31 @@ pub struct PreviewEnvironmentStatus {
     /// When the current head SHA was requested, and when it became Ready.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timings: Option<Timings>,
-    /// Id of the one forge comment previewd keeps up to date.
+    /// What previewd last reported to the forge (the PR comment, deployment, commit status).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub forge: Option<ForgeReport>,
+}
+
+/// What previewd last told the forge, so that an unchanged environment makes no forge call and
+/// a restart never makes a second comment.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct ForgeReport {
+    /// Id of the one comment previewd keeps on the pull/merge request.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub comment_id: Option<u64>,
+    /// SHA-256 of the comment's last text.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub comment_sha: Option<String>,
+    /// GitHub Deployment of the head SHA (GitHub only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deployment_id: Option<u64>,
+    /// The head SHA that Deployment is for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deployment_sha: Option<String>,
+    /// SHA-256 of the last commit/deployment status sent (state, head SHA, URL).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status_sha: Option<String>,
 }
 
 #[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]

@@ -20,6 +20,8 @@ use crate::naming;
 /// The field manager of the intake's applies: the controller's status and the lifecycle's
 /// fields (sleep) are other managers', so the intake never overwrites them.
 pub const FIELD_MANAGER: &str = "previewd-intake";
+/// Annotation set just before deleting an environment: why, for the PR comment.
+pub const ANNOTATION_DELETION_REASON: &str = "previewd.dev/deletion-reason";
 /// Label on intake-made environments: the pull/merge request number.
 pub const LABEL_PULL_REQUEST: &str = "previewd.dev/pull-request";
 
@@ -283,6 +285,15 @@ pub async fn execute(client: &Client, decisions: &[Decision]) -> Result<(), kube
                 reason,
             } => {
                 let api: Api<PreviewEnvironment> = Api::namespaced(client.clone(), namespace);
+                let why = serde_json::json!({"metadata": {"annotations": {ANNOTATION_DELETION_REASON: reason}}});
+                match api
+                    .patch(name, &PatchParams::default(), &Patch::Merge(why))
+                    .await
+                {
+                    Ok(_) => {}
+                    Err(kube::Error::Api(status)) if status.code == 404 => continue,
+                    Err(e) => return Err(e),
+                }
                 match api.delete(name, &DeleteParams::default()).await {
                     Ok(_) => {
                         tracing::info!(environment = %name, %namespace, reason, "deleting environment")

@@ -21,6 +21,126 @@ use previewd::metrics::Metrics;
 use previewd::server::{self, ServerState};
 use serde_json::{Value, json};
 use support::{eventually, fixture, in_namespace};
+use wiremock::matchers::{method, path_regex};
+use wiremock::{Mock, MockServer, ResponseTemplate};
+
+/// A GitHub API that accepts previewd's calls: no comment exists yet, a new one gets id 4242,
+/// a deployment gets id 77.
+async fn github_forge() -> MockServer {
+    let server = MockServer::start().await;
+    let ok = |status: u16, body: Value| {
+        ResponseTemplate::new(status)
+            .set_body_json(body)
+            .insert_header("x-ratelimit-remaining", "4990")
+    };
+    Mock::given(method("GET"))
+        .and(path_regex(r"^/repos/[^/]+/[^/]+/issues/\d+/comments$"))
+        .respond_with(ok(200, json!([])))
+        .mount(&server)
+        .await;
+    Mock::given(method("POST"))
+        .and(path_regex(r"^/repos/[^/]+/[^/]+/issues/\d+/comments$"))
+        .respond_with(ok(201, json!({"id": 4242})))
+        .mount(&server)
+        .await;
+    Mock::given(method("PATCH"))
+        .and(path_regex(r"^/repos/[^/]+/[^/]+/issues/comments/\d+$"))
+        .respond_with(ok(200, json!({"id": 4242})))
+        .mount(&server)
+        .await;
+    Mock::given(method("POST"))
+        .and(path_regex(r"^/repos/[^/]+/[^/]+/deployments$"))
+        .respond_with(ok(201, json!({"id": 77})))
+        .mount(&server)
+        .await;
+    Mock::given(method("POST"))
+        .and(path_regex(r"^/repos/[^/]+/[^/]+/deployments/\d+/statuses$"))
+        .respond_with(ok(201, json!({"id": 1})))
+        .mount(&server)
+        .await;
+    Mock::given(method("POST"))
+        .and(path_regex(r"^/repos/[^/]+/[^/]+/statuses/[0-9a-f]+$"))
+        .respond_with(ok(201, json!({"id": 1})))
+        .mount(&server)
+        .await;
+    server
+}
+
+/// A GitLab API (v4) that accepts previewd's calls: a new note gets id 99.
+async fn gitlab_forge() -> MockServer {
+    let server = MockServer::start().await;
+    let ok = |status: u16, body: Value| {
+        ResponseTemplate::new(status)
+            .set_body_json(body)
+            .insert_header("ratelimit-remaining", "1990")
+    };
+    Mock::given(method("GET"))
+        .and(path_regex(r"^/api/v4/user$"))
+        .respond_with(ok(200, json!({"id": 1, "username": "previewd"})))
+        .mount(&server)
+        .await;
+    Mock::given(method("GET"))
+        .and(path_regex(
+            r"^/api/v4/projects/[^/]+/merge_requests/\d+/notes$",
+        ))
+        .respond_with(ok(200, json!([])))
+        .mount(&server)
+        .await;
+    Mock::given(method("POST"))
+        .and(path_regex(
+            r"^/api/v4/projects/[^/]+/merge_requests/\d+/notes$",
+        ))
+        .respond_with(ok(201, json!({"id": 99, "body": ""})))
+        .mount(&server)
+        .await;
+    Mock::given(method("PUT"))
+        .and(path_regex(
+            r"^/api/v4/projects/[^/]+/merge_requests/\d+/notes/\d+$",
+        ))
+        .respond_with(ok(200, json!({"id": 99, "body": ""})))
+        .mount(&server)
+        .await;
+    Mock::given(method("POST"))
+        .and(path_regex(r"^/api/v4/projects/[^/]+/statuses/[0-9a-f]+$"))
+        .respond_with(ok(201, json!({"id": 1})))
+        .mount(&server)
+        .await;
+    server
+}
+
+/// How many `verb` requests the forge received whose path ends with `path_end` and whose body
+/// contains `needle`.
+async fn sent(forge: &MockServer, verb: &str, path_end: &str, needle: &str) -> usize {
+    forge
+        .received_requests()
+        .await
+        .unwrap_or_default()
+        .iter()
+        .filter(|r| r.method.as_str() == verb && r.url.path().ends_with(path_end))
+        .filter(|r| String::from_utf8_lossy(&r.body).contains(needle))
+        .count()
+}
+
+/// The text of the last comment created or edited (GitHub `body`, GitLab `body` form or JSON).
+async fn last_comment_text(forge: &MockServer) -> Option<String> {
+    let requests = forge.received_requests().await.unwrap_or_default();
+    requests
+        .iter()
+        .rev()
+        .filter(|r| {
+            r.method.as_str() != "GET"
+                && (r.url.path().contains("/comments") || r.url.path().contains("/notes"))
+        })
+        .find_map(|r| {
+            let raw = String::from_utf8_lossy(&r.body).into_owned();
+            if let Ok(json) = serde_json::from_str::<Value>(&raw) {
+                return json["body"].as_str().map(str::to_string);
+            }
+            url::form_urlencoded::parse(raw.as_bytes())
+                .find(|(k, _)| k == "body")
+                .map(|(_, v)| v.into_owned())
+        })
+}
 
 const SECRET: &str = "it-is-a-secret-to-everybody";
 
@@ -141,11 +261,18 @@ impl Harness {
     }
 }
 
-/// The webhook secret and a small template (one ConfigMap showing the SHA) for `repository`.
-async fn install_template(client: &Client, namespace: &str, forge: &str, repository: &str) {
+/// The webhook secret and a small template (one ConfigMap showing the SHA) for `repository`;
+/// with `forge_api`, also a token and the forge API URL, so previewd reports there.
+async fn install_template(
+    client: &Client,
+    namespace: &str,
+    forge: &str,
+    repository: &str,
+    forge_api: Option<&str>,
+) {
     let secret: Secret = serde_json::from_value(json!({
         "metadata": {"name": "webhook"},
-        "stringData": {"secret": SECRET}
+        "stringData": {"secret": SECRET, "token": "forge-token-for-tests"}
     }))
     .unwrap();
     let secrets: Api<Secret> = Api::namespaced(client.clone(), namespace);
@@ -155,7 +282,9 @@ async fn install_template(client: &Client, namespace: &str, forge: &str, reposit
         "metadata": {"name": format!("app-{forge}")},
         "spec": {
             "forge": {"kind": forge, "repository": repository,
-                      "webhookSecretRef": {"name": "webhook", "key": "secret"}},
+                      "webhookSecretRef": {"name": "webhook", "key": "secret"},
+                      "apiUrl": forge_api,
+                      "tokenSecretRef": forge_api.map(|_| json!({"name": "webhook", "key": "token"}))},
             "manifests": {"inline": [{"name": "app.yaml", "template":
                 "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: app\ndata:\n  sha: \"{{ sha }}\"\n"}]}
         }
@@ -227,7 +356,15 @@ async fn wait_gone(
 #[tokio::test]
 async fn github_pull_request_opened_synchronized_closed() {
     in_namespace("webhook-github", |client, ns| async move {
-        install_template(&client, &ns, "github", "Codertocat/Hello-World").await;
+        let forge = github_forge().await;
+        install_template(
+            &client,
+            &ns,
+            "github",
+            "Codertocat/Hello-World",
+            Some(&forge.uri()),
+        )
+        .await;
         let harness = Harness::start(&client, &ns, 2 << 20).await;
 
         let (status, answer) = harness
@@ -248,7 +385,36 @@ async fn github_pull_request_opened_synchronized_closed() {
             "ec26c3e57ca3a959ca5aad62de7213c562f8c821",
         )
         .await;
+        let url = ready.status.as_ref().unwrap().url.clone().unwrap();
         let target = ready.status.unwrap().namespace.unwrap();
+        let comment = eventually("the comment to say ready", Duration::from_secs(30), || {
+            let forge = &forge;
+            async move {
+                last_comment_text(forge)
+                    .await
+                    .filter(|t| t.contains("Preview environment: ready"))
+            }
+        })
+        .await;
+        assert!(
+            comment.contains(&url),
+            "the comment shows the URL: {comment}"
+        );
+        assert!(
+            sent(&forge, "POST", "/deployments/77/statuses", "\"success\"").await >= 1,
+            "a success deployment status"
+        );
+        assert!(
+            sent(
+                &forge,
+                "POST",
+                "/statuses/ec26c3e57ca3a959ca5aad62de7213c562f8c821",
+                "\"success\""
+            )
+            .await
+                >= 1,
+            "a success commit status"
+        );
 
         // synchronize: the fixture carries the opened PR's SHA; a copy with a new head SHA.
         let mut synchronize = json_fixture("github/pull_request.synchronize.json");
@@ -270,6 +436,19 @@ async fn github_pull_request_opened_synchronized_closed() {
             vec![name.clone()],
             "still one environment"
         );
+        eventually(
+            "the comment to show the new commit",
+            Duration::from_secs(30),
+            || {
+                let forge = &forge;
+                async move {
+                    last_comment_text(forge)
+                        .await
+                        .filter(|t| t.contains("ready") && t.contains("`1f2e3d4`"))
+                }
+            },
+        )
+        .await;
 
         let (status, answer) = harness
             .signed(
@@ -284,6 +463,34 @@ async fn github_pull_request_opened_synchronized_closed() {
             "{answer}"
         );
         wait_gone(&client, &harness.environments, &name, &target).await;
+        let last = last_comment_text(&forge).await.unwrap();
+        assert!(
+            last.contains("destroyed") && last.contains("the pull request was closed"),
+            "{last}"
+        );
+        assert!(
+            sent(&forge, "POST", "/deployments/77/statuses", "\"inactive\"").await >= 1,
+            "the deployment went inactive"
+        );
+        assert_eq!(
+            sent(&forge, "POST", "/issues/2/comments", "").await,
+            1,
+            "exactly one comment was created"
+        );
+        assert!(
+            sent(&forge, "PATCH", "/issues/comments/4242", "").await >= 2,
+            "and then edited in place"
+        );
+        let calls = forge.received_requests().await.unwrap_or_default();
+        eprintln!(
+            "github story: {} forge API calls in all: {}",
+            calls.len(),
+            calls
+                .iter()
+                .map(|r| format!("{} {}", r.method, r.url.path()))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
     })
     .await;
 }
@@ -291,7 +498,15 @@ async fn github_pull_request_opened_synchronized_closed() {
 #[tokio::test]
 async fn gitlab_merge_request_open_update_merge() {
     in_namespace("webhook-gitlab", |client, ns| async move {
-        install_template(&client, &ns, "gitlab", "gitlabhq/gitlab-test").await;
+        let forge = gitlab_forge().await;
+        install_template(
+            &client,
+            &ns,
+            "gitlab",
+            "gitlabhq/gitlab-test",
+            Some(&forge.uri()),
+        )
+        .await;
         let harness = Harness::start(&client, &ns, 2 << 20).await;
         let mut delivery = json_fixture("gitlab/merge_request.json");
         let (status, answer) = harness
@@ -315,6 +530,26 @@ async fn gitlab_merge_request_open_update_merge() {
         )
         .await;
         let target = ready.status.unwrap().namespace.unwrap();
+        eventually("the MR note to say ready", Duration::from_secs(30), || {
+            let forge = &forge;
+            async move {
+                last_comment_text(forge)
+                    .await
+                    .filter(|t| t.contains("Preview environment: ready"))
+            }
+        })
+        .await;
+        assert!(
+            sent(
+                &forge,
+                "POST",
+                "/statuses/da1560886d4f094c3e6c9ef40349f7d38b5d27d7",
+                "success"
+            )
+            .await
+                >= 1,
+            "a success commit status"
+        );
 
         // update with a new last commit (changed in a copy), then merge.
         delivery["object_attributes"]["action"] = "update".into();
@@ -350,6 +585,16 @@ async fn gitlab_merge_request_open_update_merge() {
             "{answer}"
         );
         wait_gone(&client, &harness.environments, &name, &target).await;
+        let last = last_comment_text(&forge).await.unwrap();
+        assert!(
+            last.contains("destroyed") && last.contains("merged"),
+            "{last}"
+        );
+        assert_eq!(
+            sent(&forge, "POST", "/merge_requests/1/notes", "").await,
+            1,
+            "exactly one note was created"
+        );
     })
     .await;
 }
@@ -357,8 +602,8 @@ async fn gitlab_merge_request_open_update_merge() {
 #[tokio::test]
 async fn bad_deliveries_are_refused_and_change_nothing() {
     in_namespace("webhook-bad", |client, ns| async move {
-        install_template(&client, &ns, "github", "Codertocat/Hello-World").await;
-        install_template(&client, &ns, "gitlab", "gitlabhq/gitlab-test").await;
+        install_template(&client, &ns, "github", "Codertocat/Hello-World", None).await;
+        install_template(&client, &ns, "gitlab", "gitlabhq/gitlab-test", None).await;
         let harness = Harness::start(&client, &ns, 64 * 1024).await;
         let opened = github_fixture("pull_request.opened.json");
 
@@ -486,7 +731,15 @@ fn opened_for(number: u64, sha: &str) -> Vec<u8> {
 #[tokio::test]
 async fn redeliveries_and_concurrent_deliveries_make_one_environment_per_pr() {
     in_namespace("webhook-dup", |client, ns| async move {
-        install_template(&client, &ns, "github", "Codertocat/Hello-World").await;
+        let forge = github_forge().await;
+        install_template(
+            &client,
+            &ns,
+            "github",
+            "Codertocat/Hello-World",
+            Some(&forge.uri()),
+        )
+        .await;
         let harness = Arc::new(Harness::start(&client, &ns, 2 << 20).await);
 
         let body = github_fixture("pull_request.opened.json");
@@ -519,6 +772,28 @@ async fn redeliveries_and_concurrent_deliveries_make_one_environment_per_pr() {
         }
         let names = harness.environment_names().await;
         assert_eq!(names.len(), 11, "PR 2 and PRs 100-109: {names:?}");
+        // Every environment gets to Ready and has exactly one comment.
+        for name in &names {
+            let environments = harness.environments.clone();
+            eventually(
+                &format!("{name} Ready with its comment recorded"),
+                Duration::from_secs(90),
+                || {
+                    let (environments, name) = (environments.clone(), name.clone());
+                    async move {
+                        let status = environments.get(&name).await.ok()?.status?;
+                        let commented = status.forge.as_ref().and_then(|f| f.comment_id).is_some();
+                        (status.phase == Phase::Ready && commented).then_some(())
+                    }
+                },
+            )
+            .await;
+        }
+        let mut created = Vec::new();
+        for number in std::iter::once(2).chain(100..110) {
+            created.push(sent(&forge, "POST", &format!("/issues/{number}/comments"), "").await);
+        }
+        assert_eq!(created, vec![1; 11], "one comment per PR");
     })
     .await;
 }

@@ -6,9 +6,11 @@
 //! current state of a pull/merge request or branch, so every "still open" action (opened,
 //! synchronize, labeled, …) becomes the same [`EventKind::ChangeRequest`] snapshot.
 
+pub mod client;
 pub mod comment;
 pub mod github;
 pub mod gitlab;
+pub mod report;
 
 use sha2::{Digest, Sha256};
 

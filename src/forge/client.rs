@@ -1,0 +1,815 @@
+//! Forge API clients: octocrab for GitHub, the `gitlab` crate for GitLab, behind one
+//! [`ForgeClient`] with the few calls previewd makes (find/create/edit its comment, commit
+//! status, GitHub deployment status).
+//!
+//! Every client has a [`Gate`]: after a rate-limit answer (403/429 with `Retry-After` or an
+//! exhausted `X-RateLimit-Remaining`) or a run of failures (5xx, transport errors) it refuses
+//! calls locally until the wait is over, so an outage or a spent budget is not hammered. The
+//! remaining budget from the forge's headers is exported as
+//! `previewd_forge_rate_limit_remaining`.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use http::{HeaderMap, Method, StatusCode};
+use serde_json::{Value, json};
+use sha2::{Digest, Sha256};
+
+use super::comment::CommitState;
+use crate::crd::ForgeKind;
+use crate::metrics::Metrics;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ForgeApiError {
+    #[error("{operation}: the forge answered {status}: {message}")]
+    Http {
+        operation: &'static str,
+        status: u16,
+        message: String,
+    },
+    #[error("{operation}: rate-limited by the forge; next call in {wait:?}")]
+    RateLimited {
+        operation: &'static str,
+        wait: Duration,
+    },
+    #[error("{operation}: not sent, the forge failed recently; next call in {wait:?}")]
+    BackingOff {
+        operation: &'static str,
+        wait: Duration,
+    },
+    #[error("{operation}: {message}")]
+    Transport {
+        operation: &'static str,
+        message: String,
+    },
+    #[error("the forge API URL {0:?} is not a valid URL")]
+    BadUrl(String),
+}
+
+/// Refuses calls while a rate limit or a failure backoff is running.
+#[derive(Default)]
+struct Gate {
+    state: Mutex<GateState>,
+}
+
+#[derive(Default)]
+struct GateState {
+    not_before: Option<Instant>,
+    rate_limited: bool,
+    failures: u32,
+}
+
+/// Longest wait after failures.
+const MAX_FAILURE_BACKOFF: Duration = Duration::from_secs(300);
+
+impl Gate {
+    fn check(&self, operation: &'static str) -> Result<(), ForgeApiError> {
+        let state = self.state.lock().expect("gate");
+        match state.not_before {
+            Some(at) if at > Instant::now() => {
+                let wait = at - Instant::now();
+                Err(if state.rate_limited {
+                    ForgeApiError::RateLimited { operation, wait }
+                } else {
+                    ForgeApiError::BackingOff { operation, wait }
+                })
+            }
+            _ => Ok(()),
+        }
+    }
+
+    fn success(&self) {
+        let mut state = self.state.lock().expect("gate");
+        state.failures = 0;
+        state.not_before = None;
+    }
+
+    fn failure(&self) {
+        let mut state = self.state.lock().expect("gate");
+        state.failures += 1;
+        let wait = Duration::from_secs(1u64 << state.failures.min(9)).min(MAX_FAILURE_BACKOFF);
+        state.not_before = Some(Instant::now() + wait);
+        state.rate_limited = false;
+    }
+
+    fn rate_limited(&self, wait: Duration) {
+        let mut state = self.state.lock().expect("gate");
+        state.not_before = Some(Instant::now() + wait);
+        state.rate_limited = true;
+    }
+}
+
+fn header_u64(headers: &HeaderMap, name: &str) -> Option<u64> {
+    headers.get(name)?.to_str().ok()?.trim().parse().ok()
+}
+
+/// How long a rate-limited answer asks us to wait: `Retry-After`, else until
+/// `X-RateLimit-Reset` (epoch seconds), else a minute.
+fn rate_limit_wait(headers: &HeaderMap) -> Duration {
+    if let Some(seconds) = header_u64(headers, "retry-after") {
+        return Duration::from_secs(seconds);
+    }
+    let reset = header_u64(headers, "x-ratelimit-reset").or(header_u64(headers, "ratelimit-reset"));
+    if let Some(reset) = reset {
+        let now = chrono::Utc::now().timestamp().max(0) as u64;
+        return Duration::from_secs(reset.saturating_sub(now).max(1));
+    }
+    Duration::from_secs(60)
+}
+
+/// Reads the budget headers of any answer; true if the answer is a rate-limit refusal.
+fn observe_rate_limit(
+    forge: &'static str,
+    status: StatusCode,
+    headers: &HeaderMap,
+    metrics: &Metrics,
+    gate: &Gate,
+) -> bool {
+    let remaining =
+        header_u64(headers, "x-ratelimit-remaining").or(header_u64(headers, "ratelimit-remaining"));
+    if let Some(remaining) = remaining {
+        metrics
+            .forge_rate_limit_remaining
+            .with_label_values(&[forge])
+            .set(remaining as i64);
+    }
+    let limited = status == StatusCode::TOO_MANY_REQUESTS
+        || (status == StatusCode::FORBIDDEN
+            && (remaining == Some(0) || headers.contains_key("retry-after")));
+    if limited {
+        gate.rate_limited(rate_limit_wait(headers));
+    }
+    limited
+}
+
+/// A client for one forge API URL and token.
+pub enum ForgeClient {
+    Github(GithubApi),
+    Gitlab(GitlabApi),
+}
+
+/// A GitHub deployment status word.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DeploymentState {
+    InProgress,
+    Success,
+    Failure,
+    Inactive,
+}
+
+impl ForgeClient {
+    /// The id of the comment on PR/MR `number` whose text starts with `marker`.
+    pub async fn find_comment(
+        &self,
+        repository: &str,
+        number: u64,
+        marker: &str,
+    ) -> Result<Option<u64>, ForgeApiError> {
+        match self {
+            ForgeClient::Github(api) => api.find_comment(repository, number, marker).await,
+            ForgeClient::Gitlab(api) => api.find_comment(repository, number, marker).await,
+        }
+    }
+
+    pub async fn create_comment(
+        &self,
+        repository: &str,
+        number: u64,
+        body: &str,
+    ) -> Result<u64, ForgeApiError> {
+        match self {
+            ForgeClient::Github(api) => api.create_comment(repository, number, body).await,
+            ForgeClient::Gitlab(api) => api.create_comment(repository, number, body).await,
+        }
+    }
+
+    pub async fn edit_comment(
+        &self,
+        repository: &str,
+        number: u64,
+        id: u64,
+        body: &str,
+    ) -> Result<(), ForgeApiError> {
+        match self {
+            ForgeClient::Github(api) => api.edit_comment(repository, id, body).await,
+            ForgeClient::Gitlab(api) => api.edit_comment(repository, number, id, body).await,
+        }
+    }
+
+    pub async fn commit_status(
+        &self,
+        repository: &str,
+        sha: &str,
+        state: CommitState,
+        context: &str,
+        target_url: &str,
+        description: &str,
+    ) -> Result<(), ForgeApiError> {
+        match self {
+            ForgeClient::Github(api) => {
+                api.commit_status(repository, sha, state, context, target_url, description)
+                    .await
+            }
+            ForgeClient::Gitlab(api) => {
+                api.commit_status(repository, sha, state, context, target_url, description)
+                    .await
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// GitHub
+// ---------------------------------------------------------------------------------------------
+
+pub struct GithubApi {
+    octocrab: octocrab::Octocrab,
+    gate: Gate,
+    metrics: Arc<Metrics>,
+}
+
+impl GithubApi {
+    pub fn new(
+        api_url: Option<&str>,
+        token: String,
+        metrics: Arc<Metrics>,
+    ) -> Result<Self, ForgeApiError> {
+        let api_url = api_url.unwrap_or("https://api.github.com");
+        let octocrab = octocrab::Octocrab::builder()
+            .base_uri(api_url)
+            .map_err(|_| ForgeApiError::BadUrl(api_url.to_string()))?
+            .personal_token(token)
+            .build()
+            .map_err(|e| ForgeApiError::Transport {
+                operation: "build client",
+                message: e.to_string(),
+            })?;
+        Ok(Self {
+            octocrab,
+            gate: Gate::default(),
+            metrics,
+        })
+    }
+
+    async fn request(
+        &self,
+        operation: &'static str,
+        method: Method,
+        path: &str,
+        body: Option<&Value>,
+    ) -> Result<Value, ForgeApiError> {
+        self.gate.check(operation)?;
+        let count = |outcome: &str| {
+            self.metrics
+                .forge_requests
+                .with_label_values(&["github", operation, outcome])
+                .inc();
+        };
+        let sent = match method {
+            Method::POST => self.octocrab._post(path, body).await,
+            Method::PATCH => self.octocrab._patch(path, body).await,
+            _ => self.octocrab._get(path).await,
+        };
+        let response = match sent {
+            Ok(response) => response,
+            Err(e) => {
+                self.gate.failure();
+                count("error");
+                return Err(ForgeApiError::Transport {
+                    operation,
+                    message: e.to_string(),
+                });
+            }
+        };
+        let status = response.status();
+        if observe_rate_limit(
+            "github",
+            status,
+            response.headers(),
+            &self.metrics,
+            &self.gate,
+        ) {
+            count("rate_limited");
+            return Err(ForgeApiError::RateLimited {
+                operation,
+                wait: rate_limit_wait(response.headers()),
+            });
+        }
+        let text = self
+            .octocrab
+            .body_to_string(response)
+            .await
+            .unwrap_or_default();
+        if !status.is_success() {
+            if status.is_server_error() {
+                self.gate.failure();
+            }
+            count("error");
+            return Err(ForgeApiError::Http {
+                operation,
+                status: status.as_u16(),
+                message: text.chars().take(300).collect(),
+            });
+        }
+        self.gate.success();
+        count("ok");
+        Ok(serde_json::from_str(&text).unwrap_or(Value::Null))
+    }
+
+    async fn find_comment(
+        &self,
+        repository: &str,
+        number: u64,
+        marker: &str,
+    ) -> Result<Option<u64>, ForgeApiError> {
+        // Bounded: 10 pages of 100 comments; previewd's comment is among the first anyway.
+        for page in 1..=10 {
+            let path =
+                format!("/repos/{repository}/issues/{number}/comments?per_page=100&page={page}");
+            let comments = self
+                .request("list_comments", Method::GET, &path, None)
+                .await?;
+            let comments = comments.as_array().cloned().unwrap_or_default();
+            if let Some(found) = comments
+                .iter()
+                .find(|c| c["body"].as_str().is_some_and(|b| b.starts_with(marker)))
+            {
+                return Ok(found["id"].as_u64());
+            }
+            if comments.len() < 100 {
+                break;
+            }
+        }
+        Ok(None)
+    }
+
+    async fn create_comment(
+        &self,
+        repository: &str,
+        number: u64,
+        body: &str,
+    ) -> Result<u64, ForgeApiError> {
+        let path = format!("/repos/{repository}/issues/{number}/comments");
+        let created = self
+            .request(
+                "create_comment",
+                Method::POST,
+                &path,
+                Some(&json!({ "body": body })),
+            )
+            .await?;
+        created["id"].as_u64().ok_or(ForgeApiError::Http {
+            operation: "create_comment",
+            status: 200,
+            message: "the answer has no comment id".into(),
+        })
+    }
+
+    async fn edit_comment(
+        &self,
+        repository: &str,
+        id: u64,
+        body: &str,
+    ) -> Result<(), ForgeApiError> {
+        let path = format!("/repos/{repository}/issues/comments/{id}");
+        self.request(
+            "edit_comment",
+            Method::PATCH,
+            &path,
+            Some(&json!({ "body": body })),
+        )
+        .await
+        .map(|_| ())
+    }
+
+    async fn commit_status(
+        &self,
+        repository: &str,
+        sha: &str,
+        state: CommitState,
+        context: &str,
+        target_url: &str,
+        description: &str,
+    ) -> Result<(), ForgeApiError> {
+        let state = match state {
+            CommitState::Pending | CommitState::Running => "pending",
+            CommitState::Success => "success",
+            CommitState::Failure => "failure",
+        };
+        let path = format!("/repos/{repository}/statuses/{sha}");
+        let body = json!({ "state": state, "target_url": target_url, "description": description, "context": context });
+        self.request("commit_status", Method::POST, &path, Some(&body))
+            .await
+            .map(|_| ())
+    }
+
+    /// Creates a Deployment of `sha` to `environment`; returns its id.
+    pub async fn create_deployment(
+        &self,
+        repository: &str,
+        sha: &str,
+        environment: &str,
+    ) -> Result<u64, ForgeApiError> {
+        let path = format!("/repos/{repository}/deployments");
+        let body = json!({
+            "ref": sha, "environment": environment, "auto_merge": false, "required_contexts": [],
+            "transient_environment": true, "production_environment": false,
+            "description": "preview environment by previewd",
+        });
+        let created = self
+            .request("create_deployment", Method::POST, &path, Some(&body))
+            .await?;
+        created["id"].as_u64().ok_or(ForgeApiError::Http {
+            operation: "create_deployment",
+            status: 200,
+            message: "the answer has no deployment id".into(),
+        })
+    }
+
+    pub async fn deployment_status(
+        &self,
+        repository: &str,
+        deployment: u64,
+        state: DeploymentState,
+        environment_url: &str,
+    ) -> Result<(), ForgeApiError> {
+        let state = match state {
+            DeploymentState::InProgress => "in_progress",
+            DeploymentState::Success => "success",
+            DeploymentState::Failure => "failure",
+            DeploymentState::Inactive => "inactive",
+        };
+        let path = format!("/repos/{repository}/deployments/{deployment}/statuses");
+        let body =
+            json!({ "state": state, "environment_url": environment_url, "auto_inactive": true });
+        self.request("deployment_status", Method::POST, &path, Some(&body))
+            .await
+            .map(|_| ())
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// GitLab
+// ---------------------------------------------------------------------------------------------
+
+/// The gitlab crate's client with previewd's rate-limit accounting around every call.
+struct ObservedGitlab {
+    inner: gitlab::AsyncGitlab,
+    gate: Arc<Gate>,
+    metrics: Arc<Metrics>,
+}
+
+impl gitlab::api::RestClient for ObservedGitlab {
+    type Error = gitlab::RestError;
+
+    fn rest_endpoint(
+        &self,
+        endpoint: &str,
+    ) -> Result<url::Url, gitlab::api::ApiError<Self::Error>> {
+        self.inner.rest_endpoint(endpoint)
+    }
+}
+
+#[async_trait::async_trait]
+impl gitlab::api::AsyncClient for ObservedGitlab {
+    async fn rest_async(
+        &self,
+        request: http::request::Builder,
+        body: Vec<u8>,
+    ) -> Result<http::Response<bytes::Bytes>, gitlab::api::ApiError<Self::Error>> {
+        let response = self.inner.rest_async(request, body).await?;
+        observe_rate_limit(
+            "gitlab",
+            response.status(),
+            response.headers(),
+            &self.metrics,
+            &self.gate,
+        );
+        Ok(response)
+    }
+}
+
+pub struct GitlabApi {
+    client: ObservedGitlab,
+    gate: Arc<Gate>,
+    metrics: Arc<Metrics>,
+}
+
+#[derive(serde::Deserialize)]
+struct Note {
+    id: u64,
+    #[serde(default)]
+    body: String,
+}
+
+impl GitlabApi {
+    /// Connects (GitLab's client checks the token with one `GET /user`).
+    pub async fn connect(
+        api_url: Option<&str>,
+        token: String,
+        metrics: Arc<Metrics>,
+    ) -> Result<Self, ForgeApiError> {
+        let api_url = api_url.unwrap_or("https://gitlab.com");
+        let url =
+            url::Url::parse(api_url).map_err(|_| ForgeApiError::BadUrl(api_url.to_string()))?;
+        let host = match (url.host_str(), url.port()) {
+            (Some(host), Some(port)) => format!("{host}:{port}"),
+            (Some(host), None) => host.to_string(),
+            (None, _) => return Err(ForgeApiError::BadUrl(api_url.to_string())),
+        };
+        let mut builder = gitlab::GitlabBuilder::new(host, token);
+        if url.scheme() == "http" {
+            builder.insecure();
+        }
+        let inner = builder
+            .build_async()
+            .await
+            .map_err(|e| ForgeApiError::Transport {
+                operation: "connect",
+                message: e.to_string(),
+            })?;
+        let gate = Arc::new(Gate::default());
+        Ok(Self {
+            client: ObservedGitlab {
+                inner,
+                gate: gate.clone(),
+                metrics: metrics.clone(),
+            },
+            gate,
+            metrics,
+        })
+    }
+
+    async fn run<T, F, Fut>(&self, operation: &'static str, call: F) -> Result<T, ForgeApiError>
+    where
+        F: FnOnce() -> Fut,
+        Fut: std::future::Future<Output = Result<T, String>>,
+    {
+        self.gate.check(operation)?;
+        let result = call().await;
+        let outcome = match &result {
+            Ok(_) => "ok",
+            Err(_) if self.gate.check(operation).is_err() => "rate_limited",
+            Err(_) => "error",
+        };
+        self.metrics
+            .forge_requests
+            .with_label_values(&["gitlab", operation, outcome])
+            .inc();
+        match result {
+            Ok(value) => {
+                self.gate.success();
+                Ok(value)
+            }
+            Err(message) => {
+                if outcome == "error" {
+                    self.gate.failure();
+                }
+                Err(ForgeApiError::Transport { operation, message })
+            }
+        }
+    }
+
+    async fn find_comment(
+        &self,
+        project: &str,
+        number: u64,
+        marker: &str,
+    ) -> Result<Option<u64>, ForgeApiError> {
+        use gitlab::api::AsyncQuery;
+        use gitlab::api::projects::merge_requests::notes::MergeRequestNotes;
+        let endpoint = MergeRequestNotes::builder()
+            .project(project)
+            .merge_request(number)
+            .build()
+            .map_err(|e| ForgeApiError::Transport {
+                operation: "list_comments",
+                message: e.to_string(),
+            })?;
+        let notes: Vec<Note> = self
+            .run("list_comments", || async {
+                gitlab::api::paged(endpoint, gitlab::api::Pagination::Limit(1000))
+                    .query_async(&self.client)
+                    .await
+                    .map_err(|e| e.to_string())
+            })
+            .await?;
+        Ok(notes
+            .into_iter()
+            .find(|n| n.body.starts_with(marker))
+            .map(|n| n.id))
+    }
+
+    async fn create_comment(
+        &self,
+        project: &str,
+        number: u64,
+        body: &str,
+    ) -> Result<u64, ForgeApiError> {
+        use gitlab::api::AsyncQuery;
+        use gitlab::api::projects::merge_requests::notes::CreateMergeRequestNote;
+        let endpoint = CreateMergeRequestNote::builder()
+            .project(project)
+            .merge_request(number)
+            .body(body)
+            .build()
+            .map_err(|e| ForgeApiError::Transport {
+                operation: "create_comment",
+                message: e.to_string(),
+            })?;
+        let note: Note = self
+            .run("create_comment", || async {
+                endpoint
+                    .query_async(&self.client)
+                    .await
+                    .map_err(|e| e.to_string())
+            })
+            .await?;
+        Ok(note.id)
+    }
+
+    async fn edit_comment(
+        &self,
+        project: &str,
+        number: u64,
+        id: u64,
+        body: &str,
+    ) -> Result<(), ForgeApiError> {
+        use gitlab::api::AsyncQuery;
+        use gitlab::api::projects::merge_requests::notes::EditMergeRequestNote;
+        let endpoint = EditMergeRequestNote::builder()
+            .project(project)
+            .merge_request(number)
+            .note(id)
+            .body(body)
+            .build()
+            .map_err(|e| ForgeApiError::Transport {
+                operation: "edit_comment",
+                message: e.to_string(),
+            })?;
+        self.run("edit_comment", || async {
+            gitlab::api::ignore(endpoint)
+                .query_async(&self.client)
+                .await
+                .map_err(|e| e.to_string())
+        })
+        .await
+    }
+
+    async fn commit_status(
+        &self,
+        project: &str,
+        sha: &str,
+        state: CommitState,
+        context: &str,
+        target_url: &str,
+        description: &str,
+    ) -> Result<(), ForgeApiError> {
+        use gitlab::api::AsyncQuery;
+        use gitlab::api::projects::repository::commits::{CommitStatusState, CreateCommitStatus};
+        let state = match state {
+            CommitState::Pending => CommitStatusState::Pending,
+            CommitState::Running => CommitStatusState::Running,
+            CommitState::Success => CommitStatusState::Success,
+            CommitState::Failure => CommitStatusState::Failed,
+        };
+        let endpoint = CreateCommitStatus::builder()
+            .project(project)
+            .commit(sha)
+            .state(state)
+            .name(context)
+            .target_url(target_url)
+            .description(description)
+            .build()
+            .map_err(|e| ForgeApiError::Transport {
+                operation: "commit_status",
+                message: e.to_string(),
+            })?;
+        self.run("commit_status", || async {
+            gitlab::api::ignore(endpoint)
+                .query_async(&self.client)
+                .await
+                .map_err(|e| e.to_string())
+        })
+        .await
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// One client per forge URL and token
+// ---------------------------------------------------------------------------------------------
+
+type ClientKey = (ForgeKind, String, [u8; 32]);
+
+/// Clients by (forge, API URL, token), built on first use and kept: their gates and connection
+/// pools must outlive one reconcile.
+pub struct ForgeClients {
+    metrics: Arc<Metrics>,
+    clients: tokio::sync::Mutex<HashMap<ClientKey, Arc<ForgeClient>>>,
+}
+
+impl ForgeClients {
+    pub fn new(metrics: Arc<Metrics>) -> Self {
+        Self {
+            metrics,
+            clients: tokio::sync::Mutex::new(HashMap::new()),
+        }
+    }
+
+    pub async fn get(
+        &self,
+        kind: ForgeKind,
+        api_url: Option<&str>,
+        token: &[u8],
+    ) -> Result<Arc<ForgeClient>, ForgeApiError> {
+        let key = (
+            kind,
+            api_url.unwrap_or_default().to_string(),
+            Sha256::digest(token).into(),
+        );
+        let mut clients = self.clients.lock().await;
+        if let Some(client) = clients.get(&key) {
+            return Ok(client.clone());
+        }
+        let token = String::from_utf8_lossy(token).into_owned();
+        let client = Arc::new(match kind {
+            ForgeKind::Github => {
+                ForgeClient::Github(GithubApi::new(api_url, token, self.metrics.clone())?)
+            }
+            ForgeKind::Gitlab => {
+                ForgeClient::Gitlab(GitlabApi::connect(api_url, token, self.metrics.clone()).await?)
+            }
+        });
+        clients.insert(key, client.clone());
+        Ok(client)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_gate_backs_off_after_failures_and_waits_out_rate_limits() {
+        let gate = Gate::default();
+        assert!(gate.check("x").is_ok());
+        gate.failure();
+        assert!(matches!(
+            gate.check("x"),
+            Err(ForgeApiError::BackingOff { .. })
+        ));
+        gate.success();
+        assert!(gate.check("x").is_ok());
+        gate.rate_limited(Duration::from_secs(30));
+        let Err(ForgeApiError::RateLimited { wait, .. }) = gate.check("x") else {
+            panic!("expected a rate-limit refusal");
+        };
+        assert!(wait > Duration::from_secs(28));
+    }
+
+    #[test]
+    fn rate_limit_answers_are_recognised_and_their_budget_exported() {
+        let metrics = Metrics::new();
+        let gate = Gate::default();
+        let mut headers = HeaderMap::new();
+        headers.insert("x-ratelimit-remaining", "4999".parse().unwrap());
+        assert!(!observe_rate_limit(
+            "github",
+            StatusCode::OK,
+            &headers,
+            &metrics,
+            &gate
+        ));
+        assert_eq!(
+            metrics
+                .forge_rate_limit_remaining
+                .with_label_values(&["github"])
+                .get(),
+            4999
+        );
+        headers.insert("x-ratelimit-remaining", "0".parse().unwrap());
+        headers.insert("retry-after", "120".parse().unwrap());
+        assert!(observe_rate_limit(
+            "github",
+            StatusCode::FORBIDDEN,
+            &headers,
+            &metrics,
+            &gate
+        ));
+        assert!(matches!(
+            gate.check("x"),
+            Err(ForgeApiError::RateLimited { .. })
+        ));
+        // A plain 403 (no permission) is not a rate limit.
+        let gate = Gate::default();
+        assert!(!observe_rate_limit(
+            "github",
+            StatusCode::FORBIDDEN,
+            &HeaderMap::new(),
+            &metrics,
+            &gate
+        ));
+        assert!(gate.check("x").is_ok());
+    }
+}

@@ -1,0 +1,297 @@
+//! Reporting to the forge: the one PR/MR comment, the commit status and (GitHub) the
+//! deployment status of an environment, sent only when what they would say changed.
+//!
+//! What was last sent is kept in the environment's `status.forge` (comment id, SHA-256 of the
+//! comment text and of the status triple), so an unchanged environment makes no forge call,
+//! and a restart finds its comment again instead of making a second one. When the id is not
+//! known yet (a status write was lost), the comment is looked up by its hidden marker first.
+//!
+//! A forge that fails never stops deploying: the caller writes the status anyway and retries
+//! the report later.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use chrono::{DateTime, Utc};
+use kube::ResourceExt;
+use sha2::{Digest, Sha256};
+
+use super::client::{DeploymentState, ForgeApiError, ForgeClient, ForgeClients};
+use super::comment::{self, CommentInput, CommentState, CommitState};
+use crate::crd::{
+    ForgeReport, Phase, PreviewEnvironment, PreviewEnvironmentStatus, PreviewTemplate,
+};
+use crate::metrics::Metrics;
+use crate::secrets::{SecretError, SecretReader};
+
+#[derive(Debug, thiserror::Error)]
+pub enum ReportError {
+    #[error("forge token: {0}")]
+    Token(#[from] SecretError),
+    #[error(transparent)]
+    Forge(#[from] ForgeApiError),
+}
+
+pub struct Reporter {
+    clients: ForgeClients,
+    secrets: Arc<SecretReader>,
+    /// What was sent, by environment UID. The controller may reconcile from a cache that does
+    /// not show the last status write yet; this record does, so a comment is never created
+    /// twice within one process. After a restart the status (read fresh) has it.
+    sent: Mutex<HashMap<String, ForgeReport>>,
+}
+
+fn sha_hex(text: &str) -> String {
+    hex::encode(Sha256::digest(text.as_bytes()))
+}
+
+/// When the environment expires if nothing happens: the earlier of idle timeout (from the last
+/// activity) and maximum age (from creation).
+pub fn expires_at(
+    environment: &PreviewEnvironment,
+    template: &PreviewTemplate,
+) -> Option<DateTime<Utc>> {
+    let lifecycle = &template.spec.lifecycle;
+    let parse = |text: &Option<String>| {
+        text.as_deref()
+            .and_then(|t| crate::config::parse_duration(t).ok())
+            .and_then(|d| chrono::Duration::from_std(d).ok())
+    };
+    let idle = parse(&lifecycle.idle_timeout)
+        .and_then(|timeout| Some(environment.spec.last_activity? + timeout));
+    let created = environment
+        .metadata
+        .creation_timestamp
+        .as_ref()
+        .and_then(|t| DateTime::<Utc>::from_timestamp(t.0.as_second(), 0));
+    let age = parse(&lifecycle.max_age).and_then(|age| Some(created? + age));
+    match (idle, age) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
+}
+
+impl Reporter {
+    pub fn new(metrics: Arc<Metrics>, secrets: Arc<SecretReader>) -> Self {
+        Self {
+            clients: ForgeClients::new(metrics),
+            secrets,
+            sent: Mutex::new(HashMap::new()),
+        }
+    }
+
+    fn last_sent(&self, uid: &str) -> Option<ForgeReport> {
+        self.sent.lock().expect("sent reports").get(uid).cloned()
+    }
+
+    async fn client(
+        &self,
+        template: &PreviewTemplate,
+    ) -> Result<Option<Arc<ForgeClient>>, ReportError> {
+        let Some(reference) = &template.spec.forge.token_secret_ref else {
+            return Ok(None);
+        };
+        let token = self
+            .secrets
+            .get(&template.namespace().unwrap_or_default(), reference)
+            .await?;
+        let forge = &template.spec.forge;
+        Ok(Some(
+            self.clients
+                .get(forge.kind, forge.api_url.as_deref(), &token)
+                .await?,
+        ))
+    }
+
+    /// Brings the forge in line with `status` (the status about to be written). Returns what
+    /// was sent as the new `status.forge`; on error, the part that succeeded is in the record
+    /// too, so nothing is sent twice.
+    pub async fn report(
+        &self,
+        environment: &PreviewEnvironment,
+        template: &PreviewTemplate,
+        status: &PreviewEnvironmentStatus,
+    ) -> (Option<ForgeReport>, Result<(), ReportError>) {
+        let uid = environment.uid().unwrap_or_default();
+        let mut record = self
+            .last_sent(&uid)
+            .or(status.forge.clone())
+            .unwrap_or_default();
+        let result = self.send(environment, template, status, &mut record).await;
+        self.sent
+            .lock()
+            .expect("sent reports")
+            .insert(uid, record.clone());
+        let record = (record != ForgeReport::default()).then_some(record);
+        (record, result)
+    }
+
+    async fn send(
+        &self,
+        environment: &PreviewEnvironment,
+        template: &PreviewTemplate,
+        status: &PreviewEnvironmentStatus,
+        record: &mut ForgeReport,
+    ) -> Result<(), ReportError> {
+        let Some(client) = self.client(template).await? else {
+            return Ok(());
+        };
+        let source = &environment.spec.source;
+        let id = format!(
+            "{}/{}",
+            environment.namespace().unwrap_or_default(),
+            environment.name_any()
+        );
+        if let Some(number) = source.pull_request {
+            let text = comment::render(&CommentInput {
+                environment: &id,
+                head_sha: &source.head_sha,
+                state: CommentState::Live(status),
+                expires_at: expires_at(environment, template),
+            });
+            upsert_comment(&client, &source.repository, number, &id, &text, record).await?;
+        }
+        let url = status.url.clone().unwrap_or_default();
+        let state = comment::commit_state(status.phase);
+        let status_sha = sha_hex(&format!("{state:?} {} {url}", source.head_sha));
+        if record.status_sha.as_deref() == Some(status_sha.as_str()) {
+            return Ok(());
+        }
+        let context_name = format!("previewd/{}", template.name_any());
+        let description = describe(status);
+        if let ForgeClient::Github(github) = client.as_ref() {
+            if record.deployment_sha.as_deref() != Some(source.head_sha.as_str()) {
+                let deployment = github
+                    .create_deployment(
+                        &source.repository,
+                        &source.head_sha,
+                        &environment.name_any(),
+                    )
+                    .await?;
+                record.deployment_id = Some(deployment);
+                record.deployment_sha = Some(source.head_sha.clone());
+            }
+            if let Some(deployment) = record.deployment_id {
+                let deployment_state = match state {
+                    CommitState::Success => DeploymentState::Success,
+                    CommitState::Failure => DeploymentState::Failure,
+                    CommitState::Pending | CommitState::Running => DeploymentState::InProgress,
+                };
+                github
+                    .deployment_status(&source.repository, deployment, deployment_state, &url)
+                    .await?;
+            }
+        }
+        client
+            .commit_status(
+                &source.repository,
+                &source.head_sha,
+                state,
+                &context_name,
+                &url,
+                &description,
+            )
+            .await?;
+        record.status_sha = Some(status_sha);
+        Ok(())
+    }
+
+    /// The environment is gone: the comment says so and the GitHub deployment goes inactive.
+    pub async fn report_destroyed(
+        &self,
+        environment: &PreviewEnvironment,
+        template: &PreviewTemplate,
+        reason: &str,
+    ) -> Result<(), ReportError> {
+        let Some(client) = self.client(template).await? else {
+            return Ok(());
+        };
+        let source = &environment.spec.source;
+        let uid = environment.uid().unwrap_or_default();
+        let mut record = self
+            .sent
+            .lock()
+            .expect("sent reports")
+            .remove(&uid)
+            .or(environment.status.as_ref().and_then(|s| s.forge.clone()))
+            .unwrap_or_default();
+        if let Some(number) = source.pull_request {
+            let id = format!(
+                "{}/{}",
+                environment.namespace().unwrap_or_default(),
+                environment.name_any()
+            );
+            let text = comment::render(&CommentInput {
+                environment: &id,
+                head_sha: &source.head_sha,
+                state: CommentState::Destroyed { reason },
+                expires_at: None,
+            });
+            upsert_comment(&client, &source.repository, number, &id, &text, &mut record).await?;
+        }
+        if let (ForgeClient::Github(github), Some(deployment)) =
+            (client.as_ref(), record.deployment_id)
+        {
+            github
+                .deployment_status(
+                    &source.repository,
+                    deployment,
+                    DeploymentState::Inactive,
+                    "",
+                )
+                .await?;
+        }
+        Ok(())
+    }
+}
+
+/// Edits the environment's comment (found by id, else by marker) or creates it.
+async fn upsert_comment(
+    client: &ForgeClient,
+    repository: &str,
+    number: u64,
+    environment: &str,
+    text: &str,
+    record: &mut ForgeReport,
+) -> Result<(), ForgeApiError> {
+    let text_sha = sha_hex(text);
+    if record.comment_sha.as_deref() == Some(text_sha.as_str()) {
+        return Ok(());
+    }
+    let existing = match record.comment_id {
+        Some(id) => Some(id),
+        None => {
+            client
+                .find_comment(repository, number, &comment::marker(environment))
+                .await?
+        }
+    };
+    let id = match existing {
+        Some(id) => {
+            client.edit_comment(repository, number, id, text).await?;
+            id
+        }
+        None => client.create_comment(repository, number, text).await?,
+    };
+    record.comment_id = Some(id);
+    record.comment_sha = Some(text_sha);
+    Ok(())
+}
+
+/// One line for the commit status (forges cap it at 140 characters).
+fn describe(status: &PreviewEnvironmentStatus) -> String {
+    let text = match status.phase {
+        Phase::Ready => "Preview environment ready".to_string(),
+        Phase::Degraded => {
+            let why = status
+                .conditions
+                .iter()
+                .find(|c| c.type_ == "Ready")
+                .map(|c| c.message.as_str())
+                .unwrap_or("");
+            format!("Preview environment degraded: {why}")
+        }
+        phase => format!("Preview environment: {phase:?}"),
+    };
+    text.chars().take(140).collect()
+}
