@@ -797,3 +797,64 @@ async fn redeliveries_and_concurrent_deliveries_make_one_environment_per_pr() {
     })
     .await;
 }
+
+#[tokio::test]
+async fn a_forge_outage_never_blocks_deploying_or_deleting() {
+    in_namespace("webhook-outage", |client, ns| async move {
+        // Every GitHub API call fails: 500, or 429 with Retry-After for comments.
+        let forge = MockServer::start().await;
+        Mock::given(method("POST"))
+            .and(path_regex(r"/comments$"))
+            .respond_with(ResponseTemplate::new(429).insert_header("retry-after", "3600"))
+            .mount(&forge)
+            .await;
+        Mock::given(wiremock::matchers::any())
+            .respond_with(ResponseTemplate::new(500))
+            .mount(&forge)
+            .await;
+        install_template(
+            &client,
+            &ns,
+            "github",
+            "Codertocat/Hello-World",
+            Some(&forge.uri()),
+        )
+        .await;
+        let harness = Harness::start(&client, &ns, 2 << 20).await;
+        let (status, _) = harness
+            .signed(
+                "pull_request",
+                "o-opened",
+                &github_fixture("pull_request.opened.json"),
+            )
+            .await;
+        assert_eq!(status, 202);
+        let name = harness.environment_names().await.pop().unwrap();
+        let ready = wait_ready_with_sha(
+            &harness.environments,
+            &name,
+            "ec26c3e57ca3a959ca5aad62de7213c562f8c821",
+        )
+        .await;
+        let target = ready.status.unwrap().namespace.unwrap();
+        // Retries back off instead of hammering the forge.
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        let calls = forge.received_requests().await.unwrap_or_default().len();
+        assert!(
+            calls <= 8,
+            "{calls} forge calls in the first seconds of an outage"
+        );
+        eprintln!("forge outage: Ready anyway, {calls} forge calls in ~6 s");
+
+        let (status, _) = harness
+            .signed(
+                "pull_request",
+                "o-closed",
+                &github_fixture("pull_request.closed.json"),
+            )
+            .await;
+        assert_eq!(status, 202);
+        wait_gone(&client, &harness.environments, &name, &target).await;
+    })
+    .await;
+}
