@@ -29,6 +29,7 @@ use crate::crd::{
     Timings,
 };
 use crate::forge::report::Reporter as ForgeReporter;
+use crate::forge::repository::RepositoryManifests;
 use crate::health::Health;
 use crate::metrics::Metrics;
 use crate::observed::{ObjectKey, ObservedStore};
@@ -105,6 +106,8 @@ pub struct Context {
     pub environments: Store<PreviewEnvironment>,
     /// Keeps the PR comment, commit status and deployment status in line with each environment.
     pub reporter: ForgeReporter,
+    /// Manifests read from repositories, by commit.
+    pub repository_manifests: RepositoryManifests,
     recorder: Recorder,
     failures: Mutex<HashMap<ObjectRef<PreviewEnvironment>, u32>>,
     last_full_apply: Mutex<HashMap<ObjectRef<PreviewEnvironment>, Instant>>,
@@ -158,6 +161,7 @@ pub async fn run(
         templates: template_store,
         environments: environment_store.clone(),
         reporter,
+        repository_manifests: RepositoryManifests::default(),
         failures: Mutex::new(HashMap::new()),
         last_full_apply: Mutex::new(HashMap::new()),
     });
@@ -297,7 +301,7 @@ async fn reconcile_environment(
     let labels = environment_labels(environment, &template);
     let context_values = render_context(environment, &template.spec, &namespace);
 
-    let manifests = match manifests(&template, context).await {
+    let manifests = match manifests(&template, &environment.spec.source.head_sha, context).await {
         Ok(manifests) => manifests,
         Err(message) => {
             let status = failed_status(
@@ -682,6 +686,7 @@ pub fn render_context(
 /// The template's manifests: inline, or every key of a ConfigMap (sorted by key).
 async fn manifests(
     template: &PreviewTemplate,
+    head_sha: &str,
     context: &Context,
 ) -> Result<Vec<InlineManifest>, String> {
     let ManifestSource {
@@ -689,12 +694,23 @@ async fn manifests(
         config_map,
         repository_path,
     } = &template.spec.manifests;
-    if let Some(path) = repository_path {
-        return Err(format!(
-            "manifests from the repository ({path}) need the forge integration, which this previewd does not have yet"
-        ));
-    }
     let mut all = inline.clone();
+    if let Some(path) = repository_path {
+        let client = context
+            .reporter
+            .client(template)
+            .await
+            .map_err(|e| format!("reading {path} from the repository: {e}"))?
+            .ok_or_else(|| {
+                format!("reading {path} from the repository needs forge.tokenSecretRef")
+            })?;
+        let from_repository = context
+            .repository_manifests
+            .get(&client, &template.spec.forge.repository, path, head_sha)
+            .await
+            .map_err(|e| format!("reading {path} at {head_sha}: {e}"))?;
+        all.extend(from_repository.iter().cloned());
+    }
     if let Some(source) = config_map {
         let api: Api<ConfigMap> = Api::namespaced(
             context.client.clone(),

@@ -858,3 +858,58 @@ async fn a_forge_outage_never_blocks_deploying_or_deleting() {
     })
     .await;
 }
+
+#[tokio::test]
+async fn manifests_from_the_repository_are_read_once_per_commit() {
+    use base64::Engine;
+    in_namespace("webhook-repo", |client, ns| async move {
+        let forge = github_forge().await;
+        let listing = json!([
+            {"type": "file", "name": "app.yaml", "path": "deploy/preview/app.yaml"},
+            {"type": "file", "name": "README.md", "path": "deploy/preview/README.md"},
+            {"type": "dir", "name": "old", "path": "deploy/preview/old"}
+        ]);
+        let manifest = "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: from-repo\ndata:\n  sha: \"{{ short_sha }}\"\n";
+        let file = json!({"type": "file", "name": "app.yaml", "encoding": "base64",
+            "content": base64::engine::general_purpose::STANDARD.encode(manifest)});
+        Mock::given(method("GET")).and(path_regex(r"^/repos/Codertocat/Hello-World/contents/deploy/preview$"))
+            .respond_with(ResponseTemplate::new(200).set_body_json(listing)).mount(&forge).await;
+        Mock::given(method("GET")).and(path_regex(r"^/repos/Codertocat/Hello-World/contents/deploy/preview/app.yaml$"))
+            .respond_with(ResponseTemplate::new(200).set_body_json(file)).mount(&forge).await;
+        install_template(&client, &ns, "github", "Codertocat/Hello-World", Some(&forge.uri())).await;
+        let templates: Api<PreviewTemplate> = Api::namespaced(client.clone(), &ns);
+        let from_repository = json!({"spec": {"manifests": {"inline": null, "repositoryPath": "deploy/preview"}}});
+        templates.patch("app-github", &kube::api::PatchParams::default(), &kube::api::Patch::Merge(from_repository)).await.unwrap();
+        let harness = Harness::start(&client, &ns, 2 << 20).await;
+
+        harness.signed("pull_request", "r-opened", &github_fixture("pull_request.opened.json")).await;
+        let name = harness.environment_names().await.pop().unwrap();
+        let ready = wait_ready_with_sha(&harness.environments, &name, "ec26c3e57ca3a959ca5aad62de7213c562f8c821").await;
+        let target = ready.status.unwrap().namespace.unwrap();
+        let config_maps: Api<k8s_openapi::api::core::v1::ConfigMap> = Api::namespaced(client.clone(), &target);
+        assert_eq!(config_maps.get("from-repo").await.unwrap().data.unwrap()["sha"], "ec26c3e");
+        let reads = || async { sent(&forge, "GET", "/contents/deploy/preview", "").await + sent(&forge, "GET", "/contents/deploy/preview/app.yaml", "").await };
+        assert_eq!(reads().await, 2, "one listing and one file");
+
+        // More reconciles of the same commit read nothing more.
+        for i in 0..3 {
+            let poke = json!({"metadata": {"annotations": {"test.previewd.dev/poke": i.to_string()}}});
+            harness.environments.patch(&name, &kube::api::PatchParams::default(), &kube::api::Patch::Merge(poke)).await.unwrap();
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+        assert_eq!(reads().await, 2, "an unchanged commit is never fetched twice");
+
+        // A new commit is read at that commit.
+        let mut synchronize = json_fixture("github/pull_request.synchronize.json");
+        synchronize["pull_request"]["head"]["sha"] = "abcdef0123456789abcdef0123456789abcdef01".into();
+        harness.signed("pull_request", "r-sync", synchronize.to_string().as_bytes()).await;
+        wait_ready_with_sha(&harness.environments, &name, "abcdef0123456789abcdef0123456789abcdef01").await;
+        assert_eq!(config_maps.get("from-repo").await.unwrap().data.unwrap()["sha"], "abcdef0");
+        assert_eq!(reads().await, 4);
+        let at_new_commit = forge.received_requests().await.unwrap_or_default().iter()
+            .filter(|r| r.url.path().contains("/contents/") && r.url.query() == Some("ref=abcdef0123456789abcdef0123456789abcdef01"))
+            .count();
+        assert_eq!(at_new_commit, 2, "read at the new head commit");
+    })
+    .await;
+}

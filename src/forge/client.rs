@@ -197,6 +197,22 @@ impl ForgeClient {
         }
     }
 
+    /// The YAML files (`.yaml`, `.yml`) directly in folder `path` of the repository at commit
+    /// `sha`, as (file name, text), sorted by name; `path` may also name one file.
+    pub async fn read_manifests(
+        &self,
+        repository: &str,
+        path: &str,
+        sha: &str,
+    ) -> Result<Vec<(String, String)>, ForgeApiError> {
+        let mut files = match self {
+            ForgeClient::Github(api) => api.read_manifests(repository, path, sha).await?,
+            ForgeClient::Gitlab(api) => api.read_manifests(repository, path, sha).await?,
+        };
+        files.sort();
+        Ok(files)
+    }
+
     pub async fn commit_status(
         &self,
         repository: &str,
@@ -217,6 +233,24 @@ impl ForgeClient {
             }
         }
     }
+}
+
+fn is_yaml(name: &str) -> bool {
+    name.ends_with(".yaml") || name.ends_with(".yml")
+}
+
+/// GitHub's contents API returns base64 with line breaks.
+fn decode_base64_content(file: &Value) -> Option<String> {
+    use base64::Engine;
+    let content: String = file["content"]
+        .as_str()?
+        .chars()
+        .filter(|c| !c.is_whitespace())
+        .collect();
+    let bytes = base64::engine::general_purpose::STANDARD
+        .decode(content)
+        .ok()?;
+    String::from_utf8(bytes).ok()
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -402,6 +436,56 @@ impl GithubApi {
         self.request("commit_status", Method::POST, &path, Some(&body))
             .await
             .map(|_| ())
+    }
+
+    async fn read_manifests(
+        &self,
+        repository: &str,
+        path: &str,
+        sha: &str,
+    ) -> Result<Vec<(String, String)>, ForgeApiError> {
+        let path = path.trim_matches('/');
+        let listing = self
+            .request(
+                "read_manifests",
+                Method::GET,
+                &format!("/repos/{repository}/contents/{path}?ref={sha}"),
+                None,
+            )
+            .await?;
+        // A folder lists its entries; a file comes back as one object with its content.
+        let entries = match listing {
+            Value::Array(entries) => entries,
+            file => vec![file],
+        };
+        let mut files = Vec::new();
+        for entry in entries
+            .iter()
+            .filter(|e| e["type"] == "file" && is_yaml(e["name"].as_str().unwrap_or_default()))
+        {
+            let name = entry["name"].as_str().unwrap_or_default().to_string();
+            let file = if entry.get("content").is_some() {
+                entry.clone()
+            } else {
+                let file_path = entry["path"].as_str().unwrap_or_default();
+                self.request(
+                    "read_manifests",
+                    Method::GET,
+                    &format!("/repos/{repository}/contents/{file_path}?ref={sha}"),
+                    None,
+                )
+                .await?
+            };
+            files.push((
+                name,
+                decode_base64_content(&file).ok_or(ForgeApiError::Http {
+                    operation: "read_manifests",
+                    status: 200,
+                    message: format!("{path}: the file content is not base64"),
+                })?,
+            ));
+        }
+        Ok(files)
     }
 
     /// Creates a Deployment of `sha` to `environment`; returns its id.
@@ -655,6 +739,77 @@ impl GitlabApi {
                 .map_err(|e| e.to_string())
         })
         .await
+    }
+
+    async fn read_manifests(
+        &self,
+        project: &str,
+        path: &str,
+        sha: &str,
+    ) -> Result<Vec<(String, String)>, ForgeApiError> {
+        use gitlab::api::AsyncQuery;
+        use gitlab::api::projects::repository::Tree;
+        use gitlab::api::projects::repository::files::FileRaw;
+        #[derive(serde::Deserialize)]
+        struct Entry {
+            name: String,
+            path: String,
+            #[serde(rename = "type")]
+            kind: String,
+        }
+        let path = path.trim_matches('/');
+        let tree = Tree::builder()
+            .project(project)
+            .path(path)
+            .ref_(sha)
+            .build()
+            .map_err(|e| ForgeApiError::Transport {
+                operation: "read_manifests",
+                message: e.to_string(),
+            })?;
+        let entries: Vec<Entry> = self
+            .run("read_manifests", || async {
+                gitlab::api::paged(tree, gitlab::api::Pagination::Limit(1000))
+                    .query_async(&self.client)
+                    .await
+                    .map_err(|e| e.to_string())
+            })
+            .await?;
+        // An empty tree: `path` may be one file.
+        let files: Vec<(String, String)> = if entries.is_empty() {
+            vec![(
+                path.rsplit('/').next().unwrap_or(path).to_string(),
+                path.to_string(),
+            )]
+        } else {
+            entries
+                .into_iter()
+                .filter(|e| e.kind == "blob" && is_yaml(&e.name))
+                .map(|e| (e.name, e.path))
+                .collect()
+        };
+        let mut out = Vec::new();
+        for (name, file_path) in files {
+            let raw = FileRaw::builder()
+                .project(project)
+                .file_path(file_path.as_str())
+                .ref_(sha)
+                .build()
+                .map_err(|e| ForgeApiError::Transport {
+                    operation: "read_manifests",
+                    message: e.to_string(),
+                })?;
+            let bytes: Vec<u8> = self
+                .run("read_manifests", || async {
+                    gitlab::api::raw(raw)
+                        .query_async(&self.client)
+                        .await
+                        .map_err(|e| e.to_string())
+                })
+                .await?;
+            out.push((name, String::from_utf8_lossy(&bytes).into_owned()));
+        }
+        Ok(out)
     }
 
     async fn commit_status(

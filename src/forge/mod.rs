@@ -11,6 +11,7 @@ pub mod comment;
 pub mod github;
 pub mod gitlab;
 pub mod report;
+pub mod repository;
 
 use sha2::{Digest, Sha256};
 

@@ -84,7 +84,8 @@ impl Reporter {
         self.sent.lock().expect("sent reports").get(uid).cloned()
     }
 
-    async fn client(
+    /// The forge client of `template` (`None` when it names no token).
+    pub async fn client(
         &self,
         template: &PreviewTemplate,
     ) -> Result<Option<Arc<ForgeClient>>, ReportError> {
