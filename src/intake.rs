@@ -54,9 +54,48 @@ pub fn decide(
                 e.spec.template == template.name_any() && e.namespace() == template.namespace()
             })
             .collect();
+        let start = decisions.len();
         decide_for_template(event, template, &existing, now, &mut decisions);
+        // Drop applies that would change nothing but a recent `lastActivity`.
+        let mut index = start;
+        decisions.retain(|decision| {
+            let keep = index < start || !is_mere_activity_refresh(decision, &existing, now);
+            index += 1;
+            keep
+        });
     }
     decisions
+}
+
+/// `lastActivity` drives idle timeouts measured in hours; refreshing it at most once per
+/// [`ACTIVITY_GRANULARITY`] keeps a burst of deliveries (redeliveries, a busy PR) from becoming
+/// a burst of writes.
+pub const ACTIVITY_GRANULARITY: chrono::TimeDelta = chrono::TimeDelta::seconds(60);
+
+/// True if `decision` applies an environment identical to an existing one except for a
+/// `lastActivity` less than [`ACTIVITY_GRANULARITY`] old.
+fn is_mere_activity_refresh(
+    decision: &Decision,
+    existing: &[&PreviewEnvironment],
+    now: DateTime<Utc>,
+) -> bool {
+    let Decision::Apply(wanted) = decision else {
+        return false;
+    };
+    existing.iter().any(|current| {
+        current.name_any() == wanted.name_any()
+            && current.metadata.deletion_timestamp.is_none()
+            && current.spec.source == wanted.spec.source
+            && current.spec.template == wanted.spec.template
+            && wanted
+                .labels()
+                .iter()
+                .all(|(k, v)| current.labels().get(k) == Some(v))
+            && current
+                .spec
+                .last_activity
+                .is_some_and(|at| now - at < ACTIVITY_GRANULARITY)
+    })
 }
 
 /// Whether `template` is the one for the delivery's forge and repository.
@@ -555,6 +594,34 @@ mod tests {
                 "{event:?}"
             );
         }
+    }
+
+    #[test]
+    fn a_burst_of_identical_deliveries_writes_once_a_minute() {
+        let templates = [template("web", |_| {})];
+        let event = change_request(|_| {});
+        let existing: Vec<Arc<PreviewEnvironment>> =
+            applied(&decide(&event, &templates, &[], now()))
+                .into_iter()
+                .map(|e| Arc::new(e.clone()))
+                .collect();
+        let soon = now() + chrono::TimeDelta::seconds(30);
+        assert!(
+            decide(&event, &templates, &existing, soon).is_empty(),
+            "nothing new within a minute"
+        );
+        let later = now() + chrono::TimeDelta::seconds(61);
+        assert_eq!(
+            applied(&decide(&event, &templates, &existing, later)).len(),
+            1,
+            "activity refreshed after a minute"
+        );
+        let new_commit = change_request(|c| c.head_sha = "feedbeef".into());
+        assert_eq!(
+            applied(&decide(&new_commit, &templates, &existing, soon)).len(),
+            1,
+            "a new commit is written at once"
+        );
     }
 
     #[test]

@@ -13,7 +13,7 @@ pub struct Metrics {
     pub writes: IntCounterVec,
     pub reconcile_duration: HistogramVec,
     pub reconcile_errors: IntCounterVec,
-    /// Webhook deliveries by forge and outcome (`accepted`, `ignored`, `duplicate`, `pong`,
+    /// Webhook deliveries by forge and outcome (`accepted`, `unchanged`, `ignored`, `duplicate`, `pong`,
     /// `unauthorized`, `malformed`, `too_large`, `error`).
     pub webhooks: IntCounterVec,
     pub webhook_duration: HistogramVec,

@@ -264,6 +264,11 @@ async fn answer(
     }
     let result = act(state, &event, &templates).await;
     match result {
+        Ok(done) if done.is_empty() => Answer::new(
+            StatusCode::ACCEPTED,
+            "unchanged",
+            "nothing to change: the environments already say this",
+        ),
         Ok(done) => {
             let mut answer = Answer::new(StatusCode::ACCEPTED, "accepted", done.join("; "));
             answer.body["environments"] = json!(done);

@@ -22,7 +22,7 @@ use previewd::server::{self, ServerState};
 use serde_json::json;
 
 const SECRET: &[u8] = b"bench-secret";
-const DELIVERIES: usize = 2_000;
+const DELIVERIES: usize = 1_000;
 const IN_FLIGHT: usize = 32;
 
 fn main() {
@@ -32,6 +32,39 @@ fn main() {
         .build()
         .expect("benchmark runtime");
     runtime.block_on(benchmark());
+}
+
+/// Sends `deliveries` with at most [`IN_FLIGHT`] at once and prints throughput and latency.
+async fn run<F, Fut>(what: &str, deliveries: Vec<(String, Vec<u8>)>, send: &F)
+where
+    F: Fn(String, Vec<u8>) -> Fut,
+    Fut: std::future::Future<Output = (u16, Duration)>,
+{
+    let count = deliveries.len();
+    let started = Instant::now();
+    let results: Vec<(u16, Duration)> = futures::stream::iter(deliveries)
+        .map(|(id, body)| send(id, body))
+        .buffer_unordered(IN_FLIGHT)
+        .collect()
+        .await;
+    let elapsed = started.elapsed();
+    assert!(
+        results.iter().all(|(status, _)| *status == 202),
+        "every delivery accepted"
+    );
+    let mut latencies: Vec<Duration> = results.iter().map(|(_, l)| *l).collect();
+    latencies.sort();
+    let percentile =
+        |p: f64| latencies[((latencies.len() as f64 * p) as usize).min(latencies.len() - 1)];
+    let ms = |d: Duration| d.as_secs_f64() * 1000.0;
+    println!(
+        "  {what}: {count} deliveries, {:.0}/s, latency p50 {:.1} ms, p90 {:.1} ms, p99 {:.1} ms, max {:.1} ms",
+        count as f64 / elapsed.as_secs_f64(),
+        ms(percentile(0.50)),
+        ms(percentile(0.90)),
+        ms(percentile(0.99)),
+        ms(*latencies.last().unwrap())
+    );
 }
 
 async fn benchmark() {
@@ -81,21 +114,42 @@ async fn benchmark() {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}/webhooks/github", listener.local_addr().unwrap());
     tokio::spawn(server::serve(state, listener));
-    let _ = context.templates.wait_until_ready().await;
-    tokio::time::sleep(Duration::from_millis(500)).await;
-
-    let body = std::fs::read(support::fixture("github/pull_request.synchronize.json")).unwrap();
-    let signature = github::sign(SECRET, &body);
+    // Ready once the server's caches are synced (its /readyz).
     let http = reqwest::Client::new();
-    let send = |i: usize| {
-        let (http, url, body, signature) =
-            (http.clone(), url.clone(), body.clone(), signature.clone());
+    let readyz = url.replace("/webhooks/github", "/readyz");
+    while !http
+        .get(&readyz)
+        .send()
+        .await
+        .is_ok_and(|r| r.status().is_success())
+    {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    eprintln!("[bench] controller and webhook server running");
+
+    let fixture: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(support::fixture("github/pull_request.synchronize.json")).unwrap(),
+    )
+    .unwrap();
+    // Deliveries are built and signed before the clock starts.
+    let same_commit = fixture.to_string().into_bytes();
+    let new_commits: Vec<Vec<u8>> = (0..DELIVERIES)
+        .map(|i| {
+            let mut delivery = fixture.clone();
+            // A copy per delivery with its own head SHA, as successive pushes would carry.
+            delivery["pull_request"]["head"]["sha"] = format!("{i:040x}").into();
+            delivery.to_string().into_bytes()
+        })
+        .collect();
+    let send = |id: String, body: Vec<u8>| {
+        let (http, url) = (http.clone(), url.clone());
+        let signature = github::sign(SECRET, &body);
         async move {
             let started = Instant::now();
             let response = http
                 .post(url)
                 .header("X-GitHub-Event", "pull_request")
-                .header("X-GitHub-Delivery", format!("bench-{i}"))
+                .header("X-GitHub-Delivery", id)
                 .header("X-Hub-Signature-256", signature)
                 .body(body)
                 .send()
@@ -106,36 +160,26 @@ async fn benchmark() {
     };
     // Warm-up: connections, caches, the environment's creation.
     for i in 0..20 {
-        assert_eq!(send(DELIVERIES + i).await.0, 202);
+        assert_eq!(send(format!("warm-{i}"), same_commit.clone()).await.0, 202);
     }
-    let started = Instant::now();
-    let results: Vec<(u16, Duration)> = futures::stream::iter(0..DELIVERIES)
-        .map(send)
-        .buffer_unordered(IN_FLIGHT)
-        .collect()
-        .await;
-    let elapsed = started.elapsed();
-    assert!(
-        results.iter().all(|(status, _)| *status == 202),
-        "every delivery accepted"
-    );
-    let mut latencies: Vec<Duration> = results.iter().map(|(_, l)| *l).collect();
-    latencies.sort();
-    let percentile =
-        |p: f64| latencies[((latencies.len() as f64 * p) as usize).min(latencies.len() - 1)];
-    let ms = |d: Duration| d.as_secs_f64() * 1000.0;
     println!(
-        "Webhooks: {DELIVERIES} signed pull_request.synchronize deliveries (28 KB), {IN_FLIGHT} in flight, loopback, real apiserver:"
+        "Webhooks: signed pull_request.synchronize deliveries (28 KB) on loopback, {IN_FLIGHT} in flight, real apiserver, controller running:"
     );
-    println!(
-        "  {:.0} deliveries/s   latency p50 {:.1} ms   p90 {:.1} ms   p99 {:.1} ms   max {:.1} ms",
-        DELIVERIES as f64 / elapsed.as_secs_f64(),
-        ms(percentile(0.50)),
-        ms(percentile(0.90)),
-        ms(percentile(0.99)),
-        ms(*latencies.last().unwrap())
-    );
-    println!("  each: HMAC check, parse, decide, one server-side apply of the PreviewEnvironment");
+    let same: Vec<(String, Vec<u8>)> = (0..DELIVERIES)
+        .map(|i| (format!("same-{i}"), same_commit.clone()))
+        .collect();
+    run("the same commit again (redeliveries, retries)", same, &send).await;
+    let fresh: Vec<(String, Vec<u8>)> = new_commits
+        .into_iter()
+        .enumerate()
+        .map(|(i, body)| (format!("new-{i}"), body))
+        .collect();
+    run(
+        "a new head SHA each (one server-side apply each)",
+        fresh,
+        &send,
+    )
+    .await;
     let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client);
     let _ = namespaces.delete(&namespace, &Default::default()).await;
 }
