@@ -52,6 +52,10 @@ pub struct ControllerArgs {
     /// How often everything is re-applied regardless of the apply cache (drift repair), e.g. `10m`.
     #[arg(long, env = "PREVIEWD_RESYNC_INTERVAL", default_value = "10m", value_parser = parse_duration)]
     pub resync_interval: Duration,
+    /// How often the sweep removes environments whose PR is closed, whose branch is gone,
+    /// that are idle or too old, and orphaned namespaces (also once at start-up).
+    #[arg(long, env = "PREVIEWD_SWEEP_INTERVAL", default_value = "10m", value_parser = parse_duration)]
+    pub sweep_interval: Duration,
 }
 
 impl ControllerArgs {

@@ -104,6 +104,10 @@ pub struct Context {
     /// Every watched environment, as the controller's own watch sees it (the webhook intake
     /// reads it to find the environment of a branch).
     pub environments: Store<PreviewEnvironment>,
+    /// Turns true once both caches hold the cluster's state. Everyone waits on this rather than
+    /// on `Store::wait_until_ready`, whose one-shot channel wakes only the last of several
+    /// concurrent waiters (a second waiter hung forever here).
+    pub caches_ready: tokio::sync::watch::Receiver<bool>,
     /// Keeps the PR comment, commit status and deployment status in line with each environment.
     pub reporter: ForgeReporter,
     /// Manifests read from repositories, by commit.
@@ -111,6 +115,40 @@ pub struct Context {
     recorder: Recorder,
     failures: Mutex<HashMap<ObjectRef<PreviewEnvironment>, u32>>,
     last_full_apply: Mutex<HashMap<ObjectRef<PreviewEnvironment>, Instant>>,
+}
+
+/// Turns `caches_ready` true once both watches (0: templates, 1: environments) have listed
+/// everything once.
+struct Readiness {
+    listed: [std::sync::atomic::AtomicBool; 2],
+    ready: tokio::sync::watch::Sender<bool>,
+}
+
+impl Readiness {
+    fn new(ready: tokio::sync::watch::Sender<bool>) -> Self {
+        Self {
+            listed: Default::default(),
+            ready,
+        }
+    }
+
+    fn observe<K>(&self, watch: usize, event: &Result<watcher::Event<K>, watcher::Error>) {
+        use std::sync::atomic::Ordering;
+        if let Ok(watcher::Event::InitDone) = event {
+            self.listed[watch].store(true, Ordering::SeqCst);
+            if self.listed.iter().all(|l| l.load(Ordering::SeqCst)) {
+                self.ready.send_replace(true);
+            }
+        }
+    }
+}
+
+impl Context {
+    /// Waits until the template and environment caches hold the cluster's state.
+    pub async fn wait_for_caches(&self) {
+        let mut ready = self.caches_ready.clone();
+        let _ = ready.wait_for(|ready| *ready).await;
+    }
 }
 
 /// Runs the controller until the stream ends (it does not on its own). Returns the context so
@@ -131,15 +169,30 @@ pub async fn run(
         };
     let (trigger_tx, trigger_rx) = tokio::sync::mpsc::unbounded_channel();
     let store = ObservedStore::new(client.clone(), trigger_tx);
+    // Readiness comes from the watch streams themselves (their InitDone events), not from
+    // `Store::wait_until_ready`: that one-shot channel wakes only the last of several waiters,
+    // and the kube Controller already waits on the environment store.
+    let (ready_tx, caches_ready) = tokio::sync::watch::channel(false);
+    let readiness = Arc::new(Readiness::new(ready_tx));
     let (template_store, template_writer) = kube::runtime::reflector::store();
+    let templates_ready = readiness.clone();
     let template_stream = kube::runtime::reflector(
         template_writer,
-        watcher(templates, watcher::Config::default()),
+        watcher(templates, watcher::Config::default())
+            .inspect(move |event| templates_ready.observe(0, event)),
     )
     .default_backoff()
     .touched_objects();
-    let controller = Controller::new(environments, watcher::Config::default());
-    let environment_store = controller.store();
+    let (environment_store, environment_writer) = kube::runtime::reflector::store();
+    let environments_ready = readiness.clone();
+    let environment_stream = kube::runtime::reflector(
+        environment_writer,
+        watcher(environments, watcher::Config::default())
+            .inspect(move |event| environments_ready.observe(1, event)),
+    )
+    .default_backoff()
+    .touched_objects();
+    let controller = Controller::for_stream(environment_stream, environment_store.clone());
     let reporter = ForgeReporter::new(metrics.clone(), Arc::new(SecretReader::new(client.clone())));
     let context = Arc::new(Context {
         applier: Applier::new(
@@ -160,6 +213,7 @@ pub async fn run(
         metrics,
         templates: template_store,
         environments: environment_store.clone(),
+        caches_ready,
         reporter,
         repository_manifests: RepositoryManifests::default(),
         failures: Mutex::new(HashMap::new()),

@@ -7,6 +7,7 @@ pub mod controller;
 pub mod crd;
 pub mod error;
 pub mod forge;
+pub mod gc;
 pub mod guard;
 pub mod health;
 pub mod intake;
@@ -18,6 +19,7 @@ pub mod render;
 pub mod sandbox;
 pub mod secrets;
 pub mod server;
+pub mod sweep;
 pub mod telemetry;
 
 pub use error::Error;

@@ -70,6 +70,7 @@ async fn run_sandbox(args: SandboxArgs) -> Result<(), previewd::Error> {
     let services = tokio::spawn(run_services(
         client,
         args.controller.controller_config(),
+        args.controller.sweep_interval,
         args.webhooks.webhook_max_body_bytes,
         listener,
     ));
@@ -94,6 +95,7 @@ async fn bind(address: std::net::SocketAddr) -> Result<tokio::net::TcpListener, 
 async fn run_services(
     client: kube::Client,
     config: previewd::controller::ControllerConfig,
+    sweep_interval: std::time::Duration,
     max_body_bytes: usize,
     listener: tokio::net::TcpListener,
 ) {
@@ -109,13 +111,17 @@ async fn run_services(
             Err(_) => return,
         },
     };
-    let state = previewd::server::ServerState::new(
-        client,
-        context.templates.clone(),
-        context.environments.clone(),
-        metrics,
-        max_body_bytes,
-    );
+    let sweeper = previewd::sweep::Sweeper {
+        client: client.clone(),
+        templates: context.templates.clone(),
+        environments: context.environments.clone(),
+        metrics: metrics.clone(),
+        caches_ready: context.caches_ready.clone(),
+        watch_namespace: context.config.namespace.clone(),
+    };
+    let sweep_context = context.clone();
+    tokio::spawn(async move { sweeper.run(&sweep_context.reporter, sweep_interval).await });
+    let state = previewd::server::ServerState::new(client, &context, metrics, max_body_bytes);
     tokio::select! {
         _ = controller => {}
         result = previewd::server::serve(state, listener) => {
@@ -140,7 +146,7 @@ async fn run_controller(args: RunArgs) -> Result<(), previewd::Error> {
     tracing::info!("previewd controller starting");
     let listener = bind(args.listen).await?;
     tokio::select! {
-        _ = run_services(client, args.controller.controller_config(), args.webhooks.webhook_max_body_bytes, listener) => {}
+        _ = run_services(client, args.controller.controller_config(), args.controller.sweep_interval, args.webhooks.webhook_max_body_bytes, listener) => {}
         _ = wait_for_shutdown_signal() => tracing::info!("shutting down"),
     }
     Ok(())

@@ -21,6 +21,8 @@ pub struct Metrics {
     pub forge_requests: IntCounterVec,
     /// The forge's remaining request budget, from its rate-limit headers.
     pub forge_rate_limit_remaining: IntGaugeVec,
+    /// Environments and namespaces removed by the sweep, by reason.
+    pub gc_deletions: IntCounterVec,
 }
 
 impl Default for Metrics {
@@ -99,6 +101,14 @@ impl Metrics {
             &["forge"],
         )
         .expect("valid metric");
+        let gc_deletions = IntCounterVec::new(
+            Opts::new(
+                "previewd_gc_deletions_total",
+                "Removals by the sweep, by reason",
+            ),
+            &["reason"],
+        )
+        .expect("valid metric");
         for collector in [
             Box::new(applies.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(writes.clone()),
@@ -108,6 +118,7 @@ impl Metrics {
             Box::new(webhook_duration.clone()),
             Box::new(forge_requests.clone()),
             Box::new(forge_rate_limit_remaining.clone()),
+            Box::new(gc_deletions.clone()),
         ] {
             registry.register(collector).expect("metric registers once");
         }
@@ -121,6 +132,7 @@ impl Metrics {
             webhook_duration,
             forge_requests,
             forge_rate_limit_remaining,
+            gc_deletions,
         }
     }
 

@@ -15,7 +15,6 @@
 
 use std::collections::{HashSet, VecDeque};
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use axum::Router;
@@ -46,26 +45,26 @@ pub struct ServerState {
     pub metrics: Arc<Metrics>,
     pub max_body_bytes: usize,
     deliveries: DeliveryLog,
-    ready: AtomicBool,
+    caches_ready: tokio::sync::watch::Receiver<bool>,
 }
 
 impl ServerState {
+    /// Shares the controller's caches (templates, environments) and readiness.
     pub fn new(
         client: Client,
-        templates: Store<PreviewTemplate>,
-        environments: Store<PreviewEnvironment>,
+        context: &crate::controller::Context,
         metrics: Arc<Metrics>,
         max_body_bytes: usize,
     ) -> Arc<Self> {
         Arc::new(Self {
             secrets: SecretReader::new(client.clone()),
             client,
-            templates,
-            environments,
+            templates: context.templates.clone(),
+            environments: context.environments.clone(),
             metrics,
             max_body_bytes,
             deliveries: DeliveryLog::default(),
-            ready: AtomicBool::new(false),
+            caches_ready: context.caches_ready.clone(),
         })
     }
 }
@@ -87,21 +86,13 @@ pub async fn serve(
     state: Arc<ServerState>,
     listener: tokio::net::TcpListener,
 ) -> std::io::Result<()> {
-    let watcher_state = state.clone();
-    tokio::spawn(async move {
-        let templates = watcher_state.templates.wait_until_ready().await;
-        let environments = watcher_state.environments.wait_until_ready().await;
-        if templates.is_ok() && environments.is_ok() {
-            watcher_state.ready.store(true, Ordering::Relaxed);
-        }
-    });
     let address: Option<SocketAddr> = listener.local_addr().ok();
     tracing::info!(?address, "webhook server listening");
     axum::serve(listener, router(state)).await
 }
 
 async fn readyz(State(state): State<Arc<ServerState>>) -> Response {
-    if state.ready.load(Ordering::Relaxed) {
+    if *state.caches_ready.borrow() {
         (StatusCode::OK, "ready").into_response()
     } else {
         (StatusCode::SERVICE_UNAVAILABLE, "caches not synced yet").into_response()

@@ -166,13 +166,7 @@ impl Harness {
             Some(tx),
         ));
         let context = rx.await.expect("controller context");
-        let state = ServerState::new(
-            client.clone(),
-            context.templates.clone(),
-            context.environments.clone(),
-            metrics,
-            max_body_bytes,
-        );
+        let state = ServerState::new(client.clone(), &context, metrics, max_body_bytes);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let base = format!("http://{}", listener.local_addr().unwrap());
         tokio::spawn(server::serve(state.clone(), listener));

@@ -8,7 +8,7 @@
 //! remaining budget from the forge's headers is exported as
 //! `previewd_forge_rate_limit_remaining`.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -213,6 +213,44 @@ impl ForgeClient {
         Ok(files)
     }
 
+    /// Numbers of the open pull/merge requests of `repository` (one list call per page).
+    pub async fn open_pull_requests(
+        &self,
+        repository: &str,
+    ) -> Result<HashSet<u64>, ForgeApiError> {
+        match self {
+            ForgeClient::Github(api) => {
+                let pages = api
+                    .list_all(
+                        "list_pull_requests",
+                        &format!("/repos/{repository}/pulls?state=open"),
+                    )
+                    .await?;
+                Ok(pages
+                    .iter()
+                    .filter_map(|pr| pr["number"].as_u64())
+                    .collect())
+            }
+            ForgeClient::Gitlab(api) => api.open_merge_requests(repository).await,
+        }
+    }
+
+    /// Names of the branches of `repository` (one list call per page).
+    pub async fn branches(&self, repository: &str) -> Result<HashSet<String>, ForgeApiError> {
+        match self {
+            ForgeClient::Github(api) => {
+                let pages = api
+                    .list_all("list_branches", &format!("/repos/{repository}/branches"))
+                    .await?;
+                Ok(pages
+                    .iter()
+                    .filter_map(|b| b["name"].as_str().map(str::to_string))
+                    .collect())
+            }
+            ForgeClient::Gitlab(api) => api.branches(repository).await,
+        }
+    }
+
     pub async fn commit_status(
         &self,
         repository: &str,
@@ -261,6 +299,8 @@ pub struct GithubApi {
     octocrab: octocrab::Octocrab,
     gate: Gate,
     metrics: Arc<Metrics>,
+    /// Last answer of each list URL with its ETag: a `304 Not Modified` costs no rate limit.
+    etags: Mutex<HashMap<String, (String, Value)>>,
 }
 
 impl GithubApi {
@@ -283,6 +323,7 @@ impl GithubApi {
             octocrab,
             gate: Gate::default(),
             metrics,
+            etags: Mutex::new(HashMap::new()),
         })
     }
 
@@ -349,6 +390,116 @@ impl GithubApi {
         self.gate.success();
         count("ok");
         Ok(serde_json::from_str(&text).unwrap_or(Value::Null))
+    }
+
+    /// A conditional GET (`If-None-Match` with the ETag of the last answer).
+    async fn get_conditional(
+        &self,
+        operation: &'static str,
+        path: &str,
+    ) -> Result<Value, ForgeApiError> {
+        self.gate.check(operation)?;
+        let count = |outcome: &str| {
+            self.metrics
+                .forge_requests
+                .with_label_values(&["github", operation, outcome])
+                .inc();
+        };
+        let cached = self.etags.lock().expect("etags").get(path).cloned();
+        let mut headers = HeaderMap::new();
+        if let Some((etag, _)) = &cached
+            && let Ok(value) = etag.parse()
+        {
+            headers.insert(http::header::IF_NONE_MATCH, value);
+        }
+        let response = match self.octocrab._get_with_headers(path, Some(headers)).await {
+            Ok(response) => response,
+            Err(e) => {
+                self.gate.failure();
+                count("error");
+                return Err(ForgeApiError::Transport {
+                    operation,
+                    message: e.to_string(),
+                });
+            }
+        };
+        let status = response.status();
+        if observe_rate_limit(
+            "github",
+            status,
+            response.headers(),
+            &self.metrics,
+            &self.gate,
+        ) {
+            count("rate_limited");
+            return Err(ForgeApiError::RateLimited {
+                operation,
+                wait: rate_limit_wait(response.headers()),
+            });
+        }
+        if status == StatusCode::NOT_MODIFIED
+            && let Some((_, value)) = cached
+        {
+            self.gate.success();
+            count("not_modified");
+            return Ok(value);
+        }
+        let etag = response
+            .headers()
+            .get(http::header::ETAG)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string);
+        let text = self
+            .octocrab
+            .body_to_string(response)
+            .await
+            .unwrap_or_default();
+        if !status.is_success() {
+            if status.is_server_error() {
+                self.gate.failure();
+            }
+            count("error");
+            return Err(ForgeApiError::Http {
+                operation,
+                status: status.as_u16(),
+                message: text.chars().take(300).collect(),
+            });
+        }
+        self.gate.success();
+        count("ok");
+        let value: Value = serde_json::from_str(&text).unwrap_or(Value::Null);
+        if let Some(etag) = etag {
+            self.etags
+                .lock()
+                .expect("etags")
+                .insert(path.to_string(), (etag, value.clone()));
+        }
+        Ok(value)
+    }
+
+    /// Every item of a paginated list (100 per page, conditional requests, at most 50 pages).
+    async fn list_all(
+        &self,
+        operation: &'static str,
+        path: &str,
+    ) -> Result<Vec<Value>, ForgeApiError> {
+        let mut items = Vec::new();
+        for page in 1..=50 {
+            let separator = if path.contains('?') { '&' } else { '?' };
+            let answer = self
+                .get_conditional(
+                    operation,
+                    &format!("{path}{separator}per_page=100&page={page}"),
+                )
+                .await?;
+            let batch = answer.as_array().cloned().unwrap_or_default();
+            let full = batch.len() == 100;
+            items.extend(batch);
+            if !full {
+                break;
+            }
+        }
+        Ok(items)
     }
 
     async fn find_comment(
@@ -810,6 +961,58 @@ impl GitlabApi {
             out.push((name, String::from_utf8_lossy(&bytes).into_owned()));
         }
         Ok(out)
+    }
+
+    async fn open_merge_requests(&self, project: &str) -> Result<HashSet<u64>, ForgeApiError> {
+        use gitlab::api::AsyncQuery;
+        use gitlab::api::projects::merge_requests::{MergeRequestState, MergeRequests};
+        #[derive(serde::Deserialize)]
+        struct MergeRequest {
+            iid: u64,
+        }
+        let endpoint = MergeRequests::builder()
+            .project(project)
+            .state(MergeRequestState::Opened)
+            .build()
+            .map_err(|e| ForgeApiError::Transport {
+                operation: "list_pull_requests",
+                message: e.to_string(),
+            })?;
+        let open: Vec<MergeRequest> = self
+            .run("list_pull_requests", || async {
+                gitlab::api::paged(endpoint, gitlab::api::Pagination::All)
+                    .query_async(&self.client)
+                    .await
+                    .map_err(|e| e.to_string())
+            })
+            .await?;
+        Ok(open.into_iter().map(|mr| mr.iid).collect())
+    }
+
+    async fn branches(&self, project: &str) -> Result<HashSet<String>, ForgeApiError> {
+        use gitlab::api::AsyncQuery;
+        use gitlab::api::projects::repository::branches::Branches;
+        #[derive(serde::Deserialize)]
+        struct Branch {
+            name: String,
+        }
+        let endpoint =
+            Branches::builder()
+                .project(project)
+                .build()
+                .map_err(|e| ForgeApiError::Transport {
+                    operation: "list_branches",
+                    message: e.to_string(),
+                })?;
+        let branches: Vec<Branch> = self
+            .run("list_branches", || async {
+                gitlab::api::paged(endpoint, gitlab::api::Pagination::All)
+                    .query_async(&self.client)
+                    .await
+                    .map_err(|e| e.to_string())
+            })
+            .await?;
+        Ok(branches.into_iter().map(|b| b.name).collect())
     }
 
     async fn commit_status(

@@ -104,13 +104,7 @@ async fn benchmark() {
         Some(tx),
     ));
     let context = rx.await.expect("controller context");
-    let state = ServerState::new(
-        client.clone(),
-        context.templates.clone(),
-        context.environments.clone(),
-        metrics,
-        2 << 20,
-    );
+    let state = ServerState::new(client.clone(), &context, metrics, 2 << 20);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}/webhooks/github", listener.local_addr().unwrap());
     tokio::spawn(server::serve(state, listener));
