@@ -11,10 +11,9 @@ use chrono::{TimeDelta, Utc};
 use k8s_openapi::api::core::v1::{Namespace, Secret};
 use kube::api::{Api, PostParams};
 use kube::{Client, ResourceExt};
-use previewd::controller::{self, Context, ControllerConfig};
+use previewd::controller::Context;
 use previewd::crd::{Phase, PreviewEnvironment, PreviewTemplate};
 use previewd::gc::Reason;
-use previewd::metrics::Metrics;
 use previewd::sweep::Sweeper;
 use serde_json::{Value, json};
 use support::{eventually, in_namespace};
@@ -22,19 +21,8 @@ use wiremock::matchers::{method, path_regex};
 use wiremock::{Mock, MockServer, ResponseTemplate};
 
 async fn start(client: &Client, namespace: &str) -> (Arc<Context>, Sweeper) {
-    let (tx, rx) = tokio::sync::oneshot::channel();
-    let metrics = Arc::new(Metrics::new());
-    let config = ControllerConfig {
-        namespace: Some(namespace.to_string()),
-        ..Default::default()
-    };
-    tokio::spawn(controller::run(
-        client.clone(),
-        config,
-        metrics.clone(),
-        Some(tx),
-    ));
-    let context = rx.await.expect("controller context");
+    let context = support::start_controller(client, namespace).await;
+    let metrics = context.metrics.clone();
     let sweeper = Sweeper {
         client: client.clone(),
         templates: context.templates.clone(),
@@ -101,6 +89,28 @@ async fn install(client: &Client, namespace: &str, forge: &str, lifecycle: Value
         .unwrap();
 }
 
+/// Points the template at another forge URL and waits until the controller's cache has it.
+async fn point_template_at(templates: &Api<PreviewTemplate>, context: &Context, uri: &str) {
+    let patch = json!({"spec": {"forge": {"apiUrl": uri}}});
+    templates
+        .patch("app", &Default::default(), &kube::api::Patch::Merge(patch))
+        .await
+        .unwrap();
+    eventually(
+        "the template change to reach the cache",
+        Duration::from_secs(10),
+        || async {
+            context
+                .templates
+                .state()
+                .iter()
+                .any(|t| t.spec.forge.api_url.as_deref() == Some(uri))
+                .then_some(())
+        },
+    )
+    .await;
+}
+
 /// A PR environment made by hand (as the intake would), for PR `number`.
 async fn environment(client: &Client, namespace: &str, number: u64) -> String {
     let name = format!("app-pr-{number}");
@@ -161,31 +171,7 @@ async fn a_missed_close_is_repaired_but_never_while_the_forge_cannot_be_asked() 
             .mount(&broken)
             .await;
         let templates: Api<PreviewTemplate> = Api::namespaced(client.clone(), &ns);
-        let point_to = |uri: String| json!({"spec": {"forge": {"apiUrl": uri}}});
-        templates
-            .patch(
-                "app",
-                &Default::default(),
-                &kube::api::Patch::Merge(point_to(broken.uri())),
-            )
-            .await
-            .unwrap();
-        eventually(
-            "the template change to reach the cache",
-            Duration::from_secs(10),
-            || {
-                let (context, uri) = (context.clone(), broken.uri());
-                async move {
-                    context
-                        .templates
-                        .state()
-                        .iter()
-                        .any(|t| t.spec.forge.api_url.as_deref() == Some(uri.as_str()))
-                        .then_some(())
-                }
-            },
-        )
-        .await;
+        point_template_at(&templates, &context, &broken.uri()).await;
         let report = sweeper.sweep(&context.reporter, later).await.unwrap();
         assert!(
             report.deleted.is_empty(),
@@ -206,30 +192,7 @@ async fn a_missed_close_is_repaired_but_never_while_the_forge_cannot_be_asked() 
             )
             .mount(&limited)
             .await;
-        templates
-            .patch(
-                "app",
-                &Default::default(),
-                &kube::api::Patch::Merge(point_to(limited.uri())),
-            )
-            .await
-            .unwrap();
-        eventually(
-            "the template change to reach the cache",
-            Duration::from_secs(10),
-            || {
-                let (context, uri) = (context.clone(), limited.uri());
-                async move {
-                    context
-                        .templates
-                        .state()
-                        .iter()
-                        .any(|t| t.spec.forge.api_url.as_deref() == Some(uri.as_str()))
-                        .then_some(())
-                }
-            },
-        )
-        .await;
+        point_template_at(&templates, &context, &limited.uri()).await;
         let report = sweeper.sweep(&context.reporter, later).await.unwrap();
         assert!(
             report.deleted.is_empty(),
@@ -238,30 +201,7 @@ async fn a_missed_close_is_repaired_but_never_while_the_forge_cannot_be_asked() 
         assert_eq!(names(&client, &ns).await.len(), 2);
 
         // The forge answers: PR 3 is not open, so its environment and namespace go.
-        templates
-            .patch(
-                "app",
-                &Default::default(),
-                &kube::api::Patch::Merge(point_to(forge.uri())),
-            )
-            .await
-            .unwrap();
-        eventually(
-            "the template change to reach the cache",
-            Duration::from_secs(10),
-            || {
-                let (context, uri) = (context.clone(), forge.uri());
-                async move {
-                    context
-                        .templates
-                        .state()
-                        .iter()
-                        .any(|t| t.spec.forge.api_url.as_deref() == Some(uri.as_str()))
-                        .then_some(())
-                }
-            },
-        )
-        .await;
+        point_template_at(&templates, &context, &forge.uri()).await;
         let report = sweeper.sweep(&context.reporter, later).await.unwrap();
         assert_eq!(
             report.deleted,

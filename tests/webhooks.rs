@@ -14,10 +14,8 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, ListParams, PostParams};
 use kube::{Client, ResourceExt};
-use previewd::controller::{self, ControllerConfig};
 use previewd::crd::{Phase, PreviewEnvironment, PreviewTemplate};
 use previewd::forge::github;
-use previewd::metrics::Metrics;
 use previewd::server::{self, ServerState};
 use serde_json::{Value, json};
 use support::{eventually, fixture, in_namespace};
@@ -153,19 +151,8 @@ struct Harness {
 
 impl Harness {
     async fn start(client: &Client, namespace: &str, max_body_bytes: usize) -> Self {
-        let (tx, rx) = tokio::sync::oneshot::channel();
-        let metrics = Arc::new(Metrics::new());
-        let config = ControllerConfig {
-            namespace: Some(namespace.to_string()),
-            ..Default::default()
-        };
-        tokio::spawn(controller::run(
-            client.clone(),
-            config,
-            metrics.clone(),
-            Some(tx),
-        ));
-        let context = rx.await.expect("controller context");
+        let context = support::start_controller(client, namespace).await;
+        let metrics = context.metrics.clone();
         let state = ServerState::new(client.clone(), &context, metrics, max_body_bytes);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let base = format!("http://{}", listener.local_addr().unwrap());

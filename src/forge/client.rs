@@ -295,6 +295,13 @@ fn decode_base64_content(file: &Value) -> Option<String> {
 // GitHub
 // ---------------------------------------------------------------------------------------------
 
+/// One GitHub answer, past the shared checks.
+struct GithubAnswer {
+    not_modified: bool,
+    etag: Option<String>,
+    json: Value,
+}
+
 pub struct GithubApi {
     octocrab: octocrab::Octocrab,
     gate: Gate,
@@ -334,6 +341,19 @@ impl GithubApi {
         path: &str,
         body: Option<&Value>,
     ) -> Result<Value, ForgeApiError> {
+        Ok(self.send(operation, method, path, body, None).await?.json)
+    }
+
+    /// Sends one request with the accounting every call shares: the gate, the rate-limit
+    /// headers, the metric, and errors for anything but 2xx and `304 Not Modified`.
+    async fn send(
+        &self,
+        operation: &'static str,
+        method: Method,
+        path: &str,
+        body: Option<&Value>,
+        if_none_match: Option<&str>,
+    ) -> Result<GithubAnswer, ForgeApiError> {
         self.gate.check(operation)?;
         let count = |outcome: &str| {
             self.metrics
@@ -344,85 +364,22 @@ impl GithubApi {
         let sent = match method {
             Method::POST => self.octocrab._post(path, body).await,
             Method::PATCH => self.octocrab._patch(path, body).await,
-            _ => self.octocrab._get(path).await,
-        };
-        let response = match sent {
-            Ok(response) => response,
-            Err(e) => {
-                self.gate.failure();
-                count("error");
-                return Err(ForgeApiError::Transport {
-                    operation,
-                    message: e.to_string(),
-                });
+            _ => {
+                let mut headers = HeaderMap::new();
+                if let Some(value) = if_none_match.and_then(|etag| etag.parse().ok()) {
+                    headers.insert(http::header::IF_NONE_MATCH, value);
+                }
+                self.octocrab._get_with_headers(path, Some(headers)).await
             }
         };
-        let status = response.status();
-        if observe_rate_limit(
-            "github",
-            status,
-            response.headers(),
-            &self.metrics,
-            &self.gate,
-        ) {
-            count("rate_limited");
-            return Err(ForgeApiError::RateLimited {
-                operation,
-                wait: rate_limit_wait(response.headers()),
-            });
-        }
-        let text = self
-            .octocrab
-            .body_to_string(response)
-            .await
-            .unwrap_or_default();
-        if !status.is_success() {
-            if status.is_server_error() {
-                self.gate.failure();
-            }
+        let response = sent.map_err(|e| {
+            self.gate.failure();
             count("error");
-            return Err(ForgeApiError::Http {
+            ForgeApiError::Transport {
                 operation,
-                status: status.as_u16(),
-                message: text.chars().take(300).collect(),
-            });
-        }
-        self.gate.success();
-        count("ok");
-        Ok(serde_json::from_str(&text).unwrap_or(Value::Null))
-    }
-
-    /// A conditional GET (`If-None-Match` with the ETag of the last answer).
-    async fn get_conditional(
-        &self,
-        operation: &'static str,
-        path: &str,
-    ) -> Result<Value, ForgeApiError> {
-        self.gate.check(operation)?;
-        let count = |outcome: &str| {
-            self.metrics
-                .forge_requests
-                .with_label_values(&["github", operation, outcome])
-                .inc();
-        };
-        let cached = self.etags.lock().expect("etags").get(path).cloned();
-        let mut headers = HeaderMap::new();
-        if let Some((etag, _)) = &cached
-            && let Ok(value) = etag.parse()
-        {
-            headers.insert(http::header::IF_NONE_MATCH, value);
-        }
-        let response = match self.octocrab._get_with_headers(path, Some(headers)).await {
-            Ok(response) => response,
-            Err(e) => {
-                self.gate.failure();
-                count("error");
-                return Err(ForgeApiError::Transport {
-                    operation,
-                    message: e.to_string(),
-                });
+                message: e.to_string(),
             }
-        };
+        })?;
         let status = response.status();
         if observe_rate_limit(
             "github",
@@ -436,13 +393,6 @@ impl GithubApi {
                 operation,
                 wait: rate_limit_wait(response.headers()),
             });
-        }
-        if status == StatusCode::NOT_MODIFIED
-            && let Some((_, value)) = cached
-        {
-            self.gate.success();
-            count("not_modified");
-            return Ok(value);
         }
         let etag = response
             .headers()
@@ -454,7 +404,7 @@ impl GithubApi {
             .body_to_string(response)
             .await
             .unwrap_or_default();
-        if !status.is_success() {
+        if !status.is_success() && status != StatusCode::NOT_MODIFIED {
             if status.is_server_error() {
                 self.gate.failure();
             }
@@ -466,15 +416,40 @@ impl GithubApi {
             });
         }
         self.gate.success();
-        count("ok");
-        let value: Value = serde_json::from_str(&text).unwrap_or(Value::Null);
-        if let Some(etag) = etag {
+        count(if status == StatusCode::NOT_MODIFIED {
+            "not_modified"
+        } else {
+            "ok"
+        });
+        Ok(GithubAnswer {
+            not_modified: status == StatusCode::NOT_MODIFIED,
+            etag,
+            json: serde_json::from_str(&text).unwrap_or(Value::Null),
+        })
+    }
+
+    /// A conditional GET (`If-None-Match` with the ETag of the last answer): an unchanged
+    /// answer is a `304`, which costs no rate limit.
+    async fn get_conditional(
+        &self,
+        operation: &'static str,
+        path: &str,
+    ) -> Result<Value, ForgeApiError> {
+        let cached = self.etags.lock().expect("etags").get(path).cloned();
+        let etag = cached.as_ref().map(|(etag, _)| etag.as_str());
+        let answer = self.send(operation, Method::GET, path, None, etag).await?;
+        if answer.not_modified
+            && let Some((_, value)) = cached
+        {
+            return Ok(value);
+        }
+        if let Some(etag) = answer.etag {
             self.etags
                 .lock()
                 .expect("etags")
-                .insert(path.to_string(), (etag, value.clone()));
+                .insert(path.to_string(), (etag, answer.json.clone()));
         }
-        Ok(value)
+        Ok(answer.json)
     }
 
     /// Every item of a paginated list (100 per page, conditional requests, at most 50 pages).

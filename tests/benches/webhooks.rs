@@ -8,16 +8,13 @@
 #[path = "../support/mod.rs"]
 mod support;
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, PostParams};
-use previewd::controller::{self, ControllerConfig};
 use previewd::crd::PreviewTemplate;
 use previewd::forge::github;
-use previewd::metrics::Metrics;
 use previewd::server::{self, ServerState};
 use serde_json::json;
 
@@ -91,19 +88,8 @@ async fn benchmark() {
         .await
         .unwrap();
 
-    let (tx, rx) = tokio::sync::oneshot::channel();
-    let metrics = Arc::new(Metrics::new());
-    let config = ControllerConfig {
-        namespace: Some(namespace.clone()),
-        ..Default::default()
-    };
-    tokio::spawn(controller::run(
-        client.clone(),
-        config,
-        metrics.clone(),
-        Some(tx),
-    ));
-    let context = rx.await.expect("controller context");
+    let context = support::start_controller(&client, &namespace).await;
+    let metrics = context.metrics.clone();
     let state = ServerState::new(client.clone(), &context, metrics, 2 << 20);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}/webhooks/github", listener.local_addr().unwrap());

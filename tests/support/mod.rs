@@ -231,6 +231,27 @@ pub async fn dump_namespace(client: &Client, namespace: &str) {
     eprintln!("===== end of dump =====");
 }
 
+/// Starts previewd's controller for `namespace` on the calling test's runtime; returns its
+/// context (caches, metrics, forge reporter) once it runs.
+pub async fn start_controller(
+    client: &Client,
+    namespace: &str,
+) -> Arc<previewd::controller::Context> {
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let config = previewd::controller::ControllerConfig {
+        namespace: Some(namespace.to_string()),
+        ..Default::default()
+    };
+    let metrics = Arc::new(previewd::metrics::Metrics::new());
+    tokio::spawn(previewd::controller::run(
+        client.clone(),
+        config,
+        metrics,
+        Some(tx),
+    ));
+    rx.await.expect("controller context")
+}
+
 /// Polls `check` every 250 ms until it returns `Some`, or panics after `timeout` with `what`.
 pub async fn eventually<T, F, Fut>(what: &str, timeout: Duration, mut check: F) -> T
 where
