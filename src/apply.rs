@@ -205,6 +205,14 @@ impl Applier {
             .unwrap_or_else(|| Health::Progressing("not observed yet".into()))
     }
 
+    /// The replica count the API server holds for a workload (from the watch store).
+    pub fn live_replicas(&self, key: &ObjectKey) -> Option<i32> {
+        let observed = self.store.get(key)?;
+        observed.content["spec"]["replicas"]
+            .as_i64()
+            .and_then(|n| i32::try_from(n).ok())
+    }
+
     /// Drops an object from the cache and the store (its environment is gone).
     pub fn forget(&self, key: &ObjectKey) {
         self.cache.lock().expect("cache lock").remove(key);

@@ -23,10 +23,10 @@ use serde_json::Value;
 
 use crate::apply::Applier;
 use crate::crd::{
-    Condition, FINALIZER, InlineManifest, LABEL_ENVIRONMENT, LABEL_ENVIRONMENT_NAMESPACE,
-    LABEL_MANAGED_BY, LABEL_TEMPLATE, ManifestSource, Phase, PreviewEnvironment,
-    PreviewEnvironmentStatus, PreviewTemplate, PreviewTemplateSpec, ResourceStatus, SeedStatus,
-    Timings,
+    Condition, FINALIZER, ForkPolicy, InlineManifest, LABEL_ENVIRONMENT,
+    LABEL_ENVIRONMENT_NAMESPACE, LABEL_MANAGED_BY, LABEL_TEMPLATE, ManifestSource, Phase,
+    PreviewEnvironment, PreviewEnvironmentStatus, PreviewTemplate, PreviewTemplateSpec,
+    ResourceStatus, SeedStatus, Timings,
 };
 use crate::forge::report::Reporter as ForgeReporter;
 use crate::forge::repository::RepositoryManifests;
@@ -35,7 +35,7 @@ use crate::metrics::Metrics;
 use crate::observed::{ObjectKey, ObservedStore};
 use crate::render::{self, RenderContext, RenderedObject};
 use crate::secrets::SecretReader;
-use crate::{guard, namespace, naming};
+use crate::{guard, namespace, naming, queue, workloads};
 
 /// Settings of the controller (from `config`).
 #[derive(Clone, Debug)]
@@ -109,9 +109,12 @@ pub struct Context {
     /// concurrent waiters (a second waiter hung forever here).
     pub caches_ready: tokio::sync::watch::Receiver<bool>,
     /// Keeps the PR comment, commit status and deployment status in line with each environment.
-    pub reporter: ForgeReporter,
+    pub reporter: Arc<ForgeReporter>,
     /// Manifests read from repositories, by commit.
     pub repository_manifests: RepositoryManifests,
+    /// Asks for a reconcile of an environment: used to start queued environments as soon as a
+    /// slot frees up.
+    reconcile_trigger: tokio::sync::mpsc::UnboundedSender<ObjectRef<PreviewEnvironment>>,
     recorder: Recorder,
     failures: Mutex<HashMap<ObjectRef<PreviewEnvironment>, u32>>,
     last_full_apply: Mutex<HashMap<ObjectRef<PreviewEnvironment>, Instant>>,
@@ -168,7 +171,7 @@ pub async fn run(
             None => (Api::all(client.clone()), Api::all(client.clone())),
         };
     let (trigger_tx, trigger_rx) = tokio::sync::mpsc::unbounded_channel();
-    let store = ObservedStore::new(client.clone(), trigger_tx);
+    let store = ObservedStore::new(client.clone(), trigger_tx.clone());
     // Readiness comes from the watch streams themselves (their InitDone events), not from
     // `Store::wait_until_ready`: that one-shot channel wakes only the last of several waiters,
     // and the kube Controller already waits on the environment store.
@@ -193,7 +196,10 @@ pub async fn run(
     .default_backoff()
     .touched_objects();
     let controller = Controller::for_stream(environment_stream, environment_store.clone());
-    let reporter = ForgeReporter::new(metrics.clone(), Arc::new(SecretReader::new(client.clone())));
+    let reporter = Arc::new(ForgeReporter::new(
+        metrics.clone(),
+        Arc::new(SecretReader::new(client.clone())),
+    ));
     let context = Arc::new(Context {
         applier: Applier::new(
             client.clone(),
@@ -216,6 +222,7 @@ pub async fn run(
         caches_ready,
         reporter,
         repository_manifests: RepositoryManifests::default(),
+        reconcile_trigger: trigger_tx,
         failures: Mutex::new(HashMap::new()),
         last_full_apply: Mutex::new(HashMap::new()),
     });
@@ -351,6 +358,16 @@ async fn reconcile_environment(
         .await?;
         return Ok(Action::requeue(context.config.resync_interval));
     };
+    if let Some(hold) = hold(environment, &template, context) {
+        let requeue = if hold.phase == Phase::Queued {
+            // The slot is normally handed over at once (see `start_queued`); this is the net.
+            Duration::from_secs(30).min(context.config.resync_interval)
+        } else {
+            context.config.resync_interval
+        };
+        write_status(environment, context, hold).await?;
+        return Ok(Action::requeue(requeue));
+    }
     let namespace = environment_namespace(environment, &template.spec);
     let labels = environment_labels(environment, &template);
     let context_values = render_context(environment, &template.spec, &namespace);
@@ -385,7 +402,7 @@ async fn reconcile_environment(
             return Ok(Action::requeue(context.config.resync_interval));
         }
     };
-    let (values, objects) = rendered;
+    let (values, mut objects) = rendered;
     let violations = guard::check(&objects, &namespace);
     if !violations.is_empty() {
         let message = violations
@@ -398,6 +415,14 @@ async fn reconcile_environment(
         return Ok(Action::requeue(context.config.resync_interval));
     }
 
+    let previous_status = environment.status.clone().unwrap_or_default();
+    let replicas_before_sleep = workloads::prepare(
+        &mut objects,
+        environment.spec.sleep,
+        &previous_status.replicas_before_sleep,
+        |object| context.applier.live_replicas(&ObjectKey::of(object)),
+        environment.spec.redeploy.as_deref(),
+    );
     let bypass_cache = resync_due(context, &key);
     let namespace_object = namespace::namespace_object(&namespace, &template.spec, &labels);
     context
@@ -423,14 +448,101 @@ async fn reconcile_environment(
             .expect("resync lock")
             .insert(key.clone(), Instant::now());
     }
-    let status = progress_status(environment, progress, &namespace, &values.url);
+    let mut status = progress_status(environment, progress, &namespace, &values.url);
+    status.replicas_before_sleep = replicas_before_sleep;
+    if environment.spec.sleep && status.phase == Phase::Ready {
+        status.phase = Phase::Sleeping;
+        status.conditions = vec![condition(
+            &previous_status.conditions,
+            false,
+            "Sleeping",
+            "Asleep: every workload is scaled to zero. Comment `/preview wake` or push a commit to wake it.",
+        )];
+    }
     let requeue = match status.phase {
-        Phase::Ready | Phase::Degraded => context.config.resync_interval,
+        Phase::Ready | Phase::Degraded | Phase::Sleeping => context.config.resync_interval,
         // The watch store triggers us when objects change; this is only a safety net.
         _ => Duration::from_secs(30).min(context.config.resync_interval),
     };
+    let fell_asleep = status.phase == Phase::Sleeping && previous_status.phase != Phase::Sleeping;
     write_status(environment, context, status).await?;
+    if fell_asleep {
+        start_queued(environment, context);
+    }
     Ok(Action::requeue(requeue))
+}
+
+/// Why `environment` may not deploy now, as the status to write: a fork pull request waiting
+/// for approval, or no free slot under the template's cap (queued).
+fn hold(
+    environment: &PreviewEnvironment,
+    template: &PreviewTemplate,
+    context: &Context,
+) -> Option<PreviewEnvironmentStatus> {
+    if queue::awaits_approval(environment, template) {
+        let short_sha: String = environment.spec.source.head_sha.chars().take(7).collect();
+        let (reason, message) = match template.spec.triggers.fork_policy {
+            ForkPolicy::RequireApproval => (
+                "AwaitingApproval",
+                format!(
+                    "This pull request comes from a fork: a maintainer must comment `/preview approve` to deploy commit `{short_sha}`."
+                ),
+            ),
+            _ => (
+                "ForkNotAllowed",
+                "This pull request comes from a fork, and the template does not deploy forks (triggers.forkPolicy)."
+                    .to_string(),
+            ),
+        };
+        return Some(held_status(
+            environment,
+            Phase::Pending,
+            reason,
+            &message,
+            None,
+        ));
+    }
+    if environment.spec.sleep {
+        return None;
+    }
+    let peers: Vec<Arc<PreviewEnvironment>> = context
+        .environments
+        .state()
+        .into_iter()
+        .filter(|e| {
+            e.spec.template == environment.spec.template && e.namespace() == environment.namespace()
+        })
+        .collect();
+    let peers: Vec<&PreviewEnvironment> = peers.iter().map(|p| p.as_ref()).collect();
+    match queue::admission(environment, &peers, template) {
+        queue::Admission::Run => None,
+        queue::Admission::Queued { position, cap } => {
+            let message = format!(
+                "The template runs at most {cap} environments at once; this one starts when one of them is removed or goes to sleep."
+            );
+            let mut status = held_status(environment, Phase::Queued, "Queued", &message, None);
+            status.queue_position = Some(position);
+            Some(status)
+        }
+    }
+}
+
+/// A slot of `environment`'s template just freed up (it is being deleted, or fell asleep):
+/// reconcile the queued environments of that template now, so the first in line starts.
+fn start_queued(environment: &PreviewEnvironment, context: &Context) {
+    for peer in context.environments.state() {
+        let queued = peer
+            .status
+            .as_ref()
+            .is_some_and(|s| s.phase == Phase::Queued);
+        if queued
+            && peer.spec.template == environment.spec.template
+            && peer.namespace() == environment.namespace()
+            && peer.name_any() != environment.name_any()
+        {
+            let _ = context.reconcile_trigger.send(ObjectRef::from_obj(&*peer));
+        }
+    }
 }
 
 /// Applies wave after wave; stops at the first wave that is not healthy yet.
@@ -612,6 +724,7 @@ async fn cleanup(environment: &PreviewEnvironment, context: &Context) -> Result<
                 return Ok(Action::await_change());
             }
             if existing.metadata.deletion_timestamp.is_none() {
+                start_queued(environment, context);
                 report_destroyed(environment, context).await;
                 context.metrics.write("delete");
                 namespaces
@@ -799,11 +912,23 @@ fn failed_status(
     message: &str,
     namespace: Option<&str>,
 ) -> PreviewEnvironmentStatus {
+    held_status(environment, Phase::Degraded, reason, message, namespace)
+}
+
+/// The previous status with a new phase and a `Ready=False` condition saying why.
+fn held_status(
+    environment: &PreviewEnvironment,
+    phase: Phase,
+    reason: &'static str,
+    message: &str,
+    namespace: Option<&str>,
+) -> PreviewEnvironmentStatus {
     let previous = environment.status.clone().unwrap_or_default();
     PreviewEnvironmentStatus {
-        phase: Phase::Degraded,
+        phase,
         namespace: namespace.map(str::to_string).or(previous.namespace.clone()),
         conditions: vec![condition(&previous.conditions, false, reason, message)],
+        queue_position: None,
         ..previous
     }
 }
@@ -849,6 +974,8 @@ fn progress_status(
         conditions: vec![condition(&previous.conditions, ok, reason, &message)],
         timings: Some(timings),
         forge: previous.forge.clone(),
+        queue_position: None,
+        replicas_before_sleep: previous.replicas_before_sleep.clone(),
     }
 }
 

@@ -320,6 +320,19 @@ pub struct PreviewEnvironmentSpec {
     /// Desired sleep: workloads scaled to zero.
     #[serde(default)]
     pub sleep: bool,
+    /// `/preview extend`: neither the idle timeout nor the maximum age removes (or puts to
+    /// sleep) the environment before this time.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub keep_until: Option<DateTime<Utc>>,
+    /// For a fork pull request under `forkPolicy: RequireApproval`: the head commit a
+    /// maintainer approved with `/preview approve`. Only that commit is deployed; a new push
+    /// from the fork waits for a new approval.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub approved_sha: Option<String>,
+    /// Set by `/preview deploy`: a new value restarts every Deployment and StatefulSet
+    /// (their pod template carries it as an annotation).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub redeploy: Option<String>,
 }
 
 #[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
@@ -413,6 +426,13 @@ pub struct PreviewEnvironmentStatus {
     /// What previewd last reported to the forge (the PR comment, deployment, commit status).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub forge: Option<ForgeReport>,
+    /// While `Queued`: the place in the template's queue (1 = next to start).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub queue_position: Option<u32>,
+    /// Replica counts of Deployments and StatefulSets (`Kind/name`) from before the last sleep;
+    /// waking restores them.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub replicas_before_sleep: BTreeMap<String, i32>,
 }
 
 /// What previewd last told the forge, so that an unchanged environment makes no forge call and

@@ -109,7 +109,10 @@ pub fn judge(
         return Verdict::Delete(Reason::TemplateGone);
     };
     let lifecycle = &template.spec.lifecycle;
+    // `/preview extend`: neither age nor idleness counts until then (a closed PR still does).
+    let extended = environment.spec.keep_until.is_some_and(|until| until > now);
     if let (Some(max_age), Some(created)) = (duration(&lifecycle.max_age), created(environment))
+        && !extended
         && now - created > max_age
     {
         return Verdict::Delete(Reason::MaxAge);
@@ -130,6 +133,7 @@ pub fn judge(
         }
     }
     if let (Some(idle), Some(at)) = (duration(&lifecycle.idle_timeout), active_at)
+        && !extended
         && now - at > idle
     {
         return match lifecycle.idle_action {
@@ -222,7 +226,7 @@ mod tests {
                     fork: false,
                 },
                 last_activity: Some(now() - TimeDelta::hours(active_hours_ago)),
-                sleep: false,
+                ..Default::default()
             },
         );
         environment.metadata.namespace = Some("previews".into());

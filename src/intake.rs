@@ -30,6 +30,8 @@ pub const LABEL_PULL_REQUEST: &str = "previewd.dev/pull-request";
 pub enum Decision {
     /// Create or update this environment (server-side apply).
     Apply(Box<PreviewEnvironment>),
+    /// Wake this sleeping environment (a new commit was pushed to it).
+    Wake { namespace: String, name: String },
     /// Delete this environment (its namespace goes with it).
     Delete {
         namespace: String,
@@ -63,6 +65,23 @@ pub fn decide(
             index += 1;
             keep
         });
+        // A new commit for a sleeping environment wakes it.
+        let wakes: Vec<Decision> = decisions[start..]
+            .iter()
+            .filter_map(|decision| match decision {
+                Decision::Apply(wanted) => existing.iter().find(|current| {
+                    current.name_any() == wanted.name_any()
+                        && current.spec.sleep
+                        && current.spec.source.head_sha != wanted.spec.source.head_sha
+                }),
+                _ => None,
+            })
+            .map(|sleeping| Decision::Wake {
+                namespace: sleeping.namespace().unwrap_or_default(),
+                name: sleeping.name_any(),
+            })
+            .collect();
+        decisions.extend(wakes);
     }
     decisions
 }
@@ -144,15 +163,10 @@ fn decide_for_template(
                 }
                 return;
             }
-            // A fork PR runs only where the template allows it. With RequireApproval it runs
-            // once approved (the approval creates the environment), so an update of an
-            // approved one goes through.
-            let allowed = !change.fork
-                || match triggers.fork_policy {
-                    ForkPolicy::Allow => true,
-                    ForkPolicy::RequireApproval => exists,
-                    ForkPolicy::Deny => false,
-                };
+            // A fork PR runs only where the template allows it. With RequireApproval its
+            // environment is created but waits (phase Pending, the PR comment says so) until a
+            // maintainer approves its head commit with `/preview approve`.
+            let allowed = !change.fork || triggers.fork_policy != ForkPolicy::Deny;
             if allowed {
                 decisions.push(Decision::Apply(pull_request_environment(
                     template, event, change, now,
@@ -268,8 +282,8 @@ fn environment_object(
         PreviewEnvironmentSpec {
             template: template.name_any(),
             last_activity: Some(now),
-            sleep: false,
             source,
+            ..Default::default()
         },
     );
     environment.metadata.namespace = template.namespace();
@@ -318,32 +332,61 @@ pub async fn execute(client: &Client, decisions: &[Decision]) -> Result<(), kube
                 )
                 .await?;
             }
-            Decision::Delete {
-                namespace,
-                name,
-                reason,
-            } => {
+            Decision::Wake { namespace, name } => {
                 let api: Api<PreviewEnvironment> = Api::namespaced(client.clone(), namespace);
-                let why = serde_json::json!({"metadata": {"annotations": {ANNOTATION_DELETION_REASON: reason}}});
-                match api
-                    .patch(name, &PatchParams::default(), &Patch::Merge(why))
-                    .await
-                {
-                    Ok(_) => {}
-                    Err(kube::Error::Api(status)) if status.code == 404 => continue,
-                    Err(e) => return Err(e),
-                }
-                match api.delete(name, &DeleteParams::default()).await {
+                let wake = serde_json::json!({"spec": {"sleep": false}});
+                let params = PatchParams {
+                    field_manager: Some(FIELD_MANAGER.into()),
+                    ..Default::default()
+                };
+                match api.patch(name, &params, &Patch::Merge(wake)).await {
                     Ok(_) => {
-                        tracing::info!(environment = %name, %namespace, reason, "deleting environment")
+                        tracing::info!(environment = %name, %namespace, "a push wakes the environment")
                     }
                     Err(kube::Error::Api(status)) if status.code == 404 => {}
                     Err(e) => return Err(e),
                 }
             }
+            Decision::Delete {
+                namespace,
+                name,
+                reason,
+            } => {
+                delete_with_reason(client, namespace, name, reason).await?;
+            }
         }
     }
     Ok(())
+}
+
+/// Deletes an environment after writing why on it (annotation
+/// [`ANNOTATION_DELETION_REASON`]), so the PR comment can say it. Returns false if it was
+/// already gone.
+pub async fn delete_with_reason(
+    client: &Client,
+    namespace: &str,
+    name: &str,
+    reason: &str,
+) -> Result<bool, kube::Error> {
+    let api: Api<PreviewEnvironment> = Api::namespaced(client.clone(), namespace);
+    let why =
+        serde_json::json!({"metadata": {"annotations": {ANNOTATION_DELETION_REASON: reason}}});
+    match api
+        .patch(name, &PatchParams::default(), &Patch::Merge(why))
+        .await
+    {
+        Ok(_) => {}
+        Err(kube::Error::Api(status)) if status.code == 404 => return Ok(false),
+        Err(e) => return Err(e),
+    }
+    match api.delete(name, &DeleteParams::default()).await {
+        Ok(_) => {
+            tracing::info!(environment = %name, %namespace, reason, "deleting environment");
+            Ok(true)
+        }
+        Err(kube::Error::Api(status)) if status.code == 404 => Ok(false),
+        Err(e) => Err(e),
+    }
 }
 
 #[cfg(test)]
@@ -386,7 +429,7 @@ mod tests {
             .iter()
             .filter_map(|d| match d {
                 Decision::Apply(e) => Some(e.as_ref()),
-                Decision::Delete { .. } => None,
+                Decision::Wake { .. } | Decision::Delete { .. } => None,
             })
             .collect()
     }
@@ -482,23 +525,18 @@ mod tests {
         assert!(decide(&change_request(|_| {}), &templates, &[], now()).is_empty());
         let labeled = change_request(|c| c.labels.push("preview".into()));
         assert_eq!(applied(&decide(&labeled, &templates, &[], now())).len(), 1);
-        // Forks: denied by default, allowed when the template says so, and with
-        // RequireApproval only once an environment exists (created by the approval).
+        // Forks: denied by default; allowed, or recorded to wait for approval (the
+        // controller holds it until `/preview approve`), when the template says so.
         let fork = change_request(|c| c.fork = true);
         assert!(decide(&fork, &[template("web", |_| {})], &[], now()).is_empty());
-        let allow = [template("web", |s| {
-            s.triggers.fork_policy = ForkPolicy::Allow
-        })];
-        assert_eq!(applied(&decide(&fork, &allow, &[], now())).len(), 1);
-        let approval = [template("web", |s| {
-            s.triggers.fork_policy = ForkPolicy::RequireApproval
-        })];
-        assert!(decide(&fork, &approval, &[], now()).is_empty());
-        let existing = existing_env(&approval);
-        assert_eq!(
-            applied(&decide(&fork, &approval, &existing, now())).len(),
-            1
-        );
+        for policy in [ForkPolicy::Allow, ForkPolicy::RequireApproval] {
+            let templates = [template("web", |s| s.triggers.fork_policy = policy)];
+            let decisions = decide(&fork, &templates, &[], now());
+            let environments = applied(&decisions);
+            assert_eq!(environments.len(), 1);
+            assert!(environments[0].spec.source.fork);
+            assert_eq!(environments[0].spec.approved_sha, None);
+        }
         // PRs off.
         let off = [template("web", |s| s.triggers.pull_requests = false)];
         assert!(decide(&change_request(|_| {}), &off, &[], now()).is_empty());
@@ -622,6 +660,24 @@ mod tests {
             1,
             "a new commit is written at once"
         );
+    }
+
+    #[test]
+    fn a_new_commit_wakes_a_sleeping_environment_and_a_redelivery_does_not() {
+        let templates = [template("web", |_| {})];
+        let event = change_request(|_| {});
+        let mut sleeping = applied(&decide(&event, &templates, &[], now()))[0].clone();
+        sleeping.spec.sleep = true;
+        let existing = [Arc::new(sleeping.clone())];
+        let later = now() + chrono::TimeDelta::minutes(5);
+        let woke = |decisions: &[Decision]| {
+            decisions
+                .iter()
+                .any(|d| matches!(d, Decision::Wake { name, .. } if *name == sleeping.name_any()))
+        };
+        assert!(!woke(&decide(&event, &templates, &existing, later)));
+        let new_commit = change_request(|c| c.head_sha = "feedbeef".into());
+        assert!(woke(&decide(&new_commit, &templates, &existing, later)));
     }
 
     #[test]

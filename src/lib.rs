@@ -2,6 +2,7 @@
 //! short-lived preview environment. See `docs/architecture.md` for the data flow.
 
 pub mod apply;
+pub mod commands;
 pub mod config;
 pub mod controller;
 pub mod crd;
@@ -15,12 +16,14 @@ pub mod metrics;
 pub mod namespace;
 pub mod naming;
 pub mod observed;
+pub mod queue;
 pub mod render;
 pub mod sandbox;
 pub mod secrets;
 pub mod server;
 pub mod sweep;
 pub mod telemetry;
+pub mod workloads;
 
 pub use error::Error;
 

@@ -2,7 +2,8 @@
 //! an error message.
 
 use prometheus::{
-    Encoder, HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry, TextEncoder,
+    Encoder, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGaugeVec, Opts, Registry,
+    TextEncoder,
 };
 
 pub struct Metrics {
@@ -23,6 +24,8 @@ pub struct Metrics {
     pub forge_rate_limit_remaining: IntGaugeVec,
     /// Environments and namespaces removed by the sweep, by reason.
     pub gc_deletions: IntCounterVec,
+    /// Idle environments the sweep put to sleep.
+    pub gc_sleeps: IntCounter,
 }
 
 impl Default for Metrics {
@@ -109,6 +112,11 @@ impl Metrics {
             &["reason"],
         )
         .expect("valid metric");
+        let gc_sleeps = IntCounter::new(
+            "previewd_gc_sleeps_total",
+            "Idle environments put to sleep by the sweep",
+        )
+        .expect("valid metric");
         for collector in [
             Box::new(applies.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(writes.clone()),
@@ -119,6 +127,7 @@ impl Metrics {
             Box::new(forge_requests.clone()),
             Box::new(forge_rate_limit_remaining.clone()),
             Box::new(gc_deletions.clone()),
+            Box::new(gc_sleeps.clone()),
         ] {
             registry.register(collector).expect("metric registers once");
         }
@@ -133,11 +142,13 @@ impl Metrics {
             forge_requests,
             forge_rate_limit_remaining,
             gc_deletions,
+            gc_sleeps,
         }
     }
 
     /// Counts one write request of `operation` (`apply`, `delete`, `status`, `finalizer`,
-    /// `event`, and the webhook intake's `intake_apply`, `intake_delete`).
+    /// `event`, the webhook intake's `intake_apply`, `intake_delete`, `intake_wake`, and the
+    /// sweep's `sleep`).
     pub fn write(&self, operation: &'static str) {
         self.writes.with_label_values(&[operation]).inc();
     }
@@ -152,6 +163,8 @@ impl Metrics {
             "event",
             "intake_apply",
             "intake_delete",
+            "intake_wake",
+            "sleep",
         ]
         .iter()
         .map(|op| self.writes.with_label_values(&[op]).get())

@@ -44,6 +44,8 @@ pub struct ServerState {
     pub secrets: SecretReader,
     pub metrics: Arc<Metrics>,
     pub max_body_bytes: usize,
+    /// The controller's forge gateway: comment commands ask it who may write.
+    pub reporter: Arc<crate::forge::report::Reporter>,
     deliveries: DeliveryLog,
     caches_ready: tokio::sync::watch::Receiver<bool>,
 }
@@ -63,6 +65,7 @@ impl ServerState {
             environments: context.environments.clone(),
             metrics,
             max_body_bytes,
+            reporter: context.reporter.clone(),
             deliveries: DeliveryLog::default(),
             caches_ready: context.caches_ready.clone(),
         })
@@ -342,11 +345,24 @@ async fn act(
     templates: &[Arc<PreviewTemplate>],
 ) -> Result<Vec<String>, kube::Error> {
     let environments = state.environments.state();
+    if let EventKind::Comment(comment) = &event.kind {
+        return crate::commands::handle(
+            &state.client,
+            &state.reporter,
+            event,
+            comment,
+            templates,
+            &environments,
+            chrono::Utc::now(),
+        )
+        .await;
+    }
     let decisions = intake::decide(event, templates, &environments, chrono::Utc::now());
     intake::execute(&state.client, &decisions).await?;
     for decision in &decisions {
         let operation = match decision {
             Decision::Apply(_) => "intake_apply",
+            Decision::Wake { .. } => "intake_wake",
             Decision::Delete { .. } => "intake_delete",
         };
         state.metrics.write(operation);
@@ -359,6 +375,7 @@ async fn act(
                 e.namespace().unwrap_or_default(),
                 e.name_any()
             ),
+            Decision::Wake { namespace, name } => format!("woke {namespace}/{name}"),
             Decision::Delete {
                 namespace,
                 name,

@@ -24,8 +24,11 @@ use kube::{Client, ResourceExt};
 use crate::crd::{ForgeKind, LABEL_MANAGED_BY, PreviewEnvironment, PreviewTemplate};
 use crate::forge::report::Reporter;
 use crate::gc::{self, ForgeFacts, LabelledNamespace, Reason, Verdict};
-use crate::intake::ANNOTATION_DELETION_REASON;
+use crate::intake::delete_with_reason;
 use crate::metrics::Metrics;
+
+/// The field manager of the sweep's own writes (`spec.sleep`).
+pub const FIELD_MANAGER: &str = "previewd-sweep";
 
 /// What one sweep did.
 #[derive(Clone, Debug, Default)]
@@ -36,8 +39,8 @@ pub struct SweepReport {
     pub orphans: Vec<String>,
     /// Repositories whose forge could not be asked (nothing removed for forge reasons).
     pub forge_unavailable: Vec<String>,
-    /// Environments the template would put to sleep (sleeping arrives with the lifecycle work).
-    pub would_sleep: Vec<String>,
+    /// Environments put to sleep (idle, and the template's `idleAction` is `Sleep`).
+    pub slept: Vec<String>,
 }
 
 pub struct Sweeper {
@@ -62,6 +65,7 @@ impl Sweeper {
             match self.sweep(reporter, Utc::now()).await {
                 Ok(report) => tracing::info!(
                     deleted = report.deleted.len(),
+                    slept = report.slept.len(),
                     orphans = report.orphans.len(),
                     forge_unavailable = ?report.forge_unavailable,
                     "sweep done"
@@ -119,9 +123,12 @@ impl Sweeper {
                 now,
             ) {
                 Verdict::Keep => {}
-                Verdict::Sleep => report
-                    .would_sleep
-                    .push(format!("{namespace}/{}", environment.name_any())),
+                Verdict::Sleep => {
+                    self.put_to_sleep(environment).await?;
+                    report
+                        .slept
+                        .push(format!("{namespace}/{}", environment.name_any()));
+                }
                 Verdict::Delete(reason) => {
                     self.delete_environment(environment, reason).await?;
                     report
@@ -175,35 +182,47 @@ impl Sweeper {
         reason: Reason,
     ) -> Result<(), kube::Error> {
         let namespace = environment.namespace().unwrap_or_default();
-        let api: Api<PreviewEnvironment> = Api::namespaced(self.client.clone(), &namespace);
-        let why = serde_json::json!({"metadata": {"annotations": {ANNOTATION_DELETION_REASON: reason.sentence()}}});
         tracing::info!(environment = %environment.name_any(), %namespace, reason = reason.label(), "sweep deletes environment: {}", reason.sentence());
         self.metrics.write("delete");
-        match api
-            .patch(
-                &environment.name_any(),
-                &PatchParams::default(),
-                &Patch::Merge(why),
-            )
-            .await
-        {
-            Ok(_) => {}
-            Err(kube::Error::Api(status)) if status.code == 404 => return Ok(()),
-            Err(e) => return Err(e),
+        let deleted = delete_with_reason(
+            &self.client,
+            &namespace,
+            &environment.name_any(),
+            reason.sentence(),
+        )
+        .await?;
+        if deleted {
+            self.metrics
+                .gc_deletions
+                .with_label_values(&[reason.label()])
+                .inc();
         }
-        match api
-            .delete(&environment.name_any(), &DeleteParams::default())
-            .await
-        {
-            Ok(_) => {}
-            Err(kube::Error::Api(status)) if status.code == 404 => return Ok(()),
-            Err(e) => return Err(e),
-        }
-        self.metrics
-            .gc_deletions
-            .with_label_values(&[reason.label()])
-            .inc();
         Ok(())
+    }
+
+    /// Puts an idle environment to sleep (the template's `idleAction: Sleep`); the controller
+    /// scales it to zero.
+    async fn put_to_sleep(&self, environment: &PreviewEnvironment) -> Result<(), kube::Error> {
+        let namespace = environment.namespace().unwrap_or_default();
+        let api: Api<PreviewEnvironment> = Api::namespaced(self.client.clone(), &namespace);
+        tracing::info!(environment = %environment.name_any(), %namespace, "sweep puts idle environment to sleep");
+        self.metrics.write("sleep");
+        let params = PatchParams {
+            field_manager: Some(FIELD_MANAGER.into()),
+            ..Default::default()
+        };
+        let sleep = serde_json::json!({"spec": {"sleep": true}});
+        match api
+            .patch(&environment.name_any(), &params, &Patch::Merge(sleep))
+            .await
+        {
+            Ok(_) => {
+                self.metrics.gc_sleeps.inc();
+                Ok(())
+            }
+            Err(kube::Error::Api(status)) if status.code == 404 => Ok(()),
+            Err(e) => Err(e),
+        }
     }
 }
 

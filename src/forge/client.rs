@@ -251,6 +251,23 @@ impl ForgeClient {
         }
     }
 
+    /// Whether `user` (GitLab: the user with id `user_id`) may write to `repository`: GitHub
+    /// `write`, `maintain` or `admin`; GitLab Developer (30) or above. Not a member: `false`.
+    pub async fn write_access(
+        &self,
+        repository: &str,
+        user: &str,
+        user_id: Option<u64>,
+    ) -> Result<bool, ForgeApiError> {
+        match self {
+            ForgeClient::Github(api) => api.write_access(repository, user).await,
+            ForgeClient::Gitlab(api) => match user_id {
+                Some(id) => api.write_access(repository, id).await,
+                None => Ok(false),
+            },
+        }
+    }
+
     pub async fn commit_status(
         &self,
         repository: &str,
@@ -614,6 +631,31 @@ impl GithubApi {
         Ok(files)
     }
 
+    async fn write_access(&self, repository: &str, user: &str) -> Result<bool, ForgeApiError> {
+        // Logins are letters, digits and hyphens (apps add `[bot]`); anything else is not a
+        // GitHub user and must not reach the URL.
+        let plausible = !user.is_empty()
+            && user.len() <= 64
+            && user
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '[' | ']'));
+        if !plausible {
+            return Ok(false);
+        }
+        let path = format!("/repos/{repository}/collaborators/{user}/permission");
+        match self
+            .request("get_permission", Method::GET, &path, None)
+            .await
+        {
+            Ok(answer) => Ok(matches!(
+                answer["permission"].as_str(),
+                Some("admin" | "maintain" | "write")
+            )),
+            Err(ForgeApiError::Http { status: 404, .. }) => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
     /// Creates a Deployment of `sha` to `environment`; returns its id.
     pub async fn create_deployment(
         &self,
@@ -936,6 +978,39 @@ impl GitlabApi {
             out.push((name, String::from_utf8_lossy(&bytes).into_owned()));
         }
         Ok(out)
+    }
+
+    async fn write_access(&self, project: &str, user_id: u64) -> Result<bool, ForgeApiError> {
+        use gitlab::api::AsyncQuery;
+        use gitlab::api::projects::members::AllProjectMember;
+        #[derive(serde::Deserialize)]
+        struct Member {
+            access_level: u64,
+        }
+        const DEVELOPER: u64 = 30;
+        let endpoint = AllProjectMember::builder()
+            .project(project)
+            .user(user_id)
+            .build()
+            .map_err(|e| ForgeApiError::Transport {
+                operation: "get_permission",
+                message: e.to_string(),
+            })?;
+        let member: Option<Member> = self
+            .run("get_permission", || async {
+                match endpoint.query_async(&self.client).await {
+                    Ok(member) => Ok(Some(member)),
+                    // Not a member of the project (or of a group above it).
+                    Err(
+                        gitlab::api::ApiError::GitlabWithStatus { status, .. }
+                        | gitlab::api::ApiError::GitlabObjectWithStatus { status, .. }
+                        | gitlab::api::ApiError::GitlabUnrecognizedWithStatus { status, .. },
+                    ) if status == http::StatusCode::NOT_FOUND => Ok(None),
+                    Err(e) => Err(e.to_string()),
+                }
+            })
+            .await?;
+        Ok(member.is_some_and(|m| m.access_level >= DEVELOPER))
     }
 
     async fn open_merge_requests(&self, project: &str) -> Result<HashSet<u64>, ForgeApiError> {

@@ -26,6 +26,8 @@ pub struct CommentInput<'a> {
     pub state: CommentState<'a>,
     /// When the environment expires if nothing happens (idle timeout or max age).
     pub expires_at: Option<DateTime<Utc>>,
+    /// previewd's answer to the last comment command, one line of Markdown.
+    pub last_command: Option<String>,
 }
 
 /// The hidden first line that identifies previewd's comment for `environment`.
@@ -46,6 +48,9 @@ pub fn render(input: &CommentInput<'_>) -> String {
             );
         }
         CommentState::Live(status) => render_live(&mut out, status, &short_sha, input.expires_at),
+    }
+    if let Some(answer) = &input.last_command {
+        let _ = write!(out, "\n> {answer}\n");
     }
     out.push_str("\n<sub>Kept up to date by previewd: this comment is edited in place.</sub>\n");
     out
@@ -79,10 +84,27 @@ fn render_live(
             let _ = writeln!(out, "Commit `{short_sha}`\n");
         }
     }
-    if status.phase == Phase::Degraded
-        && let Some(condition) = status.conditions.iter().find(|c| c.type_ == "Ready")
-    {
-        let _ = writeln!(out, "**What failed:** {}\n", condition.message);
+    let why = status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "Ready")
+        .map(|c| c.message.as_str());
+    match (status.phase, why) {
+        (Phase::Degraded, Some(why)) => {
+            let _ = writeln!(out, "**What failed:** {why}\n");
+        }
+        (Phase::Queued, why) => {
+            let position = status.queue_position.unwrap_or(1);
+            let _ = writeln!(
+                out,
+                "**Position {position} in the queue.** {}\n",
+                why.unwrap_or("")
+            );
+        }
+        (Phase::Pending | Phase::Sleeping, Some(why)) => {
+            let _ = writeln!(out, "{why}\n");
+        }
+        _ => {}
     }
     if !status.resources.is_empty() {
         let ready = status
@@ -133,7 +155,8 @@ fn render_live(
 /// The commit-status state for an environment's phase: `(github, gitlab)` words.
 pub fn commit_state(phase: Phase) -> CommitState {
     match phase {
-        Phase::Ready => CommitState::Success,
+        // Asleep is still a good deployment of the commit.
+        Phase::Ready | Phase::Sleeping => CommitState::Success,
         Phase::Degraded => CommitState::Failure,
         Phase::Pending | Phase::Queued => CommitState::Pending,
         _ => CommitState::Running,
@@ -196,6 +219,7 @@ mod tests {
             head_sha: "ec26c3e57ca3a959ca5aad62de7213c562f8c821",
             state,
             expires_at: Some("2026-11-25T10:00:00Z".parse().unwrap()),
+            last_command: None,
         }
     }
 

@@ -181,6 +181,7 @@ pub fn parse(event_type: &str, body: &[u8]) -> Result<ForgeEvent, ParseError> {
                 EventKind::Comment(Comment {
                     number: delivery.issue.number,
                     author: delivery.comment.user.login,
+                    author_id: None,
                     body: delivery.comment.body,
                 })
             };

@@ -30,6 +30,8 @@ struct Project {
 #[derive(Deserialize)]
 struct User {
     username: String,
+    #[serde(default)]
+    id: Option<u64>,
 }
 
 #[derive(Deserialize)]
@@ -153,6 +155,7 @@ pub fn parse(event_type: &str, body: &[u8]) -> Result<ForgeEvent, ParseError> {
                 ("MergeRequest", Some(merge_request)) => EventKind::Comment(Comment {
                     number: merge_request.iid,
                     author: delivery.user.username,
+                    author_id: delivery.user.id,
                     body: delivery.object_attributes.note,
                 }),
                 (other, _) => EventKind::Ignored(format!("a note on a {other}")),

@@ -76,6 +76,8 @@ pub struct Comment {
     /// The pull/merge request's number.
     pub number: u64,
     pub author: String,
+    /// The author's numeric id (GitLab asks membership by id).
+    pub author_id: Option<u64>,
     pub body: String,
 }
 

@@ -19,7 +19,7 @@ use sha2::{Digest, Sha256};
 use super::client::{DeploymentState, ForgeApiError, ForgeClient, ForgeClients};
 use super::comment::{self, CommentInput, CommentState, CommitState};
 use crate::crd::{
-    ForgeReport, Phase, PreviewEnvironment, PreviewEnvironmentStatus, PreviewTemplate,
+    ForgeKind, ForgeReport, Phase, PreviewEnvironment, PreviewEnvironmentStatus, PreviewTemplate,
 };
 use crate::metrics::Metrics;
 use crate::secrets::{SecretError, SecretReader};
@@ -39,7 +39,17 @@ pub struct Reporter {
     /// not show the last status write yet; this record does, so a comment is never created
     /// twice within one process. After a restart the status (read fresh) has it.
     sent: Mutex<HashMap<String, ForgeReport>>,
+    /// Write-access answers for comment commands, by (forge, API URL, repository, user), kept
+    /// for [`ACCESS_TTL`]: a burst of commands costs one forge call, and a revoked permission
+    /// stops working within a minute.
+    access: Mutex<HashMap<AccessKey, (bool, std::time::Instant)>>,
 }
+
+/// (forge, API URL, repository in lower case, user).
+type AccessKey = (ForgeKind, String, String, String);
+
+/// How long a write-access answer is trusted.
+pub const ACCESS_TTL: std::time::Duration = std::time::Duration::from_secs(60);
 
 fn sha_hex(text: &str) -> String {
     hex::encode(Sha256::digest(text.as_bytes()))
@@ -57,7 +67,9 @@ pub fn expires_at(
             .and_then(|t| crate::config::parse_duration(t).ok())
             .and_then(|d| chrono::Duration::from_std(d).ok())
     };
+    // Idleness only removes the environment when the template deletes idle ones.
     let idle = parse(&lifecycle.idle_timeout)
+        .filter(|_| lifecycle.idle_action == crate::crd::IdleAction::Delete)
         .and_then(|timeout| Some(environment.spec.last_activity? + timeout));
     let created = environment
         .metadata
@@ -65,9 +77,14 @@ pub fn expires_at(
         .as_ref()
         .and_then(|t| DateTime::<Utc>::from_timestamp(t.0.as_second(), 0));
     let age = parse(&lifecycle.max_age).and_then(|age| Some(created? + age));
-    match (idle, age) {
+    let expiry = match (idle, age) {
         (Some(a), Some(b)) => Some(a.min(b)),
         (a, b) => a.or(b),
+    };
+    // `/preview extend` keeps it at least this long.
+    match (expiry, environment.spec.keep_until) {
+        (Some(expiry), Some(kept)) => Some(expiry.max(kept)),
+        (expiry, _) => expiry,
     }
 }
 
@@ -77,7 +94,40 @@ impl Reporter {
             clients: ForgeClients::new(metrics),
             secrets,
             sent: Mutex::new(HashMap::new()),
+            access: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// Whether `user` may write to the template's repository (asked of the forge, cached for
+    /// [`ACCESS_TTL`]). A template without a token cannot ask: `false`.
+    pub async fn has_write_access(
+        &self,
+        template: &PreviewTemplate,
+        user: &str,
+        user_id: Option<u64>,
+    ) -> Result<bool, ReportError> {
+        let forge = &template.spec.forge;
+        let key = (
+            forge.kind,
+            forge.api_url.clone().unwrap_or_default(),
+            forge.repository.to_lowercase(),
+            user.to_string(),
+        );
+        if let Some((answer, at)) = self.access.lock().expect("access cache").get(&key)
+            && at.elapsed() < ACCESS_TTL
+        {
+            return Ok(*answer);
+        }
+        let Some(client) = self.client(template).await? else {
+            return Ok(false);
+        };
+        let answer = client
+            .write_access(&forge.repository, user, user_id)
+            .await?;
+        let mut cache = self.access.lock().expect("access cache");
+        cache.retain(|_, (_, at)| at.elapsed() < ACCESS_TTL);
+        cache.insert(key, (answer, std::time::Instant::now()));
+        Ok(answer)
     }
 
     fn last_sent(&self, uid: &str) -> Option<ForgeReport> {
@@ -149,6 +199,7 @@ impl Reporter {
                 head_sha: &source.head_sha,
                 state: CommentState::Live(status),
                 expires_at: expires_at(environment, template),
+                last_command: crate::commands::last_answer(environment),
             });
             upsert_comment(&client, &source.repository, number, &id, &text, record).await?;
         }
@@ -227,6 +278,7 @@ impl Reporter {
                 head_sha: &source.head_sha,
                 state: CommentState::Destroyed { reason },
                 expires_at: None,
+                last_command: None,
             });
             upsert_comment(&client, &source.repository, number, &id, &text, &mut record).await?;
         }
