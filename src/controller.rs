@@ -1045,7 +1045,10 @@ async fn write_status_only(
     api.patch_status(
         &environment.name_any(),
         &PatchParams::default(),
-        &Patch::Merge(serde_json::json!({ "status": status })),
+        &Patch::Merge(serde_json::json!({ "status": merge_patch(
+            &serde_json::to_value(&previous).unwrap_or_default(),
+            &serde_json::to_value(&status).unwrap_or_default(),
+        ) })),
     )
     .await
     .map_err(Error::Status)?;
@@ -1063,6 +1066,30 @@ async fn write_status_only(
         publish(context, environment, kind, status.phase.as_str(), message).await;
     }
     Ok(())
+}
+
+/// A JSON merge patch (RFC 7386) from `old` to `new`. Fields the status no longer has are
+/// sent as `null`: optional fields are left out when empty, and a merge patch that merely
+/// leaves them out would keep their old values (a stale queue position, the previous commit's
+/// ready time).
+fn merge_patch(old: &Value, new: &Value) -> Value {
+    match (old, new) {
+        (Value::Object(old), Value::Object(new)) => {
+            let mut patch = serde_json::Map::new();
+            for (key, value) in new {
+                let value = match old.get(key) {
+                    Some(previous) => merge_patch(previous, value),
+                    None => value.clone(),
+                };
+                patch.insert(key.clone(), value);
+            }
+            for key in old.keys().filter(|k| !new.contains_key(*k)) {
+                patch.insert(key.clone(), Value::Null);
+            }
+            Value::Object(patch)
+        }
+        _ => new.clone(),
+    }
 }
 
 async fn publish(
@@ -1086,5 +1113,23 @@ async fn publish(
         .await
     {
         tracing::debug!(error = %e, "could not publish an event");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn merge_patches_clear_what_the_new_status_leaves_out() {
+        let old = json!({"phase": "Queued", "queuePosition": 1,
+                         "timings": {"sha": "a", "readyAt": "2026-11-22T10:00:00Z"}});
+        let new = json!({"phase": "Deploying", "timings": {"sha": "b"}});
+        assert_eq!(
+            merge_patch(&old, &new),
+            json!({"phase": "Deploying", "queuePosition": null,
+                   "timings": {"sha": "b", "readyAt": null}})
+        );
     }
 }

@@ -18,7 +18,7 @@ use previewd::controller::{self, Context, ControllerConfig};
 use previewd::crd::{Phase, PreviewEnvironment, PreviewTemplate};
 use previewd::metrics::Metrics;
 use serde_json::json;
-use support::{eventually, in_namespace};
+use support::{eventually, in_namespace, wait_for_phase};
 
 /// Starts a controller watching only `namespace`, on the calling test's runtime.
 async fn start_controller(client: &Client, namespace: &str, resync: Duration) -> Arc<Context> {
@@ -48,24 +48,6 @@ fn example(name: &str) -> (PreviewTemplate, PreviewEnvironment) {
         serde_yaml_ng::from_str(&std::fs::read_to_string(dir.join("environment.yaml")).unwrap())
             .unwrap();
     (template, environment)
-}
-
-async fn wait_for_phase(
-    api: &Api<PreviewEnvironment>,
-    name: &str,
-    phase: Phase,
-    timeout: Duration,
-) -> PreviewEnvironment {
-    eventually(&format!("{name} to be {phase:?}"), timeout, || {
-        let api = api.clone();
-        async move {
-            api.get(name)
-                .await
-                .ok()
-                .filter(|e| e.status.as_ref().is_some_and(|s| s.phase == phase))
-        }
-    })
-    .await
 }
 
 fn applies_sent(context: &Context) -> u64 {

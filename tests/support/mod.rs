@@ -15,6 +15,8 @@ use kube::config::Kubeconfig;
 use kube::{Client, ResourceExt};
 use previewd::sandbox::{NodeSimulatorConfig, Sandbox, SandboxOptions, StderrProgress};
 
+pub mod webhooks;
+
 /// The cluster every test in this binary shares.
 pub struct SharedCluster {
     pub kubeconfig_path: PathBuf,
@@ -306,4 +308,23 @@ pub async fn apply_all(client: &Client, namespace: &str, objects: &[serde_json::
         .await
         .unwrap_or_else(|e| panic!("apply {kind}/{name}: {e}"));
     }
+}
+
+/// Waits until environment `name` reaches `phase`.
+pub async fn wait_for_phase(
+    api: &Api<previewd::crd::PreviewEnvironment>,
+    name: &str,
+    phase: previewd::crd::Phase,
+    timeout: Duration,
+) -> previewd::crd::PreviewEnvironment {
+    eventually(&format!("{name} to be {phase:?}"), timeout, || {
+        let api = api.clone();
+        async move {
+            api.get(name)
+                .await
+                .ok()
+                .filter(|e| e.status.as_ref().is_some_and(|s| s.phase == phase))
+        }
+    })
+    .await
 }

@@ -1,0 +1,602 @@
+//! The lifecycle against a real kube-apiserver, driven by signed webhook deliveries, with the
+//! GitHub API served by wiremock: the cap and its queue, sleep and wake, comment commands from
+//! people with and without write access, and fork pull requests that wait for approval.
+//!
+//! Comment deliveries are `github/issue_comment.created.json` (a comment on an issue) changed
+//! in a copy to be on a pull request, by a given user, with a given text. PR deliveries are
+//! `github/pull_request.opened.json`/`synchronize.json`, changed where a test says so.
+
+mod support;
+
+use std::time::Duration;
+
+use chrono::{TimeDelta, Utc};
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::Namespace;
+use kube::api::{Api, Patch, PatchParams};
+use previewd::crd::Phase;
+use previewd::sweep::Sweeper;
+use serde_json::{Value, json};
+use support::webhooks::*;
+use support::{eventually, in_namespace, wait_for_phase};
+use wiremock::matchers::{method, path};
+use wiremock::{Mock, MockServer, ResponseTemplate};
+
+const REPOSITORY: &str = "Codertocat/Hello-World";
+
+/// One Deployment whose replica count the template leaves open.
+const WEB_APP: &str = "apiVersion: apps/v1
+kind: Deployment
+metadata:
+  name: web
+spec:
+  selector:
+    matchLabels: {app: web}
+  template:
+    metadata:
+      labels: {app: web}
+    spec:
+      containers:
+        - name: web
+          image: registry.example/web:{{ short_sha }}
+";
+
+/// Answers the collaborator-permission question: `maintainer` may write, `stranger` may read,
+/// `nobody` is not a collaborator (404).
+async fn with_permissions(forge: &MockServer) {
+    for (user, status, body) in [
+        (
+            "maintainer",
+            200,
+            json!({"permission": "write", "role_name": "write"}),
+        ),
+        (
+            "stranger",
+            200,
+            json!({"permission": "read", "role_name": "read"}),
+        ),
+        ("nobody", 404, json!({"message": "Not Found"})),
+    ] {
+        Mock::given(method("GET"))
+            .and(path(format!(
+                "/repos/{REPOSITORY}/collaborators/{user}/permission"
+            )))
+            .respond_with(ResponseTemplate::new(status).set_body_json(body))
+            .mount(forge)
+            .await;
+    }
+}
+
+/// A comment by `user` saying `body` on pull request `number` (see the module docs).
+fn comment_on(number: u64, user: &str, body: &str) -> Vec<u8> {
+    let mut delivery = json_fixture("github/issue_comment.created.json");
+    delivery["issue"]["number"] = number.into();
+    delivery["issue"]["pull_request"] = json!({
+        "url": format!("https://api.github.com/repos/{REPOSITORY}/pulls/{number}")
+    });
+    delivery["comment"]["user"]["login"] = user.into();
+    delivery["comment"]["body"] = body.into();
+    delivery.to_string().into_bytes()
+}
+
+/// The name of the environment of pull request `number`.
+async fn environment_of(harness: &Harness, number: u64) -> String {
+    eventually(
+        &format!("the environment of PR {number}"),
+        Duration::from_secs(20),
+        || async {
+            harness
+                .environments
+                .list(&Default::default())
+                .await
+                .ok()?
+                .items
+                .into_iter()
+                .find(|e| e.spec.source.pull_request == Some(number))
+                .map(|e| kube::ResourceExt::name_any(&e))
+        },
+    )
+    .await
+}
+
+/// Waits until some comment text previewd sent for PR `number` (created or edited) contains
+/// `needle`.
+async fn comment_says(forge: &MockServer, environment: &str, needle: &str) {
+    let marker = "previewd:environment=";
+    eventually(
+        &format!("the PR comment of {environment} to say {needle:?}"),
+        Duration::from_secs(30),
+        || async {
+            let requests = forge.received_requests().await.unwrap_or_default();
+            requests
+                .iter()
+                .filter(|r| r.method.as_str() != "GET" && r.url.path().contains("/comments"))
+                .filter_map(|r| serde_json::from_slice::<Value>(&r.body).ok())
+                .filter_map(|b| b["body"].as_str().map(str::to_string))
+                .any(|text| {
+                    text.contains(marker) && text.contains(environment) && text.contains(needle)
+                })
+                .then_some(())
+        },
+    )
+    .await
+}
+
+async fn comments_created(forge: &MockServer, number: u64) -> usize {
+    sent(forge, "POST", &format!("/issues/{number}/comments"), "").await
+}
+
+#[tokio::test]
+async fn beyond_the_cap_a_pull_request_queues_and_a_destroy_starts_it() {
+    in_namespace("lifecycle-cap", |client, ns| async move {
+        let forge = github_forge().await;
+        with_permissions(&forge).await;
+        install_template_with(
+            &client,
+            &ns,
+            "github",
+            REPOSITORY,
+            Some(&forge.uri()),
+            json!({"lifecycle": {"maxEnvironments": 2}}),
+            CONFIG_MAP_APP,
+        )
+        .await;
+        let harness = Harness::start(&client, &ns, 1 << 20).await;
+        let mut names = Vec::new();
+        for number in [11u64, 12, 13] {
+            let (status, _) = harness
+                .signed(
+                    "pull_request",
+                    &format!("open-{number}"),
+                    &opened_for(number, &format!("{number:0>40}")),
+                )
+                .await;
+            assert_eq!(status, 202);
+            names.push(environment_of(&harness, number).await);
+            // Creation order decides the queue; keep it unambiguous at 1 s resolution.
+            tokio::time::sleep(Duration::from_millis(1100)).await;
+        }
+        let (first, second, third) = (&names[0], &names[1], &names[2]);
+        let first_namespace = wait_for_phase(
+            &harness.environments,
+            first,
+            Phase::Ready,
+            Duration::from_secs(60),
+        )
+        .await
+        .status
+        .and_then(|s| s.namespace)
+        .unwrap();
+        wait_for_phase(
+            &harness.environments,
+            second,
+            Phase::Ready,
+            Duration::from_secs(60),
+        )
+        .await;
+        let queued = wait_for_phase(
+            &harness.environments,
+            third,
+            Phase::Queued,
+            Duration::from_secs(30),
+        )
+        .await;
+        let status = queued.status.unwrap();
+        assert_eq!(status.queue_position, Some(1));
+        assert_eq!(
+            status.namespace, None,
+            "a queued environment has no namespace yet"
+        );
+        comment_says(&forge, third, "Position 1 in the queue").await;
+
+        // The maintainer destroys the first environment: the queued one starts.
+        let (status, _) = harness
+            .signed(
+                "issue_comment",
+                "destroy-11",
+                &comment_on(11, "maintainer", "Done here.\n/preview destroy"),
+            )
+            .await;
+        assert_eq!(status, 202);
+        let started = wait_for_phase(
+            &harness.environments,
+            third,
+            Phase::Ready,
+            Duration::from_secs(60),
+        )
+        .await;
+        assert_eq!(started.status.unwrap().queue_position, None);
+        comment_says(
+            &forge,
+            first,
+            "@maintainer asked for it with `/preview destroy`",
+        )
+        .await;
+        wait_gone(&client, &harness.environments, first, &first_namespace).await;
+        for number in [11, 12, 13] {
+            assert_eq!(
+                comments_created(&forge, number).await,
+                1,
+                "PR {number}: one comment"
+            );
+        }
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn comment_commands_from_writers_act_and_from_others_are_refused() {
+    in_namespace("lifecycle-commands", |client, ns| async move {
+        let forge = github_forge().await;
+        with_permissions(&forge).await;
+        install_template_with(
+            &client,
+            &ns,
+            "github",
+            REPOSITORY,
+            Some(&forge.uri()),
+            json!({}),
+            WEB_APP,
+        )
+        .await;
+        let harness = Harness::start(&client, &ns, 1 << 20).await;
+        harness
+            .signed(
+                "pull_request",
+                "open-2",
+                &github_fixture("pull_request.opened.json"),
+            )
+            .await;
+        let name = environment_of(&harness, 2).await;
+        let ready = wait_for_phase(
+            &harness.environments,
+            &name,
+            Phase::Ready,
+            Duration::from_secs(60),
+        )
+        .await;
+        let target = ready.status.unwrap().namespace.unwrap();
+        let deployments: Api<Deployment> = Api::namespaced(client.clone(), &target);
+        let mut delivery = 0;
+        let mut say = |user: &'static str, text: &'static str| {
+            delivery += 1;
+            let id = format!("comment-{delivery}");
+            let harness = &harness;
+            async move {
+                let (status, body) = harness
+                    .signed("issue_comment", &id, &comment_on(2, user, text))
+                    .await;
+                assert_eq!(status, 202, "{body}");
+            }
+        };
+
+        // Without write access: refused, nothing changes, the comment says so.
+        say("stranger", "/preview sleep").await;
+        comment_says(
+            &forge,
+            &name,
+            "`/preview sleep` by @stranger: refused: only people with write access",
+        )
+        .await;
+        say("stranger", "/preview sleep").await;
+        say("nobody", "/preview destroy").await;
+        comment_says(&forge, &name, "`/preview destroy` by @nobody: refused").await;
+        let environment = harness.environments.get(&name).await.unwrap();
+        assert!(!environment.spec.sleep);
+        assert_eq!(
+            sent(&forge, "GET", "/collaborators/stranger/permission", "").await,
+            1,
+            "the permission answer is cached"
+        );
+
+        // extend.
+        say("maintainer", "/preview extend 3d").await;
+        comment_says(
+            &forge,
+            &name,
+            "`/preview extend 3d` by @maintainer: kept at least until",
+        )
+        .await;
+        let kept = harness
+            .environments
+            .get(&name)
+            .await
+            .unwrap()
+            .spec
+            .keep_until
+            .unwrap();
+        assert!(
+            (kept - (Utc::now() + TimeDelta::days(3)))
+                .num_seconds()
+                .abs()
+                < 60
+        );
+
+        // Someone scales web to 3 by hand; sleep then remembers 3 and scales to 0.
+        deployments
+            .patch(
+                "web",
+                &PatchParams::default(),
+                &Patch::Merge(json!({"spec": {"replicas": 3}})),
+            )
+            .await
+            .unwrap();
+        eventually(
+            "web to run 3 ready replicas",
+            Duration::from_secs(60),
+            || async {
+                let web = deployments.get("web").await.ok()?;
+                (web.status?.ready_replicas == Some(3)).then_some(())
+            },
+        )
+        .await;
+        say("maintainer", "/preview sleep").await;
+        let asleep = wait_for_phase(
+            &harness.environments,
+            &name,
+            Phase::Sleeping,
+            Duration::from_secs(60),
+        )
+        .await;
+        assert_eq!(
+            asleep
+                .status
+                .unwrap()
+                .replicas_before_sleep
+                .get("Deployment/web"),
+            Some(&3)
+        );
+        assert_eq!(
+            deployments.get("web").await.unwrap().spec.unwrap().replicas,
+            Some(0)
+        );
+        comment_says(&forge, &name, "Asleep: every workload is scaled to zero").await;
+
+        // wake: 3 replicas again, Ready.
+        say("maintainer", "/preview wake").await;
+        wait_for_phase(
+            &harness.environments,
+            &name,
+            Phase::Ready,
+            Duration::from_secs(60),
+        )
+        .await;
+        let web = deployments.get("web").await.unwrap();
+        assert_eq!(web.spec.unwrap().replicas, Some(3));
+        assert_eq!(web.status.unwrap().ready_replicas, Some(3));
+
+        // deploy: every pod template gets a new restart mark.
+        say("maintainer", "/preview deploy").await;
+        eventually("web to be restarted", Duration::from_secs(30), || async {
+            let web = deployments.get("web").await.ok()?;
+            web.spec?
+                .template
+                .metadata?
+                .annotations?
+                .contains_key("previewd.dev/redeploy")
+                .then_some(())
+        })
+        .await;
+        comment_says(
+            &forge,
+            &name,
+            "`/preview deploy` by @maintainer: redeploying commit",
+        )
+        .await;
+
+        // Not understood.
+        say("maintainer", "/preview frobnicate").await;
+        comment_says(
+            &forge,
+            &name,
+            "not understood: unknown command `frobnicate`",
+        )
+        .await;
+
+        // destroy.
+        say("maintainer", "/preview destroy").await;
+        wait_gone(&client, &harness.environments, &name, &target).await;
+        comment_says(
+            &forge,
+            &name,
+            "@maintainer asked for it with `/preview destroy`",
+        )
+        .await;
+        assert_eq!(
+            comments_created(&forge, 2).await,
+            1,
+            "every answer was an edit of one comment"
+        );
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_fork_pull_request_waits_for_approval_of_each_commit() {
+    in_namespace("lifecycle-fork", |client, ns| async move {
+        let forge = github_forge().await;
+        with_permissions(&forge).await;
+        install_template_with(
+            &client,
+            &ns,
+            "github",
+            REPOSITORY,
+            Some(&forge.uri()),
+            json!({"triggers": {"forkPolicy": "RequireApproval"}}),
+            CONFIG_MAP_APP,
+        )
+        .await;
+        let harness = Harness::start(&client, &ns, 1 << 20).await;
+        // The fixture's PR, changed in a copy to come from a fork.
+        let from_fork = |sha: &str| {
+            let mut delivery = json_fixture("github/pull_request.opened.json");
+            delivery["pull_request"]["head"]["repo"]["full_name"] = "mallory/Hello-World".into();
+            delivery["pull_request"]["head"]["sha"] = sha.into();
+            delivery.to_string().into_bytes()
+        };
+        let first_sha = "1111111111111111111111111111111111111111";
+        harness
+            .signed("pull_request", "fork-1", &from_fork(first_sha))
+            .await;
+        let name = environment_of(&harness, 2).await;
+        let waiting = wait_for_phase(
+            &harness.environments,
+            &name,
+            Phase::Pending,
+            Duration::from_secs(30),
+        )
+        .await;
+        let condition = &waiting.status.unwrap().conditions[0];
+        assert_eq!(condition.reason, "AwaitingApproval");
+        comment_says(
+            &forge,
+            &name,
+            "a maintainer must comment `/preview approve` to deploy commit `1111111`",
+        )
+        .await;
+        let namespaces: Api<Namespace> = Api::all(client.clone());
+        let target = previewd::naming::namespace_name("preview", &ns, &name);
+        assert!(
+            namespaces.get_opt(&target).await.unwrap().is_none(),
+            "nothing deployed"
+        );
+
+        // Someone without write access cannot approve.
+        harness
+            .signed(
+                "issue_comment",
+                "approve-1",
+                &comment_on(2, "stranger", "/preview approve"),
+            )
+            .await;
+        comment_says(&forge, &name, "`/preview approve` by @stranger: refused").await;
+        assert_eq!(
+            harness
+                .environments
+                .get(&name)
+                .await
+                .unwrap()
+                .spec
+                .approved_sha,
+            None
+        );
+
+        // A maintainer approves: the commit is deployed.
+        harness
+            .signed(
+                "issue_comment",
+                "approve-2",
+                &comment_on(2, "maintainer", "/preview approve"),
+            )
+            .await;
+        wait_ready_with_sha(&harness.environments, &name, first_sha).await;
+        comment_says(&forge, &name, "approved commit `1111111` of the fork").await;
+
+        // The fork pushes again: the new commit waits for its own approval.
+        let second_sha = "2222222222222222222222222222222222222222";
+        harness
+            .signed("pull_request", "fork-2", &from_fork(second_sha))
+            .await;
+        let waiting = wait_for_phase(
+            &harness.environments,
+            &name,
+            Phase::Pending,
+            Duration::from_secs(30),
+        )
+        .await;
+        assert_eq!(
+            waiting.status.unwrap().deployed_sha.as_deref(),
+            Some(first_sha)
+        );
+        comment_says(&forge, &name, "to deploy commit `2222222`").await;
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn idle_environments_sleep_and_a_push_wakes_them() {
+    in_namespace("lifecycle-idle-sleep", |client, ns| async move {
+        let forge = github_forge().await;
+        install_template_with(
+            &client,
+            &ns,
+            "github",
+            REPOSITORY,
+            Some(&forge.uri()),
+            json!({"lifecycle": {"idleTimeout": "1h", "idleAction": "Sleep", "maxAge": "7d"}}),
+            WEB_APP,
+        )
+        .await;
+        let harness = Harness::start(&client, &ns, 1 << 20).await;
+        harness
+            .signed(
+                "pull_request",
+                "open",
+                &github_fixture("pull_request.opened.json"),
+            )
+            .await;
+        let name = environment_of(&harness, 2).await;
+        let ready = wait_for_phase(
+            &harness.environments,
+            &name,
+            Phase::Ready,
+            Duration::from_secs(60),
+        )
+        .await;
+        let target = ready.status.unwrap().namespace.unwrap();
+        let context = harness.context.clone();
+        let sweeper = Sweeper {
+            client: client.clone(),
+            templates: context.templates.clone(),
+            environments: context.environments.clone(),
+            metrics: context.metrics.clone(),
+            caches_ready: context.caches_ready.clone(),
+            watch_namespace: Some(ns.clone()),
+        };
+        // 30 minutes later: not idle yet. (The forge lists nothing: it answers 404, so no forge
+        // rule applies; idleness needs no forge.)
+        let report = sweeper
+            .sweep(&context.reporter, Utc::now() + TimeDelta::minutes(30))
+            .await
+            .unwrap();
+        assert!(
+            report.slept.is_empty() && report.deleted.is_empty(),
+            "{report:?}"
+        );
+        // Two hours later: asleep, not deleted.
+        let report = sweeper
+            .sweep(&context.reporter, Utc::now() + TimeDelta::hours(2))
+            .await
+            .unwrap();
+        assert_eq!(report.slept, [format!("{ns}/{name}")]);
+        assert!(report.deleted.is_empty());
+        wait_for_phase(
+            &harness.environments,
+            &name,
+            Phase::Sleeping,
+            Duration::from_secs(60),
+        )
+        .await;
+        let deployments: Api<Deployment> = Api::namespaced(client.clone(), &target);
+        assert_eq!(
+            deployments.get("web").await.unwrap().spec.unwrap().replicas,
+            Some(0)
+        );
+        assert_eq!(context.metrics.gc_sleeps.get(), 1);
+
+        // A push (synchronize with a new head SHA) wakes it at the new commit.
+        let mut synchronize = json_fixture("github/pull_request.synchronize.json");
+        let new_sha = "3333333333333333333333333333333333333333";
+        synchronize["pull_request"]["head"]["sha"] = new_sha.into();
+        let (status, body) = harness
+            .signed("pull_request", "push", synchronize.to_string().as_bytes())
+            .await;
+        assert_eq!(status, 202, "{body}");
+        assert!(body.to_string().contains("woke"), "{body}");
+        wait_ready_with_sha(&harness.environments, &name, new_sha).await;
+        let web = deployments.get("web").await.unwrap();
+        assert_eq!(web.spec.unwrap().replicas, Some(1));
+        assert!(!harness.environments.get(&name).await.unwrap().spec.sleep);
+    })
+    .await;
+}

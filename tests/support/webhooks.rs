@@ -1,0 +1,378 @@
+//! The webhook harness shared by the webhook and lifecycle tests: wiremock stand-ins for the
+//! GitHub and GitLab APIs, a controller with the webhook server in front of it, signed fixture
+//! deliveries and waits on environments.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::{Api, ListParams, PostParams};
+use kube::{Client, ResourceExt};
+use previewd::controller::Context;
+use previewd::crd::{Phase, PreviewEnvironment, PreviewTemplate};
+use previewd::forge::github;
+use previewd::server::{self, ServerState};
+use serde_json::{Value, json};
+use wiremock::matchers::{method, path_regex};
+use wiremock::{Mock, MockServer, ResponseTemplate};
+
+use super::{eventually, fixture};
+
+/// A GitHub API that accepts previewd's calls: no comment exists yet, a new one gets id 4242,
+/// a deployment gets id 77.
+pub async fn github_forge() -> MockServer {
+    let server = MockServer::start().await;
+    let ok = |status: u16, body: Value| {
+        ResponseTemplate::new(status)
+            .set_body_json(body)
+            .insert_header("x-ratelimit-remaining", "4990")
+    };
+    Mock::given(method("GET"))
+        .and(path_regex(r"^/repos/[^/]+/[^/]+/issues/\d+/comments$"))
+        .respond_with(ok(200, json!([])))
+        .mount(&server)
+        .await;
+    Mock::given(method("POST"))
+        .and(path_regex(r"^/repos/[^/]+/[^/]+/issues/\d+/comments$"))
+        .respond_with(ok(201, json!({"id": 4242})))
+        .mount(&server)
+        .await;
+    Mock::given(method("PATCH"))
+        .and(path_regex(r"^/repos/[^/]+/[^/]+/issues/comments/\d+$"))
+        .respond_with(ok(200, json!({"id": 4242})))
+        .mount(&server)
+        .await;
+    Mock::given(method("POST"))
+        .and(path_regex(r"^/repos/[^/]+/[^/]+/deployments$"))
+        .respond_with(ok(201, json!({"id": 77})))
+        .mount(&server)
+        .await;
+    Mock::given(method("POST"))
+        .and(path_regex(r"^/repos/[^/]+/[^/]+/deployments/\d+/statuses$"))
+        .respond_with(ok(201, json!({"id": 1})))
+        .mount(&server)
+        .await;
+    Mock::given(method("POST"))
+        .and(path_regex(r"^/repos/[^/]+/[^/]+/statuses/[0-9a-f]+$"))
+        .respond_with(ok(201, json!({"id": 1})))
+        .mount(&server)
+        .await;
+    server
+}
+
+/// A GitLab API (v4) that accepts previewd's calls: a new note gets id 99.
+pub async fn gitlab_forge() -> MockServer {
+    let server = MockServer::start().await;
+    let ok = |status: u16, body: Value| {
+        ResponseTemplate::new(status)
+            .set_body_json(body)
+            .insert_header("ratelimit-remaining", "1990")
+    };
+    Mock::given(method("GET"))
+        .and(path_regex(r"^/api/v4/user$"))
+        .respond_with(ok(200, json!({"id": 1, "username": "previewd"})))
+        .mount(&server)
+        .await;
+    Mock::given(method("GET"))
+        .and(path_regex(
+            r"^/api/v4/projects/[^/]+/merge_requests/\d+/notes$",
+        ))
+        .respond_with(ok(200, json!([])))
+        .mount(&server)
+        .await;
+    Mock::given(method("POST"))
+        .and(path_regex(
+            r"^/api/v4/projects/[^/]+/merge_requests/\d+/notes$",
+        ))
+        .respond_with(ok(201, json!({"id": 99, "body": ""})))
+        .mount(&server)
+        .await;
+    Mock::given(method("PUT"))
+        .and(path_regex(
+            r"^/api/v4/projects/[^/]+/merge_requests/\d+/notes/\d+$",
+        ))
+        .respond_with(ok(200, json!({"id": 99, "body": ""})))
+        .mount(&server)
+        .await;
+    Mock::given(method("POST"))
+        .and(path_regex(r"^/api/v4/projects/[^/]+/statuses/[0-9a-f]+$"))
+        .respond_with(ok(201, json!({"id": 1})))
+        .mount(&server)
+        .await;
+    server
+}
+
+/// How many `verb` requests the forge received whose path ends with `path_end` and whose body
+/// contains `needle`.
+pub async fn sent(forge: &MockServer, verb: &str, path_end: &str, needle: &str) -> usize {
+    forge
+        .received_requests()
+        .await
+        .unwrap_or_default()
+        .iter()
+        .filter(|r| r.method.as_str() == verb && r.url.path().ends_with(path_end))
+        .filter(|r| String::from_utf8_lossy(&r.body).contains(needle))
+        .count()
+}
+
+/// The text of the last comment created or edited (GitHub `body`, GitLab `body` form or JSON).
+pub async fn last_comment_text(forge: &MockServer) -> Option<String> {
+    let requests = forge.received_requests().await.unwrap_or_default();
+    requests
+        .iter()
+        .rev()
+        .filter(|r| {
+            r.method.as_str() != "GET"
+                && (r.url.path().contains("/comments") || r.url.path().contains("/notes"))
+        })
+        .find_map(|r| {
+            let raw = String::from_utf8_lossy(&r.body).into_owned();
+            if let Ok(json) = serde_json::from_str::<Value>(&raw) {
+                return json["body"].as_str().map(str::to_string);
+            }
+            url::form_urlencoded::parse(raw.as_bytes())
+                .find(|(k, _)| k == "body")
+                .map(|(_, v)| v.into_owned())
+        })
+}
+
+pub const SECRET: &str = "it-is-a-secret-to-everybody";
+
+/// A controller and the webhook server for one test namespace, on a free loopback port.
+pub struct Harness {
+    pub base: String,
+    pub http: reqwest::Client,
+    pub environments: Api<PreviewEnvironment>,
+    pub context: Arc<Context>,
+}
+
+impl Harness {
+    pub async fn start(client: &Client, namespace: &str, max_body_bytes: usize) -> Self {
+        let context = super::start_controller(client, namespace).await;
+        let metrics = context.metrics.clone();
+        let state = ServerState::new(client.clone(), &context, metrics, max_body_bytes);
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let base = format!("http://{}", listener.local_addr().unwrap());
+        tokio::spawn(server::serve(state.clone(), listener));
+        let http = reqwest::Client::new();
+        // Ready once the template and environment caches are synced.
+        eventually("the server to be ready", Duration::from_secs(30), || {
+            let (http, url) = (http.clone(), format!("{base}/readyz"));
+            async move {
+                http.get(url)
+                    .send()
+                    .await
+                    .ok()?
+                    .status()
+                    .is_success()
+                    .then_some(())
+            }
+        })
+        .await;
+        Self {
+            base,
+            http,
+            environments: Api::namespaced(client.clone(), namespace),
+            context,
+        }
+    }
+
+    pub async fn github(
+        &self,
+        event: &str,
+        delivery: &str,
+        body: &[u8],
+        signature: Option<String>,
+    ) -> (u16, Value) {
+        let mut request = self
+            .http
+            .post(format!("{}/webhooks/github", self.base))
+            .header("X-GitHub-Event", event)
+            .header("X-GitHub-Delivery", delivery)
+            .header("Content-Type", "application/json")
+            .body(body.to_vec());
+        if let Some(signature) = signature {
+            request = request.header("X-Hub-Signature-256", signature);
+        }
+        let response = request.send().await.expect("send the delivery");
+        let status = response.status().as_u16();
+        (status, response.json().await.unwrap_or(Value::Null))
+    }
+
+    /// Sends `body` signed with the right secret.
+    pub async fn signed(&self, event: &str, delivery: &str, body: &[u8]) -> (u16, Value) {
+        self.github(
+            event,
+            delivery,
+            body,
+            Some(github::sign(SECRET.as_bytes(), body)),
+        )
+        .await
+    }
+
+    pub async fn gitlab(
+        &self,
+        event: &str,
+        delivery: &str,
+        body: &[u8],
+        token: &str,
+    ) -> (u16, Value) {
+        let response = self
+            .http
+            .post(format!("{}/webhooks/gitlab", self.base))
+            .header("X-Gitlab-Event", event)
+            .header("X-Gitlab-Event-UUID", delivery)
+            .header("X-Gitlab-Token", token)
+            .body(body.to_vec())
+            .send()
+            .await
+            .expect("send the delivery");
+        let status = response.status().as_u16();
+        (status, response.json().await.unwrap_or(Value::Null))
+    }
+
+    pub async fn environment_names(&self) -> Vec<String> {
+        let mut names: Vec<String> = self
+            .environments
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .iter()
+            .map(|e| e.name_any())
+            .collect();
+        names.sort();
+        names
+    }
+}
+
+/// The webhook secret and a small template (one ConfigMap showing the SHA) for `repository`;
+/// with `forge_api`, also a token and the forge API URL, so previewd reports there.
+pub async fn install_template(
+    client: &Client,
+    namespace: &str,
+    forge: &str,
+    repository: &str,
+    forge_api: Option<&str>,
+) {
+    install_template_with(
+        client,
+        namespace,
+        forge,
+        repository,
+        forge_api,
+        json!({}),
+        CONFIG_MAP_APP,
+    )
+    .await;
+}
+
+/// The manifest of the default test application: one ConfigMap showing the SHA.
+pub const CONFIG_MAP_APP: &str =
+    "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: app\ndata:\n  sha: \"{{ sha }}\"\n";
+
+/// [`install_template`] with more spec fields (`lifecycle`, `triggers`, merged into the spec)
+/// and another manifest.
+pub async fn install_template_with(
+    client: &Client,
+    namespace: &str,
+    forge: &str,
+    repository: &str,
+    forge_api: Option<&str>,
+    spec_extra: Value,
+    manifest: &str,
+) {
+    let secret: Secret = serde_json::from_value(json!({
+        "metadata": {"name": "webhook"},
+        "stringData": {"secret": SECRET, "token": "forge-token-for-tests"}
+    }))
+    .unwrap();
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), namespace);
+    let _ = secrets.create(&PostParams::default(), &secret).await;
+    let mut template = json!({
+        "apiVersion": "previewd.dev/v1alpha1", "kind": "PreviewTemplate",
+        "metadata": {"name": format!("app-{forge}")},
+        "spec": {
+            "forge": {"kind": forge, "repository": repository,
+                      "webhookSecretRef": {"name": "webhook", "key": "secret"},
+                      "apiUrl": forge_api,
+                      "tokenSecretRef": forge_api.map(|_| json!({"name": "webhook", "key": "token"}))},
+            "manifests": {"inline": [{"name": "app.yaml", "template": manifest}]}
+        }
+    });
+    for (key, value) in spec_extra.as_object().cloned().unwrap_or_default() {
+        template["spec"][key] = value;
+    }
+    let template: PreviewTemplate = serde_json::from_value(template).unwrap();
+    Api::<PreviewTemplate>::namespaced(client.clone(), namespace)
+        .create(&PostParams::default(), &template)
+        .await
+        .unwrap();
+}
+
+pub fn github_fixture(name: &str) -> Vec<u8> {
+    std::fs::read(fixture(&format!("github/{name}"))).unwrap()
+}
+
+pub fn json_fixture(path: &str) -> Value {
+    serde_json::from_slice(&std::fs::read(fixture(path)).unwrap()).unwrap()
+}
+
+pub async fn wait_ready_with_sha(
+    environments: &Api<PreviewEnvironment>,
+    name: &str,
+    sha: &str,
+) -> PreviewEnvironment {
+    eventually(
+        &format!("{name} Ready at {sha}"),
+        Duration::from_secs(60),
+        || {
+            let (environments, name, sha) =
+                (environments.clone(), name.to_string(), sha.to_string());
+            async move {
+                let environment = environments.get_opt(&name).await.ok()??;
+                let status = environment.status.as_ref()?;
+                (status.phase == Phase::Ready && status.deployed_sha.as_deref() == Some(&sha))
+                    .then_some(environment)
+            }
+        },
+    )
+    .await
+}
+
+pub async fn wait_gone(
+    client: &Client,
+    environments: &Api<PreviewEnvironment>,
+    name: &str,
+    namespace: &str,
+) {
+    let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
+    eventually(
+        &format!("{name} and namespace {namespace} to be deleted"),
+        Duration::from_secs(60),
+        || {
+            let (environments, namespaces, name, namespace) = (
+                environments.clone(),
+                namespaces.clone(),
+                name.to_string(),
+                namespace.to_string(),
+            );
+            async move {
+                let environment_gone = environments.get_opt(&name).await.ok()?.is_none();
+                let namespace_gone = namespaces.get_opt(&namespace).await.ok()?.is_none();
+                (environment_gone && namespace_gone).then_some(())
+            }
+        },
+    )
+    .await;
+}
+
+/// `pull_request.opened.json` as PR `number` on branch `pr-<number>` (changed in a copy).
+pub fn opened_for(number: u64, sha: &str) -> Vec<u8> {
+    let mut delivery = json_fixture("github/pull_request.opened.json");
+    delivery["number"] = number.into();
+    delivery["pull_request"]["number"] = number.into();
+    delivery["pull_request"]["head"]["ref"] = format!("pr-{number}").into();
+    delivery["pull_request"]["head"]["sha"] = sha.into();
+    delivery.to_string().into_bytes()
+}
