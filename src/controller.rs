@@ -725,7 +725,14 @@ async fn cleanup(environment: &PreviewEnvironment, context: &Context) -> Result<
             }
             if existing.metadata.deletion_timestamp.is_none() {
                 start_queued(environment, context);
-                report_destroyed(environment, context).await;
+                let reason = deletion_reason(environment);
+                report_destroyed(environment, context, &reason).await;
+                // The reason goes into the status and an Event too, for `kubectl describe`.
+                let terminating =
+                    held_status(environment, Phase::Terminating, "Deleting", &reason, None);
+                if let Err(e) = write_status_only(environment, context, terminating).await {
+                    tracing::debug!(error = %e, "could not write the Terminating status");
+                }
                 context.metrics.write("delete");
                 namespaces
                     .delete(&namespace, &Default::default())
@@ -736,7 +743,7 @@ async fn cleanup(environment: &PreviewEnvironment, context: &Context) -> Result<
                     environment,
                     EventType::Normal,
                     "Deleting",
-                    format!("deleting namespace {namespace}"),
+                    format!("deleting namespace {namespace}: {reason}"),
                 )
                 .await;
             }
@@ -747,18 +754,13 @@ async fn cleanup(environment: &PreviewEnvironment, context: &Context) -> Result<
 
 /// Tells the forge the environment is gone. A failure is logged and counted, never blocks the
 /// deletion: a forge outage must not keep namespaces alive.
-async fn report_destroyed(environment: &PreviewEnvironment, context: &Context) {
+async fn report_destroyed(environment: &PreviewEnvironment, context: &Context, reason: &str) {
     let Some(template) = template_of(environment, context) else {
         return;
     };
-    let reason = environment
-        .annotations()
-        .get(crate::intake::ANNOTATION_DELETION_REASON)
-        .cloned()
-        .unwrap_or_else(|| "the PreviewEnvironment was deleted".into());
     if let Err(e) = context
         .reporter
-        .report_destroyed(environment, &template, &reason)
+        .report_destroyed(environment, &template, reason)
         .await
     {
         context
@@ -768,6 +770,16 @@ async fn report_destroyed(environment: &PreviewEnvironment, context: &Context) {
             .inc();
         tracing::warn!(environment = %environment.name_any(), error = %e, "could not tell the forge the environment was destroyed");
     }
+}
+
+/// Why the environment is being deleted: what the webhook, the sweep or a command wrote on it,
+/// else a deletion by hand.
+fn deletion_reason(environment: &PreviewEnvironment) -> String {
+    environment
+        .annotations()
+        .get(crate::intake::ANNOTATION_DELETION_REASON)
+        .cloned()
+        .unwrap_or_else(|| "the PreviewEnvironment was deleted".into())
 }
 
 /// Whether the slow periodic resync is due: then the apply cache is bypassed. The clock of an

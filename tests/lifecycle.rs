@@ -402,6 +402,21 @@ async fn comment_commands_from_writers_act_and_from_others_are_refused() {
             "@maintainer asked for it with `/preview destroy`",
         )
         .await;
+        // The reason is in an Event as well, for `kubectl describe` and `kubectl get events`.
+        let events: Api<k8s_openapi::api::core::v1::Event> = Api::namespaced(client.clone(), &ns);
+        let deleting = events
+            .list(&Default::default())
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .find(|e| {
+                e.reason.as_deref() == Some("Deleting")
+                    && e.message
+                        .as_deref()
+                        .is_some_and(|m| m.contains("@maintainer asked for it"))
+            });
+        assert!(deleting.is_some(), "a Deleting event with the reason");
         assert_eq!(
             comments_created(&forge, 2).await,
             1,
@@ -597,6 +612,116 @@ async fn idle_environments_sleep_and_a_push_wakes_them() {
         let web = deployments.get("web").await.unwrap();
         assert_eq!(web.spec.unwrap().replicas, Some(1));
         assert!(!harness.environments.get(&name).await.unwrap().spec.sleep);
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn gitlab_note_commands_ask_for_member_access() {
+    in_namespace("lifecycle-gitlab", |client, ns| async move {
+        let forge = gitlab_forge().await;
+        // Member 1 (`root` in the fixture) is a Developer; user 7 is not a member.
+        for (user, status, body) in [
+            (
+                1,
+                200,
+                json!({"id": 1, "username": "root", "access_level": 30}),
+            ),
+            (7, 404, json!({"message": "404 Not found"})),
+        ] {
+            Mock::given(method("GET"))
+                .and(wiremock::matchers::path_regex(format!(
+                    r"^/api/v4/projects/[^/]+/members/all/{user}$"
+                )))
+                .respond_with(ResponseTemplate::new(status).set_body_json(body))
+                .mount(&forge)
+                .await;
+        }
+        install_template_with(
+            &client,
+            &ns,
+            "gitlab",
+            "gitlabhq/gitlab-test",
+            Some(&forge.uri()),
+            json!({}),
+            WEB_APP,
+        )
+        .await;
+        let harness = Harness::start(&client, &ns, 1 << 20).await;
+        let opened = json_fixture("gitlab/merge_request.json");
+        harness
+            .gitlab(
+                "Merge Request Hook",
+                "open",
+                opened.to_string().as_bytes(),
+                SECRET,
+            )
+            .await;
+        let name = environment_of(&harness, 1).await;
+        wait_for_phase(
+            &harness.environments,
+            &name,
+            Phase::Ready,
+            Duration::from_secs(60),
+        )
+        .await;
+        // The fixture note is on MR 1 of gitlab-org/gitlab-test; changed in a copy to be on
+        // this template's project, by the given user.
+        let note = |user_id: u64, username: &str, text: &str| {
+            let mut delivery = json_fixture("gitlab/note_merge_request.json");
+            delivery["project"]["path_with_namespace"] = "gitlabhq/gitlab-test".into();
+            delivery["user"]["id"] = user_id.into();
+            delivery["user"]["username"] = username.into();
+            delivery["object_attributes"]["note"] = text.into();
+            delivery.to_string().into_bytes()
+        };
+        let note_says = |needle: &'static str| {
+            let forge = &forge;
+            async move {
+                eventually(
+                    &format!("the MR note to say {needle:?}"),
+                    Duration::from_secs(30),
+                    move || async move {
+                        last_comment_text(forge)
+                            .await
+                            .filter(|t| t.contains(needle))
+                    },
+                )
+                .await
+            }
+        };
+        let (status, body) = harness
+            .gitlab(
+                "Note Hook",
+                "note-1",
+                &note(7, "guest", "/preview sleep"),
+                SECRET,
+            )
+            .await;
+        assert_eq!(status, 202, "{body}");
+        note_says("`/preview sleep` by @guest: refused").await;
+        assert!(!harness.environments.get(&name).await.unwrap().spec.sleep);
+        harness
+            .gitlab(
+                "Note Hook",
+                "note-2",
+                &note(1, "root", "/preview sleep"),
+                SECRET,
+            )
+            .await;
+        wait_for_phase(
+            &harness.environments,
+            &name,
+            Phase::Sleeping,
+            Duration::from_secs(60),
+        )
+        .await;
+        note_says("`/preview sleep` by @root: going to sleep").await;
+        assert_eq!(
+            sent(&forge, "POST", "/merge_requests/1/notes", "").await,
+            1,
+            "one note, edited for every answer"
+        );
     })
     .await;
 }
