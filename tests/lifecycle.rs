@@ -122,6 +122,44 @@ async fn comment_says(forge: &MockServer, environment: &str, needle: &str) {
     .await
 }
 
+/// The [`WEB_APP`] template (with `spec_extra`), previewd, and PR 2 opened and Ready: the
+/// harness, the environment's name and its namespace.
+async fn web_app_ready(
+    client: &kube::Client,
+    namespace: &str,
+    forge: &MockServer,
+    spec_extra: Value,
+) -> (Harness, String, String) {
+    install_template_with(
+        client,
+        namespace,
+        "github",
+        REPOSITORY,
+        Some(&forge.uri()),
+        spec_extra,
+        WEB_APP,
+    )
+    .await;
+    let harness = Harness::start(client, namespace, 1 << 20).await;
+    harness
+        .signed(
+            "pull_request",
+            "open-2",
+            &github_fixture("pull_request.opened.json"),
+        )
+        .await;
+    let name = environment_of(&harness, 2).await;
+    let ready = wait_for_phase(
+        &harness.environments,
+        &name,
+        Phase::Ready,
+        Duration::from_secs(60),
+    )
+    .await;
+    let target = ready.status.unwrap().namespace.unwrap();
+    (harness, name, target)
+}
+
 async fn comments_created(forge: &MockServer, number: u64) -> usize {
     sent(forge, "POST", &format!("/issues/{number}/comments"), "").await
 }
@@ -229,33 +267,7 @@ async fn comment_commands_from_writers_act_and_from_others_are_refused() {
     in_namespace("lifecycle-commands", |client, ns| async move {
         let forge = github_forge().await;
         with_permissions(&forge).await;
-        install_template_with(
-            &client,
-            &ns,
-            "github",
-            REPOSITORY,
-            Some(&forge.uri()),
-            json!({}),
-            WEB_APP,
-        )
-        .await;
-        let harness = Harness::start(&client, &ns, 1 << 20).await;
-        harness
-            .signed(
-                "pull_request",
-                "open-2",
-                &github_fixture("pull_request.opened.json"),
-            )
-            .await;
-        let name = environment_of(&harness, 2).await;
-        let ready = wait_for_phase(
-            &harness.environments,
-            &name,
-            Phase::Ready,
-            Duration::from_secs(60),
-        )
-        .await;
-        let target = ready.status.unwrap().namespace.unwrap();
+        let (harness, name, target) = web_app_ready(&client, &ns, &forge, json!({})).await;
         let deployments: Api<Deployment> = Api::namespaced(client.clone(), &target);
         let mut delivery = 0;
         let mut say = |user: &'static str, text: &'static str| {
@@ -532,33 +544,9 @@ async fn a_fork_pull_request_waits_for_approval_of_each_commit() {
 async fn idle_environments_sleep_and_a_push_wakes_them() {
     in_namespace("lifecycle-idle-sleep", |client, ns| async move {
         let forge = github_forge().await;
-        install_template_with(
-            &client,
-            &ns,
-            "github",
-            REPOSITORY,
-            Some(&forge.uri()),
-            json!({"lifecycle": {"idleTimeout": "1h", "idleAction": "Sleep", "maxAge": "7d"}}),
-            WEB_APP,
-        )
-        .await;
-        let harness = Harness::start(&client, &ns, 1 << 20).await;
-        harness
-            .signed(
-                "pull_request",
-                "open",
-                &github_fixture("pull_request.opened.json"),
-            )
-            .await;
-        let name = environment_of(&harness, 2).await;
-        let ready = wait_for_phase(
-            &harness.environments,
-            &name,
-            Phase::Ready,
-            Duration::from_secs(60),
-        )
-        .await;
-        let target = ready.status.unwrap().namespace.unwrap();
+        let lifecycle =
+            json!({"lifecycle": {"idleTimeout": "1h", "idleAction": "Sleep", "maxAge": "7d"}});
+        let (harness, name, target) = web_app_ready(&client, &ns, &forge, lifecycle).await;
         let context = harness.context.clone();
         let sweeper = Sweeper {
             client: client.clone(),

@@ -32,12 +32,7 @@ use serde_json::Value;
 const ROUNDS: usize = 5;
 
 fn main() {
-    previewd::install_crypto_provider();
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .expect("benchmark runtime");
-    runtime.block_on(benchmark());
+    support::run_benchmark(benchmark());
 }
 
 /// A client that counts every HTTP request it sends.

@@ -34,12 +34,7 @@ const REPOSITORIES: usize = 5;
 const ENVIRONMENTS_PER_REPOSITORY: u64 = 100;
 
 fn main() {
-    previewd::install_crypto_provider();
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .expect("benchmark runtime");
-    runtime.block_on(benchmark());
+    support::run_benchmark(benchmark());
 }
 
 /// Open PRs of every repository: 1–90 and 340–500 (251 in all), served 100 per page.

@@ -23,12 +23,7 @@ const DELIVERIES: usize = 1_000;
 const IN_FLIGHT: usize = 32;
 
 fn main() {
-    previewd::install_crypto_provider();
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .expect("benchmark runtime");
-    runtime.block_on(benchmark());
+    support::run_benchmark(benchmark());
 }
 
 /// Sends `deliveries` with at most [`IN_FLIGHT`] at once and prints throughput and latency.

@@ -328,3 +328,13 @@ pub async fn wait_for_phase(
     })
     .await
 }
+
+/// Runs a benchmark's body on a multi-threaded runtime (benchmarks have no test harness).
+pub fn run_benchmark<F: Future>(benchmark: F) -> F::Output {
+    previewd::install_crypto_provider();
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("benchmark runtime")
+        .block_on(benchmark)
+}
