@@ -360,6 +360,7 @@ mod tests {
         assert!(answer("/preview extend").contains("needs a duration"));
         assert!(answer("/preview extend forever").contains("`forever` is not a duration"));
         assert!(answer("/preview extend 90d").contains("longer than the 30 days"));
+        assert!(answer("/preview extend 1000000000000000d").contains("not a duration"));
         assert!(answer("/preview sleep now").contains("takes no argument"));
         assert!(answer("/preview extend 3d please").contains("unexpected `please`"));
     }

@@ -161,7 +161,10 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
             ));
         }
     };
-    Ok(Duration::from_secs(number * seconds))
+    number
+        .checked_mul(seconds)
+        .map(Duration::from_secs)
+        .ok_or_else(|| format!("{text:?} is too long a duration"))
 }
 
 #[cfg(test)]
@@ -173,6 +176,8 @@ mod tests {
         assert_eq!(parse_duration("90s"), Ok(Duration::from_secs(90)));
         assert_eq!(parse_duration("10m"), Ok(Duration::from_secs(600)));
         assert_eq!(parse_duration("72h"), Ok(Duration::from_secs(259_200)));
+        // Would overflow when multiplied out (a hostile `/preview extend`): an error.
+        assert!(parse_duration("1000000000000000d").is_err());
         assert_eq!(parse_duration("14d"), Ok(Duration::from_secs(1_209_600)));
         assert_eq!(parse_duration("5"), Ok(Duration::from_secs(5)));
         assert!(parse_duration("3 weeks").is_err());
