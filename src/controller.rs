@@ -115,6 +115,8 @@ pub struct Context {
     /// Asks for a reconcile of an environment: used to start queued environments as soon as a
     /// slot frees up.
     reconcile_trigger: tokio::sync::mpsc::UnboundedSender<ObjectRef<PreviewEnvironment>>,
+    /// When each running seed Job (`namespace/job`) was first seen running.
+    seed_started: Mutex<HashMap<String, Instant>>,
     recorder: Recorder,
     failures: Mutex<HashMap<ObjectRef<PreviewEnvironment>, u32>>,
     last_full_apply: Mutex<HashMap<ObjectRef<PreviewEnvironment>, Instant>>,
@@ -223,6 +225,7 @@ pub async fn run(
         reporter,
         repository_manifests: RepositoryManifests::default(),
         reconcile_trigger: trigger_tx,
+        seed_started: Mutex::new(HashMap::new()),
         failures: Mutex::new(HashMap::new()),
         last_full_apply: Mutex::new(HashMap::new()),
     });
@@ -465,11 +468,82 @@ async fn reconcile_environment(
         _ => Duration::from_secs(30).min(context.config.resync_interval),
     };
     let fell_asleep = status.phase == Phase::Sleeping && previous_status.phase != Phase::Sleeping;
+    let observations = observe_progress(&previous_status, &status, context);
     write_status(environment, context, status).await?;
+    observations.record(&context.metrics);
     if fell_asleep {
         start_queued(environment, context);
     }
     Ok(Action::requeue(requeue))
+}
+
+/// What one reconcile's progress adds to the metrics: recorded only once its status is
+/// written, so that a retried write does not count twice.
+#[derive(Default)]
+struct Observations {
+    seconds_to_ready: Option<f64>,
+    seed_durations: Vec<f64>,
+    seed_failures: u64,
+}
+
+impl Observations {
+    fn record(&self, metrics: &Metrics) {
+        if let Some(seconds) = self.seconds_to_ready {
+            metrics.time_to_ready.observe(seconds);
+        }
+        for seconds in &self.seed_durations {
+            metrics.seed_duration.observe(*seconds);
+        }
+        metrics.seed_failures.inc_by(self.seed_failures);
+    }
+}
+
+/// Compares the status about to be written with the previous one: a commit that just became
+/// Ready, seeds that just succeeded (timed from when previewd first saw them running) or failed.
+fn observe_progress(
+    previous: &PreviewEnvironmentStatus,
+    status: &PreviewEnvironmentStatus,
+    context: &Context,
+) -> Observations {
+    let mut observations = Observations::default();
+    let was_ready = |sha: &str| {
+        previous
+            .timings
+            .as_ref()
+            .is_some_and(|t| t.sha == sha && t.ready_at.is_some())
+    };
+    if let Some(timings) = &status.timings
+        && timings.ready_at.is_some()
+        && !was_ready(&timings.sha)
+    {
+        observations.seconds_to_ready = timings.seconds_to_ready;
+    }
+    let namespace = status.namespace.clone().unwrap_or_default();
+    let mut started = context.seed_started.lock().expect("seed clock");
+    for seed in &status.seeds {
+        let key = format!("{namespace}/{}", seed.job);
+        let before = previous
+            .seeds
+            .iter()
+            .find(|s| s.job == seed.job)
+            .map(|s| s.state.as_str());
+        match seed.state.as_str() {
+            "Running" => {
+                started.entry(key).or_insert_with(Instant::now);
+            }
+            "Succeeded" if before != Some("Succeeded") => {
+                if let Some(at) = started.remove(&key) {
+                    observations.seed_durations.push(at.elapsed().as_secs_f64());
+                }
+            }
+            "Failed" if before != Some("Failed") => {
+                started.remove(&key);
+                observations.seed_failures += 1;
+            }
+            _ => {}
+        }
+    }
+    observations
 }
 
 /// Why `environment` may not deploy now, as the status to write: a fork pull request waiting

@@ -2,8 +2,8 @@
 //! an error message.
 
 use prometheus::{
-    Encoder, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGaugeVec, Opts, Registry,
-    TextEncoder,
+    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGaugeVec, Opts,
+    Registry, TextEncoder,
 };
 
 pub struct Metrics {
@@ -14,7 +14,8 @@ pub struct Metrics {
     pub writes: IntCounterVec,
     pub reconcile_duration: HistogramVec,
     pub reconcile_errors: IntCounterVec,
-    /// Webhook deliveries by forge and outcome (`accepted`, `unchanged`, `ignored`, `duplicate`, `pong`,
+    /// Webhook deliveries by forge, event (`pull_request`, `push`, `delete`, `comment`, `ping`,
+    /// `tag_push`, `other`) and outcome (`accepted`, `unchanged`, `ignored`, `duplicate`, `pong`,
     /// `unauthorized`, `malformed`, `too_large`, `error`).
     pub webhooks: IntCounterVec,
     pub webhook_duration: HistogramVec,
@@ -26,6 +27,14 @@ pub struct Metrics {
     pub gc_deletions: IntCounterVec,
     /// Idle environments the sweep put to sleep.
     pub gc_sleeps: IntCounter,
+    /// Environments by phase, as the controller's cache holds them (set at each scrape).
+    pub environments: IntGaugeVec,
+    /// Seconds from a commit's request (the push) to its environment being Ready.
+    pub time_to_ready: Histogram,
+    /// Seconds a seed Job ran, from its first sight running to success.
+    pub seed_duration: Histogram,
+    /// Seed Jobs that failed.
+    pub seed_failures: IntCounter,
 }
 
 impl Default for Metrics {
@@ -77,7 +86,7 @@ impl Metrics {
                 "previewd_webhook_deliveries_total",
                 "Webhook deliveries by outcome",
             ),
-            &["forge", "outcome"],
+            &["forge", "event", "outcome"],
         )
         .expect("valid metric");
         let webhook_duration = HistogramVec::new(
@@ -117,6 +126,34 @@ impl Metrics {
             "Idle environments put to sleep by the sweep",
         )
         .expect("valid metric");
+        let environments = IntGaugeVec::new(
+            Opts::new("previewd_environments", "Environments by phase"),
+            &["phase"],
+        )
+        .expect("valid metric");
+        let time_to_ready = Histogram::with_opts(
+            HistogramOpts::new(
+                "previewd_time_to_ready_seconds",
+                "Time from a commit's push to its environment being Ready",
+            )
+            .buckets(vec![
+                1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0,
+            ]),
+        )
+        .expect("valid metric");
+        let seed_duration = Histogram::with_opts(
+            HistogramOpts::new(
+                "previewd_seed_duration_seconds",
+                "Time a seed Job ran until it succeeded",
+            )
+            .buckets(vec![
+                0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0,
+            ]),
+        )
+        .expect("valid metric");
+        let seed_failures =
+            IntCounter::new("previewd_seed_failures_total", "Seed Jobs that failed")
+                .expect("valid metric");
         for collector in [
             Box::new(applies.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(writes.clone()),
@@ -128,6 +165,10 @@ impl Metrics {
             Box::new(forge_rate_limit_remaining.clone()),
             Box::new(gc_deletions.clone()),
             Box::new(gc_sleeps.clone()),
+            Box::new(environments.clone()),
+            Box::new(time_to_ready.clone()),
+            Box::new(seed_duration.clone()),
+            Box::new(seed_failures.clone()),
         ] {
             registry.register(collector).expect("metric registers once");
         }
@@ -143,6 +184,31 @@ impl Metrics {
             forge_rate_limit_remaining,
             gc_deletions,
             gc_sleeps,
+            environments,
+            time_to_ready,
+            seed_duration,
+            seed_failures,
+        }
+    }
+
+    /// Sets the environments-by-phase gauge from the environments the cache holds.
+    pub fn count_environments<'a>(
+        &self,
+        environments: impl IntoIterator<Item = &'a crate::crd::PreviewEnvironment>,
+    ) {
+        let mut counts = std::collections::HashMap::new();
+        for environment in environments {
+            let phase = environment
+                .status
+                .as_ref()
+                .map(|s| s.phase)
+                .unwrap_or_default();
+            *counts.entry(phase).or_insert(0i64) += 1;
+        }
+        for phase in crate::crd::Phase::ALL {
+            self.environments
+                .with_label_values(&[phase.as_str()])
+                .set(counts.get(&phase).copied().unwrap_or(0));
         }
     }
 

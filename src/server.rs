@@ -103,6 +103,9 @@ async fn readyz(State(state): State<Arc<ServerState>>) -> Response {
 }
 
 async fn metrics(State(state): State<Arc<ServerState>>) -> Response {
+    state
+        .metrics
+        .count_environments(state.environments.state().iter().map(|e| e.as_ref()));
     (
         [("content-type", "text/plain; version=0.0.4")],
         state.metrics.render(),
@@ -159,7 +162,7 @@ async fn handle(state: &ServerState, forge: ForgeKind, request: Request) -> Resp
     state
         .metrics
         .webhooks
-        .with_label_values(&[forge_label, answer.outcome])
+        .with_label_values(&[forge_label, event_label(forge, &event_type), answer.outcome])
         .inc();
     state
         .metrics
@@ -173,6 +176,21 @@ async fn handle(state: &ServerState, forge: ForgeKind, request: Request) -> Resp
         tracing::info!(forge = forge_label, event = %event_type, delivery = ?delivery, outcome = answer.outcome, "webhook: {message}");
     }
     (answer.status, axum::Json(answer.body)).into_response()
+}
+
+/// The event type as a metric label: one of a fixed set (the header is the sender's text).
+fn event_label(forge: ForgeKind, event_type: &str) -> &'static str {
+    match (forge, event_type) {
+        (ForgeKind::Github, "pull_request") => "pull_request",
+        (ForgeKind::Github, "push") | (ForgeKind::Gitlab, "Push Hook") => "push",
+        (ForgeKind::Github, "delete") => "delete",
+        (ForgeKind::Github, "issue_comment") => "comment",
+        (ForgeKind::Github, "ping") => "ping",
+        (ForgeKind::Gitlab, "Merge Request Hook") => "pull_request",
+        (ForgeKind::Gitlab, "Note Hook") => "comment",
+        (ForgeKind::Gitlab, "Tag Push Hook") => "tag_push",
+        _ => "other",
+    }
 }
 
 fn forge_label(forge: ForgeKind) -> &'static str {

@@ -86,6 +86,11 @@ async fn web_postgres_reaches_ready_seeded_in_order_then_writes_nothing_until_so
         assert_eq!(status.seeds[0].state, "Succeeded");
         assert!(status.timings.as_ref().unwrap().seconds_to_ready.is_some());
         eprintln!("web-postgres: Ready {:.1} s after the request", status.timings.as_ref().unwrap().seconds_to_ready.unwrap());
+        // The metrics of that: one seed run timed, no failure, one commit Ready.
+        let text = context.metrics.render();
+        for series in ["previewd_seed_duration_seconds_count 1", "previewd_seed_failures_total 0", "previewd_time_to_ready_seconds_count 1"] {
+            assert!(text.lines().any(|l| l == series), "{series} in:\n{text}");
+        }
 
         // Guard rails in the namespace.
         assert!(Api::<ResourceQuota>::namespaced(client.clone(), &target).get_opt("previewd-quota").await.unwrap().is_some());

@@ -148,6 +148,23 @@ async fn github_pull_request_opened_synchronized_closed() {
             sent(&forge, "PATCH", "/issues/comments/4242", "").await >= 2,
             "and then edited in place"
         );
+        // What /metrics says after the story (static labels only).
+        let text = harness.metrics().await;
+        let value = |series: &str| {
+            metric_value(&text, series).unwrap_or_else(|| panic!("{series} missing in:\n{text}"))
+        };
+        assert_eq!(
+            value(r#"previewd_webhook_deliveries_total{event="pull_request",forge="github",outcome="accepted"}"#),
+            3.0,
+            "opened, synchronize, closed"
+        );
+        assert_eq!(value("previewd_time_to_ready_seconds_count"), 2.0, "two commits became Ready");
+        assert_eq!(value(r#"previewd_environments{phase="Ready"}"#), 0.0, "closed: none left");
+        assert!(value(r#"previewd_reconcile_duration_seconds_count{outcome="ok"}"#) >= 3.0);
+        assert!(value(r#"previewd_apply_requests_total{outcome="sent"}"#) >= 2.0);
+        assert!(value(r#"previewd_forge_requests_total{forge="github",operation="create_comment",outcome="ok"}"#) == 1.0);
+        assert_eq!(value(r#"previewd_forge_rate_limit_remaining{forge="github"}"#), 4990.0);
+        assert!(!text.contains(&name), "no environment name in any label");
         let calls = forge.received_requests().await.unwrap_or_default();
         eprintln!(
             "github story: {} forge API calls in all: {}",

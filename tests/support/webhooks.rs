@@ -231,6 +231,18 @@ impl Harness {
         (status, response.json().await.unwrap_or(Value::Null))
     }
 
+    /// The text `GET /metrics` answers.
+    pub async fn metrics(&self) -> String {
+        self.http
+            .get(format!("{}/metrics", self.base))
+            .send()
+            .await
+            .expect("GET /metrics")
+            .text()
+            .await
+            .expect("metrics text")
+    }
+
     pub async fn environment_names(&self) -> Vec<String> {
         let mut names: Vec<String> = self
             .environments
@@ -375,4 +387,15 @@ pub fn opened_for(number: u64, sha: &str) -> Vec<u8> {
     delivery["pull_request"]["head"]["ref"] = format!("pr-{number}").into();
     delivery["pull_request"]["head"]["sha"] = sha.into();
     delivery.to_string().into_bytes()
+}
+
+/// The value of one series (`name{label="value",…}` exactly as Prometheus text writes it, or a
+/// bare name) in a `/metrics` text.
+pub fn metric_value(text: &str, series: &str) -> Option<f64> {
+    text.lines()
+        .filter(|line| !line.starts_with('#'))
+        .find_map(|line| {
+            let (name, value) = line.rsplit_once(' ')?;
+            (name == series).then(|| value.parse().ok()).flatten()
+        })
 }
