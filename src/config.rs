@@ -80,6 +80,52 @@ pub struct RunArgs {
     pub controller: ControllerArgs,
     #[command(flatten)]
     pub webhooks: WebhookArgs,
+    #[command(flatten)]
+    pub leader: LeaderArgs,
+    /// On SIGTERM, how long in-flight webhook requests get to finish.
+    #[arg(long, env = "PREVIEWD_SHUTDOWN_GRACE", default_value = "20s", value_parser = parse_duration)]
+    pub shutdown_grace: Duration,
+}
+
+/// Leader election: every replica serves webhooks, only the Lease holder reconciles and sweeps.
+#[derive(Debug, Args)]
+pub struct LeaderArgs {
+    /// Elect a leader through a Lease before reconciling. Turn off only when exactly one
+    /// replica runs (two unelected replicas would both reconcile and sweep).
+    #[arg(long, env = "PREVIEWD_LEADER_ELECT", default_value_t = true, action = clap::ArgAction::Set)]
+    pub leader_elect: bool,
+    /// Namespace of the Lease (default: the namespace previewd runs in, from the in-cluster
+    /// service account or the kubeconfig context).
+    #[arg(long, env = "PREVIEWD_LEASE_NAMESPACE")]
+    pub lease_namespace: Option<String>,
+    #[arg(long, env = "PREVIEWD_LEASE_NAME", default_value = "previewd-leader")]
+    pub lease_name: String,
+    /// How long a Lease nobody renews keeps the other replicas waiting: the longest a
+    /// crashed leader's work is left undone. The leader renews every seventh of it.
+    #[arg(long, env = "PREVIEWD_LEASE_DURATION", default_value = "15s", value_parser = parse_duration)]
+    pub lease_duration: Duration,
+    /// This replica's name in the Lease (default: host name, i.e. the pod name, and a random
+    /// suffix).
+    #[arg(long, env = "PREVIEWD_IDENTITY")]
+    pub identity: Option<String>,
+}
+
+impl LeaderArgs {
+    /// The Lease settings, or `None` when leader election is off.
+    pub fn settings(&self, default_namespace: &str) -> Option<crate::leader::LeaseSettings> {
+        self.leader_elect.then(|| {
+            crate::leader::LeaseSettings::with_duration(
+                self.lease_namespace
+                    .clone()
+                    .unwrap_or_else(|| default_namespace.to_string()),
+                self.lease_name.clone(),
+                self.identity
+                    .clone()
+                    .unwrap_or_else(crate::leader::default_identity),
+                self.lease_duration.max(Duration::from_secs(2)),
+            )
+        })
+    }
 }
 
 #[derive(Debug, Args)]

@@ -117,35 +117,13 @@ pub struct Context {
     reconcile_trigger: tokio::sync::mpsc::UnboundedSender<ObjectRef<PreviewEnvironment>>,
     /// When each running seed Job (`namespace/job`) was first seen running.
     seed_started: Mutex<HashMap<String, Instant>>,
+    /// The Ready timings this process last wrote, by environment. The next reconcile can run
+    /// before the cache shows that write; without this it would declare the same commit Ready
+    /// a second time (a new `readyAt`, a second time-to-Ready observation).
+    ready_timings: Mutex<HashMap<ObjectRef<PreviewEnvironment>, Timings>>,
     recorder: Recorder,
     failures: Mutex<HashMap<ObjectRef<PreviewEnvironment>, u32>>,
     last_full_apply: Mutex<HashMap<ObjectRef<PreviewEnvironment>, Instant>>,
-}
-
-/// Turns `caches_ready` true once both watches (0: templates, 1: environments) have listed
-/// everything once.
-struct Readiness {
-    listed: [std::sync::atomic::AtomicBool; 2],
-    ready: tokio::sync::watch::Sender<bool>,
-}
-
-impl Readiness {
-    fn new(ready: tokio::sync::watch::Sender<bool>) -> Self {
-        Self {
-            listed: Default::default(),
-            ready,
-        }
-    }
-
-    fn observe<K>(&self, watch: usize, event: &Result<watcher::Event<K>, watcher::Error>) {
-        use std::sync::atomic::Ordering;
-        if let Ok(watcher::Event::InitDone) = event {
-            self.listed[watch].store(true, Ordering::SeqCst);
-            if self.listed.iter().all(|l| l.load(Ordering::SeqCst)) {
-                self.ready.send_replace(true);
-            }
-        }
-    }
 }
 
 impl Context {
@@ -178,23 +156,25 @@ pub async fn run(
     // `Store::wait_until_ready`: that one-shot channel wakes only the last of several waiters,
     // and the kube Controller already waits on the environment store.
     let (ready_tx, caches_ready) = tokio::sync::watch::channel(false);
-    let readiness = Arc::new(Readiness::new(ready_tx));
+    let readiness = Arc::new(crate::caches::Readiness::<2>::new(ready_tx));
     let (template_store, template_writer) = kube::runtime::reflector::store();
     let templates_ready = readiness.clone();
     let template_stream = kube::runtime::reflector(
         template_writer,
-        watcher(templates, watcher::Config::default())
-            .inspect(move |event| templates_ready.observe(0, event)),
+        watcher(templates, watcher::Config::default()),
     )
+    // After the reflector: the store holds what the event says before anyone is told.
+    .inspect(move |event| templates_ready.observe(0, event))
     .default_backoff()
     .touched_objects();
     let (environment_store, environment_writer) = kube::runtime::reflector::store();
     let environments_ready = readiness.clone();
     let environment_stream = kube::runtime::reflector(
         environment_writer,
-        watcher(environments, watcher::Config::default())
-            .inspect(move |event| environments_ready.observe(1, event)),
+        watcher(environments, watcher::Config::default()),
     )
+    // After the reflector: the store holds what the event says before anyone is told.
+    .inspect(move |event| environments_ready.observe(1, event))
     .default_backoff()
     .touched_objects();
     let controller = Controller::for_stream(environment_stream, environment_store.clone());
@@ -226,6 +206,7 @@ pub async fn run(
         repository_manifests: RepositoryManifests::default(),
         reconcile_trigger: trigger_tx,
         seed_started: Mutex::new(HashMap::new()),
+        ready_timings: Mutex::new(HashMap::new()),
         failures: Mutex::new(HashMap::new()),
         last_full_apply: Mutex::new(HashMap::new()),
     });
@@ -261,10 +242,33 @@ fn tokio_stream_from<T: Send + 'static>(
     futures::stream::poll_fn(move |cx| rx.poll_recv(cx))
 }
 
+/// One span per reconcile, so every line it logs (and kube's own) says which environment,
+/// template and repository it is about.
 async fn reconcile(
     environment: Arc<PreviewEnvironment>,
     context: Arc<Context>,
 ) -> Result<Action, Error> {
+    use tracing::Instrument;
+    let span = tracing::info_span!(
+        "reconcile",
+        environment = %format!("{}/{}", environment.namespace().unwrap_or_default(), environment.name_any()),
+        template = %environment.spec.template,
+        repository = %environment.spec.source.repository,
+        head_sha = %environment.spec.source.head_sha,
+    );
+    reconcile_in_span(environment, context)
+        .instrument(span)
+        .await
+}
+
+async fn reconcile_in_span(
+    environment: Arc<PreviewEnvironment>,
+    context: Arc<Context>,
+) -> Result<Action, Error> {
+    // The environment watch can list before the template watch has: reconciling then would
+    // call the template missing and mark a healthy environment Degraded (seen when a new
+    // leader starts with environments already in place).
+    context.wait_for_caches().await;
     let started = Instant::now();
     let api: Api<PreviewEnvironment> = Api::namespaced(
         context.client.clone(),
@@ -451,7 +455,13 @@ async fn reconcile_environment(
             .expect("resync lock")
             .insert(key.clone(), Instant::now());
     }
-    let mut status = progress_status(environment, progress, &namespace, &values.url);
+    let remembered = context
+        .ready_timings
+        .lock()
+        .expect("ready timings lock")
+        .get(&key)
+        .cloned();
+    let mut status = progress_status(environment, progress, &namespace, &values.url, remembered);
     status.replicas_before_sleep = replicas_before_sleep;
     if environment.spec.sleep && status.phase == Phase::Ready {
         status.phase = Phase::Sleeping;
@@ -468,8 +478,20 @@ async fn reconcile_environment(
         _ => Duration::from_secs(30).min(context.config.resync_interval),
     };
     let fell_asleep = status.phase == Phase::Sleeping && previous_status.phase != Phase::Sleeping;
-    let observations = observe_progress(&previous_status, &status, context);
+    let mut observations = observe_progress(&previous_status, &status, context);
+    let ready_timings = status.timings.clone().filter(|t| t.ready_at.is_some());
     write_status(environment, context, status).await?;
+    // A commit this process already declared Ready is not timed again (the cache had not
+    // caught up with that write).
+    let already_timed = ready_timings.is_some_and(|timings| {
+        let mut remembered = context.ready_timings.lock().expect("ready timings lock");
+        let known = remembered.get(&key).is_some_and(|t| t.sha == timings.sha);
+        remembered.insert(key.clone(), timings);
+        known
+    });
+    if already_timed {
+        observations.seconds_to_ready = None;
+    }
     observations.record(&context.metrics);
     if fell_asleep {
         start_queued(environment, context);
@@ -788,6 +810,11 @@ async fn cleanup(environment: &PreviewEnvironment, context: &Context) -> Result<
                 .lock()
                 .expect("resync lock")
                 .remove(&ObjectRef::from_obj(environment));
+            context
+                .ready_timings
+                .lock()
+                .expect("ready timings lock")
+                .remove(&ObjectRef::from_obj(environment));
             Ok(Action::await_change())
         }
         Some(existing) => {
@@ -1019,26 +1046,32 @@ fn held_status(
     }
 }
 
+/// The status from the objects' progress. `remembered` is the Ready timings this process last
+/// wrote for the environment, used when the cached status does not show them yet.
 fn progress_status(
     environment: &PreviewEnvironment,
     progress: Progress,
     namespace: &str,
     url: &str,
+    remembered: Option<Timings>,
 ) -> PreviewEnvironmentStatus {
     let previous = environment.status.clone().unwrap_or_default();
     let (ok, reason, message) = progress.condition;
     let sha = &environment.spec.source.head_sha;
     let now = Utc::now();
-    let mut timings = previous
-        .timings
-        .clone()
-        .filter(|t| &t.sha == sha)
-        .unwrap_or_else(|| Timings {
+    let cached = previous.timings.clone().filter(|t| &t.sha == sha);
+    let remembered = remembered.filter(|t| &t.sha == sha && t.ready_at.is_some());
+    let mut timings = match (cached, remembered) {
+        (Some(cached), _) if cached.ready_at.is_some() => cached,
+        (_, Some(remembered)) => remembered,
+        (Some(cached), None) => cached,
+        (None, None) => Timings {
             sha: sha.clone(),
             requested_at: environment.spec.last_activity.unwrap_or(now),
             ready_at: None,
             seconds_to_ready: None,
-        });
+        },
+    };
     let ready = progress.phase == Phase::Ready;
     if ready && timings.ready_at.is_none() {
         timings.ready_at = Some(now);
@@ -1144,6 +1177,11 @@ async fn write_status_only(
             .first()
             .map(|c| c.message.clone())
             .unwrap_or_default();
+        tracing::info!(
+            from = previous.phase.as_str(),
+            to = status.phase.as_str(),
+            "phase changed: {message}"
+        );
         let kind = if status.phase == Phase::Degraded {
             EventType::Warning
         } else {

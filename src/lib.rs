@@ -2,6 +2,7 @@
 //! short-lived preview environment. See `docs/architecture.md` for the data flow.
 
 pub mod apply;
+pub mod caches;
 pub mod commands;
 pub mod config;
 pub mod controller;
@@ -12,6 +13,7 @@ pub mod gc;
 pub mod guard;
 pub mod health;
 pub mod intake;
+pub mod leader;
 pub mod metrics;
 pub mod namespace;
 pub mod naming;
@@ -21,6 +23,7 @@ pub mod render;
 pub mod sandbox;
 pub mod secrets;
 pub mod server;
+pub mod service;
 pub mod sweep;
 pub mod telemetry;
 pub mod workloads;

@@ -67,16 +67,18 @@ async fn run_sandbox(args: SandboxArgs) -> Result<(), previewd::Error> {
             .map(|a| a.to_string())
             .unwrap_or_default()
     );
-    let services = tokio::spawn(run_services(
+    let shutdown = previewd::service::shutdown_on_signals();
+    let config = previewd::service::ServiceConfig {
         client,
-        args.controller.controller_config(),
-        args.controller.sweep_interval,
-        args.webhooks.webhook_max_body_bytes,
-        listener,
-    ));
-    wait_for_shutdown_signal().await;
+        controller: args.controller.controller_config(),
+        sweep_interval: args.controller.sweep_interval,
+        max_body_bytes: args.webhooks.webhook_max_body_bytes,
+        // One previewd per sandbox: nobody to elect against.
+        lease: None,
+        shutdown_grace: std::time::Duration::from_secs(5),
+    };
+    previewd::service::run(config, listener, shutdown).await;
     eprintln!("[sandbox] stopping");
-    services.abort();
     drop(sandbox);
     Ok(())
 }
@@ -90,48 +92,6 @@ async fn bind(address: std::net::SocketAddr) -> Result<tokio::net::TcpListener, 
         })
 }
 
-/// The controller and the HTTP server, sharing one set of caches and metrics. Returns when
-/// either stops (neither does on its own).
-async fn run_services(
-    client: kube::Client,
-    config: previewd::controller::ControllerConfig,
-    sweep_interval: std::time::Duration,
-    max_body_bytes: usize,
-    listener: tokio::net::TcpListener,
-) {
-    let metrics = Arc::new(previewd::metrics::Metrics::new());
-    let (context_tx, context_rx) = tokio::sync::oneshot::channel();
-    let controller =
-        previewd::controller::run(client.clone(), config, metrics.clone(), Some(context_tx));
-    tokio::pin!(controller);
-    let context = tokio::select! {
-        _ = &mut controller => return,
-        context = context_rx => match context {
-            Ok(context) => context,
-            Err(_) => return,
-        },
-    };
-    let sweeper = previewd::sweep::Sweeper {
-        client: client.clone(),
-        templates: context.templates.clone(),
-        environments: context.environments.clone(),
-        metrics: metrics.clone(),
-        caches_ready: context.caches_ready.clone(),
-        watch_namespace: context.config.namespace.clone(),
-    };
-    let sweep_context = context.clone();
-    tokio::spawn(async move { sweeper.run(&sweep_context.reporter, sweep_interval).await });
-    let state = previewd::server::ServerState::new(client, &context, metrics, max_body_bytes);
-    tokio::select! {
-        _ = controller => {}
-        result = previewd::server::serve(state, listener) => {
-            if let Err(e) = result {
-                tracing::error!(error = %e, "the HTTP server stopped");
-            }
-        }
-    }
-}
-
 async fn run_controller(args: RunArgs) -> Result<(), previewd::Error> {
     let client = match &args.kubeconfig {
         Some(path) => {
@@ -143,20 +103,22 @@ async fn run_controller(args: RunArgs) -> Result<(), previewd::Error> {
             previewd::Error::Config(format!("no Kubernetes configuration found: {e}"))
         })?,
     };
-    tracing::info!("previewd controller starting");
+    let lease = args.leader.settings(client.default_namespace());
+    tracing::info!(
+        leader_election = lease.is_some(),
+        identity = lease.as_ref().map(|l| l.identity.as_str()).unwrap_or("-"),
+        "previewd controller starting"
+    );
     let listener = bind(args.listen).await?;
-    tokio::select! {
-        _ = run_services(client, args.controller.controller_config(), args.controller.sweep_interval, args.webhooks.webhook_max_body_bytes, listener) => {}
-        _ = wait_for_shutdown_signal() => tracing::info!("shutting down"),
-    }
+    let config = previewd::service::ServiceConfig {
+        client,
+        controller: args.controller.controller_config(),
+        sweep_interval: args.controller.sweep_interval,
+        max_body_bytes: args.webhooks.webhook_max_body_bytes,
+        lease,
+        shutdown_grace: args.shutdown_grace,
+    };
+    previewd::service::run(config, listener, previewd::service::shutdown_on_signals()).await;
+    tracing::info!("previewd stopped");
     Ok(())
-}
-
-async fn wait_for_shutdown_signal() {
-    use tokio::signal::unix::{SignalKind, signal};
-    let mut terminate = signal(SignalKind::terminate()).expect("install SIGTERM handler");
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = terminate.recv() => {}
-    }
 }

@@ -2,8 +2,8 @@
 //! an error message.
 
 use prometheus::{
-    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGaugeVec, Opts,
-    Registry, TextEncoder,
+    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
+    IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
 pub struct Metrics {
@@ -35,6 +35,8 @@ pub struct Metrics {
     pub seed_duration: Histogram,
     /// Seed Jobs that failed.
     pub seed_failures: IntCounter,
+    /// 1 while this replica holds the leader Lease (reconciles and sweeps), else 0.
+    pub leader: IntGauge,
 }
 
 impl Default for Metrics {
@@ -154,6 +156,11 @@ impl Metrics {
         let seed_failures =
             IntCounter::new("previewd_seed_failures_total", "Seed Jobs that failed")
                 .expect("valid metric");
+        let leader = IntGauge::new(
+            "previewd_leader",
+            "1 while this replica holds the leader Lease and reconciles, else 0",
+        )
+        .expect("valid metric");
         for collector in [
             Box::new(applies.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(writes.clone()),
@@ -169,6 +176,7 @@ impl Metrics {
             Box::new(time_to_ready.clone()),
             Box::new(seed_duration.clone()),
             Box::new(seed_failures.clone()),
+            Box::new(leader.clone()),
         ] {
             registry.register(collector).expect("metric registers once");
         }
@@ -188,6 +196,7 @@ impl Metrics {
             time_to_ready,
             seed_duration,
             seed_failures,
+            leader,
         }
     }
 

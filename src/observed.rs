@@ -187,7 +187,16 @@ impl ObservedStore {
         let mut initial: Option<Objects> = None;
         let same_kind =
             |key: &ObjectKey| key.api_version == resource.api_version && key.kind == resource.kind;
-        while let Some(event) = events.next().await {
+        loop {
+            // The controller owns the trigger's receiver: once it is gone (this replica lost
+            // the leader Lease, or is shutting down), nobody needs this watch any more.
+            let event = tokio::select! {
+                event = events.next() => match event {
+                    Some(event) => event,
+                    None => break,
+                },
+                _ = self.trigger.closed() => break,
+            };
             match event {
                 Ok(watcher::Event::Init) => initial = Some(HashMap::new()),
                 Ok(watcher::Event::InitApply(object)) => {

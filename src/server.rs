@@ -26,6 +26,7 @@ use axum::routing::{get, post};
 use kube::runtime::reflector::Store;
 use kube::{Client, ResourceExt};
 use serde_json::json;
+use tracing::Instrument;
 
 use crate::crd::{ForgeKind, PreviewEnvironment, PreviewTemplate};
 use crate::forge::{self, EventKind, ForgeEvent, SignatureError, github, gitlab};
@@ -51,23 +52,46 @@ pub struct ServerState {
 }
 
 impl ServerState {
-    /// Shares the controller's caches (templates, environments) and readiness.
+    /// Shares the controller's caches (templates, environments) and readiness: for a process
+    /// that always reconciles (tests, benchmarks).
     pub fn new(
         client: Client,
         context: &crate::controller::Context,
         metrics: Arc<Metrics>,
         max_body_bytes: usize,
     ) -> Arc<Self> {
+        let caches = crate::caches::WebhookCaches {
+            templates: context.templates.clone(),
+            environments: context.environments.clone(),
+            ready: context.caches_ready.clone(),
+        };
+        Self::with_caches(
+            client,
+            caches,
+            context.reporter.clone(),
+            metrics,
+            max_body_bytes,
+        )
+    }
+
+    /// With caches of its own, so that webhooks are served whether or not this replica leads.
+    pub fn with_caches(
+        client: Client,
+        caches: crate::caches::WebhookCaches,
+        reporter: Arc<crate::forge::report::Reporter>,
+        metrics: Arc<Metrics>,
+        max_body_bytes: usize,
+    ) -> Arc<Self> {
         Arc::new(Self {
             secrets: SecretReader::new(client.clone()),
             client,
-            templates: context.templates.clone(),
-            environments: context.environments.clone(),
+            templates: caches.templates,
+            environments: caches.environments,
             metrics,
             max_body_bytes,
-            reporter: context.reporter.clone(),
+            reporter,
             deliveries: DeliveryLog::default(),
-            caches_ready: context.caches_ready.clone(),
+            caches_ready: caches.ready,
         })
     }
 }
@@ -83,15 +107,20 @@ pub fn router(state: Arc<ServerState>) -> Router {
         .with_state(state)
 }
 
-/// Serves until the future is dropped. Readiness turns on once the template and environment
-/// caches hold the cluster's state (before that, a delivery could miss its template).
+/// Serves until `shutdown` completes, then stops accepting connections and lets in-flight
+/// requests finish (a delivery being written is answered, not cut off). Readiness turns on
+/// once the template and environment caches hold the cluster's state (before that, a delivery
+/// could miss its template).
 pub async fn serve(
     state: Arc<ServerState>,
     listener: tokio::net::TcpListener,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let address: Option<SocketAddr> = listener.local_addr().ok();
     tracing::info!(?address, "webhook server listening");
-    axum::serve(listener, router(state)).await
+    axum::serve(listener, router(state))
+        .with_graceful_shutdown(shutdown)
+        .await
 }
 
 async fn readyz(State(state): State<Arc<ServerState>>) -> Response {
@@ -149,6 +178,17 @@ async fn handle(state: &ServerState, forge: ForgeKind, request: Request) -> Resp
         .unwrap_or_default()
         .to_string();
     let delivery = header(&headers, delivery_header).map(str::to_string);
+    let forge_label = forge_label(forge);
+    // One span per delivery: every line logged while handling it (intake, forge calls) carries
+    // the delivery id, and the repository and environments once they are known.
+    let span = tracing::info_span!(
+        "delivery",
+        forge = forge_label,
+        event = %event_type,
+        delivery = delivery.as_deref().unwrap_or("-"),
+        repository = tracing::field::Empty,
+        environments = tracing::field::Empty,
+    );
     let answer = answer(
         state,
         forge,
@@ -157,8 +197,9 @@ async fn handle(state: &ServerState, forge: ForgeKind, request: Request) -> Resp
         delivery.as_deref(),
         request.into_body(),
     )
+    .instrument(span.clone())
     .await;
-    let forge_label = forge_label(forge);
+    let _entered = span.enter();
     state
         .metrics
         .webhooks
@@ -171,9 +212,17 @@ async fn handle(state: &ServerState, forge: ForgeKind, request: Request) -> Resp
         .observe(started.elapsed().as_secs_f64());
     let message = answer.body["message"].as_str().unwrap_or_default();
     if answer.status.is_client_error() || answer.status.is_server_error() {
-        tracing::warn!(forge = forge_label, event = %event_type, delivery = ?delivery, status = answer.status.as_u16(), "webhook refused: {message}");
+        tracing::warn!(
+            status = answer.status.as_u16(),
+            outcome = answer.outcome,
+            "webhook refused: {message}"
+        );
     } else {
-        tracing::info!(forge = forge_label, event = %event_type, delivery = ?delivery, outcome = answer.outcome, "webhook: {message}");
+        tracing::info!(
+            status = answer.status.as_u16(),
+            outcome = answer.outcome,
+            "webhook: {message}"
+        );
     }
     (answer.status, axum::Json(answer.body)).into_response()
 }
@@ -232,6 +281,7 @@ async fn answer(
         Ok(repository) => repository.unwrap_or_default(),
         Err(e) => return Answer::new(StatusCode::BAD_REQUEST, "malformed", e.to_string()),
     };
+    tracing::Span::current().record("repository", repository.as_str());
     let templates: Vec<Arc<PreviewTemplate>> = state
         .templates
         .state()
@@ -282,6 +332,7 @@ async fn answer(
             "nothing to change: the environments already say this",
         ),
         Ok(done) => {
+            tracing::Span::current().record("environments", done.join(", "));
             let mut answer = Answer::new(StatusCode::ACCEPTED, "accepted", done.join("; "));
             answer.body["environments"] = json!(done);
             answer

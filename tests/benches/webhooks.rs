@@ -88,7 +88,7 @@ async fn benchmark() {
     let state = ServerState::new(client.clone(), &context, metrics, 2 << 20);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}/webhooks/github", listener.local_addr().unwrap());
-    tokio::spawn(server::serve(state, listener));
+    tokio::spawn(server::serve(state, listener, std::future::pending()));
     // Ready once the server's caches are synced (its /readyz).
     let http = reqwest::Client::new();
     let readyz = url.replace("/webhooks/github", "/readyz");

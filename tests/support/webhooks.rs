@@ -138,6 +138,29 @@ pub async fn last_comment_text(forge: &MockServer) -> Option<String> {
 
 pub const SECRET: &str = "it-is-a-secret-to-everybody";
 
+/// POSTs a GitHub delivery to the previewd at `base`: (status, JSON answer).
+pub async fn post_github(
+    http: &reqwest::Client,
+    base: &str,
+    event: &str,
+    delivery: &str,
+    body: &[u8],
+    signature: Option<String>,
+) -> (u16, Value) {
+    let mut request = http
+        .post(format!("{base}/webhooks/github"))
+        .header("X-GitHub-Event", event)
+        .header("X-GitHub-Delivery", delivery)
+        .header("Content-Type", "application/json")
+        .body(body.to_vec());
+    if let Some(signature) = signature {
+        request = request.header("X-Hub-Signature-256", signature);
+    }
+    let response = request.send().await.expect("send the delivery");
+    let status = response.status().as_u16();
+    (status, response.json().await.unwrap_or(Value::Null))
+}
+
 /// A controller and the webhook server for one test namespace, on a free loopback port.
 pub struct Harness {
     pub base: String,
@@ -153,7 +176,11 @@ impl Harness {
         let state = ServerState::new(client.clone(), &context, metrics, max_body_bytes);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let base = format!("http://{}", listener.local_addr().unwrap());
-        tokio::spawn(server::serve(state.clone(), listener));
+        tokio::spawn(server::serve(
+            state.clone(),
+            listener,
+            std::future::pending(),
+        ));
         let http = reqwest::Client::new();
         // Ready once the template and environment caches are synced.
         eventually("the server to be ready", Duration::from_secs(30), || {
@@ -184,19 +211,7 @@ impl Harness {
         body: &[u8],
         signature: Option<String>,
     ) -> (u16, Value) {
-        let mut request = self
-            .http
-            .post(format!("{}/webhooks/github", self.base))
-            .header("X-GitHub-Event", event)
-            .header("X-GitHub-Delivery", delivery)
-            .header("Content-Type", "application/json")
-            .body(body.to_vec());
-        if let Some(signature) = signature {
-            request = request.header("X-Hub-Signature-256", signature);
-        }
-        let response = request.send().await.expect("send the delivery");
-        let status = response.status().as_u16();
-        (status, response.json().await.unwrap_or(Value::Null))
+        post_github(&self.http, &self.base, event, delivery, body, signature).await
     }
 
     /// Sends `body` signed with the right secret.

@@ -1,0 +1,102 @@
+//! The watched caches of `PreviewTemplate`s and `PreviewEnvironment`s that the webhook server
+//! reads, and the readiness signal that says they hold the cluster's state.
+//!
+//! Every replica serves webhooks, but only the leader runs the controller (see [`crate::leader`]),
+//! so the server cannot borrow the controller's caches: it keeps its own pair of watches. On the
+//! leader that is a second watch of the same two kinds; both are small (one object per
+//! environment and template), and the separation means a lost lease never takes webhooks down.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use futures::StreamExt;
+use kube::runtime::reflector::Store;
+use kube::runtime::watcher;
+use kube::runtime::{WatchStreamExt, reflector};
+use kube::{Api, Client};
+
+use crate::crd::{PreviewEnvironment, PreviewTemplate};
+
+/// Turns a readiness flag true once every one of `N` watches has listed everything once
+/// (their `InitDone` event). Used instead of `Store::wait_until_ready`, whose one-shot channel
+/// wakes only the last of several concurrent waiters.
+pub(crate) struct Readiness<const N: usize> {
+    listed: [AtomicBool; N],
+    ready: tokio::sync::watch::Sender<bool>,
+}
+
+impl<const N: usize> Readiness<N> {
+    pub(crate) fn new(ready: tokio::sync::watch::Sender<bool>) -> Self {
+        Self {
+            listed: std::array::from_fn(|_| AtomicBool::new(false)),
+            ready,
+        }
+    }
+
+    pub(crate) fn observe<K>(
+        &self,
+        watch: usize,
+        event: &Result<watcher::Event<K>, watcher::Error>,
+    ) {
+        if let Ok(watcher::Event::InitDone) = event {
+            self.listed[watch].store(true, Ordering::SeqCst);
+            if self.listed.iter().all(|l| l.load(Ordering::SeqCst)) {
+                self.ready.send_replace(true);
+            }
+        }
+    }
+}
+
+/// Templates and environments as the API server holds them, kept current by two watches.
+#[derive(Clone)]
+pub struct WebhookCaches {
+    pub templates: Store<PreviewTemplate>,
+    pub environments: Store<PreviewEnvironment>,
+    /// True once both caches have listed everything once.
+    pub ready: tokio::sync::watch::Receiver<bool>,
+}
+
+impl WebhookCaches {
+    /// Starts the two watches (in `namespace`, or cluster-wide) on the current runtime. They
+    /// retry with backoff on their own and run until the runtime stops.
+    pub fn start(client: Client, namespace: Option<&str>) -> Self {
+        let (templates_api, environments_api): (Api<PreviewTemplate>, Api<PreviewEnvironment>) =
+            match namespace {
+                Some(ns) => (
+                    Api::namespaced(client.clone(), ns),
+                    Api::namespaced(client, ns),
+                ),
+                None => (Api::all(client.clone()), Api::all(client)),
+            };
+        let (ready_tx, ready) = tokio::sync::watch::channel(false);
+        let readiness = Arc::new(Readiness::<2>::new(ready_tx));
+        let (templates, template_writer) = reflector::store();
+        let (environments, environment_writer) = reflector::store();
+        let templates_ready = readiness.clone();
+        tokio::spawn(
+            reflector(
+                template_writer,
+                watcher(templates_api, watcher::Config::default()),
+            )
+            // After the reflector: the store holds what the event says before anyone is told.
+            .inspect(move |event| templates_ready.observe(0, event))
+            .default_backoff()
+            .for_each(|_| async {}),
+        );
+        tokio::spawn(
+            reflector(
+                environment_writer,
+                watcher(environments_api, watcher::Config::default()),
+            )
+            // After the reflector: the store holds what the event says before anyone is told.
+            .inspect(move |event| readiness.observe(1, event))
+            .default_backoff()
+            .for_each(|_| async {}),
+        );
+        Self {
+            templates,
+            environments,
+            ready,
+        }
+    }
+}

@@ -1,0 +1,362 @@
+//! Two (then three) real `previewd run` processes against one control plane, with leader
+//! election through a Lease of 4 s: only the holder reconciles, every replica accepts webhooks,
+//! a SIGKILLed leader is replaced and its pending work finished, and a SIGTERMed leader
+//! releases the Lease, answers what is in flight and exits 0. The processes log JSON; the test
+//! reads those logs for the per-delivery and per-reconcile spans and for leaked secrets.
+//!
+//! PR deliveries are `github/pull_request.opened.json` and `synchronize.json` changed in copies
+//! (PR number, branch and head SHA), so that several PRs live side by side.
+
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::Api;
+use previewd::crd::PreviewEnvironment;
+use previewd::forge::github;
+use serde_json::Value;
+use support::webhooks::*;
+use support::{eventually, in_namespace};
+
+const REPOSITORY: &str = "Codertocat/Hello-World";
+const LEASE: &str = "previewd-leader";
+const LEASE_SECONDS: u64 = 4;
+const FORGE_TOKEN: &str = "forge-token-for-tests";
+
+/// One `previewd run` process; killed when dropped, so a failing test leaves nothing behind.
+struct Replica {
+    identity: String,
+    base: String,
+    child: Child,
+    log: PathBuf,
+}
+
+impl Replica {
+    fn start(namespace: &str, identity: &str, logs: &Path) -> Self {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let log = logs.join(format!("{identity}.log"));
+        let child = Command::new(env!("CARGO_BIN_EXE_previewd"))
+            .args(["--log-format", "json", "run", "--kubeconfig"])
+            .arg(&support::shared().kubeconfig_path)
+            .args(["--listen", &format!("127.0.0.1:{port}")])
+            .args([
+                "--watch-namespace",
+                namespace,
+                "--lease-namespace",
+                namespace,
+            ])
+            .args(["--lease-duration", &format!("{LEASE_SECONDS}s")])
+            .args(["--identity", identity, "--shutdown-grace", "10s"])
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .expect("start previewd");
+        Self {
+            identity: identity.to_string(),
+            base: format!("http://127.0.0.1:{port}"),
+            child,
+            log,
+        }
+    }
+
+    async fn wait_ready(&self, http: &reqwest::Client) {
+        eventually(
+            &format!("{} to be ready", self.identity),
+            Duration::from_secs(30),
+            || async {
+                let response = http.get(format!("{}/readyz", self.base)).send().await;
+                response.ok()?.status().is_success().then_some(())
+            },
+        )
+        .await;
+    }
+
+    async fn send(&self, http: &reqwest::Client, event: &str, delivery: &str, body: &[u8]) {
+        let signature = Some(github::sign(SECRET.as_bytes(), body));
+        let (status, answer) =
+            post_github(http, &self.base, event, delivery, body, signature).await;
+        assert_eq!(status, 202, "{} answered {answer}", self.identity);
+    }
+
+    async fn leader_gauge(&self, http: &reqwest::Client) -> Option<f64> {
+        let text = http
+            .get(format!("{}/metrics", self.base))
+            .send()
+            .await
+            .ok()?
+            .text()
+            .await
+            .ok()?;
+        metric_value(&text, "previewd_leader")
+    }
+
+    fn signal(&self, signal: libc::c_int) {
+        // SAFETY: kill(2) on our own child's pid.
+        unsafe { libc::kill(self.child.id() as libc::pid_t, signal) };
+    }
+
+    fn log_lines(&self) -> Vec<String> {
+        std::fs::read_to_string(&self.log)
+            .unwrap_or_default()
+            .lines()
+            .map(str::to_string)
+            .collect()
+    }
+}
+
+impl Drop for Replica {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn holder(lease: &Lease) -> Option<String> {
+    lease.spec.as_ref()?.holder_identity.clone()
+}
+
+async fn wait_for_holder(leases: &Api<Lease>, among: &[&str]) -> String {
+    eventually(
+        "a replica to hold the Lease",
+        Duration::from_secs(30),
+        || async {
+            let lease = leases.get_opt(LEASE).await.ok()??;
+            holder(&lease).filter(|h| among.contains(&h.as_str()))
+        },
+    )
+    .await
+}
+
+fn synchronize_for(number: u64, sha: &str) -> Vec<u8> {
+    let mut delivery = json_fixture("github/pull_request.synchronize.json");
+    delivery["number"] = number.into();
+    delivery["pull_request"]["number"] = number.into();
+    delivery["pull_request"]["head"]["ref"] = format!("pr-{number}").into();
+    delivery["pull_request"]["head"]["sha"] = sha.into();
+    delivery.to_string().into_bytes()
+}
+
+async fn ready_at(environments: &Api<PreviewEnvironment>, number: u64, sha: &str) {
+    let name = eventually(
+        &format!("the environment of PR {number}"),
+        Duration::from_secs(20),
+        || async {
+            environments
+                .list(&Default::default())
+                .await
+                .ok()?
+                .items
+                .into_iter()
+                .find(|e| e.spec.source.pull_request == Some(number))
+                .map(|e| kube::ResourceExt::name_any(&e))
+        },
+    )
+    .await;
+    wait_ready_with_sha(environments, &name, sha).await;
+}
+
+fn sha(n: u64) -> String {
+    format!("{n:0>40}")
+}
+
+#[tokio::test]
+async fn one_leader_reconciles_a_killed_leader_is_replaced_and_sigterm_hands_over() {
+    in_namespace("ha", |client, ns| async move {
+        let forge = github_forge().await;
+        install_template(&client, &ns, "github", REPOSITORY, Some(&forge.uri())).await;
+        let logs = tempfile::tempdir().unwrap();
+        let http = reqwest::Client::new();
+        let leases: Api<Lease> = Api::namespaced(client.clone(), &ns);
+        let environments: Api<PreviewEnvironment> = Api::namespaced(client.clone(), &ns);
+
+        let a = Replica::start(&ns, "replica-a", logs.path());
+        let b = Replica::start(&ns, "replica-b", logs.path());
+        a.wait_ready(&http).await;
+        b.wait_ready(&http).await;
+        let first = wait_for_holder(&leases, &["replica-a", "replica-b"]).await;
+        let (leader, standby) = if first == "replica-a" { (a, b) } else { (b, a) };
+        eprintln!("leader: {}, standby: {}", leader.identity, standby.identity);
+
+        // Both accept webhooks; the leader deploys what either wrote.
+        standby
+            .send(&http, "pull_request", "open-21", &opened_for(21, &sha(21)))
+            .await;
+        leader
+            .send(&http, "pull_request", "open-22", &opened_for(22, &sha(22)))
+            .await;
+        ready_at(&environments, 21, &sha(21)).await;
+        ready_at(&environments, 22, &sha(22)).await;
+        assert_eq!(leader.leader_gauge(&http).await, Some(1.0));
+        assert_eq!(standby.leader_gauge(&http).await, Some(0.0));
+        let standby_reconciled = standby
+            .log_lines()
+            .iter()
+            .any(|line| line.contains("\"name\":\"reconcile\""));
+        assert!(
+            !standby_reconciled,
+            "the standby reconciled while not leading"
+        );
+
+        // SIGKILL the leader: no release, the standby must wait the Lease out, then finish
+        // what arrived meanwhile.
+        let killed_at = Instant::now();
+        leader.signal(libc::SIGKILL);
+        standby
+            .send(&http, "pull_request", "open-23", &opened_for(23, &sha(23)))
+            .await;
+        standby
+            .send(
+                &http,
+                "pull_request",
+                "sync-21",
+                &synchronize_for(21, &sha(121)),
+            )
+            .await;
+        wait_for_holder(&leases, &[standby.identity.as_str()]).await;
+        eprintln!(
+            "takeover after SIGKILL: {:.1} s (lease duration {LEASE_SECONDS} s)",
+            killed_at.elapsed().as_secs_f64()
+        );
+        ready_at(&environments, 23, &sha(23)).await;
+        ready_at(&environments, 21, &sha(121)).await;
+        assert_eq!(standby.leader_gauge(&http).await, Some(1.0));
+        let killed_log = leader.log_lines();
+        drop(leader);
+
+        // SIGTERM the new leader: it releases the Lease and exits 0; the third replica takes
+        // over without waiting the Lease out.
+        let mut new_leader = standby;
+        let c = Replica::start(&ns, "replica-c", logs.path());
+        c.wait_ready(&http).await;
+        eventually("replica-c to stand by", Duration::from_secs(10), || async {
+            (c.leader_gauge(&http).await == Some(0.0)).then_some(())
+        })
+        .await;
+        let terminated_at = Instant::now();
+        new_leader.signal(libc::SIGTERM);
+        let status = eventually(
+            "the SIGTERMed leader to exit",
+            Duration::from_secs(30),
+            || {
+                let status = new_leader.child.try_wait().ok().flatten();
+                async move { status }
+            },
+        )
+        .await;
+        assert!(status.success(), "previewd exited with {status} on SIGTERM");
+        wait_for_holder(&leases, &["replica-c"]).await;
+        eprintln!(
+            "hand-over after SIGTERM: {:.1} s (no wait for the {LEASE_SECONDS} s lease)",
+            terminated_at.elapsed().as_secs_f64()
+        );
+        let released = new_leader
+            .log_lines()
+            .iter()
+            .any(|line| line.contains("released the leader Lease"));
+        assert!(released, "the SIGTERMed leader did not log its release");
+        c.send(&http, "pull_request", "open-24", &opened_for(24, &sha(24)))
+            .await;
+        ready_at(&environments, 24, &sha(24)).await;
+
+        // Logs: JSON lines; deliveries and reconciles in spans naming what they are about;
+        // neither the webhook secret nor the forge token anywhere.
+        let mut lines = killed_log;
+        lines.extend(new_leader.log_lines());
+        lines.extend(c.log_lines());
+        assert!(!lines.is_empty());
+        let records: Vec<Value> = lines
+            .iter()
+            .map(|line| {
+                serde_json::from_str(line).unwrap_or_else(|e| panic!("not JSON ({e}): {line}"))
+            })
+            .collect();
+        let delivery_span = records.iter().any(|r| {
+            r["span"]["name"] == "delivery"
+                && r["span"]["delivery"] == "open-23"
+                && r["span"]["repository"] == REPOSITORY
+        });
+        assert!(delivery_span, "no log line in the span of delivery open-23");
+        let reconcile_span = records.iter().any(|r| {
+            r["spans"].as_array().is_some_and(|spans| {
+                spans.iter().any(|s| {
+                    s["name"] == "reconcile"
+                        && s["repository"] == REPOSITORY
+                        && s["environment"]
+                            .as_str()
+                            .is_some_and(|e| e.starts_with(&ns))
+                })
+            })
+        });
+        assert!(reconcile_span, "no log line in a reconcile span");
+        for line in &lines {
+            assert!(
+                !line.contains(SECRET),
+                "the webhook secret was logged: {line}"
+            );
+            assert!(
+                !line.contains(FORGE_TOKEN),
+                "the forge token was logged: {line}"
+            );
+        }
+
+        // A new leader's first reconciles must not run before its template cache is synced
+        // (they would call the template missing and mark healthy environments Degraded).
+        let events: Api<k8s_openapi::api::core::v1::Event> = Api::namespaced(client.clone(), &ns);
+        let degraded: Vec<String> = events
+            .list(&Default::default())
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .filter(|e| e.reason.as_deref() == Some("Degraded"))
+            .map(|e| e.message.unwrap_or_default())
+            .collect();
+        assert!(
+            degraded.is_empty(),
+            "environments went Degraded: {degraded:?}"
+        );
+
+        // Leave nothing behind: close every PR and let the leader clean up.
+        let names: Vec<String> = environments
+            .list(&Default::default())
+            .await
+            .unwrap()
+            .items
+            .iter()
+            .map(kube::ResourceExt::name_any)
+            .collect();
+        for number in [21u64, 22, 23, 24] {
+            let mut closed = json_fixture("github/pull_request.closed.json");
+            closed["number"] = number.into();
+            closed["pull_request"]["number"] = number.into();
+            closed["pull_request"]["head"]["ref"] = format!("pr-{number}").into();
+            let body = closed.to_string().into_bytes();
+            c.send(&http, "pull_request", &format!("close-{number}"), &body)
+                .await;
+        }
+        eventually(
+            "every environment to be removed",
+            Duration::from_secs(60),
+            || async {
+                let left = environments
+                    .list(&Default::default())
+                    .await
+                    .ok()?
+                    .items
+                    .len();
+                (left == 0).then_some(())
+            },
+        )
+        .await;
+        assert_eq!(names.len(), 4, "exactly one environment per PR: {names:?}");
+    })
+    .await;
+}
