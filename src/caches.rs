@@ -56,10 +56,22 @@ pub struct WebhookCaches {
     pub ready: tokio::sync::watch::Receiver<bool>,
 }
 
+/// The two watch tasks behind a [`WebhookCaches`]; they stop when this is dropped (before the
+/// API server goes away, so that it is not left waiting on open watches).
+pub struct CacheWatches(Vec<tokio::task::JoinHandle<()>>);
+
+impl Drop for CacheWatches {
+    fn drop(&mut self) {
+        for task in &self.0 {
+            task.abort();
+        }
+    }
+}
+
 impl WebhookCaches {
     /// Starts the two watches (in `namespace`, or cluster-wide) on the current runtime. They
-    /// retry with backoff on their own and run until the runtime stops.
-    pub fn start(client: Client, namespace: Option<&str>) -> Self {
+    /// retry with backoff on their own and run until the returned guard is dropped.
+    pub fn start(client: Client, namespace: Option<&str>) -> (Self, CacheWatches) {
         let (templates_api, environments_api): (Api<PreviewTemplate>, Api<PreviewEnvironment>) =
             match namespace {
                 Some(ns) => (
@@ -73,7 +85,7 @@ impl WebhookCaches {
         let (templates, template_writer) = reflector::store();
         let (environments, environment_writer) = reflector::store();
         let templates_ready = readiness.clone();
-        tokio::spawn(
+        let template_task = tokio::spawn(
             reflector(
                 template_writer,
                 watcher(templates_api, watcher::Config::default()),
@@ -83,7 +95,7 @@ impl WebhookCaches {
             .default_backoff()
             .for_each(|_| async {}),
         );
-        tokio::spawn(
+        let environment_task = tokio::spawn(
             reflector(
                 environment_writer,
                 watcher(environments_api, watcher::Config::default()),
@@ -93,10 +105,11 @@ impl WebhookCaches {
             .default_backoff()
             .for_each(|_| async {}),
         );
-        Self {
+        let caches = Self {
             templates,
             environments,
             ready,
-        }
+        };
+        (caches, CacheWatches(vec![template_task, environment_task]))
     }
 }

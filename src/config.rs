@@ -145,9 +145,15 @@ pub struct SandboxArgs {
     /// Address of previewd's HTTP server in the sandbox (port 0: any free port, printed).
     #[arg(long, default_value = "127.0.0.1:0")]
     pub listen: std::net::SocketAddr,
-    /// Write `{"kubeconfig": "<path>"}` to this file once the control plane is ready.
+    /// Once everything is ready, write the sandbox's facts to this file as JSON (keys
+    /// `kubeconfig`, `github_webhook_url`, `github_webhook_secret`, `gitlab_webhook_url`,
+    /// `gitlab_webhook_token`, `forge_api_url`), for scripts.
     #[arg(long)]
     pub info_file: Option<PathBuf>,
+    /// Play a pull request's life (opened, synchronize, closed) from the fixture deliveries,
+    /// print what happens, then stop the sandbox and exit.
+    #[arg(long)]
+    pub demo: bool,
     /// Only install and build what the sandbox needs (cached), then exit.
     #[arg(long)]
     pub provision_only: bool,

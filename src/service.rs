@@ -35,7 +35,7 @@ pub async fn run(
     shutdown: tokio::sync::watch::Receiver<bool>,
 ) {
     let metrics = Arc::new(Metrics::new());
-    let caches = WebhookCaches::start(
+    let (caches, cache_watches) = WebhookCaches::start(
         config.client.clone(),
         config.controller.namespace.as_deref(),
     );
@@ -93,6 +93,7 @@ pub async fn run(
             "webhook requests still in flight after the grace period; stopping anyway"
         ),
     }
+    drop(cache_watches);
 }
 
 async fn wait_for(mut shutdown: tokio::sync::watch::Receiver<bool>) {

@@ -1,15 +1,29 @@
 //! `previewd sandbox` as a person runs it: a real process, a real control plane, and nothing left
-//! running after it stops, whether it is asked to (SIGTERM) or killed (SIGKILL).
+//! running after it stops, whether it is asked to (SIGTERM) or killed (SIGKILL); the printed
+//! `curl` lines create environments that `kubectl` shows Ready; `--demo` plays a PR's life and
+//! exits 0.
+//!
+//! The tests take turns (one sandbox at a time): four control planes at once on two cores
+//! would measure the machine, not the sandbox.
 
-use std::io::Read;
+use std::io::{BufRead, Read};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 struct SandboxRun {
     child: Child,
     info_file: PathBuf,
     _scratch: tempfile::TempDir,
+}
+
+static ONE_SANDBOX_AT_A_TIME: Mutex<()> = Mutex::new(());
+
+fn take_turn() -> std::sync::MutexGuard<'static, ()> {
+    ONE_SANDBOX_AT_A_TIME
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 fn start_sandbox() -> SandboxRun {
@@ -116,6 +130,7 @@ fn signal(child: &Child, signal: i32) {
 
 #[test]
 fn sandbox_serves_a_cluster_and_stops_everything_on_sigterm() {
+    let _turn = take_turn();
     let mut run = start_sandbox();
     let (kubeconfig, ready_in) = wait_for_info(&mut run);
     let data_dir = kubeconfig.parent().unwrap().to_path_buf();
@@ -160,7 +175,8 @@ fn sandbox_serves_a_cluster_and_stops_everything_on_sigterm() {
         "previewd sandbox exits cleanly on SIGTERM: {status}\n{stderr}"
     );
     assert!(
-        stdout.contains(&format!("kubeconfig: {}", kubeconfig.display())),
+        stdout.lines().any(|l| l.contains("kubeconfig:")
+            && l.trim_end().ends_with(&kubeconfig.display().to_string())),
         "prints the kubeconfig:\n{stdout}"
     );
     assert!(
@@ -196,6 +212,7 @@ fn sandbox_serves_a_cluster_and_stops_everything_on_sigterm() {
 
 #[test]
 fn sandbox_children_die_with_a_killed_sandbox() {
+    let _turn = take_turn();
     let mut run = start_sandbox();
     let (kubeconfig, _) = wait_for_info(&mut run);
     let data_dir = kubeconfig.parent().unwrap().to_path_buf();
@@ -213,4 +230,188 @@ fn sandbox_children_die_with_a_killed_sandbox() {
     assert!(data_dir.exists());
     previewd::sandbox::control_plane::sweep_stale_data_dirs();
     assert!(!data_dir.exists(), "a dead sandbox's data folder is swept");
+}
+
+/// Lines of the child's stdout as they come.
+fn stdout_lines(child: &mut Child) -> std::sync::mpsc::Receiver<String> {
+    let stdout = child.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stdout)
+            .lines()
+            .map_while(Result::ok)
+        {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    rx
+}
+
+/// Reads lines until one satisfies `wanted`; returns it.
+fn line_where(
+    lines: &std::sync::mpsc::Receiver<String>,
+    what: &str,
+    wanted: impl Fn(&str) -> bool,
+) -> String {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while let Some(left) = deadline.checked_duration_since(Instant::now()) {
+        match lines.recv_timeout(left) {
+            Ok(line) if wanted(&line) => return line,
+            Ok(_) => {}
+            Err(_) => break,
+        }
+    }
+    panic!("previewd sandbox printed no {what}");
+}
+
+fn wait_for_kubectl_ready(kubeconfig: &Path, environment_prefix: &str) -> String {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let listed = kubectl(kubeconfig, &["get", "previewenvironments"]);
+        if let Some(line) = listed.lines().find(|l| {
+            l.starts_with(environment_prefix) && l.split_whitespace().any(|w| w == "Ready")
+        }) {
+            return line.to_string();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "kubectl never showed {environment_prefix}… Ready:\n{listed}"
+        );
+        std::thread::sleep(Duration::from_millis(250));
+    }
+}
+
+fn run_curl(line: &str) -> serde_json::Value {
+    let output = Command::new("sh")
+        .arg("-c")
+        .arg(line)
+        .output()
+        .expect("run curl");
+    assert!(
+        output.status.success(),
+        "curl failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    serde_json::from_slice(&output.stdout).unwrap_or_else(|e| {
+        panic!(
+            "previewd's answer is not JSON ({e}): {}",
+            String::from_utf8_lossy(&output.stdout)
+        )
+    })
+}
+
+#[test]
+fn the_printed_curl_lines_create_environments_that_kubectl_shows_ready() {
+    let _turn = take_turn();
+    let mut run = start_sandbox();
+    let (kubeconfig, _) = wait_for_info(&mut run);
+    let info: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&run.info_file).unwrap()).unwrap();
+    for key in [
+        "kubeconfig",
+        "github_webhook_url",
+        "github_webhook_secret",
+        "gitlab_webhook_url",
+        "gitlab_webhook_token",
+        "forge_api_url",
+    ] {
+        assert!(
+            info[key].as_str().is_some_and(|v| !v.is_empty()),
+            "--info-file has no {key}: {info}"
+        );
+    }
+    // The info file is written after the block is printed: the curl lines are there to read.
+    let lines = stdout_lines(&mut run.child);
+    let github_curl = line_where(&lines, "GitHub curl line", |l| {
+        l.trim_start().starts_with("curl ") && l.contains("/webhooks/github")
+    });
+    let gitlab_curl = line_where(&lines, "GitLab curl line", |l| {
+        l.trim_start().starts_with("curl ") && l.contains("/webhooks/gitlab")
+    });
+    assert!(github_curl.contains(info["github_webhook_url"].as_str().unwrap()));
+
+    let answer = run_curl(github_curl.trim());
+    assert_eq!(answer["outcome"], "accepted", "{answer}");
+    let listed = wait_for_kubectl_ready(&kubeconfig, "hello-world-pr-2-");
+    eprintln!("kubectl: {listed}");
+    let answer = run_curl(gitlab_curl.trim());
+    assert_eq!(answer["outcome"], "accepted", "{answer}");
+    wait_for_kubectl_ready(&kubeconfig, "gitlab-test-pr-1-");
+    // The stand-in printed the PR comment previewd wrote.
+    line_where(&lines, "forge comment", |l| {
+        l.starts_with("[forge] github Codertocat/Hello-World#2: PR comment")
+    });
+
+    signal(&run.child, libc::SIGTERM);
+    let status = run.child.wait().unwrap();
+    assert!(status.success(), "exit on SIGTERM: {status}");
+}
+
+#[test]
+fn the_demo_plays_a_pull_request_and_exits_0() {
+    let _turn = take_turn();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_previewd"))
+        .args(["sandbox", "--demo"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start previewd sandbox --demo");
+    let lines = stdout_lines(&mut child);
+    let kubeconfig_line = line_where(&lines, "kubeconfig", |l| l.contains("kubeconfig:"));
+    let kubeconfig = PathBuf::from(kubeconfig_line.split_whitespace().last().unwrap());
+    let mut stdout = vec![kubeconfig_line];
+    let deadline = Instant::now() + Duration::from_secs(600);
+    let status = loop {
+        stdout.extend(lines.try_iter());
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the demo did not finish within 10 min"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    std::thread::sleep(Duration::from_millis(200));
+    stdout.extend(lines.try_iter());
+    let stdout = stdout.join("\n");
+    let mut stderr = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut stderr)
+        .unwrap();
+    assert!(
+        status.success(),
+        "the demo exits 0: {status}\n{stdout}\n{stderr}"
+    );
+    for step in ["READY: ", "UPDATED: ", "DESTROYED: ", "demo done"] {
+        assert!(stdout.contains(step), "no {step:?} in:\n{stdout}");
+    }
+    // The PR comment as it changed: created deploying, edited to ready, then destroyed.
+    for text in [
+        "PR comment created",
+        "### Preview environment: ready",
+        "(commit `5a1b2c3`)",
+        "### Preview environment: destroyed",
+    ] {
+        assert!(
+            stdout.contains(text),
+            "the demo did not print {text:?}:\n{stdout}"
+        );
+    }
+    assert!(
+        !kubeconfig.parent().unwrap().exists(),
+        "the sandbox's data folder is removed"
+    );
+    eprintln!(
+        "{}",
+        stdout
+            .lines()
+            .filter(|l| l.starts_with("demo done"))
+            .collect::<String>()
+    );
 }

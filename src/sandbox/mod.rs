@@ -8,11 +8,17 @@
 //! * [`compat`]: the documented rewrite that lets current manifests run on the 1.20 sandbox.
 //! * [`example_templates`]: generates the `online-boutique` example template from the fixture app.
 //! * [`process`]: children that never outlive previewd.
+//! * [`forge_standin`]: a local GitHub and GitLab API that reports what previewd sends.
+//! * [`playground`]: example templates, fresh webhook credentials, deliveries to `curl`.
+//! * [`demo`]: `previewd sandbox --demo`, a pull request's life played from the fixtures.
 
 pub mod compat;
 pub mod control_plane;
+pub mod demo;
 pub mod example_templates;
+pub mod forge_standin;
 pub mod node_simulator;
+pub mod playground;
 pub mod process;
 pub mod provision;
 

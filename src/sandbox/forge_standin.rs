@@ -1,0 +1,495 @@
+//! A local stand-in for the GitHub and GitLab APIs, for the sandbox: it answers the calls
+//! previewd makes (PR comments and MR notes, commit statuses, GitHub deployments, permission
+//! checks), remembers comments so that previewd finds and edits its own, and reports every
+//! comment and status it receives (printed by the sandbox, rendered by the demo).
+//!
+//! GitHub paths (`/repos/...`) and GitLab paths (`/api/v4/...`) do not overlap, so one server
+//! on one port serves both; a template's `forge.apiUrl` points at it.
+//!
+//! What it does not do: it has no idea which pull requests are open or which branches exist,
+//! so it answers those lists with 503. previewd's sweep never deletes on a forge error, so in
+//! the sandbox environments go away only when a `closed` delivery (or `/preview destroy`)
+//! says so. Repository contents are 404 (the sandbox templates carry their manifests inline).
+//! Every caller has write access, so anyone may use comment commands in the sandbox.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::{Method, StatusCode, Uri};
+use axum::response::{IntoResponse, Response};
+use serde_json::{Value, json};
+
+use super::SandboxError;
+
+/// One thing previewd sent to the forge.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Received {
+    /// A PR comment or MR note, created (`edited: false`) or edited, with its full text.
+    Comment {
+        forge: &'static str,
+        repository: String,
+        number: u64,
+        edited: bool,
+        body: String,
+    },
+    /// A commit status: state and description.
+    CommitStatus {
+        forge: &'static str,
+        repository: String,
+        sha: String,
+        state: String,
+        description: String,
+    },
+    /// A GitHub deployment status (state and the environment URL).
+    DeploymentStatus {
+        repository: String,
+        state: String,
+        url: String,
+    },
+}
+
+impl std::fmt::Display for Received {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Received::Comment {
+                forge,
+                repository,
+                number,
+                edited,
+                body,
+            } => {
+                let (what, sign) = match *forge {
+                    "gitlab" => ("MR note", '!'),
+                    _ => ("PR comment", '#'),
+                };
+                let verb = if *edited { "edited" } else { "created" };
+                writeln!(f, "{forge} {repository}{sign}{number}: {what} {verb}:")?;
+                for line in body.lines() {
+                    writeln!(f, "    | {line}")?;
+                }
+                Ok(())
+            }
+            Received::CommitStatus {
+                forge,
+                repository,
+                sha,
+                state,
+                description,
+            } => write!(
+                f,
+                "{forge} {repository}@{}: commit status {state}: {description}",
+                sha.get(..7).unwrap_or(sha)
+            ),
+            Received::DeploymentStatus {
+                repository,
+                state,
+                url,
+            } => write!(f, "github {repository}: deployment {state} {url}"),
+        }
+    }
+}
+
+#[derive(Default)]
+struct Records {
+    next_id: u64,
+    /// Comment id → (forge, repository, PR/MR number, body).
+    comments: BTreeMap<u64, (&'static str, String, u64, String)>,
+    received: Vec<Received>,
+}
+
+struct Shared {
+    records: Mutex<Records>,
+    /// Every `Received`, to whoever listens (the sandbox prints, the demo renders).
+    events: tokio::sync::broadcast::Sender<Received>,
+}
+
+/// The running stand-in. Stops when dropped.
+pub struct ForgeStandIn {
+    address: SocketAddr,
+    shared: Arc<Shared>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for ForgeStandIn {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl ForgeStandIn {
+    /// Listens on a free loopback port.
+    pub async fn start() -> Result<Self, SandboxError> {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .map_err(|e| SandboxError::Process(format!("forge stand-in: {e}")))?;
+        let address = listener
+            .local_addr()
+            .map_err(|e| SandboxError::Process(format!("forge stand-in: {e}")))?;
+        let (events, _) = tokio::sync::broadcast::channel(1024);
+        let shared = Arc::new(Shared {
+            records: Mutex::new(Records {
+                next_id: 1000,
+                ..Default::default()
+            }),
+            events,
+        });
+        let app = Router::new().fallback(answer).with_state(shared.clone());
+        let task = tokio::spawn(async move {
+            let _ = axum::serve(listener, app).await;
+        });
+        Ok(Self {
+            address,
+            shared,
+            task,
+        })
+    }
+
+    /// The URL to put in a template's `forge.apiUrl` (GitHub and GitLab alike).
+    pub fn url(&self) -> String {
+        format!("http://{}", self.address)
+    }
+
+    /// Everything received from now on.
+    pub fn subscribe(&self) -> tokio::sync::broadcast::Receiver<Received> {
+        self.shared.events.subscribe()
+    }
+
+    /// Everything received so far, in order.
+    pub fn received(&self) -> Vec<Received> {
+        self.shared
+            .records
+            .lock()
+            .expect("stand-in records")
+            .received
+            .clone()
+    }
+}
+
+fn json_answer(status: StatusCode, body: Value) -> Response {
+    // Rate-limit headers as the real forges send them, so the budget metric has a value.
+    (
+        status,
+        [
+            ("x-ratelimit-remaining", "4999"),
+            ("ratelimit-remaining", "1999"),
+        ],
+        axum::Json(body),
+    )
+        .into_response()
+}
+
+/// A field of a JSON body or of a form-encoded one (the gitlab crate sends forms).
+fn field(body: &[u8], name: &str) -> String {
+    if let Ok(json) = serde_json::from_slice::<Value>(body) {
+        return json[name].as_str().unwrap_or_default().to_string();
+    }
+    url::form_urlencoded::parse(body)
+        .find(|(key, _)| key == name)
+        .map(|(_, value)| value.into_owned())
+        .unwrap_or_default()
+}
+
+async fn answer(
+    State(shared): State<Arc<Shared>>,
+    method: Method,
+    uri: Uri,
+    body: Bytes,
+) -> Response {
+    // GitLab project ids arrive URL-encoded (`gitlabhq%2Fgitlab-test`); split first, decode each.
+    let segments: Vec<String> = uri
+        .path()
+        .trim_matches('/')
+        .split('/')
+        .map(|s| {
+            // Percent-decoding via the form decoder: a path's `+` is literal, so escape it.
+            url::form_urlencoded::parse(format!("x={}", s.replace('+', "%2B")).as_bytes())
+                .next()
+                .map(|(_, v)| v.into_owned())
+                .unwrap_or_default()
+        })
+        .collect();
+    let segments: Vec<&str> = segments.iter().map(String::as_str).collect();
+    let mut records = shared.records.lock().expect("stand-in records");
+    let (status, answer, received) = route(&mut records, &method, &segments, &body);
+    if let Some(received) = received {
+        records.received.push(received.clone());
+        let _ = shared.events.send(received);
+    }
+    json_answer(status, answer)
+}
+
+type Routed = (StatusCode, Value, Option<Received>);
+
+fn route(records: &mut Records, method: &Method, path: &[&str], body: &[u8]) -> Routed {
+    match path {
+        ["repos", owner, name, rest @ ..] => {
+            github(records, method, &format!("{owner}/{name}"), rest, body)
+        }
+        ["api", "v4", rest @ ..] => gitlab(records, method, rest, body),
+        _ => not_found(),
+    }
+}
+
+fn not_found() -> Routed {
+    (StatusCode::NOT_FOUND, json!({"message": "Not Found"}), None)
+}
+
+fn unknown_lists() -> Routed {
+    (
+        StatusCode::SERVICE_UNAVAILABLE,
+        json!({"message": "the sandbox forge stand-in does not track pull requests or branches"}),
+        None,
+    )
+}
+
+fn comments_of(records: &Records, forge: &str, repository: &str, number: u64) -> Value {
+    Value::Array(
+        records
+            .comments
+            .iter()
+            .filter(|(_, (f, r, n, _))| *f == forge && r == repository && *n == number)
+            .map(|(id, (_, _, _, body))| json!({"id": id, "body": body}))
+            .collect(),
+    )
+}
+
+fn create_comment(
+    records: &mut Records,
+    forge: &'static str,
+    repository: &str,
+    number: u64,
+    body: String,
+) -> Routed {
+    records.next_id += 1;
+    let id = records.next_id;
+    records
+        .comments
+        .insert(id, (forge, repository.to_string(), number, body.clone()));
+    let received = Received::Comment {
+        forge,
+        repository: repository.to_string(),
+        number,
+        edited: false,
+        body: body.clone(),
+    };
+    (
+        StatusCode::CREATED,
+        json!({"id": id, "body": body}),
+        Some(received),
+    )
+}
+
+fn edit_comment(records: &mut Records, id: u64, body: String) -> Routed {
+    let Some((forge, repository, number, text)) = records.comments.get_mut(&id) else {
+        return not_found();
+    };
+    *text = body.clone();
+    let received = Received::Comment {
+        forge,
+        repository: repository.clone(),
+        number: *number,
+        edited: true,
+        body: body.clone(),
+    };
+    (
+        StatusCode::OK,
+        json!({"id": id, "body": body}),
+        Some(received),
+    )
+}
+
+fn github(
+    records: &mut Records,
+    method: &Method,
+    repository: &str,
+    rest: &[&str],
+    body: &[u8],
+) -> Routed {
+    let number = |text: &str| text.parse::<u64>().ok();
+    match (method.as_str(), rest) {
+        ("GET", ["issues", n, "comments"]) => match number(n) {
+            Some(n) => (
+                StatusCode::OK,
+                comments_of(records, "github", repository, n),
+                None,
+            ),
+            None => not_found(),
+        },
+        ("POST", ["issues", n, "comments"]) => match number(n) {
+            Some(n) => create_comment(records, "github", repository, n, field(body, "body")),
+            None => not_found(),
+        },
+        ("PATCH", ["issues", "comments", id]) => match number(id) {
+            Some(id) => edit_comment(records, id, field(body, "body")),
+            None => not_found(),
+        },
+        ("POST", ["statuses", sha]) => (
+            StatusCode::CREATED,
+            json!({"id": 1}),
+            Some(Received::CommitStatus {
+                forge: "github",
+                repository: repository.to_string(),
+                sha: sha.to_string(),
+                state: field(body, "state"),
+                description: field(body, "description"),
+            }),
+        ),
+        ("POST", ["deployments"]) => {
+            records.next_id += 1;
+            (StatusCode::CREATED, json!({"id": records.next_id}), None)
+        }
+        ("POST", ["deployments", _, "statuses"]) => (
+            StatusCode::CREATED,
+            json!({"id": 1}),
+            Some(Received::DeploymentStatus {
+                repository: repository.to_string(),
+                state: field(body, "state"),
+                url: field(body, "environment_url"),
+            }),
+        ),
+        ("GET", ["collaborators", _, "permission"]) => (
+            StatusCode::OK,
+            json!({"permission": "admin", "role_name": "admin"}),
+            None,
+        ),
+        ("GET", ["pulls"] | ["branches"]) => unknown_lists(),
+        _ => not_found(),
+    }
+}
+
+fn gitlab(records: &mut Records, method: &Method, rest: &[&str], body: &[u8]) -> Routed {
+    let number = |text: &str| text.parse::<u64>().ok();
+    match (method.as_str(), rest) {
+        ("GET", ["user"]) => (
+            StatusCode::OK,
+            json!({"id": 1, "username": "previewd-sandbox"}),
+            None,
+        ),
+        ("GET", ["projects", project, "merge_requests", n, "notes"]) => match number(n) {
+            Some(n) => (
+                StatusCode::OK,
+                comments_of(records, "gitlab", project, n),
+                None,
+            ),
+            None => not_found(),
+        },
+        ("POST", ["projects", project, "merge_requests", n, "notes"]) => match number(n) {
+            Some(n) => create_comment(records, "gitlab", project, n, field(body, "body")),
+            None => not_found(),
+        },
+        ("PUT", ["projects", _, "merge_requests", _, "notes", id]) => match number(id) {
+            Some(id) => edit_comment(records, id, field(body, "body")),
+            None => not_found(),
+        },
+        ("POST", ["projects", project, "statuses", sha]) => (
+            StatusCode::CREATED,
+            json!({"id": 1}),
+            Some(Received::CommitStatus {
+                forge: "gitlab",
+                repository: project.to_string(),
+                sha: sha.to_string(),
+                state: field(body, "state"),
+                description: field(body, "description"),
+            }),
+        ),
+        ("GET", ["projects", _, "members", "all", _]) => (
+            StatusCode::OK,
+            json!({"id": 1, "username": "anyone", "access_level": 40}),
+            None,
+        ),
+        ("GET", ["projects", _, "merge_requests"] | ["projects", _, "repository", "branches"]) => {
+            unknown_lists()
+        }
+        _ => not_found(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn call(records: &mut Records, method: Method, path: &str, body: &str) -> Routed {
+        let segments: Vec<&str> = path.trim_matches('/').split('/').collect();
+        route(records, &method, &segments, body.as_bytes())
+    }
+
+    #[test]
+    fn a_comment_is_created_found_and_edited_per_pull_request() {
+        let mut records = Records::default();
+        let (status, created, received) = call(
+            &mut records,
+            Method::POST,
+            "/repos/o/r/issues/2/comments",
+            r#"{"body":"hello"}"#,
+        );
+        assert_eq!(status, StatusCode::CREATED);
+        assert!(matches!(
+            received,
+            Some(Received::Comment { edited: false, .. })
+        ));
+        let id = created["id"].as_u64().unwrap();
+        let (_, listed, _) = call(
+            &mut records,
+            Method::GET,
+            "/repos/o/r/issues/2/comments",
+            "",
+        );
+        assert_eq!(listed, json!([{"id": id, "body": "hello"}]));
+        let (_, other, _) = call(
+            &mut records,
+            Method::GET,
+            "/repos/o/r/issues/3/comments",
+            "",
+        );
+        assert_eq!(other, json!([]));
+        let (status, _, received) = call(
+            &mut records,
+            Method::PATCH,
+            &format!("/repos/o/r/issues/comments/{id}"),
+            r#"{"body":"ready"}"#,
+        );
+        assert_eq!(status, StatusCode::OK);
+        assert!(
+            matches!(received, Some(Received::Comment { edited: true, ref body, .. }) if body == "ready")
+        );
+    }
+
+    #[test]
+    fn gitlab_notes_take_form_bodies_and_lists_are_unavailable() {
+        let mut records = Records::default();
+        let (status, _, received) = call(
+            &mut records,
+            Method::POST,
+            "/api/v4/projects/g/p/merge_requests/1/notes",
+            "",
+        );
+        // The project id is one (decoded) segment in real requests; two segments do not match.
+        assert_eq!(status, StatusCode::NOT_FOUND);
+        assert!(received.is_none());
+        let segments = [
+            "api",
+            "v4",
+            "projects",
+            "g/p",
+            "merge_requests",
+            "1",
+            "notes",
+        ];
+        let (status, _, received) = route(
+            &mut records,
+            &Method::POST,
+            &segments,
+            b"body=Preview+ready",
+        );
+        assert_eq!(status, StatusCode::CREATED);
+        assert!(
+            matches!(received, Some(Received::Comment { ref body, .. }) if body == "Preview ready")
+        );
+        let (status, _, _) = call(&mut records, Method::GET, "/repos/o/r/pulls", "");
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    }
+}

@@ -1,0 +1,190 @@
+//! What makes the sandbox something to poke at: the forge stand-in, a Secret with fresh webhook
+//! credentials, two example templates (GitHub `Codertocat/Hello-World` and GitLab
+//! `gitlabhq/gitlab-test`, the repositories of the fixture deliveries), the deliveries written
+//! to files, and the facts a person or a script needs to send them (`--info-file`).
+
+use std::path::{Path, PathBuf};
+
+use kube::api::{Api, Patch, PatchParams};
+use serde::Serialize;
+use serde_json::{Value, json};
+
+use super::SandboxError;
+use super::forge_standin::ForgeStandIn;
+use crate::crd::PreviewTemplate;
+
+/// Where the sandbox's templates, their Secret and the environments live.
+pub const NAMESPACE: &str = "default";
+pub const GITHUB_TEMPLATE: &str = "hello-world";
+pub const GITHUB_REPOSITORY: &str = "Codertocat/Hello-World";
+pub const GITLAB_TEMPLATE: &str = "gitlab-test";
+pub const GITLAB_REPOSITORY: &str = "gitlabhq/gitlab-test";
+const SECRET_NAME: &str = "previewd-sandbox-forge";
+const FIELD_MANAGER: &str = "previewd-sandbox";
+
+/// The app both templates deploy: the web-postgres example (database, seed Job, web app).
+const EXAMPLE_TEMPLATE: &str = include_str!("../../templates/web-postgres/template.yaml");
+
+/// Real deliveries (see `deliveries/README.md`), by file name.
+pub const DELIVERIES: [(&str, &str); 4] = [
+    (
+        "github.pull_request.opened.json",
+        include_str!("deliveries/github.pull_request.opened.json"),
+    ),
+    (
+        "github.pull_request.synchronize.json",
+        include_str!("deliveries/github.pull_request.synchronize.json"),
+    ),
+    (
+        "github.pull_request.closed.json",
+        include_str!("deliveries/github.pull_request.closed.json"),
+    ),
+    (
+        "gitlab.merge_request.json",
+        include_str!("deliveries/gitlab.merge_request.json"),
+    ),
+];
+
+/// The facts `--info-file` writes, for scripts.
+#[derive(Clone, Debug, Serialize)]
+pub struct Facts {
+    pub kubeconfig: String,
+    pub github_webhook_url: String,
+    pub github_webhook_secret: String,
+    pub gitlab_webhook_url: String,
+    pub gitlab_webhook_token: String,
+    pub forge_api_url: String,
+}
+
+pub struct Playground {
+    pub forge: ForgeStandIn,
+    pub facts: Facts,
+    /// Where the deliveries were written (inside the sandbox's data folder).
+    pub deliveries: PathBuf,
+}
+
+impl Playground {
+    /// Starts the stand-in, writes the Secret and the templates, and the delivery files under
+    /// `data_dir`. `webhook_base` is previewd's HTTP address (`http://host:port`).
+    pub async fn set_up(
+        client: &kube::Client,
+        kubeconfig: &Path,
+        data_dir: &Path,
+        webhook_base: &str,
+    ) -> Result<Self, SandboxError> {
+        let forge = ForgeStandIn::start().await?;
+        let facts = Facts {
+            kubeconfig: kubeconfig.display().to_string(),
+            github_webhook_url: format!("{webhook_base}/webhooks/github"),
+            github_webhook_secret: random_hex(16)?,
+            gitlab_webhook_url: format!("{webhook_base}/webhooks/gitlab"),
+            gitlab_webhook_token: random_hex(16)?,
+            forge_api_url: forge.url(),
+        };
+        let params = PatchParams::apply(FIELD_MANAGER).force();
+        let secrets: Api<k8s_openapi::api::core::v1::Secret> =
+            Api::namespaced(client.clone(), NAMESPACE);
+        let secret = json!({
+            "apiVersion": "v1", "kind": "Secret",
+            "metadata": {"name": SECRET_NAME},
+            "stringData": {
+                "github-webhook-secret": facts.github_webhook_secret,
+                "gitlab-webhook-token": facts.gitlab_webhook_token,
+                // The stand-in takes any token; a real forge needs a real one (docs/forges.md).
+                "api-token": "sandbox-token",
+            }
+        });
+        secrets
+            .patch(SECRET_NAME, &params, &Patch::Apply(&secret))
+            .await?;
+        let templates: Api<PreviewTemplate> = Api::namespaced(client.clone(), NAMESPACE);
+        for (name, kind, repository, secret_key) in [
+            (
+                GITHUB_TEMPLATE,
+                "github",
+                GITHUB_REPOSITORY,
+                "github-webhook-secret",
+            ),
+            (
+                GITLAB_TEMPLATE,
+                "gitlab",
+                GITLAB_REPOSITORY,
+                "gitlab-webhook-token",
+            ),
+        ] {
+            let template =
+                example_template(name, kind, repository, secret_key, &facts.forge_api_url)?;
+            templates
+                .patch(name, &params, &Patch::Apply(&template))
+                .await?;
+        }
+        let deliveries = data_dir.join("deliveries");
+        std::fs::create_dir_all(&deliveries).map_err(|e| SandboxError::io(&deliveries, e))?;
+        for (file, body) in DELIVERIES {
+            let path = deliveries.join(file);
+            std::fs::write(&path, body).map_err(|e| SandboxError::io(&path, e))?;
+        }
+        Ok(Self {
+            forge,
+            facts,
+            deliveries,
+        })
+    }
+
+    /// A `curl` that sends the GitHub `pull_request` `opened` delivery, signed.
+    pub fn github_curl(&self) -> String {
+        let (file, body) = DELIVERIES[0];
+        let signature = crate::forge::github::sign(
+            self.facts.github_webhook_secret.as_bytes(),
+            body.as_bytes(),
+        );
+        format!(
+            "curl -sS -X POST {url} -H 'Content-Type: application/json' -H 'X-GitHub-Event: pull_request' -H 'X-GitHub-Delivery: sandbox-opened-1' -H 'X-Hub-Signature-256: {signature}' --data-binary @{path}",
+            url = self.facts.github_webhook_url,
+            path = self.deliveries.join(file).display(),
+        )
+    }
+
+    /// A `curl` that sends the GitLab `Merge Request Hook` delivery with its token.
+    pub fn gitlab_curl(&self) -> String {
+        let (file, _) = DELIVERIES[3];
+        format!(
+            "curl -sS -X POST {url} -H 'Content-Type: application/json' -H 'X-Gitlab-Event: Merge Request Hook' -H 'X-Gitlab-Event-UUID: sandbox-mr-1' -H 'X-Gitlab-Token: {token}' --data-binary @{path}",
+            url = self.facts.gitlab_webhook_url,
+            token = self.facts.gitlab_webhook_token,
+            path = self.deliveries.join(file).display(),
+        )
+    }
+}
+
+/// The example template for one forge: the web-postgres app, this forge and repository, the
+/// stand-in as API, and the sandbox Secret for the webhook and the token.
+fn example_template(
+    name: &str,
+    kind: &str,
+    repository: &str,
+    webhook_key: &str,
+    api_url: &str,
+) -> Result<Value, SandboxError> {
+    let mut template: Value = serde_yaml_ng::from_str(EXAMPLE_TEMPLATE)
+        .map_err(|e| SandboxError::Process(format!("the example template is not YAML: {e}")))?;
+    template["metadata"] = json!({"name": name, "namespace": NAMESPACE});
+    template["spec"]["forge"] = json!({
+        "kind": kind,
+        "repository": repository,
+        "apiUrl": api_url,
+        "tokenSecretRef": {"name": SECRET_NAME, "key": "api-token"},
+        "webhookSecretRef": {"name": SECRET_NAME, "key": webhook_key},
+    });
+    Ok(template)
+}
+
+/// `bytes` random bytes from the kernel, as hex.
+fn random_hex(bytes: usize) -> Result<String, SandboxError> {
+    use std::io::Read;
+    let mut buffer = vec![0u8; bytes];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut buffer))
+        .map_err(|e| SandboxError::io(Path::new("/dev/urandom"), e))?;
+    Ok(hex::encode(buffer))
+}
