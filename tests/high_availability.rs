@@ -9,15 +9,14 @@
 
 mod support;
 
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::Api;
 use previewd::crd::PreviewEnvironment;
-use previewd::forge::github;
 use serde_json::Value;
+use support::process::PreviewdProcess;
 use support::webhooks::*;
 use support::{eventually, in_namespace};
 
@@ -26,97 +25,27 @@ const LEASE: &str = "previewd-leader";
 const LEASE_SECONDS: u64 = 4;
 const FORGE_TOKEN: &str = "forge-token-for-tests";
 
-/// One `previewd run` process; killed when dropped, so a failing test leaves nothing behind.
-struct Replica {
-    identity: String,
-    base: String,
-    child: Child,
-    log: PathBuf,
-}
-
-impl Replica {
-    fn start(namespace: &str, identity: &str, logs: &Path) -> Self {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let log = logs.join(format!("{identity}.log"));
-        let child = Command::new(env!("CARGO_BIN_EXE_previewd"))
-            .args(["--log-format", "json", "run", "--kubeconfig"])
-            .arg(&support::shared().kubeconfig_path)
-            .args(["--listen", &format!("127.0.0.1:{port}")])
-            .args([
-                "--watch-namespace",
-                namespace,
-                "--lease-namespace",
-                namespace,
-            ])
-            .args(["--lease-duration", &format!("{LEASE_SECONDS}s")])
-            .args(["--identity", identity, "--shutdown-grace", "10s"])
-            .env("RUST_LOG", "info")
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).unwrap())
-            .spawn()
-            .expect("start previewd");
-        Self {
-            identity: identity.to_string(),
-            base: format!("http://127.0.0.1:{port}"),
-            child,
-            log,
-        }
-    }
-
-    async fn wait_ready(&self, http: &reqwest::Client) {
-        eventually(
-            &format!("{} to be ready", self.identity),
-            Duration::from_secs(30),
-            || async {
-                let response = http.get(format!("{}/readyz", self.base)).send().await;
-                response.ok()?.status().is_success().then_some(())
-            },
-        )
-        .await;
-    }
-
-    async fn send(&self, http: &reqwest::Client, event: &str, delivery: &str, body: &[u8]) {
-        let signature = Some(github::sign(SECRET.as_bytes(), body));
-        let (status, answer) =
-            post_github(http, &self.base, event, delivery, body, signature).await;
-        assert_eq!(status, 202, "{} answered {answer}", self.identity);
-    }
-
-    async fn leader_gauge(&self, http: &reqwest::Client) -> Option<f64> {
-        let text = http
-            .get(format!("{}/metrics", self.base))
-            .send()
-            .await
-            .ok()?
-            .text()
-            .await
-            .ok()?;
-        metric_value(&text, "previewd_leader")
-    }
-
-    fn signal(&self, signal: libc::c_int) {
-        // SAFETY: kill(2) on our own child's pid.
-        unsafe { libc::kill(self.child.id() as libc::pid_t, signal) };
-    }
-
-    fn log_lines(&self) -> Vec<String> {
-        std::fs::read_to_string(&self.log)
-            .unwrap_or_default()
-            .lines()
-            .map(str::to_string)
-            .collect()
-    }
-}
-
-impl Drop for Replica {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// One `previewd run` replica of the namespace, with a Lease of `LEASE_SECONDS`.
+fn replica(namespace: &str, identity: &str, logs: &Path) -> PreviewdProcess {
+    let lease = format!("{LEASE_SECONDS}s");
+    PreviewdProcess::start(
+        identity,
+        &support::shared().kubeconfig_path,
+        &[
+            "--watch-namespace",
+            namespace,
+            "--lease-namespace",
+            namespace,
+            "--lease-duration",
+            &lease,
+            "--identity",
+            identity,
+            "--shutdown-grace",
+            "10s",
+        ],
+        &[],
+        logs,
+    )
 }
 
 fn holder(lease: &Lease) -> Option<String> {
@@ -177,13 +106,13 @@ async fn one_leader_reconciles_a_killed_leader_is_replaced_and_sigterm_hands_ove
         let leases: Api<Lease> = Api::namespaced(client.clone(), &ns);
         let environments: Api<PreviewEnvironment> = Api::namespaced(client.clone(), &ns);
 
-        let a = Replica::start(&ns, "replica-a", logs.path());
-        let b = Replica::start(&ns, "replica-b", logs.path());
+        let a = replica(&ns, "replica-a", logs.path());
+        let b = replica(&ns, "replica-b", logs.path());
         a.wait_ready(&http).await;
         b.wait_ready(&http).await;
         let first = wait_for_holder(&leases, &["replica-a", "replica-b"]).await;
         let (leader, standby) = if first == "replica-a" { (a, b) } else { (b, a) };
-        eprintln!("leader: {}, standby: {}", leader.identity, standby.identity);
+        eprintln!("leader: {}, standby: {}", leader.name, standby.name);
 
         // Both accept webhooks; the leader deploys what either wrote.
         standby
@@ -194,8 +123,8 @@ async fn one_leader_reconciles_a_killed_leader_is_replaced_and_sigterm_hands_ove
             .await;
         ready_at(&environments, 21, &sha(21)).await;
         ready_at(&environments, 22, &sha(22)).await;
-        assert_eq!(leader.leader_gauge(&http).await, Some(1.0));
-        assert_eq!(standby.leader_gauge(&http).await, Some(0.0));
+        assert_eq!(leader.metric(&http, "previewd_leader").await, Some(1.0));
+        assert_eq!(standby.metric(&http, "previewd_leader").await, Some(0.0));
         let standby_reconciled = standby
             .log_lines()
             .iter()
@@ -220,24 +149,24 @@ async fn one_leader_reconciles_a_killed_leader_is_replaced_and_sigterm_hands_ove
                 &synchronize_for(21, &sha(121)),
             )
             .await;
-        wait_for_holder(&leases, &[standby.identity.as_str()]).await;
+        wait_for_holder(&leases, &[standby.name.as_str()]).await;
         eprintln!(
             "takeover after SIGKILL: {:.1} s (lease duration {LEASE_SECONDS} s)",
             killed_at.elapsed().as_secs_f64()
         );
         ready_at(&environments, 23, &sha(23)).await;
         ready_at(&environments, 21, &sha(121)).await;
-        assert_eq!(standby.leader_gauge(&http).await, Some(1.0));
+        assert_eq!(standby.metric(&http, "previewd_leader").await, Some(1.0));
         let killed_log = leader.log_lines();
         drop(leader);
 
         // SIGTERM the new leader: it releases the Lease and exits 0; the third replica takes
         // over without waiting the Lease out.
         let mut new_leader = standby;
-        let c = Replica::start(&ns, "replica-c", logs.path());
+        let c = replica(&ns, "replica-c", logs.path());
         c.wait_ready(&http).await;
         eventually("replica-c to stand by", Duration::from_secs(10), || async {
-            (c.leader_gauge(&http).await == Some(0.0)).then_some(())
+            (c.metric(&http, "previewd_leader").await == Some(0.0)).then_some(())
         })
         .await;
         let terminated_at = Instant::now();

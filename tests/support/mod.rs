@@ -15,6 +15,8 @@ use kube::config::Kubeconfig;
 use kube::{Client, ResourceExt};
 use previewd::sandbox::{NodeSimulatorConfig, Sandbox, SandboxOptions, StderrProgress};
 
+pub mod helm;
+pub mod process;
 pub mod webhooks;
 
 /// The cluster every test in this binary shares.
@@ -298,8 +300,13 @@ pub async fn apply_all(client: &Client, namespace: &str, objects: &[serde_json::
         let name = object["metadata"]["name"].as_str().expect("metadata.name");
         let (group, version) = api_version.rsplit_once('/').unwrap_or(("", api_version));
         let gvk = GroupVersionKind::gvk(group, version, kind);
-        let (resource, _) = pinned_kind(client, &gvk).await.expect("kind is served");
-        let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), namespace, &resource);
+        let (resource, capabilities) = pinned_kind(client, &gvk).await.expect("kind is served");
+        let api: Api<DynamicObject> = match capabilities.scope {
+            kube::discovery::Scope::Cluster => Api::all_with(client.clone(), &resource),
+            kube::discovery::Scope::Namespaced => {
+                Api::namespaced_with(client.clone(), namespace, &resource)
+            }
+        };
         api.patch(
             name,
             &PatchParams::apply("previewd-tests").force(),

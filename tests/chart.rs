@@ -1,0 +1,289 @@
+//! The Helm chart for real: `charts/previewd` linted (strict) and rendered by the Helm engine
+//! (Helm's Go SDK from the PyPI package helm-python-sdk, see `support::helm`), its values schema
+//! refusing bad values, the rendered objects applied to the control plane, and previewd run as
+//! the chart's ServiceAccount (impersonation, so the chart's RBAC and nothing else decides what
+//! it may do) through a whole lifecycle of the web-postgres example: opened → Ready (database,
+//! seed Job, web app, ResourceQuota, LimitRange, NetworkPolicy) → a new commit → Ready →
+//! closed → namespace deleted. A missing RBAC rule fails this test.
+//!
+//! PR deliveries are `github/pull_request.opened.json`, `synchronize.json` and `closed.json`;
+//! the synchronize copy gets a new head SHA (the fixture's equals opened's).
+
+mod support;
+
+use std::process::Command;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Node, Secret};
+use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use previewd::crd::{PreviewEnvironment, PreviewTemplate};
+use serde_json::{Value, json};
+use support::process::PreviewdProcess;
+use support::webhooks::*;
+use support::{apply_all, eventually, in_namespace, yaml_documents};
+
+const CHART: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/charts/previewd");
+const ENGINE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/chart/helm_engine.py");
+const EXAMPLE: &str = include_str!("../templates/web-postgres/template.yaml");
+
+/// Runs the Helm engine script: lint reports, schema refusals, rendered templates, CRDs.
+fn helm_engine(release: &str, namespace: &str, values: &Value) -> Value {
+    let output = Command::new(support::helm::python())
+        .args([ENGINE, CHART, release, namespace, &values.to_string()])
+        .output()
+        .expect("run the Helm engine");
+    assert!(
+        output.status.success(),
+        "the Helm engine failed:\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    serde_json::from_slice(&output.stdout).expect("the Helm engine prints JSON")
+}
+
+/// A kubeconfig that acts as `user` in `groups`: the admin token of the sandbox, impersonating.
+fn impersonating_kubeconfig(
+    user: &str,
+    groups: &[String],
+    dir: &std::path::Path,
+) -> std::path::PathBuf {
+    let admin = std::fs::read_to_string(&support::shared().kubeconfig_path).unwrap();
+    let mut kubeconfig: Value = serde_yaml_ng::from_str(&admin).unwrap();
+    for entry in kubeconfig["users"].as_array_mut().unwrap() {
+        entry["user"]["as"] = json!(user);
+        entry["user"]["as-groups"] = json!(groups);
+    }
+    let path = dir.join("chart-identity.kubeconfig");
+    std::fs::write(&path, serde_yaml_ng::to_string(&kubeconfig).unwrap()).unwrap();
+    path
+}
+
+fn is_refused(report: &Value) -> Vec<String> {
+    report["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| m["severity"].as_u64().unwrap_or(0) >= 2)
+        .map(|m| format!("{}: {}", m["path"], m["error"]))
+        .chain(
+            report["errors"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|e| e.to_string()),
+        )
+        .collect()
+}
+
+#[tokio::test]
+async fn the_chart_lints_renders_applies_and_its_rbac_carries_a_lifecycle() {
+    in_namespace("chart", |client, ns| async move {
+        // The release is named after the test namespace: ClusterRoles are cluster-wide.
+        let release = ns.clone();
+        let values = json!({
+            "watchNamespace": ns,
+            "controller": {"logLevel": "info"},
+            // The sandbox is Kubernetes 1.20, which has no policy/v1 (1.21+); the offline
+            // render assumes a current cluster. Lint and render cover the PDB; it is not applied.
+            "podDisruptionBudget": {"enabled": false},
+        });
+        let engine = helm_engine(&release, &ns, &values);
+
+        for (case, report) in engine["lint"].as_object().unwrap() {
+            let problems = is_refused(report);
+            assert!(
+                problems.is_empty(),
+                "helm lint --strict ({case}): {problems:?}"
+            );
+            eprintln!(
+                "helm lint --strict ({case}): {} info message(s), no warnings or errors",
+                report["messages"].as_array().unwrap().len()
+            );
+        }
+        for (case, message) in engine["refused"].as_object().unwrap() {
+            assert!(message.is_string(), "the values schema accepted {case}");
+        }
+
+        // Apply what Helm would install: CRDs first, then every rendered template.
+        let crds: Vec<Value> = engine["crds"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .flat_map(|c| yaml_documents(c.as_str().unwrap()))
+            .collect();
+        assert_eq!(crds.len(), 2, "both CRDs are in the chart");
+        apply_all(&client, &ns, &crds).await;
+        let rendered: Vec<Value> = engine["rendered"]
+            .as_object()
+            .unwrap()
+            .iter()
+            .filter(|(path, _)| path.ends_with(".yaml"))
+            .flat_map(|(_, text)| yaml_documents(text.as_str().unwrap()))
+            .collect();
+        let kinds: Vec<&str> = rendered
+            .iter()
+            .map(|o| o["kind"].as_str().unwrap())
+            .collect();
+        for kind in [
+            "Deployment",
+            "Service",
+            "ServiceAccount",
+            "ClusterRole",
+            "ClusterRoleBinding",
+            "Role",
+            "RoleBinding",
+        ] {
+            assert!(
+                kinds.contains(&kind),
+                "the chart renders a {kind}: {kinds:?}"
+            );
+        }
+        apply_all(&client, &ns, &rendered).await;
+        let deployment = rendered.iter().find(|o| o["kind"] == "Deployment").unwrap();
+        let pod = &deployment["spec"]["template"]["spec"];
+        let container = &pod["containers"][0];
+        assert_eq!(container["securityContext"]["readOnlyRootFilesystem"], true);
+        assert_eq!(pod["securityContext"]["runAsNonRoot"], true);
+        assert_eq!(container["livenessProbe"]["httpGet"]["path"], "/healthz");
+        assert_eq!(container["readinessProbe"]["httpGet"]["path"], "/readyz");
+
+        // previewd as the chart's ServiceAccount, configured by the chart's environment.
+        let account = pod["serviceAccountName"].as_str().unwrap();
+        let user = format!("system:serviceaccount:{ns}:{account}");
+        let groups = vec![
+            "system:serviceaccounts".to_string(),
+            format!("system:serviceaccounts:{ns}"),
+            "system:authenticated".to_string(),
+        ];
+        let scratch = tempfile::tempdir().unwrap();
+        let kubeconfig = impersonating_kubeconfig(&user, &groups, scratch.path());
+        let as_chart = previewd::sandbox::control_plane::client_from_kubeconfig(
+            kube::config::Kubeconfig::read_from(&kubeconfig).unwrap(),
+        )
+        .await
+        .unwrap();
+        // The identity is really confined: nothing cluster-scoped beyond namespaces and CRDs.
+        let nodes = Api::<Node>::all(as_chart.clone())
+            .list(&ListParams::default())
+            .await;
+        assert!(
+            matches!(nodes, Err(kube::Error::Api(ref s)) if s.code == 403),
+            "the chart's identity may list nodes: {nodes:?}"
+        );
+        let env: Vec<(String, String)> = container["env"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| {
+                let value = match e["value"].as_str() {
+                    Some(value) => value.to_string(),
+                    // The downward API's metadata.namespace.
+                    None => ns.clone(),
+                };
+                (e["name"].as_str().unwrap().to_string(), value)
+            })
+            // Tests listen on a free loopback port, given on the command line.
+            .filter(|(name, _)| name != "PREVIEWD_LISTEN")
+            .collect();
+
+        // The web-postgres example, served by wiremock as GitHub.
+        let forge = github_forge().await;
+        let secret: Secret = serde_json::from_value(json!({
+            "metadata": {"name": "webhook"},
+            "stringData": {"secret": SECRET, "token": "forge-token-for-tests"}
+        }))
+        .unwrap();
+        Api::<Secret>::namespaced(client.clone(), &ns)
+            .create(&PostParams::default(), &secret)
+            .await
+            .unwrap();
+        let mut template: Value = serde_yaml_ng::from_str(EXAMPLE).unwrap();
+        template["metadata"]["namespace"] = json!(ns);
+        template["spec"]["forge"]["apiUrl"] = json!(forge.uri());
+        template["spec"]["forge"]["webhookSecretRef"] = json!({"name": "webhook", "key": "secret"});
+        template["spec"]["forge"]["tokenSecretRef"] = json!({"name": "webhook", "key": "token"});
+        let template: PreviewTemplate = serde_json::from_value(template).unwrap();
+        Api::<PreviewTemplate>::namespaced(client.clone(), &ns)
+            .create(&PostParams::default(), &template)
+            .await
+            .unwrap();
+
+        let previewd = PreviewdProcess::start("as-chart", &kubeconfig, &[], &env, scratch.path());
+        let http = reqwest::Client::new();
+        previewd.wait_ready(&http).await;
+        let environments: Api<PreviewEnvironment> = Api::namespaced(client.clone(), &ns);
+        previewd
+            .send(
+                &http,
+                "pull_request",
+                "chart-open",
+                &github_fixture("pull_request.opened.json"),
+            )
+            .await;
+        let name = eventually(
+            "the environment of PR 2",
+            Duration::from_secs(20),
+            || async {
+                environments
+                    .list(&ListParams::default())
+                    .await
+                    .ok()?
+                    .items
+                    .first()
+                    .map(kube::ResourceExt::name_any)
+            },
+        )
+        .await;
+        let opened_sha = "ec26c3e57ca3a959ca5aad62de7213c562f8c821";
+        let ready = wait_ready_with_sha(&environments, &name, opened_sha).await;
+        let target = ready.status.unwrap().namespace.unwrap();
+
+        let mut synchronize = json_fixture("github/pull_request.synchronize.json");
+        let new_sha = "1f2e3d4c5b6a79881726354453627180f9e8d7c6";
+        synchronize["pull_request"]["head"]["sha"] = json!(new_sha);
+        previewd
+            .send(
+                &http,
+                "pull_request",
+                "chart-sync",
+                synchronize.to_string().as_bytes(),
+            )
+            .await;
+        wait_ready_with_sha(&environments, &name, new_sha).await;
+
+        previewd
+            .send(
+                &http,
+                "pull_request",
+                "chart-close",
+                &github_fixture("pull_request.closed.json"),
+            )
+            .await;
+        wait_gone(&client, &environments, &name, &target).await;
+
+        let denied: Vec<String> = previewd
+            .log_lines()
+            .into_iter()
+            .filter(|line| line.contains("forbidden") || line.contains("Forbidden"))
+            .collect();
+        assert!(
+            denied.is_empty(),
+            "previewd was refused something under the chart's RBAC: {denied:#?}"
+        );
+        assert_eq!(
+            previewd.metric(&http, "previewd_leader").await,
+            Some(1.0),
+            "it took the Lease in its namespace"
+        );
+
+        // Cluster-scoped leftovers of this release.
+        use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
+        let role_name = format!("{release}-previewd");
+        let _ = Api::<ClusterRoleBinding>::all(client.clone())
+            .delete(&role_name, &DeleteParams::default())
+            .await;
+        let _ = Api::<ClusterRole>::all(client.clone())
+            .delete(&role_name, &DeleteParams::default())
+            .await;
+    })
+    .await;
+}

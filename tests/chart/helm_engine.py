@@ -1,0 +1,47 @@
+"""Lints and renders charts/previewd with the Helm engine (Helm's Go SDK, as carried by the PyPI
+package helm-python-sdk), for tests/chart.rs.
+
+usage: helm_engine.py CHART RELEASE NAMESPACE VALUES_JSON
+prints one JSON object:
+  lint:    {"defaults": report, "everything_on": report}   (helm lint --strict reports)
+  refused: {case: message}   values the schema must refuse, with Helm's message (null: accepted)
+  rendered: {template path: manifest text}   for VALUES_JSON
+  crds:    [file text]   the chart's crds/ (Helm installs them before the templates)
+"""
+import json
+import sys
+
+import helm_python as helm
+
+chart_path, release, namespace, values_json = sys.argv[1:5]
+values = json.loads(values_json)
+
+everything_on = {
+    "ingress": {"enabled": True, "className": "nginx", "tls": [{"secretName": "t", "hosts": ["previewd.example.com"]}]},
+    "serviceMonitor": {"enabled": True},
+    "watchNamespace": "apps",
+}
+lint = {
+    "defaults": helm.lint(chart_path, strict=True, namespace=namespace),
+    "everything_on": helm.lint(chart_path, everything_on, strict=True, namespace=namespace),
+}
+
+bad_values = {
+    "zero_replicas": {"replicaCount": 0},
+    "unknown_key": {"replicas": 2},
+    "bad_duration": {"controller": {"leaseDuration": "fifteen seconds"}},
+    "bad_log_format": {"controller": {"logFormat": "xml"}},
+    "resource_without_group": {"rbac": {"templateResources": [{"resources": ["configmaps"]}]}},
+}
+refused = {}
+with helm.Chart.load(chart_path) as chart:
+    for case, bad in bad_values.items():
+        try:
+            chart.validate_schema(bad)
+            refused[case] = None
+        except Exception as error:  # the SDK raises HelmValuesError with Helm's message
+            refused[case] = str(error)
+    rendered = chart.render(values, name=release, namespace=namespace, is_install=True)
+    crds = [crd["data"] for crd in chart.crds]
+
+json.dump({"lint": lint, "refused": refused, "rendered": rendered, "crds": crds}, sys.stdout)

@@ -1,0 +1,55 @@
+//! The Helm engine for chart tests: Helm's Go SDK as the PyPI package `helm-python-sdk` carries
+//! it (a prebuilt native library; no `helm` binary, no Go build). Installed once into a
+//! virtual environment under `~/.cache/previewd/helm-python/` (or `$PREVIEWD_CACHE_DIR`), the
+//! way the control plane is cached, so that `cargo test` works on a fresh machine.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+
+/// The pinned SDK version: the chart tests read its lint report and render output.
+const SDK: &str = "helm-python-sdk==0.2.2";
+
+fn works(python: &Path) -> bool {
+    Command::new(python)
+        .args(["-c", "import helm_python"])
+        .output()
+        .is_ok_and(|o| o.status.success())
+}
+
+fn run(what: &str, command: &mut Command) {
+    let output = command
+        .output()
+        .unwrap_or_else(|e| panic!("{what}: could not run {command:?}: {e}"));
+    assert!(
+        output.status.success(),
+        "{what} failed ({}):\n{}\n{}",
+        output.status,
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+/// The Python that can `import helm_python`, installing it on first use.
+pub fn python() -> &'static Path {
+    static PYTHON: OnceLock<PathBuf> = OnceLock::new();
+    PYTHON.get_or_init(|| {
+        let venv = super::cache_dir().join("helm-python");
+        let python = venv.join("bin/python");
+        if works(&python) {
+            return python;
+        }
+        eprintln!("installing {SDK} into {} (once)", venv.display());
+        std::fs::create_dir_all(super::cache_dir()).expect("create the cache folder");
+        run(
+            "creating the Helm engine's virtual environment",
+            Command::new("python3").arg("-m").arg("venv").arg(&venv),
+        );
+        run(
+            "installing the Helm engine from PyPI",
+            Command::new(&python).args(["-m", "pip", "install", "--quiet", SDK]),
+        );
+        assert!(works(&python), "{SDK} installed but does not import");
+        python
+    })
+}

@@ -1,0 +1,105 @@
+//! A real `previewd` process (the binary under test) for tests that need several of them or a
+//! different identity: killed when dropped, so a failing test leaves nothing behind.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use super::eventually;
+use super::webhooks::{SECRET, metric_value, post_github};
+
+pub struct PreviewdProcess {
+    pub name: String,
+    pub base: String,
+    pub child: Child,
+    log: PathBuf,
+}
+
+impl PreviewdProcess {
+    /// `previewd --log-format json run --kubeconfig KUBECONFIG --listen 127.0.0.1:<free port>`
+    /// followed by `args`, with `env` added; stderr goes to `<logs>/<name>.log`.
+    pub fn start(
+        name: &str,
+        kubeconfig: &Path,
+        args: &[&str],
+        env: &[(String, String)],
+        logs: &Path,
+    ) -> Self {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let log = logs.join(format!("{name}.log"));
+        let child = Command::new(env!("CARGO_BIN_EXE_previewd"))
+            .args(["--log-format", "json", "run", "--kubeconfig"])
+            .arg(kubeconfig)
+            .args(["--listen", &format!("127.0.0.1:{port}")])
+            .args(args)
+            .env("RUST_LOG", "info")
+            .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .expect("start previewd");
+        Self {
+            name: name.to_string(),
+            base: format!("http://127.0.0.1:{port}"),
+            child,
+            log,
+        }
+    }
+
+    pub async fn wait_ready(&self, http: &reqwest::Client) {
+        eventually(
+            &format!("{} to be ready", self.name),
+            Duration::from_secs(30),
+            || async {
+                let response = http.get(format!("{}/readyz", self.base)).send().await;
+                response.ok()?.status().is_success().then_some(())
+            },
+        )
+        .await;
+    }
+
+    /// Sends a GitHub delivery signed with the tests' secret; expects 202.
+    pub async fn send(&self, http: &reqwest::Client, event: &str, delivery: &str, body: &[u8]) {
+        let signature = Some(previewd::forge::github::sign(SECRET.as_bytes(), body));
+        let (status, answer) =
+            post_github(http, &self.base, event, delivery, body, signature).await;
+        assert_eq!(status, 202, "{} answered {answer}", self.name);
+    }
+
+    /// The value of one series of its `/metrics`.
+    pub async fn metric(&self, http: &reqwest::Client, series: &str) -> Option<f64> {
+        let text = http
+            .get(format!("{}/metrics", self.base))
+            .send()
+            .await
+            .ok()?
+            .text()
+            .await
+            .ok()?;
+        metric_value(&text, series)
+    }
+
+    pub fn signal(&self, signal: libc::c_int) {
+        // SAFETY: kill(2) on our own child's pid.
+        unsafe { libc::kill(self.child.id() as libc::pid_t, signal) };
+    }
+
+    pub fn log_lines(&self) -> Vec<String> {
+        std::fs::read_to_string(&self.log)
+            .unwrap_or_default()
+            .lines()
+            .map(str::to_string)
+            .collect()
+    }
+}
+
+impl Drop for PreviewdProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
