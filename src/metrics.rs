@@ -254,3 +254,43 @@ impl Metrics {
         String::from_utf8(buffer).expect("metrics are UTF-8")
     }
 }
+
+#[cfg(test)]
+mod tests {
+    /// Every metric the Grafana dashboard queries is one previewd exports.
+    #[test]
+    fn the_dashboard_queries_only_metrics_that_exist() {
+        let dashboard = include_str!("../docs/grafana-dashboard.json");
+        let source = include_str!("metrics.rs");
+        let json: serde_json::Value =
+            serde_json::from_str(dashboard).expect("the dashboard is JSON");
+        let mut queried = std::collections::BTreeSet::new();
+        for panel in json["panels"].as_array().expect("panels") {
+            for target in panel["targets"].as_array().expect("targets") {
+                let expr = target["expr"].as_str().expect("expr");
+                for (start, _) in expr.match_indices("previewd_") {
+                    let name: String = expr[start..]
+                        .chars()
+                        .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                        .collect();
+                    let base = ["_bucket", "_count", "_sum"]
+                        .iter()
+                        .find_map(|suffix| name.strip_suffix(suffix))
+                        .unwrap_or(&name)
+                        .to_string();
+                    queried.insert(base);
+                }
+            }
+        }
+        assert!(
+            queried.len() >= 14,
+            "the dashboard covers the metrics: {queried:?}"
+        );
+        for name in &queried {
+            assert!(
+                source.contains(&format!("\"{name}\"")),
+                "the dashboard queries {name}, which previewd does not export"
+            );
+        }
+    }
+}

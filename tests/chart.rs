@@ -12,7 +12,6 @@
 mod support;
 
 use std::process::Command;
-use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Node, Secret};
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
@@ -20,7 +19,7 @@ use previewd::crd::{PreviewEnvironment, PreviewTemplate};
 use serde_json::{Value, json};
 use support::process::PreviewdProcess;
 use support::webhooks::*;
-use support::{apply_all, eventually, in_namespace, yaml_documents};
+use support::{apply_all, in_namespace, yaml_documents};
 
 const CHART: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/charts/previewd");
 const ENGINE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/chart/helm_engine.py");
@@ -219,20 +218,7 @@ async fn the_chart_lints_renders_applies_and_its_rbac_carries_a_lifecycle() {
                 &github_fixture("pull_request.opened.json"),
             )
             .await;
-        let name = eventually(
-            "the environment of PR 2",
-            Duration::from_secs(20),
-            || async {
-                environments
-                    .list(&ListParams::default())
-                    .await
-                    .ok()?
-                    .items
-                    .first()
-                    .map(kube::ResourceExt::name_any)
-            },
-        )
-        .await;
+        let name = environment_of_pr(&environments, 2).await;
         let opened_sha = "ec26c3e57ca3a959ca5aad62de7213c562f8c821";
         let ready = wait_ready_with_sha(&environments, &name, opened_sha).await;
         let target = ready.status.unwrap().namespace.unwrap();

@@ -74,21 +74,7 @@ fn synchronize_for(number: u64, sha: &str) -> Vec<u8> {
 }
 
 async fn ready_at(environments: &Api<PreviewEnvironment>, number: u64, sha: &str) {
-    let name = eventually(
-        &format!("the environment of PR {number}"),
-        Duration::from_secs(20),
-        || async {
-            environments
-                .list(&Default::default())
-                .await
-                .ok()?
-                .items
-                .into_iter()
-                .find(|e| e.spec.source.pull_request == Some(number))
-                .map(|e| kube::ResourceExt::name_any(&e))
-        },
-    )
-    .await;
+    let name = environment_of_pr(environments, number).await;
     wait_ready_with_sha(environments, &name, sha).await;
 }
 

@@ -81,22 +81,7 @@ fn comment_on(number: u64, user: &str, body: &str) -> Vec<u8> {
 
 /// The name of the environment of pull request `number`.
 async fn environment_of(harness: &Harness, number: u64) -> String {
-    eventually(
-        &format!("the environment of PR {number}"),
-        Duration::from_secs(20),
-        || async {
-            harness
-                .environments
-                .list(&Default::default())
-                .await
-                .ok()?
-                .items
-                .into_iter()
-                .find(|e| e.spec.source.pull_request == Some(number))
-                .map(|e| kube::ResourceExt::name_any(&e))
-        },
-    )
-    .await
+    environment_of_pr(&harness.environments, number).await
 }
 
 /// Waits until some comment text previewd sent for PR `number` (created or edited) contains

@@ -18,6 +18,14 @@ struct SandboxRun {
     _scratch: tempfile::TempDir,
 }
 
+impl Drop for SandboxRun {
+    /// A failing test must not leave a sandbox running (its control plane dies with it).
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
 static ONE_SANDBOX_AT_A_TIME: Mutex<()> = Mutex::new(());
 
 fn take_turn() -> std::sync::MutexGuard<'static, ()> {
@@ -109,18 +117,25 @@ fn wait_until_gone(pids: &[u32], timeout: Duration) -> Vec<u32> {
     }
 }
 
-fn kubectl(kubeconfig: &Path, args: &[&str]) -> String {
-    let output = Command::new("kubectl")
-        .env("KUBECONFIG", kubeconfig)
-        .args(args)
-        .output()
-        .expect("run kubectl");
+/// Runs `command`; its stdout, or a panic naming `what` with its stderr.
+fn checked_stdout(what: &str, command: &mut Command) -> Vec<u8> {
+    let output = command.output().unwrap_or_else(|e| panic!("{what}: {e}"));
     assert!(
         output.status.success(),
-        "kubectl {args:?}: {}",
+        "{what}: {}",
         String::from_utf8_lossy(&output.stderr)
     );
-    String::from_utf8_lossy(&output.stdout).to_string()
+    output.stdout
+}
+
+fn kubectl(kubeconfig: &Path, args: &[&str]) -> String {
+    let stdout = checked_stdout(
+        &format!("kubectl {args:?}"),
+        Command::new("kubectl")
+            .env("KUBECONFIG", kubeconfig)
+            .args(args),
+    );
+    String::from_utf8_lossy(&stdout).to_string()
 }
 
 fn signal(child: &Child, signal: i32) {
@@ -284,20 +299,11 @@ fn wait_for_kubectl_ready(kubeconfig: &Path, environment_prefix: &str) -> String
 }
 
 fn run_curl(line: &str) -> serde_json::Value {
-    let output = Command::new("sh")
-        .arg("-c")
-        .arg(line)
-        .output()
-        .expect("run curl");
-    assert!(
-        output.status.success(),
-        "curl failed: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    serde_json::from_slice(&output.stdout).unwrap_or_else(|e| {
+    let stdout = checked_stdout("curl", Command::new("sh").arg("-c").arg(line));
+    serde_json::from_slice(&stdout).unwrap_or_else(|e| {
         panic!(
             "previewd's answer is not JSON ({e}): {}",
-            String::from_utf8_lossy(&output.stdout)
+            String::from_utf8_lossy(&stdout)
         )
     })
 }
@@ -352,13 +358,19 @@ fn the_printed_curl_lines_create_environments_that_kubectl_shows_ready() {
 #[test]
 fn the_demo_plays_a_pull_request_and_exits_0() {
     let _turn = take_turn();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_previewd"))
-        .args(["sandbox", "--demo"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start previewd sandbox --demo");
-    let lines = stdout_lines(&mut child);
+    let scratch = tempfile::tempdir().unwrap();
+    let mut run = SandboxRun {
+        child: Command::new(env!("CARGO_BIN_EXE_previewd"))
+            .args(["sandbox", "--demo"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start previewd sandbox --demo"),
+        info_file: scratch.path().join("unused"),
+        _scratch: scratch,
+    };
+    let child = &mut run.child;
+    let lines = stdout_lines(child);
     let kubeconfig_line = line_where(&lines, "kubeconfig", |l| l.contains("kubeconfig:"));
     let kubeconfig = PathBuf::from(kubeconfig_line.split_whitespace().last().unwrap());
     let mut stdout = vec![kubeconfig_line];

@@ -394,6 +394,25 @@ pub async fn wait_gone(
     .await;
 }
 
+/// The name of the environment of PR `number`, once the intake has written it.
+pub async fn environment_of_pr(environments: &Api<PreviewEnvironment>, number: u64) -> String {
+    eventually(
+        &format!("the environment of PR {number}"),
+        Duration::from_secs(20),
+        || async {
+            environments
+                .list(&Default::default())
+                .await
+                .ok()?
+                .items
+                .into_iter()
+                .find(|e| e.spec.source.pull_request == Some(number))
+                .map(|e| kube::ResourceExt::name_any(&e))
+        },
+    )
+    .await
+}
+
 /// `pull_request.opened.json` as PR `number` on branch `pr-<number>` (changed in a copy).
 pub fn opened_for(number: u64, sha: &str) -> Vec<u8> {
     let mut delivery = json_fixture("github/pull_request.opened.json");
