@@ -56,6 +56,10 @@ pub struct ControllerArgs {
     /// that are idle or too old, and orphaned namespaces (also once at start-up).
     #[arg(long, env = "PREVIEWD_SWEEP_INTERVAL", default_value = "10m", value_parser = parse_duration)]
     pub sweep_interval: Duration,
+    /// A template that renders more objects than this for one environment is refused, with
+    /// the condition `TooManyObjects` on the environment.
+    #[arg(long, env = "PREVIEWD_MAX_OBJECTS_PER_ENVIRONMENT", default_value_t = crate::controller::DEFAULT_MAX_OBJECTS)]
+    pub max_objects_per_environment: usize,
 }
 
 impl ControllerArgs {
@@ -64,6 +68,7 @@ impl ControllerArgs {
             namespace: self.watch_namespace.clone(),
             apply_concurrency: self.apply_concurrency.max(1),
             resync_interval: self.resync_interval,
+            max_objects: self.max_objects_per_environment.max(1),
         }
     }
 }

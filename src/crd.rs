@@ -353,6 +353,10 @@ pub struct Source {
     /// The PR comes from a fork.
     #[serde(default)]
     pub fork: bool,
+    /// When the forge says this source last changed (`pull_request.updated_at`, the push's
+    /// time). A delivery older than this is not applied: deliveries can arrive out of order.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub changed_at: Option<DateTime<Utc>>,
 }
 
 /// Where an environment stands. Serialized as the plain word `kubectl` shows.

@@ -224,6 +224,7 @@ mod tests {
                     head_sha: "abc".into(),
                     author: None,
                     fork: false,
+                    changed_at: None,
                 },
                 last_activity: Some(now() - TimeDelta::hours(active_hours_ago)),
                 ..Default::default()

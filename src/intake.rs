@@ -58,10 +58,13 @@ pub fn decide(
             .collect();
         let start = decisions.len();
         decide_for_template(event, template, &existing, now, &mut decisions);
-        // Drop applies that would change nothing but a recent `lastActivity`.
+        // Drop applies that would change nothing but a recent `lastActivity`, and deliveries
+        // older than what the environment already holds.
         let mut index = start;
         decisions.retain(|decision| {
-            let keep = index < start || !is_mere_activity_refresh(decision, &existing, now);
+            let keep = index < start
+                || !(is_mere_activity_refresh(decision, &existing, now)
+                    || is_out_of_order(decision, &existing));
             index += 1;
             keep
         });
@@ -115,6 +118,24 @@ fn is_mere_activity_refresh(
                 .last_activity
                 .is_some_and(|at| now - at < ACTIVITY_GRANULARITY)
     })
+}
+
+/// True if `decision` applies a source older than the one its environment already holds.
+fn is_out_of_order(decision: &Decision, existing: &[&PreviewEnvironment]) -> bool {
+    let Decision::Apply(wanted) = decision else {
+        return false;
+    };
+    existing.iter().any(|current| {
+        current.name_any() == wanted.name_any()
+            && is_older(&wanted.spec.source, &current.spec.source)
+    })
+}
+
+/// Whether `wanted` describes an earlier state than `current`, by the forge's own timestamps.
+/// Without a timestamp on either side nothing can be told, and the delivery is applied. Two
+/// changes within the same second (GitHub's resolution) are applied in arrival order.
+pub fn is_older(wanted: &Source, current: &Source) -> bool {
+    matches!((wanted.changed_at, current.changed_at), (Some(w), Some(c)) if w < c)
 }
 
 /// Whether `template` is the one for the delivery's forge and repository.
@@ -198,6 +219,7 @@ fn decide_for_template(
                 for environment in pr_environments {
                     let mut source = environment.spec.source.clone();
                     source.head_sha = push.head_sha.clone();
+                    source.changed_at = push.changed_at;
                     decisions.push(Decision::Apply(environment_object(
                         template,
                         &environment.name_any(),
@@ -249,6 +271,7 @@ fn pull_request_environment(
         head_sha: change.head_sha.clone(),
         author: change.author.clone(),
         fork: change.fork,
+        changed_at: change.changed_at,
     };
     environment_object(template, &name, source, now)
 }
@@ -267,6 +290,7 @@ fn branch_environment(
         head_sha: push.head_sha.clone(),
         author: push.author.clone(),
         fork: false,
+        changed_at: push.changed_at,
     };
     environment_object(template, &name, source, now)
 }
@@ -313,24 +337,15 @@ pub fn glob_matches(glob: &str, text: &str) -> bool {
 
 /// Sends the decisions: one server-side apply or delete each. A delete of an environment that
 /// is already gone is not an error.
-pub async fn execute(client: &Client, decisions: &[Decision]) -> Result<(), kube::Error> {
+/// Carries the decisions out. Returns, for each, whether it was written (an apply found older
+/// than the environment's current source is not).
+pub async fn execute(client: &Client, decisions: &[Decision]) -> Result<Vec<bool>, kube::Error> {
+    let mut written = Vec::with_capacity(decisions.len());
     for decision in decisions {
         match decision {
             Decision::Apply(environment) => {
-                let api: Api<PreviewEnvironment> =
-                    Api::namespaced(client.clone(), &environment.namespace().unwrap_or_default());
-                let mut body = serde_json::to_value(environment).expect("serializable");
-                // `sleep: false` belongs to whoever puts an environment to sleep; the intake
-                // must not wake it by owning that field.
-                if let Some(spec) = body["spec"].as_object_mut() {
-                    spec.remove("sleep");
-                }
-                api.patch(
-                    &environment.name_any(),
-                    &PatchParams::apply(FIELD_MANAGER).force(),
-                    &Patch::Apply(body),
-                )
-                .await?;
+                written.push(apply_in_order(client, environment).await?);
+                continue;
             }
             Decision::Wake { namespace, name } => {
                 let api: Api<PreviewEnvironment> = Api::namespaced(client.clone(), namespace);
@@ -355,8 +370,73 @@ pub async fn execute(client: &Client, decisions: &[Decision]) -> Result<(), kube
                 delete_with_reason(client, namespace, name, reason).await?;
             }
         }
+        written.push(true);
     }
-    Ok(())
+    Ok(written)
+}
+
+/// Per-environment turns for the intake's writes in this process, striped over a fixed set of
+/// locks: a new delivery and an old one for the same environment never interleave their
+/// read-compare-write.
+fn turn_for(namespace: &str, name: &str) -> &'static tokio::sync::Mutex<()> {
+    static TURNS: std::sync::LazyLock<Vec<tokio::sync::Mutex<()>>> =
+        std::sync::LazyLock::new(|| (0..64).map(|_| tokio::sync::Mutex::new(())).collect());
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    std::hash::Hash::hash(&(namespace, name), &mut hasher);
+    &TURNS[(std::hash::Hasher::finish(&hasher) % 64) as usize]
+}
+
+/// Server-side applies `wanted` unless the environment, read fresh, already holds a newer
+/// source. The write carries the resourceVersion that was read, so a concurrent write (another
+/// replica) makes it a 409 and the comparison is made again. Returns whether it wrote.
+async fn apply_in_order(client: &Client, wanted: &PreviewEnvironment) -> Result<bool, kube::Error> {
+    let namespace = wanted.namespace().unwrap_or_default();
+    let name = wanted.name_any();
+    let api: Api<PreviewEnvironment> = Api::namespaced(client.clone(), &namespace);
+    let _turn = turn_for(&namespace, &name).lock().await;
+    let mut body = serde_json::to_value(wanted).expect("serializable");
+    // `sleep: false` belongs to whoever puts an environment to sleep; the intake must not
+    // wake it by owning that field.
+    if let Some(spec) = body["spec"].as_object_mut() {
+        spec.remove("sleep");
+    }
+    const ATTEMPTS: usize = 5;
+    for attempt in 1..=ATTEMPTS {
+        let current = api.get_opt(&name).await?;
+        match &current {
+            Some(current) if is_older(&wanted.spec.source, &current.spec.source) => {
+                tracing::info!(
+                    environment = %name,
+                    delivered = %wanted.spec.source.head_sha,
+                    current = %current.spec.source.head_sha,
+                    "a delivery older than the environment's last change: not applied"
+                );
+                return Ok(false);
+            }
+            Some(current) => {
+                body["metadata"]["resourceVersion"] =
+                    serde_json::Value::from(current.resource_version().unwrap_or_default());
+            }
+            None => {
+                if let Some(metadata) = body["metadata"].as_object_mut() {
+                    metadata.remove("resourceVersion");
+                }
+            }
+        }
+        match api
+            .patch(
+                &name,
+                &PatchParams::apply(FIELD_MANAGER).force(),
+                &Patch::Apply(&body),
+            )
+            .await
+        {
+            Ok(_) => return Ok(true),
+            Err(kube::Error::Api(status)) if status.code == 409 && attempt < ATTEMPTS => continue,
+            Err(e) => return Err(e),
+        }
+    }
+    unreachable!("the last attempt returns")
 }
 
 /// Deletes an environment after writing why on it (annotation
@@ -557,6 +637,7 @@ mod tests {
                 branch: "changes".into(),
                 head_sha: "feedbeef".into(),
                 author: None,
+                changed_at: None,
             }),
         };
         let decisions = decide(&push, &templates, &pr_env, now());
@@ -572,6 +653,49 @@ mod tests {
     }
 
     #[test]
+    fn an_older_delivery_never_replaces_a_newer_head() {
+        let templates = [template("web", |_| {})];
+        let at = |minute: u32| Some(now() - chrono::TimeDelta::minutes(60 - i64::from(minute)));
+        let newer = change_request(|c| {
+            c.head_sha = "newer".into();
+            c.changed_at = at(30);
+        });
+        let decisions = decide(&newer, &templates, &[], now());
+        let current: Vec<Arc<PreviewEnvironment>> = applied(&decisions)
+            .into_iter()
+            .map(|e| Arc::new(e.clone()))
+            .collect();
+        let older = change_request(|c| {
+            c.head_sha = "older".into();
+            c.changed_at = at(10);
+        });
+        assert!(
+            decide(&older, &templates, &current, now()).is_empty(),
+            "the older snapshot is dropped"
+        );
+        let later = change_request(|c| {
+            c.head_sha = "later".into();
+            c.changed_at = at(40);
+        });
+        assert_eq!(
+            applied(&decide(&later, &templates, &current, now()))[0]
+                .spec
+                .source
+                .head_sha,
+            "later"
+        );
+        // Without timestamps nothing can be told: arrival order decides.
+        let untimed = change_request(|c| {
+            c.head_sha = "untimed".into();
+            c.changed_at = None;
+        });
+        assert_eq!(
+            applied(&decide(&untimed, &templates, &current, now())).len(),
+            1
+        );
+    }
+
+    #[test]
     fn branch_pushes_follow_the_globs_and_deletions_remove_them() {
         let templates = [template("web", |s| {
             s.triggers.branches = vec!["release/*".into()]
@@ -583,6 +707,7 @@ mod tests {
                 branch: branch.into(),
                 head_sha: "abc".into(),
                 author: Some("a".into()),
+                changed_at: None,
             }),
         };
         assert!(decide(&push("main"), &templates, &[], now()).is_empty());

@@ -427,8 +427,8 @@ async fn act(
         .await;
     }
     let decisions = intake::decide(event, templates, &environments, chrono::Utc::now());
-    intake::execute(&state.client, &decisions).await?;
-    for decision in &decisions {
+    let written = intake::execute(&state.client, &decisions).await?;
+    for (decision, _) in decisions.iter().zip(&written).filter(|(_, w)| **w) {
         let operation = match decision {
             Decision::Apply(_) => "intake_apply",
             Decision::Wake { .. } => "intake_wake",
@@ -438,7 +438,13 @@ async fn act(
     }
     Ok(decisions
         .iter()
-        .map(|decision| match decision {
+        .zip(written)
+        .map(|(decision, written)| match decision {
+            Decision::Apply(e) if !written => format!(
+                "not applied {}/{}: it already holds a newer change (a delivery out of order)",
+                e.namespace().unwrap_or_default(),
+                e.name_any()
+            ),
             Decision::Apply(e) => format!(
                 "applied {}/{}",
                 e.namespace().unwrap_or_default(),

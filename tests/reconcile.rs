@@ -27,6 +27,7 @@ async fn start_controller(client: &Client, namespace: &str, resync: Duration) ->
         namespace: Some(namespace.to_string()),
         apply_concurrency: 16,
         resync_interval: resync,
+        ..Default::default()
     };
     tokio::spawn(controller::run(
         client.clone(),
@@ -91,6 +92,10 @@ async fn web_postgres_reaches_ready_seeded_in_order_then_writes_nothing_until_so
         for series in ["previewd_seed_duration_seconds_count 1", "previewd_seed_failures_total 0", "previewd_time_to_ready_seconds_count 1"] {
             assert!(text.lines().any(|l| l == series), "{series} in:\n{text}");
         }
+        // Each wave's reconcile re-sends nothing already applied unchanged: the apply cache hits.
+        let skipped = support::webhooks::metric_value(&text, r#"previewd_apply_requests_total{outcome="skipped"}"#);
+        assert!(skipped.is_some_and(|n| n >= 1.0), "apply cache hits in:\n{text}");
+        assert!(!text.contains("previewd_reconcile_errors_total{"), "no reconcile failed:\n{text}");
 
         // Guard rails in the namespace.
         assert!(Api::<ResourceQuota>::namespaced(client.clone(), &target).get_opt("previewd-quota").await.unwrap().is_some());

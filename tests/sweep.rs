@@ -16,6 +16,7 @@ use previewd::crd::{Phase, PreviewEnvironment, PreviewTemplate};
 use previewd::gc::Reason;
 use previewd::sweep::Sweeper;
 use serde_json::{Value, json};
+use support::webhooks::metric_value;
 use support::{eventually, in_namespace};
 use wiremock::matchers::{method, path_regex};
 use wiremock::{Mock, MockServer, ResponseTemplate};
@@ -253,7 +254,11 @@ async fn idle_environments_and_orphaned_namespaces_go_unrelated_ones_stay() {
         let report = sweeper.sweep(&context.reporter, Utc::now() + TimeDelta::hours(96)).await.unwrap();
         assert_eq!(report.deleted.len(), 1);
         assert_eq!(report.deleted[0].1, Reason::Idle);
-        assert_eq!(context.metrics.gc_deletions.with_label_values(&["idle"]).get(), 1);
+        // As /metrics says it: one removal for idleness, one orphaned namespace.
+        let text = context.metrics.render();
+        for series in [r#"previewd_gc_deletions_total{reason="idle"}"#, r#"previewd_gc_deletions_total{reason="orphaned_namespace"}"#] {
+            assert_eq!(metric_value(&text, series), Some(1.0), "{series} in:\n{text}");
+        }
         let _ = namespaces.delete(&unrelated, &Default::default()).await;
     })
     .await;

@@ -76,6 +76,8 @@ struct PullRequest {
     user: Option<User>,
     #[serde(default)]
     labels: Vec<Label>,
+    #[serde(default)]
+    updated_at: serde_json::Value,
 }
 
 #[derive(Deserialize)]
@@ -90,6 +92,14 @@ struct Pusher {
     name: String,
 }
 
+/// The repository of a push delivery: `pushed_at` is when GitHub received the push.
+#[derive(Deserialize)]
+struct PushedRepository {
+    full_name: String,
+    #[serde(default)]
+    pushed_at: serde_json::Value,
+}
+
 #[derive(Deserialize)]
 struct PushEvent {
     #[serde(rename = "ref")]
@@ -97,7 +107,7 @@ struct PushEvent {
     after: String,
     #[serde(default)]
     deleted: bool,
-    repository: Repository,
+    repository: PushedRepository,
     #[serde(default)]
     pusher: Option<Pusher>,
     #[serde(default)]
@@ -228,6 +238,7 @@ fn parse_pull_request(body: &[u8]) -> Result<ForgeEvent, ParseError> {
                 author: pr.user.map(|u| u.login),
                 draft: pr.draft,
                 labels: pr.labels.into_iter().map(|l| l.name).collect(),
+                changed_at: super::forge_time(&pr.updated_at),
             })
         }
         other => EventKind::Ignored(format!("pull_request action {other:?}")),
@@ -251,9 +262,13 @@ fn parse_push(body: &[u8]) -> Result<ForgeEvent, ParseError> {
                 .sender
                 .map(|s| s.login)
                 .or(delivery.pusher.map(|p| p.name)),
+            changed_at: super::forge_time(&delivery.repository.pushed_at),
         }),
     };
-    Ok(event(delivery.repository, kind))
+    let repository = Repository {
+        full_name: delivery.repository.full_name,
+    };
+    Ok(event(repository, kind))
 }
 
 #[cfg(test)]
@@ -358,6 +373,7 @@ mod tests {
                 branch: "master".into(),
                 head_sha: "6113728f27ae82c7b1a177c8d03f9e96e0adf246".into(),
                 author: Some("Codertocat".into()),
+                changed_at: super::super::forge_time(&serde_json::json!(1557933657)),
             })
         );
         assert!(matches!(kind("push", "push.json"), EventKind::Ignored(_)));

@@ -64,6 +64,8 @@ struct MergeRequestAttributes {
     work_in_progress: bool,
     #[serde(default)]
     labels: Vec<Label>,
+    #[serde(default)]
+    updated_at: serde_json::Value,
 }
 
 #[derive(Deserialize)]
@@ -142,6 +144,9 @@ pub fn parse(event_type: &str, body: &[u8]) -> Result<ForgeEvent, ParseError> {
                     branch: branch.to_string(),
                     head_sha: delivery.checkout_sha.unwrap_or(delivery.after),
                     author: delivery.user_username,
+                    // GitLab's push deliveries say when the commits were authored, not when
+                    // they were pushed: no order can be told from them.
+                    changed_at: None,
                 }),
             };
             Ok(event(delivery.project, kind))
@@ -214,6 +219,7 @@ fn parse_merge_request(body: &[u8]) -> Result<ForgeEvent, ParseError> {
                 draft: mr.draft || mr.work_in_progress,
                 fork: matches!((mr.source_project_id, mr.target_project_id), (Some(s), Some(t)) if s != t),
                 labels: mr.labels.into_iter().map(|l| l.title).collect(),
+                changed_at: super::forge_time(&mr.updated_at),
             })
         }
         other => EventKind::Ignored(format!("merge request action {other:?}")),
@@ -258,6 +264,7 @@ mod tests {
                 draft: false,
                 fork: false,
                 labels: vec!["API".into()],
+                changed_at: super::super::forge_time(&serde_json::json!("2013-12-03T17:23:34Z")),
             })
         );
         let mut delivery: serde_json::Value =
@@ -296,6 +303,7 @@ mod tests {
                 branch: "master".into(),
                 head_sha: "da1560886d4f094c3e6c9ef40349f7d38b5d27d7".into(),
                 author: Some("jsmith".into()),
+                changed_at: None,
             })
         );
         let mut deleted: serde_json::Value = serde_json::from_slice(&fixture("push.json")).unwrap();

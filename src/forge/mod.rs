@@ -13,6 +13,7 @@ pub mod gitlab;
 pub mod report;
 pub mod repository;
 
+use chrono::{DateTime, Utc};
 use sha2::{Digest, Sha256};
 
 pub use crate::crd::ForgeKind;
@@ -62,6 +63,9 @@ pub struct ChangeRequest {
     /// The head branch lives in another repository (a fork).
     pub fork: bool,
     pub labels: Vec<String>,
+    /// When the forge says the pull/merge request last changed (its own clock): orders
+    /// deliveries that arrive out of order.
+    pub changed_at: Option<DateTime<Utc>>,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -69,6 +73,25 @@ pub struct Push {
     pub branch: String,
     pub head_sha: String,
     pub author: Option<String>,
+    /// When the forge received the push (GitHub's `repository.pushed_at`; GitLab sends none).
+    pub changed_at: Option<DateTime<Utc>>,
+}
+
+/// A forge timestamp: RFC 3339 (`2019-05-15T15:20:33Z`), GitLab's `2013-12-03 17:23:34 UTC`,
+/// or Unix seconds (GitHub's `pushed_at` in push deliveries). Anything else is `None`.
+pub fn forge_time(value: &serde_json::Value) -> Option<DateTime<Utc>> {
+    match value {
+        serde_json::Value::Number(seconds) => DateTime::from_timestamp(seconds.as_i64()?, 0),
+        serde_json::Value::String(text) => DateTime::parse_from_rfc3339(text)
+            .map(|t| t.with_timezone(&Utc))
+            .ok()
+            .or_else(|| {
+                chrono::NaiveDateTime::parse_from_str(text, "%Y-%m-%d %H:%M:%S UTC")
+                    .ok()
+                    .map(|t| t.and_utc())
+            }),
+        _ => None,
+    }
 }
 
 #[derive(Clone, Debug, PartialEq)]
