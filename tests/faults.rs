@@ -1,5 +1,6 @@
 //! Faults, against the real control plane: deliveries arriving all at once, duplicated and out
-//! of order. Every environment must end correct, with nothing lost or duplicated.
+//! of order; a forge that hangs, answers 502 and 429, then recovers. Every environment must end
+//! correct, with nothing lost or duplicated.
 //!
 //! Deliveries are `github/pull_request.opened.json` and `synchronize.json`, changed in copies:
 //! the PR number, its branch, the head SHA and `pull_request.updated_at` (the forge's time of
@@ -7,12 +8,15 @@
 
 mod support;
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use chrono::{TimeDelta, Utc};
 use futures::future::join_all;
-use support::in_namespace;
+use previewd::crd::Phase;
 use support::webhooks::*;
+use support::{eventually, in_namespace, wait_for_phase};
+use wiremock::matchers::any;
+use wiremock::{Mock, MockServer, ResponseTemplate};
 
 const REPOSITORY: &str = "Codertocat/Hello-World";
 const PULL_REQUESTS: u64 = 10;
@@ -107,6 +111,92 @@ async fn a_hundred_deliveries_at_once_with_duplicates_out_of_order_end_at_the_ne
             .filter(|(_, a)| a["message"].as_str().is_some_and(|m| m.contains("out of order")))
             .count();
         eprintln!("100 deliveries at once: 50 duplicates recognised, {stale} older snapshots not applied, 10 environments at their newest heads");
+    })
+    .await;
+}
+
+/// Replaces every answer of `forge` by `answer`.
+async fn forge_answers(forge: &MockServer, answer: ResponseTemplate) {
+    forge.reset().await;
+    Mock::given(any()).respond_with(answer).mount(forge).await;
+}
+
+#[tokio::test]
+async fn a_forge_that_hangs_then_fails_then_recovers_never_blocks_deploying_and_ends_with_one_comment()
+ {
+    in_namespace("faults-forge", |client, ns| async move {
+        // First the forge hangs: it would answer after 300 s, far past previewd's 10 s timeout.
+        let forge = MockServer::start().await;
+        forge_answers(
+            &forge,
+            ResponseTemplate::new(200).set_delay(Duration::from_secs(60)),
+        )
+        .await;
+        install_template(&client, &ns, "github", REPOSITORY, Some(&forge.uri())).await;
+        let harness = Harness::start(&client, &ns, 2 << 20).await;
+        let sent_at = Instant::now();
+        let (status, _) = harness
+            .signed(
+                "pull_request",
+                "hang-open",
+                &github_fixture("pull_request.opened.json"),
+            )
+            .await;
+        assert_eq!(status, 202);
+        let name = environment_of_pr(&harness.environments, 2).await;
+        wait_for_phase(
+            &harness.environments,
+            &name,
+            Phase::Ready,
+            Duration::from_secs(90),
+        )
+        .await;
+        eprintln!(
+            "Ready {:.1} s after the delivery, with the forge hanging",
+            sent_at.elapsed().as_secs_f64()
+        );
+
+        // Then 502 Bad Gateway, then 429 with Retry-After, for a while each.
+        forge_answers(&forge, ResponseTemplate::new(502)).await;
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        forge_answers(
+            &forge,
+            ResponseTemplate::new(429).insert_header("retry-after", "3"),
+        )
+        .await;
+        tokio::time::sleep(Duration::from_secs(5)).await;
+
+        // The forge is back: previewd's retries make the comment, once, and the environment
+        // was never touched meanwhile.
+        forge.reset().await;
+        mount_github_api(&forge).await;
+        let recovered_at = Instant::now();
+        eventually(
+            "the comment after the forge recovered",
+            Duration::from_secs(300),
+            || async { (sent(&forge, "POST", "/issues/2/comments", "").await >= 1).then_some(()) },
+        )
+        .await;
+        eprintln!(
+            "comment created {:.1} s after the forge recovered",
+            recovered_at.elapsed().as_secs_f64()
+        );
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        assert_eq!(
+            sent(&forge, "POST", "/issues/2/comments", "").await,
+            1,
+            "one comment"
+        );
+        let environment = harness.environments.get(&name).await.unwrap();
+        assert_eq!(environment.status.unwrap().phase, Phase::Ready);
+        assert!(environment.metadata.deletion_timestamp.is_none());
+        let text = harness.metrics().await;
+        let errors = metric_value(
+            &text,
+            r#"previewd_reconcile_errors_total{category="forge"}"#,
+        )
+        .unwrap_or(0.0);
+        assert!(errors >= 1.0, "the forge errors were counted:\n{text}");
     })
     .await;
 }

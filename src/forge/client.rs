@@ -63,6 +63,12 @@ struct GateState {
 /// Longest wait after failures.
 const MAX_FAILURE_BACKOFF: Duration = Duration::from_secs(300);
 
+/// The longest previewd waits for a forge's answer. A forge that accepts connections and never
+/// answers must not hold a reconcile (and the environment's status) hostage; after a timeout
+/// the gate backs off like after any failure.
+pub const FORGE_TIMEOUT: Duration = Duration::from_secs(10);
+const FORGE_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
 impl Gate {
     fn check(&self, operation: &'static str) -> Result<(), ForgeApiError> {
         let state = self.state.lock().expect("gate");
@@ -338,6 +344,9 @@ impl GithubApi {
             .base_uri(api_url)
             .map_err(|_| ForgeApiError::BadUrl(api_url.to_string()))?
             .personal_token(token)
+            .set_connect_timeout(Some(FORGE_CONNECT_TIMEOUT))
+            .set_read_timeout(Some(FORGE_TIMEOUT))
+            .set_write_timeout(Some(FORGE_TIMEOUT))
             .build()
             .map_err(|e| ForgeApiError::Transport {
                 operation: "build client",
@@ -774,9 +783,12 @@ impl GitlabApi {
         if url.scheme() == "http" {
             builder.insecure();
         }
-        let inner = builder
-            .build_async()
+        let inner = tokio::time::timeout(FORGE_TIMEOUT, builder.build_async())
             .await
+            .map_err(|_| ForgeApiError::Transport {
+                operation: "connect",
+                message: format!("no answer within {} s", FORGE_TIMEOUT.as_secs()),
+            })?
             .map_err(|e| ForgeApiError::Transport {
                 operation: "connect",
                 message: e.to_string(),
@@ -799,7 +811,11 @@ impl GitlabApi {
         Fut: std::future::Future<Output = Result<T, String>>,
     {
         self.gate.check(operation)?;
-        let result = call().await;
+        // The gitlab crate's HTTP client has no timeout of its own.
+        let result = match tokio::time::timeout(FORGE_TIMEOUT, call()).await {
+            Ok(result) => result,
+            Err(_) => Err(format!("no answer within {} s", FORGE_TIMEOUT.as_secs())),
+        };
         let outcome = match &result {
             Ok(_) => "ok",
             Err(_) if self.gate.check(operation).is_err() => "rate_limited",

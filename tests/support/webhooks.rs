@@ -22,6 +22,12 @@ use super::{eventually, fixture};
 /// a deployment gets id 77.
 pub async fn github_forge() -> MockServer {
     let server = MockServer::start().await;
+    mount_github_api(&server).await;
+    server
+}
+
+/// The answers of [`github_forge`], on an existing server (one that misbehaved until now).
+pub async fn mount_github_api(server: &MockServer) {
     let ok = |status: u16, body: Value| {
         ResponseTemplate::new(status)
             .set_body_json(body)
@@ -30,34 +36,33 @@ pub async fn github_forge() -> MockServer {
     Mock::given(method("GET"))
         .and(path_regex(r"^/repos/[^/]+/[^/]+/issues/\d+/comments$"))
         .respond_with(ok(200, json!([])))
-        .mount(&server)
+        .mount(server)
         .await;
     Mock::given(method("POST"))
         .and(path_regex(r"^/repos/[^/]+/[^/]+/issues/\d+/comments$"))
         .respond_with(ok(201, json!({"id": 4242})))
-        .mount(&server)
+        .mount(server)
         .await;
     Mock::given(method("PATCH"))
         .and(path_regex(r"^/repos/[^/]+/[^/]+/issues/comments/\d+$"))
         .respond_with(ok(200, json!({"id": 4242})))
-        .mount(&server)
+        .mount(server)
         .await;
     Mock::given(method("POST"))
         .and(path_regex(r"^/repos/[^/]+/[^/]+/deployments$"))
         .respond_with(ok(201, json!({"id": 77})))
-        .mount(&server)
+        .mount(server)
         .await;
     Mock::given(method("POST"))
         .and(path_regex(r"^/repos/[^/]+/[^/]+/deployments/\d+/statuses$"))
         .respond_with(ok(201, json!({"id": 1})))
-        .mount(&server)
+        .mount(server)
         .await;
     Mock::given(method("POST"))
         .and(path_regex(r"^/repos/[^/]+/[^/]+/statuses/[0-9a-f]+$"))
         .respond_with(ok(201, json!({"id": 1})))
-        .mount(&server)
+        .mount(server)
         .await;
-    server
 }
 
 /// A GitLab API (v4) that accepts previewd's calls: a new note gets id 99.
