@@ -49,9 +49,15 @@ pub struct ControllerArgs {
     /// Server-side applies in flight at once within a wave.
     #[arg(long, env = "PREVIEWD_APPLY_CONCURRENCY", default_value_t = 16)]
     pub apply_concurrency: usize,
-    /// How often everything is re-applied regardless of the apply cache (drift repair), e.g. `10m`.
+    /// How often every environment is reconciled with nothing having changed, e.g. `10m`. It
+    /// compares with what the watches show and writes only if something drifted.
     #[arg(long, env = "PREVIEWD_RESYNC_INTERVAL", default_value = "10m", value_parser = parse_duration)]
     pub resync_interval: Duration,
+    /// Also re-apply every object of an environment this often, sent even when the watch shows
+    /// no drift (e.g. `24h`). Unset by default: it costs writes for environments that did not
+    /// change, and the watch-based comparison already repairs drift in every field previewd sets.
+    #[arg(long, env = "PREVIEWD_REAPPLY_INTERVAL", value_parser = parse_duration)]
+    pub reapply_interval: Option<Duration>,
     /// How often the sweep removes environments whose PR is closed, whose branch is gone,
     /// that are idle or too old, and orphaned namespaces (also once at start-up).
     #[arg(long, env = "PREVIEWD_SWEEP_INTERVAL", default_value = "10m", value_parser = parse_duration)]
@@ -68,6 +74,7 @@ impl ControllerArgs {
             namespace: self.watch_namespace.clone(),
             apply_concurrency: self.apply_concurrency.max(1),
             resync_interval: self.resync_interval,
+            reapply_interval: self.reapply_interval,
             max_objects: self.max_objects_per_environment.max(1),
         }
     }

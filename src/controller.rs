@@ -47,8 +47,13 @@ pub struct ControllerConfig {
     pub namespace: Option<String>,
     /// Server-side applies in flight at once within a wave.
     pub apply_concurrency: usize,
-    /// How often everything is re-applied regardless of the cache, to repair drift.
+    /// How often every environment is reconciled again with nothing having triggered it. The
+    /// reconcile compares with the watch and sends nothing unless something drifted.
     pub resync_interval: Duration,
+    /// How often each environment is re-applied in full regardless of the apply cache; `None`
+    /// (the default) never does. The watch already shows drift in every field previewd sets,
+    /// so a blind re-apply only costs writes for environments that did not change.
+    pub reapply_interval: Option<Duration>,
     /// A template that renders more objects than this is refused (a runaway loop in a
     /// template, or a hostile one, must not flood the API server).
     pub max_objects: usize,
@@ -60,6 +65,7 @@ impl Default for ControllerConfig {
             namespace: None,
             apply_concurrency: 16,
             resync_interval: Duration::from_secs(600),
+            reapply_interval: None,
             max_objects: DEFAULT_MAX_OBJECTS,
         }
     }
@@ -447,7 +453,7 @@ async fn reconcile_environment(
         |object| context.applier.live_replicas(&ObjectKey::of(object)),
         environment.spec.redeploy.as_deref(),
     );
-    let bypass_cache = resync_due(context, &key);
+    let bypass_cache = reapply_due(context, &key);
     let namespace_object = namespace::namespace_object(&namespace, &template.spec, &labels);
     context
         .applier
@@ -469,7 +475,7 @@ async fn reconcile_environment(
         context
             .last_full_apply
             .lock()
-            .expect("resync lock")
+            .expect("reapply lock")
             .insert(key.clone(), Instant::now());
     }
     let remembered = context
@@ -902,14 +908,17 @@ fn deletion_reason(environment: &PreviewEnvironment) -> String {
 
 /// Whether the slow periodic resync is due: then the apply cache is bypassed. The clock of an
 /// environment starts at its first reconcile, whose cache is empty anyway.
-fn resync_due(context: &Context, key: &ObjectRef<PreviewEnvironment>) -> bool {
-    let mut last = context.last_full_apply.lock().expect("resync lock");
+fn reapply_due(context: &Context, key: &ObjectRef<PreviewEnvironment>) -> bool {
+    let Some(interval) = context.config.reapply_interval else {
+        return false;
+    };
+    let mut last = context.last_full_apply.lock().expect("reapply lock");
     match last.get(key) {
         None => {
             last.insert(key.clone(), Instant::now());
             false
         }
-        Some(at) => at.elapsed() >= context.config.resync_interval,
+        Some(at) => at.elapsed() >= interval,
     }
 }
 

@@ -22,13 +22,20 @@ use support::{eventually, in_namespace, wait_for_phase};
 
 /// Starts a controller watching only `namespace`, on the calling test's runtime.
 async fn start_controller(client: &Client, namespace: &str, resync: Duration) -> Arc<Context> {
+    start_controller_with(
+        client,
+        ControllerConfig {
+            namespace: Some(namespace.to_string()),
+            apply_concurrency: 16,
+            resync_interval: resync,
+            ..Default::default()
+        },
+    )
+    .await
+}
+
+async fn start_controller_with(client: &Client, config: ControllerConfig) -> Arc<Context> {
     let (tx, rx) = tokio::sync::oneshot::channel();
-    let config = ControllerConfig {
-        namespace: Some(namespace.to_string()),
-        apply_concurrency: 16,
-        resync_interval: resync,
-        ..Default::default()
-    };
     tokio::spawn(controller::run(
         client.clone(),
         config,
@@ -396,40 +403,58 @@ async fn online_boutique_example_reaches_ready_with_all_35_objects() {
     .await;
 }
 
+/// Creates the small environment `pr-7` under a controller with `config` and returns the
+/// namespace it deployed to, once Ready.
+async fn ready_small_environment(
+    client: &Client,
+    ns: &str,
+    config: ControllerConfig,
+) -> (Arc<Context>, String) {
+    let context = start_controller_with(client, config).await;
+    let templates: Api<PreviewTemplate> = Api::namespaced(client.clone(), ns);
+    templates
+        .create(
+            &PostParams::default(),
+            &small_template(&["alpha", "beta"], "one.sql"),
+        )
+        .await
+        .unwrap();
+    let environments: Api<PreviewEnvironment> = Api::namespaced(client.clone(), ns);
+    environments
+        .create(&PostParams::default(), &environment_of("small"))
+        .await
+        .unwrap();
+    let status = wait_for_phase(&environments, "pr-7", Phase::Ready, Duration::from_secs(60))
+        .await
+        .status
+        .unwrap();
+    (context, status.namespace.unwrap())
+}
+
 #[tokio::test]
-async fn periodic_resync_reapplies_everything_and_reverts_a_kubectl_edit() {
+async fn resync_of_an_unchanged_environment_writes_nothing_yet_reverts_a_kubectl_edit() {
     in_namespace("resync", |client, ns| async move {
-        let context = start_controller(&client, &ns, Duration::from_secs(3)).await;
-        let templates: Api<PreviewTemplate> = Api::namespaced(client.clone(), &ns);
-        templates
-            .create(
-                &PostParams::default(),
-                &small_template(&["alpha", "beta"], "one.sql"),
-            )
-            .await
-            .unwrap();
-        let environments: Api<PreviewEnvironment> = Api::namespaced(client.clone(), &ns);
-        environments
-            .create(&PostParams::default(), &environment_of("small"))
-            .await
-            .unwrap();
-        let status = wait_for_phase(&environments, "pr-7", Phase::Ready, Duration::from_secs(60))
-            .await
-            .status
-            .unwrap();
-        let target = status.namespace.unwrap();
+        let config = ControllerConfig {
+            namespace: Some(ns.clone()),
+            resync_interval: Duration::from_secs(2),
+            ..Default::default()
+        };
+        let (context, target) = ready_small_environment(&client, &ns, config).await;
 
-        // Nothing changes, yet every resync sends all three objects (two ConfigMaps, the seed Job)
-        // again: the resync does not trust the cache.
-        let sent_before = applies_sent(&context);
+        // Three resyncs of an environment where nothing changed: reconciled, nothing written.
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let (reconciled_before, written_before) =
+            (reconciles(&context), context.metrics.total_writes());
         tokio::time::sleep(Duration::from_secs(7)).await;
-        let resent = applies_sent(&context) - sent_before;
+        let reconciled = reconciles(&context) - reconciled_before;
+        let written = context.metrics.total_writes() - written_before;
         assert!(
-            resent >= 3,
-            "a resync re-applied the environment ({resent} applies in 7 s)"
+            reconciled >= 2,
+            "resyncs ran ({reconciled} reconciles in 7 s)"
         );
+        assert_eq!(written, 0, "writes by resyncs of an unchanged environment");
 
-        // A managed field edited with kubectl comes back.
+        // A managed field edited with kubectl comes back: the watch shows the drift.
         let kubeconfig = support::shared().kubeconfig_path.clone();
         let output = std::process::Command::new("kubectl")
             .env("KUBECONFIG", &kubeconfig)
@@ -465,7 +490,31 @@ async fn periodic_resync_reapplies_everything_and_reverts_a_kubectl_edit() {
             },
         )
         .await;
-        // The seed ran once in all this: resyncs re-apply its Job, they do not re-run it.
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn reapply_interval_resends_everything_without_rerunning_the_seed() {
+    in_namespace("reapply", |client, ns| async move {
+        let config = ControllerConfig {
+            namespace: Some(ns.clone()),
+            resync_interval: Duration::from_secs(3),
+            reapply_interval: Some(Duration::from_secs(3)),
+            ..Default::default()
+        };
+        let (context, target) = ready_small_environment(&client, &ns, config).await;
+
+        // Nothing changes, yet every re-apply sends all three objects (two ConfigMaps, the seed
+        // Job) again: it does not trust the cache.
+        let sent_before = applies_sent(&context);
+        tokio::time::sleep(Duration::from_secs(7)).await;
+        let resent = applies_sent(&context) - sent_before;
+        assert!(
+            resent >= 3,
+            "a re-apply re-sent the environment ({resent} applies in 7 s)"
+        );
+        // The seed ran once in all this: re-applies send its Job, they do not re-run it.
         let jobs = Api::<Job>::namespaced(client.clone(), &target)
             .list(&ListParams::default())
             .await
