@@ -36,6 +36,49 @@ struct CacheEntry {
     applied: Sha,
 }
 
+/// An apply that failed, and the object it was for (a user reading a condition needs the
+/// object, not only the API server's words).
+#[derive(Debug, thiserror::Error)]
+#[error("{kind} {name}: {source}")]
+pub struct ApplyError {
+    pub kind: String,
+    pub name: String,
+    #[source]
+    pub source: kube::Error,
+}
+
+impl ApplyError {
+    fn of(manifest: &Value, source: kube::Error) -> Self {
+        Self {
+            kind: manifest["kind"].as_str().unwrap_or("object").to_string(),
+            name: manifest["metadata"]["name"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string(),
+            source,
+        }
+    }
+
+    /// Whether the API server refused the object itself: retrying the same manifest cannot
+    /// succeed, so the environment should say so. Invalid (422), bad request (400), forbidden
+    /// (403, previewd's RBAC), a kind the cluster does not serve (404, discovery), and the 500
+    /// "failed to create typed patch object" with which server-side apply refuses a manifest
+    /// its schema cannot merge. Outages, timeouts, 409 and 429 are transient: not refused.
+    pub fn is_refused(&self) -> bool {
+        match &self.source {
+            kube::Error::Api(status) => {
+                matches!(status.code, 400 | 403 | 404 | 422)
+                    || (status.code == 500
+                        && status
+                            .message
+                            .contains("failed to create typed patch object"))
+            }
+            kube::Error::Discovery(_) => true,
+            _ => false,
+        }
+    }
+}
+
 /// What one `apply` call did.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ApplyStats {
@@ -121,13 +164,14 @@ impl Applier {
         &self,
         objects: &[&Value],
         bypass_cache: bool,
-    ) -> Result<ApplyStats, kube::Error> {
+    ) -> Result<ApplyStats, ApplyError> {
         for object in objects {
             self.resource(
                 object["apiVersion"].as_str().unwrap_or_default(),
                 object["kind"].as_str().unwrap_or_default(),
             )
-            .await?;
+            .await
+            .map_err(|source| ApplyError::of(object, source))?;
         }
         // Futures collected first: a stream built from a borrowing closure trips the compiler's
         // higher-ranked lifetime inference once it sits inside the controller's future.
@@ -146,7 +190,17 @@ impl Applier {
         })
     }
 
-    async fn apply_one(&self, manifest: &Value, bypass_cache: bool) -> Result<bool, kube::Error> {
+    async fn apply_one(&self, manifest: &Value, bypass_cache: bool) -> Result<bool, ApplyError> {
+        self.apply_one_inner(manifest, bypass_cache)
+            .await
+            .map_err(|source| ApplyError::of(manifest, source))
+    }
+
+    async fn apply_one_inner(
+        &self,
+        manifest: &Value,
+        bypass_cache: bool,
+    ) -> Result<bool, kube::Error> {
         let key = ObjectKey::of(manifest);
         let manifest_sha = sha(manifest);
         if !bypass_cache && !self.needs_apply(&key, manifest, &manifest_sha) {

@@ -77,7 +77,7 @@ pub enum Error {
     #[error("reading the manifests: {0}")]
     Manifests(String),
     #[error("applying: {0}")]
-    Apply(#[source] kube::Error),
+    Apply(#[source] crate::apply::ApplyError),
     #[error("pruning: {0}")]
     Prune(#[source] kube::Error),
     #[error("writing status: {0}")]
@@ -455,19 +455,32 @@ async fn reconcile_environment(
     );
     let bypass_cache = reapply_due(context, &key);
     let namespace_object = namespace::namespace_object(&namespace, &template.spec, &labels);
-    context
-        .applier
-        .apply(&[&namespace_object], bypass_cache)
-        .await
-        .map_err(Error::Apply)?;
-    let guard_rails = namespace::guard_rails(&namespace, &template.spec, &labels);
-    context
-        .applier
-        .apply(&guard_rails.iter().collect::<Vec<_>>(), bypass_cache)
-        .await
-        .map_err(Error::Apply)?;
-
-    let progress = apply_waves(&objects, context, bypass_cache).await?;
+    let applied = async {
+        context
+            .applier
+            .apply(&[&namespace_object], bypass_cache)
+            .await
+            .map_err(Error::Apply)?;
+        let guard_rails = namespace::guard_rails(&namespace, &template.spec, &labels);
+        context
+            .applier
+            .apply(&guard_rails.iter().collect::<Vec<_>>(), bypass_cache)
+            .await
+            .map_err(Error::Apply)?;
+        apply_waves(&objects, context, bypass_cache).await
+    }
+    .await;
+    let progress = match applied {
+        // The API server refused an object's content: say which, and where, on the environment
+        // (retries go on with backoff, and a template edit triggers one at once).
+        Err(Error::Apply(error)) if error.is_refused() => {
+            let message = format!("the API server refused {error}");
+            let status = failed_status(environment, "ApplyRefused", &message, Some(&namespace));
+            write_status(environment, context, status).await?;
+            return Err(Error::Apply(error));
+        }
+        other => other?,
+    };
     // Prune in every reconcile, not only once Ready: the next status write replaces the record
     // of what the previous render produced, so waiting would forget what to delete.
     prune(environment, &objects, context).await?;

@@ -24,21 +24,10 @@ const CHANGES_PER_PULL_REQUEST: u64 = 5;
 
 /// The `change`-th state of PR `number`: opened first, then synchronize with a new head each.
 fn delivery(number: u64, change: u64) -> (String, Vec<u8>) {
-    let file = if change == 0 {
-        "github/pull_request.opened.json"
-    } else {
-        "github/pull_request.synchronize.json"
-    };
-    let mut body = json_fixture(file);
-    body["number"] = number.into();
-    body["pull_request"]["number"] = number.into();
-    body["pull_request"]["head"]["ref"] = format!("pr-{number}").into();
-    body["pull_request"]["head"]["sha"] = head(number, change).into();
     let changed = Utc::now() - TimeDelta::minutes(10) + TimeDelta::seconds(change as i64 * 10);
-    body["pull_request"]["updated_at"] = changed.format("%Y-%m-%dT%H:%M:%SZ").to_string().into();
     (
         format!("pr-{number}-change-{change}"),
-        body.to_string().into_bytes(),
+        pull_request_change(number, change, &head(number, change), changed),
     )
 }
 

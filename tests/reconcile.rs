@@ -228,6 +228,44 @@ async fn unsafe_or_broken_templates_apply_nothing_and_say_why() {
     .await;
 }
 
+#[tokio::test]
+async fn an_object_the_api_server_refuses_is_named_on_the_environment_until_the_template_is_fixed()
+{
+    in_namespace("refused", |client, ns| async move {
+        let _context = start_controller(&client, &ns, Duration::from_secs(600)).await;
+        let templates: Api<PreviewTemplate> = Api::namespaced(client.clone(), &ns);
+        let environments: Api<PreviewEnvironment> = Api::namespaced(client.clone(), &ns);
+        // Renders fine, passes the guard rails, and is invalid: a Deployment without a selector.
+        let broken = "apiVersion: apps/v1\nkind: Deployment\nmetadata:\n  name: broken\nspec:\n  template:\n    metadata: {labels: {app: web}}\n    spec:\n      containers: [{name: web, image: web}]\n";
+        templates
+            .create(&PostParams::default(), &template_with(broken))
+            .await
+            .unwrap();
+        environments
+            .create(&PostParams::default(), &environment_of("unsafe"))
+            .await
+            .unwrap();
+        let degraded =
+            wait_for_phase(&environments, "pr-7", Phase::Degraded, Duration::from_secs(30)).await;
+        let condition = degraded.status.unwrap().conditions.into_iter().find(|c| c.type_ == "Ready").unwrap();
+        assert_eq!(condition.reason, "ApplyRefused");
+        assert!(
+            condition.message.contains("Deployment broken") && condition.message.contains("selector"),
+            "the condition names the object and the API server's reason: {:?}",
+            condition.message
+        );
+
+        // Fixed: the template watch triggers a reconcile at once, not after the backoff.
+        let fixed = "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: fixed\ndata: {ok: \"yes\"}\n";
+        templates
+            .patch("unsafe", &PatchParams::apply("test").force(), &Patch::Apply(template_with(fixed)))
+            .await
+            .unwrap();
+        wait_for_phase(&environments, "pr-7", Phase::Ready, Duration::from_secs(30)).await;
+    })
+    .await;
+}
+
 fn small_template(config_maps: &[&str], seed_sql: &str) -> PreviewTemplate {
     let manifests: Vec<serde_json::Value> = config_maps
         .iter()

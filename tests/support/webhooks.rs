@@ -428,6 +428,40 @@ pub fn opened_for(number: u64, sha: &str) -> Vec<u8> {
     delivery.to_string().into_bytes()
 }
 
+/// PR `number` at `head`, changed by the forge at `changed` (`pull_request.updated_at`, which
+/// orders deliveries): `opened.json` for `change` 0, else `synchronize.json`, in a copy on branch
+/// `pr-<number>`.
+pub fn pull_request_change(
+    number: u64,
+    change: u64,
+    head: &str,
+    changed: chrono::DateTime<chrono::Utc>,
+) -> Vec<u8> {
+    let file = if change == 0 {
+        "github/pull_request.opened.json"
+    } else {
+        "github/pull_request.synchronize.json"
+    };
+    let mut body = json_fixture(file);
+    body["number"] = number.into();
+    body["pull_request"]["number"] = number.into();
+    body["pull_request"]["head"]["ref"] = format!("pr-{number}").into();
+    body["pull_request"]["head"]["sha"] = head.into();
+    body["pull_request"]["updated_at"] = changed.format("%Y-%m-%dT%H:%M:%SZ").to_string().into();
+    body.to_string().into_bytes()
+}
+
+/// The sum of every series of metric `name` (all label values) in a `/metrics` text.
+pub fn metric_sum(text: &str, name: &str) -> f64 {
+    text.lines()
+        .filter(|line| {
+            line.strip_prefix(name)
+                .is_some_and(|rest| rest.starts_with('{') || rest.starts_with(' '))
+        })
+        .filter_map(|line| line.rsplit_once(' ')?.1.parse::<f64>().ok())
+        .sum()
+}
+
 /// The value of one series (`name{label="value",…}` exactly as Prometheus text writes it, or a
 /// bare name) in a `/metrics` text.
 pub fn metric_value(text: &str, series: &str) -> Option<f64> {

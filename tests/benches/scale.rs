@@ -1,0 +1,776 @@
+//! Benchmark: previewd with many environments. A real `previewd run` process (so that its RSS
+//! and CPU time are its own) on the local control plane with the node simulator, fed signed
+//! GitHub deliveries on loopback, reporting to a stand-in GitHub API.
+//!
+//! For each size (default 50, 100, 200 environments of a 10-object app, grown one stage into
+//! the next):
+//! 1. opens the new PRs and measures the time until every environment is `Ready`;
+//! 2. a quiet minute: no deliveries, previewd resyncs every environment every 30 s. Every write
+//!    previewd sends then is waste;
+//! 3. churn: a push (a `synchronize` with a new head) to a random environment every second for
+//!    2 minutes. Measured: push → `Ready` at that head, write requests, apply-cache hits, and
+//!    which objects changed (resourceVersion) in environments that were not pushed: waste.
+//!
+//! Printed per size: time to all Ready, latency p50/p99, writes per minute in churn and at
+//! steady state, objects changed in untouched environments, apply-cache hit ratio, previewd's
+//! RSS (now and peak) and CPU seconds. It fails when an environment does not end Ready at its
+//! last head, or when previewd writes for environments that did not change; never on timing.
+//!
+//! `cargo bench --bench scale`. `PREVIEWD_SCALE_SIZES` (default `50,100,200`),
+//! `PREVIEWD_SCALE_CHURN_SECONDS` (default 120) and `PREVIEWD_SCALE_QUIET_SECONDS` (default 60)
+//! change the run.
+
+#[path = "../support/mod.rs"]
+mod support;
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use chrono::{TimeDelta, Utc};
+use futures::StreamExt;
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{ConfigMap, Secret, Service, ServiceAccount};
+use k8s_openapi::api::networking::v1::Ingress;
+use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
+use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, ListParams};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Client, ResourceExt};
+use previewd::crd::{Phase, PreviewEnvironment};
+use support::process::PreviewdProcess;
+use support::webhooks::*;
+
+const REPOSITORY: &str = "Codertocat/Hello-World";
+/// How often previewd reconciles an unchanged environment during the benchmark: twice in the
+/// quiet minute, so that the minute shows what resyncs cost.
+const RESYNC: &str = "30s";
+
+/// The 10-object application. A push changes 3 of them (the release ConfigMap and the two
+/// Deployments' pod templates); the other 7 render the same for every commit.
+const APP: &str = r#"apiVersion: v1
+kind: ServiceAccount
+metadata: {name: app}
+---
+apiVersion: v1
+kind: ConfigMap
+metadata: {name: settings}
+data: {LOG_LEVEL: info, FEATURE_FLAGS: "search,checkout"}
+---
+apiVersion: v1
+kind: ConfigMap
+metadata: {name: release}
+data: {GIT_SHA: "{{ sha }}", BRANCH: "{{ branch }}"}
+---
+apiVersion: v1
+kind: Secret
+metadata: {name: app}
+stringData: {SESSION_KEY: "preview-only-session-key"}
+---
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: web}
+spec:
+  replicas: 1
+  selector: {matchLabels: {app: web}}
+  template:
+    metadata:
+      labels: {app: web}
+      annotations: {previewd.dev/sha: "{{ sha }}"}
+    spec:
+      serviceAccountName: app
+      containers:
+        - name: web
+          image: "registry.example.com/web:{{ sha }}"
+          ports: [{name: http, containerPort: 8080, protocol: TCP}]
+          envFrom: [{configMapRef: {name: settings}}, {configMapRef: {name: release}}]
+---
+apiVersion: v1
+kind: Service
+metadata: {name: web}
+spec:
+  selector: {app: web}
+  ports: [{name: http, port: 80, targetPort: 8080, protocol: TCP}]
+---
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: worker}
+spec:
+  replicas: 1
+  selector: {matchLabels: {app: worker}}
+  template:
+    metadata:
+      labels: {app: worker}
+      annotations: {previewd.dev/sha: "{{ sha }}"}
+    spec:
+      serviceAccountName: app
+      containers:
+        - name: worker
+          image: "registry.example.com/worker:{{ sha }}"
+          envFrom: [{secretRef: {name: app}}]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: Role
+metadata: {name: app}
+rules: [{apiGroups: [""], resources: [configmaps], verbs: [get, list]}]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: RoleBinding
+metadata: {name: app}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: Role, name: app}
+subjects: [{kind: ServiceAccount, name: app}]
+---
+apiVersion: networking.k8s.io/v1
+kind: Ingress
+metadata: {name: web}
+spec:
+  rules:
+    - host: "{{ slug }}.preview.example.com"
+      http:
+        paths:
+          - path: /
+            pathType: Prefix
+            backend: {service: {name: web, port: {number: 80}}}
+"#;
+
+fn main() {
+    support::run_benchmark(benchmark());
+}
+
+fn setting<T: std::str::FromStr>(name: &str, default: T) -> T {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+fn sizes() -> Vec<u64> {
+    std::env::var("PREVIEWD_SCALE_SIZES")
+        .unwrap_or_else(|_| "50,100,200".into())
+        .split(',')
+        .map(|s| s.trim().parse().expect("PREVIEWD_SCALE_SIZES: numbers"))
+        .collect()
+}
+
+fn head(number: u64, change: u64) -> String {
+    format!("{number:0>20}{change:0>20}")
+}
+
+/// When each (PR, head) was first seen `Ready`, from a watch of the environments.
+type ReadySeen = Arc<Mutex<HashMap<(u64, String), Instant>>>;
+
+async fn watch_ready(environments: Api<PreviewEnvironment>, seen: ReadySeen) {
+    let mut stream = watcher(environments, watcher::Config::default())
+        .default_backoff()
+        .applied_objects()
+        .boxed();
+    while let Some(event) = stream.next().await {
+        let Ok(environment) = event else { continue };
+        let (Some(number), Some(status)) =
+            (environment.spec.source.pull_request, environment.status)
+        else {
+            continue;
+        };
+        if let (Phase::Ready, Some(sha)) = (status.phase, status.deployed_sha) {
+            seen.lock()
+                .unwrap()
+                .entry((number, sha))
+                .or_insert_with(Instant::now);
+        }
+    }
+}
+
+/// Waits (at most 10 minutes) until every (PR, head) in `expected` has been seen Ready; on
+/// timeout prints the environments that are not, and previewd's last log lines, and fails.
+async fn wait_all_ready(
+    seen: &ReadySeen,
+    expected: &[(u64, String)],
+    environments: &Api<PreviewEnvironment>,
+    previewd: &PreviewdProcess,
+    what: &str,
+) {
+    let deadline = Instant::now()
+        + Duration::from_secs(
+            std::env::var("PREVIEWD_SCALE_READY_TIMEOUT")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(600),
+        );
+    loop {
+        let missing: Vec<(u64, String)> = {
+            let seen = seen.lock().unwrap();
+            expected
+                .iter()
+                .filter(|key| !seen.contains_key(*key))
+                .cloned()
+                .collect()
+        };
+        if missing.is_empty() {
+            return;
+        }
+        if Instant::now() > deadline {
+            let numbers: HashSet<u64> = missing.iter().map(|(n, _)| *n).collect();
+            for environment in environments
+                .list(&ListParams::default())
+                .await
+                .unwrap()
+                .items
+            {
+                if environment
+                    .spec
+                    .source
+                    .pull_request
+                    .is_some_and(|n| numbers.contains(&n))
+                {
+                    eprintln!(
+                        "not Ready: {} head {} status {}",
+                        environment.name_any(),
+                        environment.spec.source.head_sha,
+                        serde_json::to_string(&environment.status).unwrap()
+                    );
+                }
+            }
+            let lines = previewd.log_lines();
+            for line in &lines[lines.len().saturating_sub(40)..] {
+                eprintln!("previewd: {line}");
+            }
+            panic!(
+                "{} {what} environments not Ready at their head after 10 minutes",
+                missing.len()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+/// previewd's counters, read from its `/metrics`.
+#[derive(Clone, Debug, Default)]
+struct Counters {
+    /// Write requests by operation (`apply`, `status`, `event`, `intake_apply`, …).
+    writes_by_operation: std::collections::BTreeMap<String, f64>,
+    writes: f64,
+    applies_sent: f64,
+    applies_skipped: f64,
+    reconciles: f64,
+}
+
+impl Counters {
+    async fn read(previewd: &PreviewdProcess, http: &reqwest::Client) -> Self {
+        let text = http
+            .get(format!("{}/metrics", previewd.base))
+            .send()
+            .await
+            .expect("previewd answers /metrics")
+            .text()
+            .await
+            .unwrap();
+        let writes_by_operation = text
+            .lines()
+            .filter_map(|line| {
+                let rest = line.strip_prefix("previewd_write_requests_total{operation=\"")?;
+                let (operation, value) = rest.split_once("\"} ")?;
+                Some((operation.to_string(), value.parse().ok()?))
+            })
+            .collect();
+        Self {
+            writes_by_operation,
+            writes: metric_sum(&text, "previewd_write_requests_total"),
+            applies_sent: metric_value(&text, r#"previewd_apply_requests_total{outcome="sent"}"#)
+                .unwrap_or(0.0),
+            applies_skipped: metric_value(
+                &text,
+                r#"previewd_apply_requests_total{outcome="skipped"}"#,
+            )
+            .unwrap_or(0.0),
+            reconciles: metric_sum(&text, "previewd_reconcile_duration_seconds_count"),
+        }
+    }
+
+    fn since(self, earlier: Self) -> Self {
+        Self {
+            writes_by_operation: self
+                .writes_by_operation
+                .iter()
+                .map(|(operation, value)| {
+                    let before = earlier
+                        .writes_by_operation
+                        .get(operation)
+                        .copied()
+                        .unwrap_or(0.0);
+                    (operation.clone(), value - before)
+                })
+                .filter(|(_, delta)| *delta > 0.0)
+                .collect(),
+            writes: self.writes - earlier.writes,
+            applies_sent: self.applies_sent - earlier.applies_sent,
+            applies_skipped: self.applies_skipped - earlier.applies_skipped,
+            reconciles: self.reconciles - earlier.reconciles,
+        }
+    }
+
+    fn hit_ratio(&self) -> f64 {
+        let total = self.applies_sent + self.applies_skipped;
+        if total == 0.0 {
+            0.0
+        } else {
+            self.applies_skipped / total
+        }
+    }
+}
+
+/// A process's resident memory (now and peak, MiB) and CPU seconds (user + system), from /proc.
+#[derive(Clone, Copy, Debug)]
+struct ProcessUsage {
+    rss_mib: f64,
+    peak_rss_mib: f64,
+    cpu_seconds: f64,
+}
+
+fn process_usage(pid: u32) -> ProcessUsage {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("/proc status");
+    let kib = |field: &str| -> f64 {
+        status
+            .lines()
+            .find_map(|line| line.strip_prefix(field))
+            .and_then(|rest| rest.split_whitespace().next()?.parse().ok())
+            .unwrap_or(0.0)
+    };
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("/proc stat");
+    // Fields after the command name (which may hold spaces) start at field 3; utime and stime
+    // are fields 14 and 15.
+    let after_name: Vec<&str> = stat
+        .rsplit_once(')')
+        .unwrap()
+        .1
+        .split_whitespace()
+        .collect();
+    let ticks: f64 =
+        after_name[11].parse::<f64>().unwrap() + after_name[12].parse::<f64>().unwrap();
+    // SAFETY: sysconf has no preconditions.
+    let ticks_per_second = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    ProcessUsage {
+        rss_mib: kib("VmRSS:") / 1024.0,
+        peak_rss_mib: kib("VmHWM:") / 1024.0,
+        cpu_seconds: ticks / ticks_per_second,
+    }
+}
+
+/// Waits until previewd has sent no write for 6 s (at most 3 minutes): the steady state.
+async fn settle(previewd: &PreviewdProcess, http: &reqwest::Client) {
+    let deadline = Instant::now() + Duration::from_secs(180);
+    let mut last = Counters::read(previewd, http).await.writes;
+    let mut quiet_polls = 0;
+    while quiet_polls < 3 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let now = Counters::read(previewd, http).await.writes;
+        quiet_polls = if now == last { quiet_polls + 1 } else { 0 };
+        last = now;
+    }
+}
+
+/// Every object of the kinds the app renders, keyed by (kind, namespace, name), with its
+/// resourceVersion; plus the PreviewEnvironments themselves.
+async fn object_versions(
+    client: &Client,
+    namespace: &str,
+) -> HashMap<(String, String, String), String> {
+    let resources = [
+        ApiResource::erase::<ServiceAccount>(&()),
+        ApiResource::erase::<ConfigMap>(&()),
+        ApiResource::erase::<Secret>(&()),
+        ApiResource::erase::<Deployment>(&()),
+        ApiResource::erase::<Service>(&()),
+        ApiResource::erase::<Role>(&()),
+        ApiResource::erase::<RoleBinding>(&()),
+        ApiResource::erase::<Ingress>(&()),
+    ];
+    let mut versions = HashMap::new();
+    for resource in &resources {
+        let api: Api<DynamicObject> = Api::all_with(client.clone(), resource);
+        for object in api.list(&ListParams::default()).await.expect("list").items {
+            versions.insert(
+                (
+                    resource.kind.clone(),
+                    object.namespace().unwrap_or_default(),
+                    object.name_any(),
+                ),
+                object.resource_version().unwrap_or_default(),
+            );
+        }
+    }
+    let environments: Api<PreviewEnvironment> = Api::namespaced(client.clone(), namespace);
+    for environment in environments
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+    {
+        versions.insert(
+            (
+                "PreviewEnvironment".into(),
+                namespace.to_string(),
+                environment.name_any(),
+            ),
+            environment.resource_version().unwrap_or_default(),
+        );
+    }
+    versions
+}
+
+/// Which PR each environment namespace (and each PreviewEnvironment name) belongs to.
+async fn owners(environments: &Api<PreviewEnvironment>) -> HashMap<String, u64> {
+    let mut owners = HashMap::new();
+    for environment in environments
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+    {
+        let Some(number) = environment.spec.source.pull_request else {
+            continue;
+        };
+        if let Some(namespace) = environment
+            .status
+            .as_ref()
+            .and_then(|s| s.namespace.clone())
+        {
+            owners.insert(namespace, number);
+        }
+        owners.insert(environment.name_any(), number);
+    }
+    owners
+}
+
+/// Objects whose resourceVersion changed between `before` and `after` (or that appeared or
+/// disappeared), in environments of PRs not in `touched`.
+fn changed_outside(
+    before: &HashMap<(String, String, String), String>,
+    after: &HashMap<(String, String, String), String>,
+    owners: &HashMap<String, u64>,
+    bench_namespace: &str,
+    touched: &HashSet<u64>,
+) -> Vec<String> {
+    let owner = |(kind, namespace, name): &(String, String, String)| -> Option<u64> {
+        if kind == "PreviewEnvironment" && namespace == bench_namespace {
+            owners.get(name).copied()
+        } else {
+            owners.get(namespace).copied()
+        }
+    };
+    let keys: HashSet<_> = before.keys().chain(after.keys()).collect();
+    let mut changed: Vec<String> = keys
+        .into_iter()
+        .filter(|key| owner(key).is_some_and(|pr| !touched.contains(&pr)))
+        .filter(|key| before.get(*key) != after.get(*key))
+        .map(|(kind, namespace, name)| format!("{kind} {namespace}/{name}"))
+        .collect();
+    changed.sort();
+    changed
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    if sorted.is_empty() {
+        return Duration::ZERO;
+    }
+    sorted[((sorted.len() as f64 * p) as usize).min(sorted.len() - 1)]
+}
+
+/// A small deterministic generator (the run repeats; no dependency needed).
+struct Lcg(u64);
+
+impl Lcg {
+    fn below(&mut self, n: u64) -> u64 {
+        self.0 = self
+            .0
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
+        (self.0 >> 33) % n
+    }
+}
+
+/// One line of the closing table.
+struct StageFigures {
+    environments: u64,
+    all_ready: Duration,
+    steady_writes_per_minute: f64,
+    steady_reconciles: f64,
+    pushes: usize,
+    latency_p50: Duration,
+    latency_p99: Duration,
+    churn_writes_per_minute: f64,
+    writes_per_push: f64,
+    untouched_changed: usize,
+    hit_ratio: f64,
+    usage: ProcessUsage,
+    cpu_seconds: f64,
+}
+
+async fn benchmark() {
+    let churn_seconds: u64 = setting("PREVIEWD_SCALE_CHURN_SECONDS", 120);
+    let quiet_seconds: u64 = setting("PREVIEWD_SCALE_QUIET_SECONDS", 60);
+    let client = support::client().await;
+    let namespace = support::create_namespace(&client, "bench-scale").await;
+    let forge = github_forge().await;
+    install_template_with(
+        &client,
+        &namespace,
+        "github",
+        REPOSITORY,
+        Some(&forge.uri()),
+        serde_json::json!({}),
+        APP,
+    )
+    .await;
+    let logs = tempfile::tempdir().unwrap();
+    let previewd = PreviewdProcess::start(
+        "previewd",
+        &support::shared().kubeconfig_path,
+        &[
+            "--watch-namespace",
+            &namespace,
+            "--resync-interval",
+            RESYNC,
+            // The stand-in forge lists no pull requests; the sweep must not run mid-benchmark.
+            "--sweep-interval",
+            "24h",
+        ],
+        &[],
+        logs.path(),
+    );
+    let http = reqwest::Client::new();
+    previewd.wait_ready(&http).await;
+    let pid = previewd.child.id();
+    let environments: Api<PreviewEnvironment> = Api::namespaced(client.clone(), &namespace);
+    let seen: ReadySeen = Arc::default();
+    let watch = tokio::spawn(watch_ready(environments.clone(), seen.clone()));
+
+    println!(
+        "scale: previewd pid {pid}, 10-object app, resync {RESYNC}, churn {churn_seconds} s at 1 push/s, quiet window {quiet_seconds} s"
+    );
+    let mut changes: HashMap<u64, u64> = HashMap::new();
+    let mut rng = Lcg(0x5eed);
+    let mut figures = Vec::new();
+    let mut opened = 0u64;
+    let mut cpu_before = process_usage(pid).cpu_seconds;
+    for size in sizes() {
+        // 1. Open PRs opened+1..=size; time until all of them are Ready.
+        let started = Instant::now();
+        let opened_at = Utc::now() - TimeDelta::hours(1);
+        futures::stream::iter(opened + 1..=size)
+            .map(|number| {
+                let body = pull_request_change(number, 0, &head(number, 0), opened_at);
+                let (previewd, http) = (&previewd, &http);
+                async move {
+                    previewd
+                        .send(http, "pull_request", &format!("open-{number}"), &body)
+                        .await
+                }
+            })
+            .buffer_unordered(8)
+            .collect::<Vec<()>>()
+            .await;
+        changes.extend((opened + 1..=size).map(|n| (n, 0)));
+        opened = size;
+        let expected: Vec<(u64, String)> = changes.iter().map(|(&n, &c)| (n, head(n, c))).collect();
+        wait_all_ready(&seen, &expected, &environments, &previewd, "opened").await;
+        let all_ready = started.elapsed();
+        println!(
+            "  {size} environments: all Ready {:.1} s after the first delivery",
+            all_ready.as_secs_f64()
+        );
+
+        // 2. Quiet window: nothing changes; every write is waste.
+        settle(&previewd, &http).await;
+        let owner_map = owners(&environments).await;
+        let quiet_start = Counters::read(&previewd, &http).await;
+        let versions_before_quiet = object_versions(&client, &namespace).await;
+        tokio::time::sleep(Duration::from_secs(quiet_seconds)).await;
+        let quiet = Counters::read(&previewd, &http).await.since(quiet_start);
+        let versions_after_quiet = object_versions(&client, &namespace).await;
+        let changed_in_quiet = changed_outside(
+            &versions_before_quiet,
+            &versions_after_quiet,
+            &owner_map,
+            &namespace,
+            &HashSet::new(),
+        );
+        let steady_writes_per_minute = quiet.writes * 60.0 / quiet_seconds as f64;
+        println!(
+            "  {size} environments, quiet {quiet_seconds} s: {} reconciles (resyncs), {} writes, {} applies skipped by the cache, {} objects changed",
+            quiet.reconciles,
+            quiet.writes,
+            quiet.applies_skipped,
+            changed_in_quiet.len()
+        );
+
+        // 3. Churn: one push a second to a random environment.
+        let churn_start = Counters::read(&previewd, &http).await;
+        let versions_before_churn = versions_after_quiet;
+        let churn_started = Instant::now();
+        let mut pushes: Vec<(u64, String, Instant)> = Vec::new();
+        let mut tick = tokio::time::interval(Duration::from_secs(1));
+        for second in 0..churn_seconds {
+            tick.tick().await;
+            let number = 1 + rng.below(size);
+            let change = changes.get_mut(&number).unwrap();
+            *change += 1;
+            let sha = head(number, *change);
+            let body = pull_request_change(number, *change, &sha, Utc::now());
+            let sent = Instant::now();
+            previewd
+                .send(
+                    &http,
+                    "pull_request",
+                    &format!("push-{size}-{second}"),
+                    &body,
+                )
+                .await;
+            pushes.push((number, sha, sent));
+        }
+        let last_heads: Vec<(u64, String)> =
+            changes.iter().map(|(&n, &c)| (n, head(n, c))).collect();
+        wait_all_ready(&seen, &last_heads, &environments, &previewd, "pushed").await;
+        settle(&previewd, &http).await;
+        let churn_elapsed = churn_started.elapsed();
+        let churn = Counters::read(&previewd, &http).await.since(churn_start);
+        let versions_after_churn = object_versions(&client, &namespace).await;
+        let touched: HashSet<u64> = pushes.iter().map(|(n, _, _)| *n).collect();
+        let untouched_changed = changed_outside(
+            &versions_before_churn,
+            &versions_after_churn,
+            &owner_map,
+            &namespace,
+            &touched,
+        );
+        let mut latencies: Vec<Duration> = {
+            let seen = seen.lock().unwrap();
+            pushes
+                .iter()
+                .filter_map(|(n, sha, sent)| {
+                    Some(seen.get(&(*n, sha.clone()))?.duration_since(*sent))
+                })
+                .collect()
+        };
+        latencies.sort();
+        let superseded = pushes.len() - latencies.len();
+        let usage = process_usage(pid);
+        let cpu_seconds = usage.cpu_seconds - cpu_before;
+        cpu_before = usage.cpu_seconds;
+        let stage = StageFigures {
+            environments: size,
+            all_ready,
+            steady_writes_per_minute,
+            steady_reconciles: quiet.reconciles,
+            pushes: pushes.len(),
+            latency_p50: percentile(&latencies, 0.50),
+            latency_p99: percentile(&latencies, 0.99),
+            churn_writes_per_minute: churn.writes * 60.0 / churn_elapsed.as_secs_f64(),
+            writes_per_push: churn.writes / pushes.len().max(1) as f64,
+            untouched_changed: untouched_changed.len() + changed_in_quiet.len(),
+            hit_ratio: churn.hit_ratio(),
+            usage,
+            cpu_seconds,
+        };
+        println!(
+            "  {size} environments, churn: {} pushes to {} environments ({superseded} superseded by a newer push before Ready), push → Ready p50 {:.2} s, p99 {:.2} s; {} writes ({:.1} per push), {} applies sent, {} skipped (hit ratio {:.1}%); objects changed in environments not pushed: {}",
+            stage.pushes,
+            touched.len(),
+            stage.latency_p50.as_secs_f64(),
+            stage.latency_p99.as_secs_f64(),
+            churn.writes,
+            stage.writes_per_push,
+            churn.applies_sent,
+            churn.applies_skipped,
+            stage.hit_ratio * 100.0,
+            untouched_changed.len()
+        );
+        let by_operation: Vec<String> = churn
+            .writes_by_operation
+            .iter()
+            .map(|(operation, count)| {
+                format!("{operation} {:.1}", count / pushes.len().max(1) as f64)
+            })
+            .collect();
+        println!(
+            "  {size} environments, churn writes per push by operation: {}",
+            by_operation.join(", ")
+        );
+        println!(
+            "  {size} environments: previewd RSS {:.1} MiB (peak {:.1} MiB), {:.1} CPU s in this stage",
+            usage.rss_mib, usage.peak_rss_mib, cpu_seconds
+        );
+        for object in changed_in_quiet.iter().chain(&untouched_changed).take(10) {
+            println!("    changed without a push: {object}");
+        }
+        figures.push(stage);
+    }
+
+    println!();
+    println!(
+        "  envs | all Ready | push→Ready p50 | p99    | writes/min churn | per push | writes/min steady | untouched changed | cache hits | RSS MiB (peak) | CPU s"
+    );
+    for f in &figures {
+        println!(
+            "  {:>4} | {:>7.1} s | {:>12.2} s | {:>4.2} s | {:>16.1} | {:>8.1} | {:>17.1} | {:>17} | {:>9.1}% | {:>5.1} ({:>5.1}) | {:>5.1}",
+            f.environments,
+            f.all_ready.as_secs_f64(),
+            f.latency_p50.as_secs_f64(),
+            f.latency_p99.as_secs_f64(),
+            f.churn_writes_per_minute,
+            f.writes_per_push,
+            f.steady_writes_per_minute,
+            f.untouched_changed,
+            f.hit_ratio * 100.0,
+            f.usage.rss_mib,
+            f.usage.peak_rss_mib,
+            f.cpu_seconds
+        );
+    }
+    if let Some(pid) = support::shared().apiserver_pid {
+        let apiserver = process_usage(pid);
+        println!(
+            "  (kube-apiserver for comparison: RSS {:.0} MiB, {:.0} CPU s since it started)",
+            apiserver.rss_mib, apiserver.cpu_seconds
+        );
+    }
+    println!(
+        "  (steady-state resyncs: {} reconciles in the last quiet window, all without a write)",
+        figures.last().map_or(0.0, |f| f.steady_reconciles)
+    );
+
+    // Tear down through previewd, as a user closing every PR would: delete the environments and
+    // wait for previewd's finalizer to remove their namespaces.
+    let started = Instant::now();
+    let _ = environments
+        .delete_collection(&DeleteParams::default(), &ListParams::default())
+        .await;
+    let removed = tokio::time::timeout(Duration::from_secs(300), async {
+        while !environments
+            .list(&ListParams::default())
+            .await
+            .map(|l| l.items.is_empty())
+            .unwrap_or(false)
+        {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+    })
+    .await;
+    match removed {
+        Ok(()) => println!(
+            "  deleting {opened} environments: {:.1} s until previewd had removed every one",
+            started.elapsed().as_secs_f64()
+        ),
+        Err(_) => println!("  deleting {opened} environments: not finished after 300 s"),
+    }
+    watch.abort();
+    drop(previewd);
+    let _ = Api::<k8s_openapi::api::core::v1::Namespace>::all(client)
+        .delete(&namespace, &DeleteParams::default())
+        .await;
+
+    let wasted: usize = figures.iter().map(|f| f.untouched_changed).sum();
+    let steady_writes: f64 = figures.iter().map(|f| f.steady_writes_per_minute).sum();
+    assert!(
+        wasted == 0 && steady_writes == 0.0,
+        "previewd wrote for environments that did not change: {wasted} objects changed, {steady_writes} writes/min at steady state"
+    );
+}
