@@ -890,16 +890,28 @@ async fn cleanup(environment: &PreviewEnvironment, context: &Context) -> Result<
 }
 
 /// Tells the forge the environment is gone. A failure is logged and counted, never blocks the
-/// deletion: a forge outage must not keep namespaces alive.
+/// deletion: a forge outage must not keep namespaces alive. But when the forge client only
+/// asks to wait a little (it backs off after a recent failure, or a rate limit ends soon), this
+/// is the last chance to correct the comment, so it waits (at most 3 times, 10 s each) rather
+/// than leave a comment that shows a deleted environment as live.
 async fn report_destroyed(environment: &PreviewEnvironment, context: &Context, reason: &str) {
+    const PATIENCE: Duration = Duration::from_secs(10);
     let Some(template) = template_of(environment, context) else {
         return;
     };
-    if let Err(e) = context
-        .reporter
-        .report_destroyed(environment, &template, reason)
-        .await
-    {
+    let mut attempts = 0;
+    let result = loop {
+        attempts += 1;
+        let result = context
+            .reporter
+            .report_destroyed(environment, &template, reason)
+            .await;
+        match result.as_ref().err().and_then(|e| e.retry_after()) {
+            Some(wait) if attempts < 3 && wait <= PATIENCE => tokio::time::sleep(wait).await,
+            _ => break result,
+        }
+    };
+    if let Err(e) = result {
         context
             .metrics
             .reconcile_errors

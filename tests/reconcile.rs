@@ -18,6 +18,7 @@ use previewd::controller::{self, Context, ControllerConfig};
 use previewd::crd::{Phase, PreviewEnvironment, PreviewTemplate};
 use previewd::metrics::Metrics;
 use serde_json::json;
+use support::apps::{boutique_with_slow_seed, example, managed_counts};
 use support::{eventually, in_namespace, wait_for_phase};
 
 /// Starts a controller watching only `namespace`, on the calling test's runtime.
@@ -43,19 +44,6 @@ async fn start_controller_with(client: &Client, config: ControllerConfig) -> Arc
         Some(tx),
     ));
     rx.await.expect("controller context")
-}
-
-fn example(name: &str) -> (PreviewTemplate, PreviewEnvironment) {
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("templates")
-        .join(name);
-    let template =
-        serde_yaml_ng::from_str(&std::fs::read_to_string(dir.join("template.yaml")).unwrap())
-            .unwrap();
-    let environment =
-        serde_yaml_ng::from_str(&std::fs::read_to_string(dir.join("environment.yaml")).unwrap())
-            .unwrap();
-    (template, environment)
 }
 
 fn applies_sent(context: &Context) -> u64 {
@@ -364,29 +352,6 @@ async fn template_changes_prune_removed_objects_and_rerun_a_changed_seed_once() 
 }
 
 /// Objects previewd manages for one environment, by kind.
-async fn managed_counts(client: &Client, target: &str) -> (usize, usize, usize) {
-    use k8s_openapi::api::core::v1::{Service, ServiceAccount};
-    let lp = ListParams::default().labels("app.kubernetes.io/managed-by=previewd");
-    let deployments = Api::<Deployment>::namespaced(client.clone(), target)
-        .list(&lp)
-        .await
-        .unwrap()
-        .items
-        .len();
-    let services = Api::<Service>::namespaced(client.clone(), target)
-        .list(&lp)
-        .await
-        .unwrap()
-        .items
-        .len();
-    let accounts = Api::<ServiceAccount>::namespaced(client.clone(), target)
-        .list(&lp)
-        .await
-        .unwrap()
-        .items
-        .len();
-    (deployments, services, accounts)
-}
 
 #[tokio::test]
 async fn online_boutique_example_reaches_ready_with_all_35_objects() {
@@ -598,21 +563,6 @@ impl Drop for ControllerProcess {
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
-}
-
-/// The Online Boutique example with a 4 s seed in wave 1 and a ConfigMap in wave 2.
-fn boutique_with_slow_seed() -> PreviewTemplate {
-    let (mut template, _) = example("online-boutique");
-    template.spec.manifests.inline.push(previewd::crd::InlineManifest {
-        name: "after-seed.yaml".into(),
-        template: "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: after-seed\n  annotations:\n    previewd.dev/wave: \"2\"\ndata:\n  sha: \"{{ sha }}\"\n".into(),
-    });
-    template.spec.seeds.push(previewd::crd::SeedSpec {
-        name: "catalog".into(),
-        wave: 1,
-        job: "apiVersion: batch/v1\nkind: Job\nmetadata:\n  name: catalog\nspec:\n  backoffLimit: 0\n  template:\n    metadata:\n      annotations:\n        sandbox.previewd.dev/run-seconds: \"4\"\n    spec:\n      restartPolicy: Never\n      containers:\n      - name: load\n        image: busybox:1.36\n        args: [\"load-products\"]\n".into(),
-    });
-    template
 }
 
 #[tokio::test]

@@ -32,6 +32,18 @@ pub enum ReportError {
     Forge(#[from] ForgeApiError),
 }
 
+impl ReportError {
+    /// How long the forge client asked to wait before the next call, when that is why this
+    /// report was not sent (a recent failure or a rate limit), rather than a refusal.
+    pub fn retry_after(&self) -> Option<std::time::Duration> {
+        match self {
+            ReportError::Forge(ForgeApiError::BackingOff { wait, .. })
+            | ReportError::Forge(ForgeApiError::RateLimited { wait, .. }) => Some(*wait),
+            _ => None,
+        }
+    }
+}
+
 pub struct Reporter {
     clients: ForgeClients,
     secrets: Arc<SecretReader>,

@@ -212,6 +212,20 @@ impl ControlPlane {
         self.processes.iter_mut().find(|p| p.name() == name)
     }
 
+    /// Starts the process `name` again (after a fault test killed it through
+    /// [`ControlPlane::process_mut`]) with the same arguments and data; for the apiserver,
+    /// returns once it answers `/readyz` again.
+    pub async fn start_again(&mut self, name: &str) -> Result<(), SandboxError> {
+        let process = self
+            .process_mut(name)
+            .ok_or_else(|| SandboxError::Process(format!("no process named {name}")))?;
+        process.start_again()?;
+        if name == "kube-apiserver" {
+            self.wait_ready().await?;
+        }
+        Ok(())
+    }
+
     /// Stops everything (scheduler, controller-manager, apiserver, etcd) and removes the data.
     pub fn stop(mut self) {
         self.stop_processes();

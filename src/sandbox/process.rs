@@ -55,10 +55,12 @@ pub struct ManagedProcess {
     name: String,
     child: Option<Child>,
     log_path: PathBuf,
+    program: PathBuf,
+    args: Vec<String>,
 }
 
 impl ManagedProcess {
-    /// Starts `program args…` with stdout and stderr appended to `log_path`.
+    /// Starts `program args…` with stdout and stderr written to `log_path`.
     pub fn spawn(
         name: &str,
         program: &Path,
@@ -66,50 +68,32 @@ impl ManagedProcess {
         log_path: &Path,
     ) -> Result<Self, SandboxError> {
         let log = File::create(log_path).map_err(|e| SandboxError::io(log_path, e))?;
-        let log_err = log.try_clone().map_err(|e| SandboxError::io(log_path, e))?;
-        let mut command = Command::new(program);
-        command
-            .args(args)
-            .stdin(Stdio::null())
-            .stdout(log)
-            .stderr(log_err)
-            .process_group(0);
-        let parent = std::process::id() as libc::pid_t;
-        // SAFETY: the closure runs in the forked child before exec and only calls the
-        // async-signal-safe functions prctl, getppid and _exit.
-        unsafe {
-            command.pre_exec(move || {
-                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                // The parent may have died between fork and prctl: then nobody would signal us.
-                if libc::getppid() != parent {
-                    libc::_exit(1);
-                }
-                Ok(())
-            });
-        }
-        let (reply_tx, reply_rx) = mpsc::channel();
-        spawner()
-            .lock()
-            .expect("spawner lock")
-            .send((command, reply_tx))
-            .map_err(|_| SandboxError::Process(format!("{name}: the spawner thread is gone")))?;
-        let child = reply_rx
-            .recv()
-            .map_err(|_| SandboxError::Process(format!("{name}: the spawner thread is gone")))?
-            .map_err(|e| {
-                SandboxError::Process(format!("cannot start {}: {e}", program.display()))
-            })?;
-        live_children()
-            .lock()
-            .expect("children lock")
-            .insert(child.id(), name.to_string());
+        let child = launch(name, program, args, log_path, log)?;
         Ok(Self {
             name: name.to_string(),
             child: Some(child),
             log_path: log_path.to_path_buf(),
+            program: program.to_path_buf(),
+            args: args.to_vec(),
         })
+    }
+
+    /// Starts the process again with the same arguments, its log continued (fault tests: a
+    /// process killed with [`ManagedProcess::kill`] comes back as a restarted pod would).
+    pub fn start_again(&mut self) -> Result<(), SandboxError> {
+        self.kill();
+        let log = File::options()
+            .append(true)
+            .open(&self.log_path)
+            .map_err(|e| SandboxError::io(&self.log_path, e))?;
+        self.child = Some(launch(
+            &self.name,
+            &self.program,
+            &self.args,
+            &self.log_path,
+            log,
+        )?);
+        Ok(())
     }
 
     pub fn name(&self) -> &str {
@@ -159,6 +143,55 @@ impl ManagedProcess {
         let _ = child.wait();
         forget_child(child.id());
     }
+}
+
+/// Spawns `program args…` (from the spawner thread, see the module documentation) with stdout
+/// and stderr going to `log`, and registers it for the exit hook.
+fn launch(
+    name: &str,
+    program: &Path,
+    args: &[String],
+    log_path: &Path,
+    log: File,
+) -> Result<Child, SandboxError> {
+    let log_err = log.try_clone().map_err(|e| SandboxError::io(log_path, e))?;
+    let mut command = Command::new(program);
+    command
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(log)
+        .stderr(log_err)
+        .process_group(0);
+    let parent = std::process::id() as libc::pid_t;
+    // SAFETY: the closure runs in the forked child before exec and only calls the
+    // async-signal-safe functions prctl, getppid and _exit.
+    unsafe {
+        command.pre_exec(move || {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            // The parent may have died between fork and prctl: then nobody would signal us.
+            if libc::getppid() != parent {
+                libc::_exit(1);
+            }
+            Ok(())
+        });
+    }
+    let (reply_tx, reply_rx) = mpsc::channel();
+    spawner()
+        .lock()
+        .expect("spawner lock")
+        .send((command, reply_tx))
+        .map_err(|_| SandboxError::Process(format!("{name}: the spawner thread is gone")))?;
+    let child = reply_rx
+        .recv()
+        .map_err(|_| SandboxError::Process(format!("{name}: the spawner thread is gone")))?
+        .map_err(|e| SandboxError::Process(format!("cannot start {}: {e}", program.display())))?;
+    live_children()
+        .lock()
+        .expect("children lock")
+        .insert(child.id(), name.to_string());
+    Ok(child)
 }
 
 impl Drop for ManagedProcess {

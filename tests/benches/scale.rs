@@ -490,6 +490,7 @@ impl Lcg {
 /// One line of the closing table.
 struct StageFigures {
     environments: u64,
+    new: u64,
     all_ready: Duration,
     steady_writes_per_minute: f64,
     steady_reconciles: f64,
@@ -568,13 +569,14 @@ async fn benchmark() {
             .buffer_unordered(8)
             .collect::<Vec<()>>()
             .await;
+        let new = size - opened;
         changes.extend((opened + 1..=size).map(|n| (n, 0)));
         opened = size;
         let expected: Vec<(u64, String)> = changes.iter().map(|(&n, &c)| (n, head(n, c))).collect();
         wait_all_ready(&seen, &expected, &environments, &previewd, "opened").await;
         let all_ready = started.elapsed();
         println!(
-            "  {size} environments: all Ready {:.1} s after the first delivery",
+            "  {size} environments: the {new} new ones all Ready {:.1} s after the first delivery",
             all_ready.as_secs_f64()
         );
 
@@ -657,6 +659,7 @@ async fn benchmark() {
         cpu_before = usage.cpu_seconds;
         let stage = StageFigures {
             environments: size,
+            new,
             all_ready,
             steady_writes_per_minute,
             steady_reconciles: quiet.reconciles,
@@ -706,12 +709,13 @@ async fn benchmark() {
 
     println!();
     println!(
-        "  envs | all Ready | push→Ready p50 | p99    | writes/min churn | per push | writes/min steady | untouched changed | cache hits | RSS MiB (peak) | CPU s"
+        "  envs | new: all Ready | push→Ready p50 | p99    | writes/min churn | per push | writes/min steady | untouched changed | cache hits | RSS MiB (peak) | CPU s"
     );
     for f in &figures {
         println!(
-            "  {:>4} | {:>7.1} s | {:>12.2} s | {:>4.2} s | {:>16.1} | {:>8.1} | {:>17.1} | {:>17} | {:>9.1}% | {:>5.1} ({:>5.1}) | {:>5.1}",
+            "  {:>4} | {:>4}: {:>6.1} s | {:>12.2} s | {:>4.2} s | {:>16.1} | {:>8.1} | {:>17.1} | {:>17} | {:>9.1}% | {:>5.1} ({:>5.1}) | {:>5.1}",
             f.environments,
+            f.new,
             f.all_ready.as_secs_f64(),
             f.latency_p50.as_secs_f64(),
             f.latency_p99.as_secs_f64(),

@@ -15,8 +15,10 @@ use kube::config::Kubeconfig;
 use kube::{Client, ResourceExt};
 use previewd::sandbox::{NodeSimulatorConfig, Sandbox, SandboxOptions, StderrProgress};
 
+pub mod apps;
 pub mod helm;
 pub mod process;
+pub mod proxy;
 pub mod webhooks;
 
 /// The cluster every test in this binary shares.
@@ -26,6 +28,37 @@ pub struct SharedCluster {
     pub apiserver_pid: Option<u32>,
     /// Whether pods are run by the node simulator (they are on the sandbox).
     pub simulated_nodes: bool,
+    /// Requests to the thread that owns the sandbox (fault tests); `None` on an external cluster.
+    control: Option<tokio::sync::mpsc::UnboundedSender<ClusterRequest>>,
+}
+
+/// What a fault test asks of the sandbox's control plane, answered once done.
+enum ClusterRequest {
+    KillApiserver(tokio::sync::oneshot::Sender<()>),
+    StartApiserver(tokio::sync::oneshot::Sender<Result<(), String>>),
+}
+
+/// SIGKILLs the sandbox's kube-apiserver (etcd keeps the data). Panics on an external cluster.
+pub async fn kill_apiserver() {
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    control().send(ClusterRequest::KillApiserver(tx)).unwrap();
+    rx.await.expect("the sandbox thread answered");
+}
+
+/// Starts the killed kube-apiserver again; returns once it is ready.
+pub async fn start_apiserver() {
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    control().send(ClusterRequest::StartApiserver(tx)).unwrap();
+    rx.await
+        .expect("the sandbox thread answered")
+        .unwrap_or_else(|e| panic!("the apiserver did not come back: {e}"));
+}
+
+fn control() -> &'static tokio::sync::mpsc::UnboundedSender<ClusterRequest> {
+    shared()
+        .control
+        .as_ref()
+        .expect("fault tests need the sandbox (PREVIEWD_TEST_KUBECONFIG is set)")
 }
 
 pub fn cache_dir() -> PathBuf {
@@ -44,9 +77,11 @@ pub fn shared() -> &'static SharedCluster {
                 kubeconfig_path: path.into(),
                 apiserver_pid: None,
                 simulated_nodes: false,
+                control: None,
             };
         }
         let (tx, rx) = std::sync::mpsc::channel();
+        let (control, mut requests) = tokio::sync::mpsc::unbounded_channel();
         std::thread::Builder::new()
             .name("test-sandbox".into())
             .spawn(move || {
@@ -67,7 +102,25 @@ pub fn shared() -> &'static SharedCluster {
                                 .process_mut("kube-apiserver")
                                 .and_then(|p| p.pid());
                             let _ = tx.send(Ok((sandbox.kubeconfig_path().to_path_buf(), pid)));
-                            std::future::pending::<()>().await;
+                            // The sender lives in a static: this loop runs until the process ends.
+                            while let Some(request) = requests.recv().await {
+                                let plane = sandbox.control_plane_mut();
+                                match request {
+                                    ClusterRequest::KillApiserver(done) => {
+                                        if let Some(p) = plane.process_mut("kube-apiserver") {
+                                            p.kill();
+                                        }
+                                        let _ = done.send(());
+                                    }
+                                    ClusterRequest::StartApiserver(done) => {
+                                        let result = plane
+                                            .start_again("kube-apiserver")
+                                            .await
+                                            .map_err(|e| e.to_string());
+                                        let _ = done.send(result);
+                                    }
+                                }
+                            }
                             drop(sandbox);
                         }
                         Err(e) => {
@@ -85,6 +138,7 @@ pub fn shared() -> &'static SharedCluster {
             kubeconfig_path,
             apiserver_pid,
             simulated_nodes: true,
+            control: Some(control),
         }
     })
 }
