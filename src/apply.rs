@@ -63,11 +63,13 @@ impl ApplyError {
     /// succeed, so the environment should say so. Invalid (422), bad request (400), forbidden
     /// (403, previewd's RBAC), a kind the cluster does not serve (404, discovery), and the 500
     /// "failed to create typed patch object" with which server-side apply refuses a manifest
-    /// its schema cannot merge. Outages, timeouts, 409 and 429 are transient: not refused.
+    /// its schema cannot merge. Outages, timeouts, 409 and 429 are transient: not refused, and
+    /// neither is the 403 for a namespace still terminating (a PR closed and reopened at once).
     pub fn is_refused(&self) -> bool {
         match &self.source {
             kube::Error::Api(status) => {
-                matches!(status.code, 400 | 403 | 404 | 422)
+                let terminating = status.message.contains("because it is being terminated");
+                (matches!(status.code, 400 | 403 | 404 | 422) && !terminating)
                     || (status.code == 500
                         && status
                             .message
@@ -286,5 +288,47 @@ impl Applier {
         for key in keys {
             self.forget(&key);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn refused(code: u16, message: &str) -> bool {
+        let status: kube::core::Status =
+            serde_json::from_value(serde_json::json!({"code": code, "message": message})).unwrap();
+        ApplyError::of(
+            &serde_json::json!({"kind": "Deployment", "metadata": {"name": "web"}}),
+            kube::Error::Api(Box::new(status)),
+        )
+        .is_refused()
+    }
+
+    #[test]
+    fn refusals_are_told_apart_from_outages() {
+        assert!(refused(
+            422,
+            "Deployment.apps \"web\" is invalid: spec.selector: Required value"
+        ));
+        assert!(refused(
+            403,
+            "deployments.apps is forbidden: User cannot patch"
+        ));
+        assert!(refused(
+            500,
+            "failed to create typed patch object: .spec.ports: element 0"
+        ));
+        assert!(!refused(500, "etcdserver: request timed out"));
+        assert!(!refused(
+            503,
+            "the server is currently unable to handle the request"
+        ));
+        assert!(!refused(409, "the object has been modified"));
+        assert!(!refused(429, "too many requests"));
+        assert!(!refused(
+            403,
+            "unable to create new content in namespace preview-x because it is being terminated"
+        ));
     }
 }
