@@ -1,34 +1,31 @@
 //! previewd: a Kubernetes controller that gives every branch or pull request its own
-//! short-lived preview environment. See `docs/architecture.md` for the data flow.
+//! short-lived preview environment. See `docs/architecture.md` for the layers and the data flow.
+//!
+//! One folder per layer, each importing only the layers listed before it (a test,
+//! `tests/architecture.rs`, fails on any import that points up or closes a circle):
+//!
+//! * [`model`]: the custom resources, names, durations, labels and annotations. No I/O.
+//! * [`cluster`]: talking to the Kubernetes API: the applier and its skip cache, the watches,
+//!   health, secrets, environment records, the one writer every write goes through.
+//! * [`forge`]: GitHub and GitLab: webhook parsing, API calls, the PR comment and statuses.
+//! * [`webhook`]: the HTTP server, verification, delivery dedupe, intake and comment commands.
+//! * [`lifecycle`]: the sweep (which environments go, and why) and its loop.
+//! * [`reconcile`]: the pipeline that turns a `PreviewEnvironment` into a running namespace.
+//! * [`runtime`]: configuration, leader election, metrics, logs, start-up and shutdown.
+//! * [`sandbox`]: a real control plane on this machine, for people and for the tests.
+//!
+//! The webhook side and the reconciler never import each other: they meet through the
+//! Kubernetes API (the `PreviewEnvironment` is the durable record) and the caches of
+//! [`cluster::caches`].
 
-pub mod apply;
-pub mod caches;
-pub mod commands;
-pub mod config;
-pub mod controller;
-pub mod crd;
-pub mod error;
+pub mod cluster;
 pub mod forge;
-pub mod gc;
-pub mod guard;
-pub mod health;
-pub mod intake;
-pub mod leader;
-pub mod metrics;
-pub mod namespace;
-pub mod naming;
-pub mod observed;
-pub mod queue;
-pub mod render;
+pub mod lifecycle;
+pub mod model;
+pub mod reconcile;
+pub mod runtime;
 pub mod sandbox;
-pub mod secrets;
-pub mod server;
-pub mod service;
-pub mod sweep;
-pub mod telemetry;
-pub mod workloads;
-
-pub use error::Error;
+pub mod webhook;
 
 /// Installs rustls' process-wide crypto provider (ring). Must run before any TLS client is
 /// built: when several crates enable different rustls back-ends, rustls cannot pick one by

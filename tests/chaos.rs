@@ -20,7 +20,7 @@ use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, DeleteParams, ListParams, PostParams, WatchEvent, WatchParams};
 use kube::{Client, ResourceExt};
-use previewd::crd::{Phase, PreviewEnvironment, PreviewTemplate};
+use previewd::model::crd::{Phase, PreviewEnvironment, PreviewTemplate};
 use previewd::sandbox::forge_standin::{ForgeStandIn, Received};
 use serde_json::json;
 use support::apps::{boutique_with_slow_seed, example, managed_counts};

@@ -15,7 +15,7 @@ use std::process::Command;
 
 use k8s_openapi::api::core::v1::{Node, Secret};
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
-use previewd::crd::{PreviewEnvironment, PreviewTemplate};
+use previewd::model::crd::{PreviewEnvironment, PreviewTemplate};
 use serde_json::{Value, json};
 use support::process::PreviewdProcess;
 use support::webhooks::*;
@@ -155,7 +155,7 @@ async fn the_chart_lints_renders_applies_and_its_rbac_carries_a_lifecycle() {
         ];
         let scratch = tempfile::tempdir().unwrap();
         let kubeconfig = impersonating_kubeconfig(&user, &groups, scratch.path());
-        let as_chart = previewd::sandbox::control_plane::client_from_kubeconfig(
+        let as_chart = previewd::cluster::client::from_kubeconfig(
             kube::config::Kubeconfig::read_from(&kubeconfig).unwrap(),
         )
         .await

@@ -10,7 +10,7 @@ use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod, Service};
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
-use previewd::crd::{Phase, PreviewEnvironment, PreviewEnvironmentStatus, PreviewTemplate};
+use previewd::model::crd::{Phase, PreviewEnvironment, PreviewEnvironmentStatus, PreviewTemplate};
 use previewd::sandbox::compat::adapt_for_1_20;
 use previewd::sandbox::node_simulator::ANNOTATION_FAIL;
 use serde_json::json;

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use chrono::{TimeDelta, Utc};
 use futures::future::join_all;
-use previewd::crd::Phase;
+use previewd::model::crd::Phase;
 use support::webhooks::*;
 use support::{eventually, in_namespace, wait_for_phase};
 use wiremock::matchers::any;

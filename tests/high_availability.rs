@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::Api;
-use previewd::crd::PreviewEnvironment;
+use previewd::model::crd::PreviewEnvironment;
 use serde_json::Value;
 use support::process::PreviewdProcess;
 use support::webhooks::*;

@@ -13,9 +13,9 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, ListParams};
-use previewd::crd::{ForgeKind, Phase};
 use previewd::forge::{github, gitlab};
-use previewd::naming;
+use previewd::model::crd::{ForgeKind, Phase};
+use previewd::model::naming;
 use proptest::prelude::*;
 use serde_json::{Value, json};
 use support::webhooks::*;
@@ -136,11 +136,11 @@ proptest! {
 
     #[test]
     fn rendering_arbitrary_branch_values_never_panics_and_stays_in_its_namespace(branch in ".{0,200}") {
-        let manifest = previewd::crd::InlineManifest {
+        let manifest = previewd::model::crd::InlineManifest {
             name: "app.yaml".into(),
             template: "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: app\ndata:\n  branch: \"{{ branch }}\"\n".into(),
         };
-        let context = previewd::render::RenderContext {
+        let context = previewd::reconcile::plan::render::RenderContext {
             name: "app-pr-1".into(),
             branch: branch.clone(),
             slug: naming::slug(&branch),
@@ -154,9 +154,9 @@ proptest! {
             url: "https://x.example.com".into(),
             values: Default::default(),
         };
-        if let Ok(objects) = previewd::render::render(&[manifest], &[], &context, &Default::default()) {
+        if let Ok(objects) = previewd::reconcile::plan::render::render(&[manifest], &[], &context, &Default::default()) {
             // Whatever the branch injected, the guard sees every object and its namespace.
-            let violations = previewd::guard::check(&objects, "preview-x");
+            let violations = previewd::reconcile::plan::guard::check(&objects, "preview-x");
             for object in &objects {
                 let allowed = object.object["metadata"]["namespace"] == "preview-x";
                 prop_assert!(allowed || !violations.is_empty());

@@ -14,8 +14,8 @@ use chrono::{TimeDelta, Utc};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Namespace;
 use kube::api::{Api, Patch, PatchParams};
-use previewd::crd::Phase;
-use previewd::sweep::Sweeper;
+use previewd::lifecycle::sweeper::Sweeper;
+use previewd::model::crd::Phase;
 use serde_json::{Value, json};
 use support::webhooks::*;
 use support::{eventually, in_namespace, wait_for_phase};
@@ -467,7 +467,7 @@ async fn a_fork_pull_request_waits_for_approval_of_each_commit() {
         )
         .await;
         let namespaces: Api<Namespace> = Api::all(client.clone());
-        let target = previewd::naming::namespace_name("preview", &ns, &name);
+        let target = previewd::model::naming::namespace_name("preview", &ns, &name);
         assert!(
             namespaces.get_opt(&target).await.unwrap().is_none(),
             "nothing deployed"
@@ -535,10 +535,9 @@ async fn idle_environments_sleep_and_a_push_wakes_them() {
         let context = harness.context.clone();
         let sweeper = Sweeper {
             client: client.clone(),
-            templates: context.templates.clone(),
-            environments: context.environments.clone(),
-            metrics: context.metrics.clone(),
-            caches_ready: context.caches_ready.clone(),
+            caches: context.caches.clone(),
+            metrics: harness.metrics.sweep.clone(),
+            writes: harness.metrics.cluster.clone(),
             watch_namespace: Some(ns.clone()),
         };
         // 30 minutes later: not idle yet. (The forge lists nothing: it answers 404, so no forge
@@ -570,7 +569,7 @@ async fn idle_environments_sleep_and_a_push_wakes_them() {
             deployments.get("web").await.unwrap().spec.unwrap().replicas,
             Some(0)
         );
-        assert_eq!(context.metrics.gc_sleeps.get(), 1);
+        assert_eq!(harness.metrics.sweep.sleeps.get(), 1);
 
         // A push (synchronize with a new head SHA) wakes it at the new commit.
         let mut synchronize = json_fixture("github/pull_request.synchronize.json");

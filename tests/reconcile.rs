@@ -5,7 +5,6 @@
 
 mod support;
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::Deployment;
@@ -14,15 +13,14 @@ use k8s_openapi::api::core::v1::{LimitRange, Namespace, ResourceQuota};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
-use previewd::controller::{self, Context, ControllerConfig};
-use previewd::crd::{Phase, PreviewEnvironment, PreviewTemplate};
-use previewd::metrics::Metrics;
+use previewd::model::crd::{Phase, PreviewEnvironment, PreviewTemplate};
+use previewd::reconcile::ControllerConfig;
 use serde_json::json;
 use support::apps::{boutique_with_slow_seed, example, managed_counts};
-use support::{eventually, in_namespace, wait_for_phase};
+use support::{Running, eventually, in_namespace, wait_for_phase};
 
 /// Starts a controller watching only `namespace`, on the calling test's runtime.
-async fn start_controller(client: &Client, namespace: &str, resync: Duration) -> Arc<Context> {
+async fn start_controller(client: &Client, namespace: &str, resync: Duration) -> Running {
     start_controller_with(
         client,
         ControllerConfig {
@@ -35,27 +33,26 @@ async fn start_controller(client: &Client, namespace: &str, resync: Duration) ->
     .await
 }
 
-async fn start_controller_with(client: &Client, config: ControllerConfig) -> Arc<Context> {
-    let (tx, rx) = tokio::sync::oneshot::channel();
-    tokio::spawn(controller::run(
-        client.clone(),
-        config,
-        Arc::new(Metrics::new()),
-        Some(tx),
-    ));
-    rx.await.expect("controller context")
+async fn start_controller_with(client: &Client, config: ControllerConfig) -> Running {
+    support::start_controller_with(client, config).await
 }
 
-fn applies_sent(context: &Context) -> u64 {
-    context.metrics.applies.with_label_values(&["sent"]).get()
+fn applies_sent(context: &Running) -> u64 {
+    context
+        .metrics
+        .cluster
+        .applies
+        .with_label_values(&["sent"])
+        .get()
 }
 
-fn reconciles(context: &Context) -> u64 {
+fn reconciles(context: &Running) -> u64 {
     ["ok", "error"]
         .iter()
         .map(|o| {
             context
                 .metrics
+                .reconcile
                 .reconcile_duration
                 .with_label_values(&[o])
                 .get_sample_count()
@@ -75,7 +72,7 @@ async fn web_postgres_reaches_ready_seeded_in_order_then_writes_nothing_until_so
         let ready = wait_for_phase(&environments, "web-postgres-pr-2", Phase::Ready, Duration::from_secs(90)).await;
         let status = ready.status.clone().unwrap();
         let target = status.namespace.clone().unwrap();
-        assert!(previewd::naming::is_dns1123_label(&target));
+        assert!(previewd::model::naming::is_dns1123_label(&target));
         assert_eq!(status.url.as_deref(), Some("https://changes.preview.example.com"));
         assert_eq!(status.deployed_sha.as_deref(), Some("ec26c3e57ca3a959ca5aad62de7213c562f8c821"));
         assert_eq!(status.seeds.len(), 1);
@@ -412,7 +409,7 @@ async fn ready_small_environment(
     client: &Client,
     ns: &str,
     config: ControllerConfig,
-) -> (Arc<Context>, String) {
+) -> (Running, String) {
     let context = start_controller_with(client, config).await;
     let templates: Api<PreviewTemplate> = Api::namespaced(client.clone(), ns);
     templates

@@ -4,36 +4,27 @@
 
 mod support;
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{TimeDelta, Utc};
 use k8s_openapi::api::core::v1::{Namespace, Secret};
 use kube::api::{Api, PostParams};
 use kube::{Client, ResourceExt};
-use previewd::controller::Context;
-use previewd::crd::{Phase, PreviewEnvironment, PreviewTemplate};
-use previewd::gc::Reason;
-use previewd::sweep::Sweeper;
+use previewd::lifecycle::rules::Reason;
+use previewd::lifecycle::sweeper::Sweeper;
+use previewd::model::crd::{Phase, PreviewEnvironment, PreviewTemplate};
+use previewd::reconcile::Context;
 use serde_json::{Value, json};
 use support::webhooks::metric_value;
 use support::{eventually, in_namespace};
 use wiremock::matchers::{method, path_regex};
 use wiremock::{Mock, MockServer, ResponseTemplate};
 
-async fn start(client: &Client, namespace: &str) -> (Arc<Context>, Sweeper) {
-    let context = support::start_controller(client, namespace).await;
-    let metrics = context.metrics.clone();
-    let sweeper = Sweeper {
-        client: client.clone(),
-        templates: context.templates.clone(),
-        environments: context.environments.clone(),
-        metrics,
-        caches_ready: context.caches_ready.clone(),
-        watch_namespace: Some(namespace.to_string()),
-    };
-    context.wait_for_caches().await;
-    (context, sweeper)
+async fn start(client: &Client, namespace: &str) -> (support::Running, Sweeper) {
+    let running = support::start_controller(client, namespace).await;
+    let sweeper = running.sweeper(client, namespace);
+    running.wait_for_caches().await;
+    (running, sweeper)
 }
 
 /// A GitHub API whose open-PR list holds `open` and whose branch list holds `main`.
@@ -102,6 +93,7 @@ async fn point_template_at(templates: &Api<PreviewTemplate>, context: &Context, 
         Duration::from_secs(10),
         || async {
             context
+                .caches
                 .templates
                 .state()
                 .iter()

@@ -12,8 +12,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use kube::api::Api;
-use previewd::crd::{Phase, PreviewTemplate};
 use previewd::forge::github;
+use previewd::model::crd::{Phase, PreviewTemplate};
 use serde_json::json;
 use support::webhooks::*;
 use support::{eventually, fixture, in_namespace};

@@ -1,4 +1,4 @@
 //! Prints previewd's CRDs as YAML: `cargo run --bin crdgen > crds/previewd.dev.yaml`.
 fn main() {
-    print!("{}", previewd::crd::crds_yaml());
+    print!("{}", previewd::model::crd::crds_yaml());
 }

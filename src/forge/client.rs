@@ -17,8 +17,8 @@ use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
 use super::comment::CommitState;
-use crate::crd::ForgeKind;
-use crate::metrics::Metrics;
+use crate::forge::metrics::ForgeMetrics;
+use crate::model::crd::ForgeKind;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ForgeApiError {
@@ -129,14 +129,14 @@ fn observe_rate_limit(
     forge: &'static str,
     status: StatusCode,
     headers: &HeaderMap,
-    metrics: &Metrics,
+    metrics: &ForgeMetrics,
     gate: &Gate,
 ) -> bool {
     let remaining =
         header_u64(headers, "x-ratelimit-remaining").or(header_u64(headers, "ratelimit-remaining"));
     if let Some(remaining) = remaining {
         metrics
-            .forge_rate_limit_remaining
+            .rate_limit_remaining
             .with_label_values(&[forge])
             .set(remaining as i64);
     }
@@ -328,7 +328,7 @@ struct GithubAnswer {
 pub struct GithubApi {
     octocrab: octocrab::Octocrab,
     gate: Gate,
-    metrics: Arc<Metrics>,
+    metrics: ForgeMetrics,
     /// Last answer of each list URL with its ETag: a `304 Not Modified` costs no rate limit.
     etags: Mutex<HashMap<String, (String, Value)>>,
 }
@@ -337,7 +337,7 @@ impl GithubApi {
     pub fn new(
         api_url: Option<&str>,
         token: String,
-        metrics: Arc<Metrics>,
+        metrics: ForgeMetrics,
     ) -> Result<Self, ForgeApiError> {
         let api_url = api_url.unwrap_or("https://api.github.com");
         let octocrab = octocrab::Octocrab::builder()
@@ -383,7 +383,7 @@ impl GithubApi {
         self.gate.check(operation)?;
         let count = |outcome: &str| {
             self.metrics
-                .forge_requests
+                .requests
                 .with_label_values(&["github", operation, outcome])
                 .inc();
         };
@@ -718,7 +718,7 @@ impl GithubApi {
 struct ObservedGitlab {
     inner: gitlab::AsyncGitlab,
     gate: Arc<Gate>,
-    metrics: Arc<Metrics>,
+    metrics: ForgeMetrics,
 }
 
 impl gitlab::api::RestClient for ObservedGitlab {
@@ -754,7 +754,7 @@ impl gitlab::api::AsyncClient for ObservedGitlab {
 pub struct GitlabApi {
     client: ObservedGitlab,
     gate: Arc<Gate>,
-    metrics: Arc<Metrics>,
+    metrics: ForgeMetrics,
 }
 
 #[derive(serde::Deserialize)]
@@ -769,7 +769,7 @@ impl GitlabApi {
     pub async fn connect(
         api_url: Option<&str>,
         token: String,
-        metrics: Arc<Metrics>,
+        metrics: ForgeMetrics,
     ) -> Result<Self, ForgeApiError> {
         let api_url = api_url.unwrap_or("https://gitlab.com");
         let url =
@@ -822,7 +822,7 @@ impl GitlabApi {
             Err(_) => "error",
         };
         self.metrics
-            .forge_requests
+            .requests
             .with_label_values(&["gitlab", operation, outcome])
             .inc();
         match result {
@@ -1129,12 +1129,12 @@ type ClientKey = (ForgeKind, String, [u8; 32]);
 /// Clients by (forge, API URL, token), built on first use and kept: their gates and connection
 /// pools must outlive one reconcile.
 pub struct ForgeClients {
-    metrics: Arc<Metrics>,
+    metrics: ForgeMetrics,
     clients: tokio::sync::Mutex<HashMap<ClientKey, Arc<ForgeClient>>>,
 }
 
 impl ForgeClients {
-    pub fn new(metrics: Arc<Metrics>) -> Self {
+    pub fn new(metrics: ForgeMetrics) -> Self {
         Self {
             metrics,
             clients: tokio::sync::Mutex::new(HashMap::new()),
@@ -1194,7 +1194,7 @@ mod tests {
 
     #[test]
     fn rate_limit_answers_are_recognised_and_their_budget_exported() {
-        let metrics = Metrics::new();
+        let metrics = ForgeMetrics::new();
         let gate = Gate::default();
         let mut headers = HeaderMap::new();
         headers.insert("x-ratelimit-remaining", "4999".parse().unwrap());
@@ -1207,7 +1207,7 @@ mod tests {
         ));
         assert_eq!(
             metrics
-                .forge_rate_limit_remaining
+                .rate_limit_remaining
                 .with_label_values(&["github"])
                 .get(),
             4999

@@ -8,7 +8,7 @@ use std::fmt::Write;
 
 use chrono::{DateTime, Utc};
 
-use crate::crd::{Phase, PreviewEnvironmentStatus};
+use crate::model::crd::{Phase, PreviewEnvironmentStatus};
 
 /// What the comment says the environment is doing.
 #[derive(Clone, Debug, PartialEq)]
@@ -174,7 +174,7 @@ pub enum CommitState {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::crd::{Condition, ResourceStatus, SeedStatus};
+    use crate::model::crd::{Condition, ResourceStatus, SeedStatus};
 
     fn status(phase: Phase) -> PreviewEnvironmentStatus {
         PreviewEnvironmentStatus {

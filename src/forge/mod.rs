@@ -10,13 +10,14 @@ pub mod client;
 pub mod comment;
 pub mod github;
 pub mod gitlab;
+pub mod metrics;
 pub mod report;
 pub mod repository;
 
 use chrono::{DateTime, Utc};
 use sha2::{Digest, Sha256};
 
-pub use crate::crd::ForgeKind;
+pub use crate::model::crd::ForgeKind;
 
 /// One verified delivery, forge-neutral.
 #[derive(Clone, Debug, PartialEq)]

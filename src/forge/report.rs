@@ -12,17 +12,16 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use chrono::{DateTime, Utc};
 use kube::ResourceExt;
 use sha2::{Digest, Sha256};
 
 use super::client::{DeploymentState, ForgeApiError, ForgeClient, ForgeClients};
 use super::comment::{self, CommentInput, CommentState, CommitState};
-use crate::crd::{
+use crate::cluster::secrets::{SecretError, SecretReader};
+use crate::forge::metrics::ForgeMetrics;
+use crate::model::crd::{
     ForgeKind, ForgeReport, Phase, PreviewEnvironment, PreviewEnvironmentStatus, PreviewTemplate,
 };
-use crate::metrics::Metrics;
-use crate::secrets::{SecretError, SecretReader};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ReportError {
@@ -67,41 +66,8 @@ fn sha_hex(text: &str) -> String {
     hex::encode(Sha256::digest(text.as_bytes()))
 }
 
-/// When the environment expires if nothing happens: the earlier of idle timeout (from the last
-/// activity) and maximum age (from creation).
-pub fn expires_at(
-    environment: &PreviewEnvironment,
-    template: &PreviewTemplate,
-) -> Option<DateTime<Utc>> {
-    let lifecycle = &template.spec.lifecycle;
-    let parse = |text: &Option<String>| {
-        text.as_deref()
-            .and_then(|t| crate::config::parse_duration(t).ok())
-            .and_then(|d| chrono::Duration::from_std(d).ok())
-    };
-    // Idleness only removes the environment when the template deletes idle ones.
-    let idle = parse(&lifecycle.idle_timeout)
-        .filter(|_| lifecycle.idle_action == crate::crd::IdleAction::Delete)
-        .and_then(|timeout| Some(environment.spec.last_activity? + timeout));
-    let created = environment
-        .metadata
-        .creation_timestamp
-        .as_ref()
-        .and_then(|t| DateTime::<Utc>::from_timestamp(t.0.as_second(), 0));
-    let age = parse(&lifecycle.max_age).and_then(|age| Some(created? + age));
-    let expiry = match (idle, age) {
-        (Some(a), Some(b)) => Some(a.min(b)),
-        (a, b) => a.or(b),
-    };
-    // `/preview extend` keeps it at least this long.
-    match (expiry, environment.spec.keep_until) {
-        (Some(expiry), Some(kept)) => Some(expiry.max(kept)),
-        (expiry, _) => expiry,
-    }
-}
-
 impl Reporter {
-    pub fn new(metrics: Arc<Metrics>, secrets: Arc<SecretReader>) -> Self {
+    pub fn new(metrics: ForgeMetrics, secrets: Arc<SecretReader>) -> Self {
         Self {
             clients: ForgeClients::new(metrics),
             secrets,
@@ -210,8 +176,8 @@ impl Reporter {
                 environment: &id,
                 head_sha: &source.head_sha,
                 state: CommentState::Live(status),
-                expires_at: expires_at(environment, template),
-                last_command: crate::commands::last_answer(environment),
+                expires_at: crate::model::durations::expires_at(environment, template),
+                last_command: crate::model::metadata::last_command_reply(environment),
             });
             upsert_comment(&client, &source.repository, number, &id, &text, record).await?;
         }

@@ -7,7 +7,7 @@ use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 
 use super::client::{ForgeApiError, ForgeClient};
-use crate::crd::InlineManifest;
+use crate::model::crd::InlineManifest;
 
 /// How many (repository, path, commit) readings are kept.
 pub const CAPACITY: usize = 64;

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::config::Kubeconfig;
 
 use super::SandboxError;
 use super::process::{self, ManagedProcess};
@@ -337,11 +337,10 @@ impl Drop for ControlPlane {
 }
 
 /// A kube client from a kubeconfig, honouring its current context.
-pub async fn client_from_kubeconfig(kubeconfig: Kubeconfig) -> Result<kube::Client, SandboxError> {
-    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+async fn client_from_kubeconfig(kubeconfig: Kubeconfig) -> Result<kube::Client, SandboxError> {
+    crate::cluster::client::from_kubeconfig(kubeconfig)
         .await
-        .map_err(|e| SandboxError::Process(format!("kubeconfig: {e}")))?;
-    kube::Client::try_from(config).map_err(|e| SandboxError::Process(format!("kube client: {e}")))
+        .map_err(|e| SandboxError::Process(e.to_string()))
 }
 
 fn apiserver_args(dir: &Path, ports: &Ports) -> Vec<String> {

@@ -14,7 +14,7 @@ use kube::api::ListParams;
 use super::SandboxError;
 use super::forge_standin::Received;
 use super::playground::{DELIVERIES, GITHUB_TEMPLATE, NAMESPACE, Playground};
-use crate::crd::{Phase, PreviewEnvironment};
+use crate::model::crd::{Phase, PreviewEnvironment};
 
 /// How long one step (Ready, gone) may take before the demo gives up.
 const STEP_TIMEOUT: Duration = Duration::from_secs(180);

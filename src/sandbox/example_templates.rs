@@ -87,9 +87,9 @@ pub fn online_boutique_template(release_manifests: &str) -> Result<String, Examp
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::controller::render_context;
-    use crate::crd::{PreviewEnvironment, PreviewTemplate};
-    use crate::render::{RenderedObject, render};
+    use crate::model::crd::{PreviewEnvironment, PreviewTemplate};
+    use crate::reconcile::plan::render::{RenderedObject, render};
+    use crate::reconcile::plan::values::render_context;
 
     fn repository_file(path: &str) -> String {
         let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(path);

@@ -11,7 +11,9 @@
 //! * [`forge_standin`]: a local GitHub and GitLab API that reports what previewd sends.
 //! * [`playground`]: example templates, fresh webhook credentials, deliveries to `curl`.
 //! * [`demo`]: `previewd sandbox --demo`, a pull request's life played from the fixtures.
+//! * [`cli`]: the sandbox's flags; [`session`]: one `previewd sandbox` run from start to stop.
 
+pub mod cli;
 pub mod compat;
 pub mod control_plane;
 pub mod demo;
@@ -21,6 +23,7 @@ pub mod node_simulator;
 pub mod playground;
 pub mod process;
 pub mod provision;
+pub mod session;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -48,6 +51,8 @@ pub enum SandboxError {
     },
     #[error("talking to the sandbox control plane: {0}")]
     Kube(#[from] kube::Error),
+    #[error(transparent)]
+    Runtime(#[from] crate::runtime::error::Error),
 }
 
 impl SandboxError {
@@ -120,8 +125,8 @@ pub async fn install_crds(client: &kube::Client) -> Result<(), SandboxError> {
     use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
     use kube::api::{Api, Patch, PatchParams};
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    let params = PatchParams::apply(crate::crd::FIELD_MANAGER).force();
-    for crd in crate::crd::all_crds() {
+    let params = PatchParams::apply(crate::model::metadata::FIELD_MANAGER_RECONCILE).force();
+    for crd in crate::model::crd::all_crds() {
         let name = crd.metadata.name.clone().unwrap_or_default();
         crds.patch(&name, &params, &Patch::Apply(&crd)).await?;
         let deadline = tokio::time::Instant::now() + Duration::from_secs(30);

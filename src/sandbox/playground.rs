@@ -11,7 +11,7 @@ use serde_json::{Value, json};
 
 use super::SandboxError;
 use super::forge_standin::ForgeStandIn;
-use crate::crd::PreviewTemplate;
+use crate::model::crd::PreviewTemplate;
 
 /// Where the sandbox's templates, their Secret and the environments live.
 pub const NAMESPACE: &str = "default";

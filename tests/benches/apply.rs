@@ -23,10 +23,10 @@ use std::time::{Duration, Instant};
 
 use kube::Client;
 use kube::config::{KubeConfigOptions, Kubeconfig};
-use previewd::apply::Applier;
-use previewd::crd::{PreviewEnvironment, PreviewTemplate};
-use previewd::metrics::Metrics;
-use previewd::observed::ObservedStore;
+use previewd::cluster::applier::Applier;
+use previewd::cluster::metrics::ClusterMetrics;
+use previewd::cluster::observed::ObservedStore;
+use previewd::model::crd::{PreviewEnvironment, PreviewTemplate};
 use serde_json::Value;
 
 const ROUNDS: usize = 5;
@@ -59,10 +59,11 @@ fn boutique_objects(namespace: &str) -> Vec<Value> {
     let environment: PreviewEnvironment =
         serde_yaml_ng::from_str(&read("environment.yaml")).unwrap();
     let context =
-        previewd::controller::render_context(&environment, &template.spec, namespace).unwrap();
+        previewd::reconcile::plan::values::render_context(&environment, &template.spec, namespace)
+            .unwrap();
     let labels: BTreeMap<String, String> =
-        previewd::controller::environment_labels(&environment, &template);
-    let objects = previewd::render::render(
+        previewd::model::metadata::environment_labels(&environment, &template);
+    let objects = previewd::reconcile::plan::render::render(
         &template.spec.manifests.inline,
         &template.spec.seeds,
         &context,
@@ -127,7 +128,7 @@ async fn benchmark() {
     let counted = counting_client(&cluster.kubeconfig_path, requests.clone()).await;
     let (trigger, _reconciles) = tokio::sync::mpsc::unbounded_channel();
     let store = ObservedStore::new(counted.clone(), trigger);
-    let applier = Applier::new(counted, store, Arc::new(Metrics::new()), 16);
+    let applier = Applier::new(counted, store, ClusterMetrics::new(), 16);
     let kubectl = Kubectl {
         kubeconfig: cluster.kubeconfig_path.clone(),
         cache_dir: tempfile::tempdir().expect("kubectl cache dir"),

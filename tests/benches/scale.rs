@@ -36,7 +36,7 @@ use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, ListParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
-use previewd::crd::{Phase, PreviewEnvironment};
+use previewd::model::crd::{Phase, PreviewEnvironment};
 use support::process::PreviewdProcess;
 use support::webhooks::*;
 

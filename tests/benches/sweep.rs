@@ -20,12 +20,13 @@ use futures::StreamExt;
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, PostParams};
 use kube::runtime::{WatchStreamExt, reflector, watcher};
-use previewd::crd::{PreviewEnvironment, PreviewTemplate};
+use previewd::cluster::caches::Caches;
+use previewd::cluster::secrets::SecretReader;
 use previewd::forge::report::Reporter;
-use previewd::gc::Reason;
-use previewd::metrics::Metrics;
-use previewd::secrets::SecretReader;
-use previewd::sweep::Sweeper;
+use previewd::lifecycle::rules::Reason;
+use previewd::lifecycle::sweeper::Sweeper;
+use previewd::model::crd::{PreviewEnvironment, PreviewTemplate};
+use previewd::runtime::metrics::Metrics;
 use serde_json::{Value, json};
 use wiremock::matchers::{method, path_regex};
 use wiremock::{Mock, MockServer, Request, ResponseTemplate};
@@ -174,15 +175,21 @@ async fn benchmark() {
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
     let metrics = Arc::new(Metrics::new());
-    let reporter = Reporter::new(metrics.clone(), Arc::new(SecretReader::new(client.clone())));
-    let (_ready, caches_ready) = tokio::sync::watch::channel(true);
+    let reporter = Reporter::new(
+        metrics.forge.clone(),
+        Arc::new(SecretReader::new(client.clone())),
+    );
+    let (_ready, ready) = tokio::sync::watch::channel(true);
     let sweeper = Sweeper {
         client: client.clone(),
-        templates: template_store,
-        environments: environment_store,
-        metrics,
+        caches: Caches {
+            templates: template_store,
+            environments: environment_store,
+            ready,
+        },
+        metrics: metrics.sweep.clone(),
+        writes: metrics.cluster.clone(),
         watch_namespace: Some(namespace.clone()),
-        caches_ready,
     };
 
     let started = Instant::now();
@@ -236,7 +243,7 @@ async fn benchmark() {
     let started = Instant::now();
     let second = sweeper.sweep(&reporter, now).await.expect("the sweep runs");
     let elapsed = started.elapsed();
-    let not_modified = metrics_outcome(&sweeper, "not_modified");
+    let not_modified = metrics_outcome(&metrics, "not_modified");
     assert!(second.deleted.is_empty(), "{second:?}");
     println!(
         "  second sweep ({} environments left): {:.0} ms, {not_modified} answers 304 Not Modified",
@@ -248,13 +255,13 @@ async fn benchmark() {
 }
 
 /// Forge requests of the sweep's list calls with `outcome`.
-fn metrics_outcome(sweeper: &Sweeper, outcome: &str) -> u64 {
+fn metrics_outcome(metrics: &Metrics, outcome: &str) -> u64 {
     ["list_pull_requests", "list_branches"]
         .iter()
         .map(|operation| {
-            sweeper
-                .metrics
-                .forge_requests
+            metrics
+                .forge
+                .requests
                 .with_label_values(&["github", operation, outcome])
                 .get()
         })

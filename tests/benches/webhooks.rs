@@ -13,9 +13,9 @@ use std::time::{Duration, Instant};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, PostParams};
-use previewd::crd::PreviewTemplate;
 use previewd::forge::github;
-use previewd::server::{self, ServerState};
+use previewd::model::crd::PreviewTemplate;
+use previewd::webhook::server;
 use serde_json::json;
 
 const SECRET: &[u8] = b"bench-secret";
@@ -83,9 +83,8 @@ async fn benchmark() {
         .await
         .unwrap();
 
-    let context = support::start_controller(&client, &namespace).await;
-    let metrics = context.metrics.clone();
-    let state = ServerState::new(client.clone(), &context, metrics, 2 << 20);
+    let running = support::start_controller(&client, &namespace).await;
+    let state = running.server_state(&client, 2 << 20);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}/webhooks/github", listener.local_addr().unwrap());
     tokio::spawn(server::serve(state, listener, std::future::pending()));

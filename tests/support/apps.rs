@@ -4,7 +4,7 @@ use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Service, ServiceAccount};
 use kube::Client;
 use kube::api::{Api, ListParams};
-use previewd::crd::{PreviewEnvironment, PreviewTemplate};
+use previewd::model::crd::{PreviewEnvironment, PreviewTemplate};
 
 /// `templates/<name>/`: the example's template and environment.
 pub fn example(name: &str) -> (PreviewTemplate, PreviewEnvironment) {
@@ -24,11 +24,11 @@ pub fn example(name: &str) -> (PreviewTemplate, PreviewEnvironment) {
 /// that is reliably in the middle (wave 2 waits for the seed) while the seed Job exists.
 pub fn boutique_with_slow_seed() -> PreviewTemplate {
     let (mut template, _) = example("online-boutique");
-    template.spec.manifests.inline.push(previewd::crd::InlineManifest {
+    template.spec.manifests.inline.push(previewd::model::crd::InlineManifest {
         name: "after-seed.yaml".into(),
         template: "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: after-seed\n  annotations:\n    previewd.dev/wave: \"2\"\ndata:\n  sha: \"{{ sha }}\"\n".into(),
     });
-    template.spec.seeds.push(previewd::crd::SeedSpec {
+    template.spec.seeds.push(previewd::model::crd::SeedSpec {
         name: "catalog".into(),
         wave: 1,
         job: "apiVersion: batch/v1\nkind: Job\nmetadata:\n  name: catalog\nspec:\n  backoffLimit: 0\n  template:\n    metadata:\n      annotations:\n        sandbox.previewd.dev/run-seconds: \"4\"\n    spec:\n      restartPolicy: Never\n      containers:\n      - name: load\n        image: busybox:1.36\n        args: [\"load-products\"]\n".into(),

@@ -62,7 +62,7 @@ fn control() -> &'static tokio::sync::mpsc::UnboundedSender<ClusterRequest> {
 }
 
 pub fn cache_dir() -> PathBuf {
-    previewd::config::default_cache_dir()
+    previewd::sandbox::cli::default_cache_dir()
 }
 
 /// The shared cluster, started on first use. The sandbox lives on a thread of its own with its
@@ -147,7 +147,7 @@ pub fn shared() -> &'static SharedCluster {
 pub async fn client() -> Client {
     let path = shared().kubeconfig_path.clone();
     let kubeconfig = Kubeconfig::read_from(&path).expect("read the test kubeconfig");
-    previewd::sandbox::control_plane::client_from_kubeconfig(kubeconfig)
+    previewd::cluster::client::from_kubeconfig(kubeconfig)
         .await
         .expect("test client")
 }
@@ -289,25 +289,77 @@ pub async fn dump_namespace(client: &Client, namespace: &str) {
     eprintln!("===== end of dump =====");
 }
 
-/// Starts previewd's controller for `namespace` on the calling test's runtime; returns its
-/// context (caches, metrics, forge reporter) once it runs.
-pub async fn start_controller(
-    client: &Client,
-    namespace: &str,
-) -> Arc<previewd::controller::Context> {
-    let (tx, rx) = tokio::sync::oneshot::channel();
-    let config = previewd::controller::ControllerConfig {
+/// A controller running on the calling test's runtime: its context (caches, forge reporter)
+/// and the metrics registry it writes to.
+pub struct Running {
+    pub context: Arc<previewd::reconcile::Context>,
+    pub metrics: Arc<previewd::runtime::metrics::Metrics>,
+}
+
+/// `running.reporter`, `running.caches`, … reach the controller's context.
+impl std::ops::Deref for Running {
+    type Target = previewd::reconcile::Context;
+    fn deref(&self) -> &Self::Target {
+        &self.context
+    }
+}
+
+impl Running {
+    /// A webhook server state sharing the controller's caches, reporter and metrics.
+    pub fn server_state(
+        &self,
+        client: &Client,
+        max_body_bytes: usize,
+    ) -> Arc<previewd::webhook::server::ServerState> {
+        previewd::webhook::server::ServerState::new(
+            client.clone(),
+            self.context.caches.clone(),
+            self.context.reporter.clone(),
+            self.metrics.server(),
+            max_body_bytes,
+        )
+    }
+
+    /// A sweeper sharing the controller's caches and metrics, for `namespace`.
+    pub fn sweeper(
+        &self,
+        client: &Client,
+        namespace: &str,
+    ) -> previewd::lifecycle::sweeper::Sweeper {
+        previewd::lifecycle::sweeper::Sweeper {
+            client: client.clone(),
+            caches: self.context.caches.clone(),
+            metrics: self.metrics.sweep.clone(),
+            writes: self.metrics.cluster.clone(),
+            watch_namespace: Some(namespace.to_string()),
+        }
+    }
+}
+
+/// Starts previewd's controller for `namespace` on the calling test's runtime.
+pub async fn start_controller(client: &Client, namespace: &str) -> Running {
+    let config = previewd::reconcile::ControllerConfig {
         namespace: Some(namespace.to_string()),
         ..Default::default()
     };
-    let metrics = Arc::new(previewd::metrics::Metrics::new());
-    tokio::spawn(previewd::controller::run(
+    start_controller_with(client, config).await
+}
+
+/// Starts previewd's controller with `config` on the calling test's runtime.
+pub async fn start_controller_with(
+    client: &Client,
+    config: previewd::reconcile::ControllerConfig,
+) -> Running {
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let metrics = Arc::new(previewd::runtime::metrics::Metrics::new());
+    tokio::spawn(previewd::reconcile::run(
         client.clone(),
         config,
-        metrics,
+        metrics.controller(),
         Some(tx),
     ));
-    rx.await.expect("controller context")
+    let context = rx.await.expect("controller context");
+    Running { context, metrics }
 }
 
 /// Polls `check` every 250 ms until it returns `Some`, or panics after `timeout` with `what`.
@@ -373,11 +425,11 @@ pub async fn apply_all(client: &Client, namespace: &str, objects: &[serde_json::
 
 /// Waits until environment `name` reaches `phase`.
 pub async fn wait_for_phase(
-    api: &Api<previewd::crd::PreviewEnvironment>,
+    api: &Api<previewd::model::crd::PreviewEnvironment>,
     name: &str,
-    phase: previewd::crd::Phase,
+    phase: previewd::model::crd::Phase,
     timeout: Duration,
-) -> previewd::crd::PreviewEnvironment {
+) -> previewd::model::crd::PreviewEnvironment {
     eventually(&format!("{name} to be {phase:?}"), timeout, || {
         let api = api.clone();
         async move {

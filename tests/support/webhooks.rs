@@ -8,10 +8,11 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, ListParams, PostParams};
 use kube::{Client, ResourceExt};
-use previewd::controller::Context;
-use previewd::crd::{Phase, PreviewEnvironment, PreviewTemplate};
 use previewd::forge::github;
-use previewd::server::{self, ServerState};
+use previewd::model::crd::{Phase, PreviewEnvironment, PreviewTemplate};
+use previewd::reconcile::Context;
+use previewd::runtime::metrics::Metrics;
+use previewd::webhook::server;
 use serde_json::{Value, json};
 use wiremock::matchers::{method, path_regex};
 use wiremock::{Mock, MockServer, ResponseTemplate};
@@ -172,13 +173,14 @@ pub struct Harness {
     pub http: reqwest::Client,
     pub environments: Api<PreviewEnvironment>,
     pub context: Arc<Context>,
+    pub metrics: Arc<Metrics>,
 }
 
 impl Harness {
     pub async fn start(client: &Client, namespace: &str, max_body_bytes: usize) -> Self {
-        let context = super::start_controller(client, namespace).await;
-        let metrics = context.metrics.clone();
-        let state = ServerState::new(client.clone(), &context, metrics, max_body_bytes);
+        let running = super::start_controller(client, namespace).await;
+        let state = running.server_state(client, max_body_bytes);
+        let super::Running { context, metrics } = running;
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let base = format!("http://{}", listener.local_addr().unwrap());
         tokio::spawn(server::serve(
@@ -206,6 +208,7 @@ impl Harness {
             http,
             environments: Api::namespaced(client.clone(), namespace),
             context,
+            metrics,
         }
     }
 

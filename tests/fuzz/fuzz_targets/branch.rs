@@ -4,7 +4,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use previewd::naming;
+use previewd::model::naming;
 
 fuzz_target!(|data: &[u8]| {
     let Ok(branch) = std::str::from_utf8(data) else {
@@ -15,11 +15,11 @@ fuzz_target!(|data: &[u8]| {
     let target = naming::namespace_name("preview", "previews", &environment);
     assert!(naming::is_dns1123_label(&target), "{target:?}");
 
-    let manifest = previewd::crd::InlineManifest {
+    let manifest = previewd::model::crd::InlineManifest {
         name: "app.yaml".into(),
         template: "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: app\n  labels: {slug: \"{{ slug }}\"}\ndata:\n  branch: \"{{ branch }}\"\n".into(),
     };
-    let context = previewd::render::RenderContext {
+    let context = previewd::reconcile::plan::render::RenderContext {
         name: environment.clone(),
         branch: branch.to_string(),
         slug: naming::slug(branch),
@@ -33,8 +33,8 @@ fuzz_target!(|data: &[u8]| {
         url: "https://x.example.com".into(),
         values: Default::default(),
     };
-    if let Ok(objects) = previewd::render::render(&[manifest], &[], &context, &Default::default()) {
-        let violations = previewd::guard::check(&objects, &target);
+    if let Ok(objects) = previewd::reconcile::plan::render::render(&[manifest], &[], &context, &Default::default()) {
+        let violations = previewd::reconcile::plan::guard::check(&objects, &target);
         for object in &objects {
             let inside = object.object["metadata"]["namespace"] == target.as_str();
             assert!(inside || !violations.is_empty());

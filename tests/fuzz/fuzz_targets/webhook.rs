@@ -4,7 +4,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use previewd::crd::ForgeKind;
+use previewd::model::crd::ForgeKind;
 use previewd::forge::{github, gitlab};
 
 const EVENTS: [&str; 9] = [

@@ -1,0 +1,334 @@
+//! Apply: server-side apply under one field manager, objects of a wave in parallel (bounded),
+//! and a skip cache so that nothing unchanged is sent.
+//!
+//! Per object the cache keeps two SHA-256s: of the rendered manifest, and of what the apply
+//! returned (projected onto the manifest's fields, see [`observed::project`]). An object is
+//! applied when its manifest changed, when it is missing from the watch store, or when what
+//! the watch last saw (projected the same way) differs from what the apply returned: drift. A
+//! periodic full resync bypasses the cache.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use futures::{StreamExt, TryStreamExt};
+use kube::api::{
+    ApiResource, DeleteParams, DynamicObject, GroupVersionKind, Patch, PatchParams,
+    PropagationPolicy,
+};
+use kube::{Api, Client};
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+
+use crate::cluster::health::Health;
+use crate::cluster::metrics::ClusterMetrics;
+use crate::cluster::observed::{self, ObjectKey, ObservedStore};
+use crate::model::metadata::FIELD_MANAGER_RECONCILE;
+
+type Sha = [u8; 32];
+
+fn sha(value: &Value) -> Sha {
+    Sha256::digest(value.to_string().as_bytes()).into()
+}
+
+#[derive(Clone, Copy)]
+struct CacheEntry {
+    manifest: Sha,
+    applied: Sha,
+}
+
+/// An apply that failed, and the object it was for (a user reading a condition needs the
+/// object, not only the API server's words).
+#[derive(Debug, thiserror::Error)]
+#[error("{kind} {name}: {source}")]
+pub struct ApplyError {
+    pub kind: String,
+    pub name: String,
+    #[source]
+    pub source: kube::Error,
+}
+
+impl ApplyError {
+    fn of(manifest: &Value, source: kube::Error) -> Self {
+        Self {
+            kind: manifest["kind"].as_str().unwrap_or("object").to_string(),
+            name: manifest["metadata"]["name"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string(),
+            source,
+        }
+    }
+
+    /// Whether the API server refused the object itself: retrying the same manifest cannot
+    /// succeed, so the environment should say so. Invalid (422), bad request (400), forbidden
+    /// (403, previewd's RBAC), a kind the cluster does not serve (404, discovery), and the 500
+    /// "failed to create typed patch object" with which server-side apply refuses a manifest
+    /// its schema cannot merge. Outages, timeouts, 409 and 429 are transient: not refused, and
+    /// neither is the 403 for a namespace still terminating (a PR closed and reopened at once).
+    pub fn is_refused(&self) -> bool {
+        match &self.source {
+            kube::Error::Api(status) => {
+                let terminating = status.message.contains("because it is being terminated");
+                (matches!(status.code, 400 | 403 | 404 | 422) && !terminating)
+                    || (status.code == 500
+                        && status
+                            .message
+                            .contains("failed to create typed patch object"))
+            }
+            kube::Error::Discovery(_) => true,
+            _ => false,
+        }
+    }
+}
+
+/// What one `apply` call did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ApplyStats {
+    pub sent: usize,
+    pub skipped: usize,
+}
+
+pub struct Applier {
+    client: Client,
+    store: Arc<ObservedStore>,
+    metrics: ClusterMetrics,
+    concurrency: usize,
+    cache: Mutex<HashMap<ObjectKey, CacheEntry>>,
+    resources: Mutex<HashMap<(String, String), ApiResource>>,
+}
+
+impl Applier {
+    pub fn new(
+        client: Client,
+        store: Arc<ObservedStore>,
+        metrics: ClusterMetrics,
+        concurrency: usize,
+    ) -> Self {
+        Self {
+            client,
+            store,
+            metrics,
+            concurrency: concurrency.max(1),
+            cache: Mutex::new(HashMap::new()),
+            resources: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// The API resource of `apiVersion`/`kind` (discovered once), with its watch running.
+    pub async fn resource(
+        &self,
+        api_version: &str,
+        kind: &str,
+    ) -> Result<ApiResource, kube::Error> {
+        let key = (api_version.to_string(), kind.to_string());
+        if let Some(resource) = self.resources.lock().expect("resources lock").get(&key) {
+            return Ok(resource.clone());
+        }
+        let (group, version) = api_version.rsplit_once('/').unwrap_or(("", api_version));
+        let (resource, _) = kube::discovery::pinned_kind(
+            &self.client,
+            &GroupVersionKind::gvk(group, version, kind),
+        )
+        .await?;
+        self.store.ensure_watch(&resource).await?;
+        self.resources
+            .lock()
+            .expect("resources lock")
+            .insert(key, resource.clone());
+        Ok(resource)
+    }
+
+    fn api(&self, resource: &ApiResource, namespace: &str) -> Api<DynamicObject> {
+        if namespace.is_empty() {
+            Api::all_with(self.client.clone(), resource)
+        } else {
+            Api::namespaced_with(self.client.clone(), namespace, resource)
+        }
+    }
+
+    /// Whether `manifest` must be sent: see the module documentation.
+    fn needs_apply(&self, key: &ObjectKey, manifest: &Value, manifest_sha: &Sha) -> bool {
+        let Some(entry) = self.cache.lock().expect("cache lock").get(key).copied() else {
+            return true;
+        };
+        if entry.manifest != *manifest_sha {
+            return true;
+        }
+        match self.store.get(key) {
+            None => true,
+            Some(observed) => sha(&observed::project(&observed.content, manifest)) != entry.applied,
+        }
+    }
+
+    /// Applies `objects` concurrently (at most `concurrency` at once). With `bypass_cache`
+    /// everything is sent (the periodic resync).
+    pub async fn apply(
+        &self,
+        objects: &[&Value],
+        bypass_cache: bool,
+    ) -> Result<ApplyStats, ApplyError> {
+        for object in objects {
+            self.resource(
+                object["apiVersion"].as_str().unwrap_or_default(),
+                object["kind"].as_str().unwrap_or_default(),
+            )
+            .await
+            .map_err(|source| ApplyError::of(object, source))?;
+        }
+        // Futures collected first: a stream built from a borrowing closure trips the compiler's
+        // higher-ranked lifetime inference once it sits inside the controller's future.
+        let pending: Vec<_> = objects
+            .iter()
+            .map(|object| Box::pin(self.apply_one(object, bypass_cache)))
+            .collect();
+        let sent: Vec<bool> = futures::stream::iter(pending)
+            .buffer_unordered(self.concurrency)
+            .try_collect()
+            .await?;
+        let sent_count = sent.iter().filter(|s| **s).count();
+        Ok(ApplyStats {
+            sent: sent_count,
+            skipped: sent.len() - sent_count,
+        })
+    }
+
+    async fn apply_one(&self, manifest: &Value, bypass_cache: bool) -> Result<bool, ApplyError> {
+        self.apply_one_inner(manifest, bypass_cache)
+            .await
+            .map_err(|source| ApplyError::of(manifest, source))
+    }
+
+    async fn apply_one_inner(
+        &self,
+        manifest: &Value,
+        bypass_cache: bool,
+    ) -> Result<bool, kube::Error> {
+        let key = ObjectKey::of(manifest);
+        let manifest_sha = sha(manifest);
+        if !bypass_cache && !self.needs_apply(&key, manifest, &manifest_sha) {
+            self.metrics.applies.with_label_values(&["skipped"]).inc();
+            return Ok(false);
+        }
+        let resource = self.resource(&key.api_version, &key.kind).await?;
+        let params = PatchParams::apply(FIELD_MANAGER_RECONCILE).force();
+        self.metrics.applies.with_label_values(&["sent"]).inc();
+        self.metrics.write("apply");
+        let returned = self
+            .api(&resource, &key.namespace)
+            .patch(&key.name, &params, &Patch::Apply(manifest))
+            .await?;
+        let mut returned = serde_json::to_value(&returned).unwrap_or(Value::Null);
+        returned["apiVersion"] = Value::String(key.api_version.clone());
+        returned["kind"] = Value::String(key.kind.clone());
+        self.store.record(&returned);
+        let applied = sha(&observed::project(&observed::strip(&returned), manifest));
+        self.cache.lock().expect("cache lock").insert(
+            key,
+            CacheEntry {
+                manifest: manifest_sha,
+                applied,
+            },
+        );
+        Ok(true)
+    }
+
+    /// Deletes an object previewd no longer renders (background propagation: a Job's pods go too).
+    pub async fn delete(&self, key: &ObjectKey) -> Result<(), kube::Error> {
+        let resource = self.resource(&key.api_version, &key.kind).await?;
+        let params = DeleteParams {
+            propagation_policy: Some(PropagationPolicy::Background),
+            ..Default::default()
+        };
+        self.metrics.write("delete");
+        match self
+            .api(&resource, &key.namespace)
+            .delete(&key.name, &params)
+            .await
+        {
+            Ok(_) => {}
+            Err(kube::Error::Api(status)) if status.code == 404 => {}
+            Err(e) => return Err(e),
+        }
+        self.forget(key);
+        Ok(())
+    }
+
+    /// Health of an object from the watch store (not seen yet: still progressing).
+    pub fn health(&self, key: &ObjectKey) -> Health {
+        self.store
+            .get(key)
+            .map(|o| o.health)
+            .unwrap_or_else(|| Health::Progressing("not observed yet".into()))
+    }
+
+    /// The replica count the API server holds for a workload (from the watch store).
+    pub fn live_replicas(&self, key: &ObjectKey) -> Option<i32> {
+        let observed = self.store.get(key)?;
+        observed.content["spec"]["replicas"]
+            .as_i64()
+            .and_then(|n| i32::try_from(n).ok())
+    }
+
+    /// Drops an object from the cache and the store (its environment is gone).
+    pub fn forget(&self, key: &ObjectKey) {
+        self.cache.lock().expect("cache lock").remove(key);
+        self.store.forget(key);
+    }
+
+    /// Forgets every cached object in `namespace`.
+    pub fn forget_namespace(&self, namespace: &str) {
+        let keys: Vec<ObjectKey> = self
+            .cache
+            .lock()
+            .expect("cache lock")
+            .keys()
+            .filter(|k| k.namespace == namespace || k.name == namespace && k.namespace.is_empty())
+            .cloned()
+            .collect();
+        for key in keys {
+            self.forget(&key);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn refused(code: u16, message: &str) -> bool {
+        let status: kube::core::Status =
+            serde_json::from_value(serde_json::json!({"code": code, "message": message})).unwrap();
+        ApplyError::of(
+            &serde_json::json!({"kind": "Deployment", "metadata": {"name": "web"}}),
+            kube::Error::Api(Box::new(status)),
+        )
+        .is_refused()
+    }
+
+    #[test]
+    fn refusals_are_told_apart_from_outages() {
+        assert!(refused(
+            422,
+            "Deployment.apps \"web\" is invalid: spec.selector: Required value"
+        ));
+        assert!(refused(
+            403,
+            "deployments.apps is forbidden: User cannot patch"
+        ));
+        assert!(refused(
+            500,
+            "failed to create typed patch object: .spec.ports: element 0"
+        ));
+        assert!(!refused(500, "etcdserver: request timed out"));
+        assert!(!refused(
+            503,
+            "the server is currently unable to handle the request"
+        ));
+        assert!(!refused(409, "the object has been modified"));
+        assert!(!refused(429, "too many requests"));
+        assert!(!refused(
+            403,
+            "unable to create new content in namespace preview-x because it is being terminated"
+        ));
+    }
+}

@@ -1,0 +1,82 @@
+//! The cluster layer's metrics: what previewd sends to the Kubernetes API. Every write request,
+//! whichever layer makes it, is counted here, so that "previewd wrote nothing" can be checked
+//! from one counter.
+
+use prometheus::core::Collector;
+use prometheus::{IntCounterVec, Opts, Registry};
+
+/// The write operations counted under `previewd_write_requests_total{operation}`.
+pub const WRITE_OPERATIONS: [&str; 9] = [
+    "apply",
+    "delete",
+    "status",
+    "finalizer",
+    "event",
+    "intake_apply",
+    "intake_delete",
+    "intake_wake",
+    "sleep",
+];
+
+#[derive(Clone)]
+pub struct ClusterMetrics {
+    /// Server-side applies sent, and skipped because nothing changed.
+    pub applies: IntCounterVec,
+    /// Every write request previewd sends to the API server, by operation.
+    pub writes: IntCounterVec,
+}
+
+impl Default for ClusterMetrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl ClusterMetrics {
+    pub fn new() -> Self {
+        Self {
+            applies: IntCounterVec::new(
+                Opts::new(
+                    "previewd_apply_requests_total",
+                    "Server-side applies, sent or skipped by the apply cache",
+                ),
+                &["outcome"],
+            )
+            .expect("valid metric"),
+            writes: IntCounterVec::new(
+                Opts::new(
+                    "previewd_write_requests_total",
+                    "Write requests sent to the Kubernetes API",
+                ),
+                &["operation"],
+            )
+            .expect("valid metric"),
+        }
+    }
+
+    pub fn collectors(&self) -> Vec<Box<dyn Collector>> {
+        vec![
+            Box::new(self.applies.clone()),
+            Box::new(self.writes.clone()),
+        ]
+    }
+
+    pub fn register(&self, registry: &Registry) -> prometheus::Result<()> {
+        self.collectors()
+            .into_iter()
+            .try_for_each(|c| registry.register(c))
+    }
+
+    /// Counts one write request of `operation` (one of [`WRITE_OPERATIONS`]).
+    pub fn write(&self, operation: &'static str) {
+        self.writes.with_label_values(&[operation]).inc();
+    }
+
+    /// All write requests so far.
+    pub fn total_writes(&self) -> u64 {
+        WRITE_OPERATIONS
+            .iter()
+            .map(|op| self.writes.with_label_values(&[op]).get())
+            .sum()
+    }
+}

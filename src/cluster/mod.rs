@@ -1,0 +1,20 @@
+//! The cluster layer: everything that talks to the Kubernetes API on previewd's behalf, below
+//! both the webhook side and the reconciler.
+//!
+//! * [`applier`]: server-side apply with the per-object skip cache;
+//! * [`observed`]: one watch per resource kind, keeping only hashes and health;
+//! * [`health`]: the health of one object (pure);
+//! * [`caches`]: the template and environment caches the webhook side and the reconciler read;
+//! * [`records`]: creating, waking and deleting `PreviewEnvironment`s (with a reason);
+//! * [`secrets`]: reading the Secrets templates name, cached briefly;
+//! * [`client`]: building a client from a kubeconfig;
+//! * [`metrics`]: applies and write requests, counted whichever layer writes.
+
+pub mod applier;
+pub mod caches;
+pub mod client;
+pub mod health;
+pub mod metrics;
+pub mod observed;
+pub mod records;
+pub mod secrets;

@@ -1,0 +1,129 @@
+//! Environment records: the writes that create, wake and delete a `PreviewEnvironment`, made
+//! by the webhook intake, comment commands and the sweep alike (the reconciler only writes
+//! their status).
+//!
+//! Each write is ordered and explained: an apply never replaces a newer source with an older
+//! one (deliveries arrive out of order), and a deletion first writes its reason on the record
+//! so that the PR comment can say why the environment went.
+
+use kube::api::{Api, DeleteParams, Patch, PatchParams};
+use kube::{Client, ResourceExt};
+
+use crate::model::crd::PreviewEnvironment;
+use crate::model::metadata::{ANNOTATION_DELETION_REASON, FIELD_MANAGER_INTAKE};
+
+/// Wakes a sleeping environment (a new commit was pushed to it). Returns false if it is gone.
+pub async fn wake(client: &Client, namespace: &str, name: &str) -> Result<bool, kube::Error> {
+    let api: Api<PreviewEnvironment> = Api::namespaced(client.clone(), namespace);
+    let wake = serde_json::json!({"spec": {"sleep": false}});
+    let params = PatchParams {
+        field_manager: Some(FIELD_MANAGER_INTAKE.into()),
+        ..Default::default()
+    };
+    match api.patch(name, &params, &Patch::Merge(wake)).await {
+        Ok(_) => {
+            tracing::info!(environment = %name, %namespace, "a push wakes the environment");
+            Ok(true)
+        }
+        Err(kube::Error::Api(status)) if status.code == 404 => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+/// Per-environment turns for the intake's writes in this process, striped over a fixed set of
+/// locks: a new delivery and an old one for the same environment never interleave their
+/// read-compare-write.
+fn turn_for(namespace: &str, name: &str) -> &'static tokio::sync::Mutex<()> {
+    static TURNS: std::sync::LazyLock<Vec<tokio::sync::Mutex<()>>> =
+        std::sync::LazyLock::new(|| (0..64).map(|_| tokio::sync::Mutex::new(())).collect());
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    std::hash::Hash::hash(&(namespace, name), &mut hasher);
+    &TURNS[(std::hash::Hasher::finish(&hasher) % 64) as usize]
+}
+
+/// Server-side applies `wanted` unless the environment, read fresh, already holds a newer
+/// source. The write carries the resourceVersion that was read, so a concurrent write (another
+/// replica) makes it a 409 and the comparison is made again. Returns whether it wrote.
+pub async fn apply_in_order(
+    client: &Client,
+    wanted: &PreviewEnvironment,
+) -> Result<bool, kube::Error> {
+    let namespace = wanted.namespace().unwrap_or_default();
+    let name = wanted.name_any();
+    let api: Api<PreviewEnvironment> = Api::namespaced(client.clone(), &namespace);
+    let _turn = turn_for(&namespace, &name).lock().await;
+    let mut body = serde_json::to_value(wanted).map_err(kube::Error::SerdeError)?;
+    // `sleep: false` belongs to whoever puts an environment to sleep; the intake must not
+    // wake it by owning that field.
+    if let Some(spec) = body["spec"].as_object_mut() {
+        spec.remove("sleep");
+    }
+    const ATTEMPTS: usize = 5;
+    for attempt in 1..=ATTEMPTS {
+        let current = api.get_opt(&name).await?;
+        match &current {
+            Some(current) if wanted.spec.source.is_older_than(&current.spec.source) => {
+                tracing::info!(
+                    environment = %name,
+                    delivered = %wanted.spec.source.head_sha,
+                    current = %current.spec.source.head_sha,
+                    "a delivery older than the environment's last change: not applied"
+                );
+                return Ok(false);
+            }
+            Some(current) => {
+                body["metadata"]["resourceVersion"] =
+                    serde_json::Value::from(current.resource_version().unwrap_or_default());
+            }
+            None => {
+                if let Some(metadata) = body["metadata"].as_object_mut() {
+                    metadata.remove("resourceVersion");
+                }
+            }
+        }
+        match api
+            .patch(
+                &name,
+                &PatchParams::apply(FIELD_MANAGER_INTAKE).force(),
+                &Patch::Apply(&body),
+            )
+            .await
+        {
+            Ok(_) => return Ok(true),
+            Err(kube::Error::Api(status)) if status.code == 409 && attempt < ATTEMPTS => continue,
+            Err(e) => return Err(e),
+        }
+    }
+    // The loop's last attempt returns whatever happens; this line is for the compiler.
+    Ok(false)
+}
+
+/// Deletes an environment after writing why on it (annotation
+/// [`ANNOTATION_DELETION_REASON`]), so the PR comment can say it. Returns false if it was
+/// already gone.
+pub async fn delete_with_reason(
+    client: &Client,
+    namespace: &str,
+    name: &str,
+    reason: &str,
+) -> Result<bool, kube::Error> {
+    let api: Api<PreviewEnvironment> = Api::namespaced(client.clone(), namespace);
+    let why =
+        serde_json::json!({"metadata": {"annotations": {ANNOTATION_DELETION_REASON: reason}}});
+    match api
+        .patch(name, &PatchParams::default(), &Patch::Merge(why))
+        .await
+    {
+        Ok(_) => {}
+        Err(kube::Error::Api(status)) if status.code == 404 => return Ok(false),
+        Err(e) => return Err(e),
+    }
+    match api.delete(name, &DeleteParams::default()).await {
+        Ok(_) => {
+            tracing::info!(environment = %name, %namespace, reason, "deleting environment");
+            Ok(true)
+        }
+        Err(kube::Error::Api(status)) if status.code == 404 => Ok(false),
+        Err(e) => Err(e),
+    }
+}

@@ -1,0 +1,52 @@
+//! The forge layer's metrics: API calls by forge, operation and outcome, and the rate-limit
+//! budget the forge reports.
+
+use prometheus::core::Collector;
+use prometheus::{IntCounterVec, IntGaugeVec, Opts, Registry};
+
+#[derive(Clone)]
+pub struct ForgeMetrics {
+    /// Forge API calls by forge, operation and outcome (`ok`, `error`, `rate_limited`, …).
+    pub requests: IntCounterVec,
+    /// The forge's remaining request budget, from its rate-limit headers.
+    pub rate_limit_remaining: IntGaugeVec,
+}
+
+impl Default for ForgeMetrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl ForgeMetrics {
+    pub fn new() -> Self {
+        Self {
+            requests: IntCounterVec::new(
+                Opts::new("previewd_forge_requests_total", "Forge API requests"),
+                &["forge", "operation", "outcome"],
+            )
+            .expect("valid metric"),
+            rate_limit_remaining: IntGaugeVec::new(
+                Opts::new(
+                    "previewd_forge_rate_limit_remaining",
+                    "Requests left in the forge's rate-limit window, as its last answer said",
+                ),
+                &["forge"],
+            )
+            .expect("valid metric"),
+        }
+    }
+
+    pub fn collectors(&self) -> Vec<Box<dyn Collector>> {
+        vec![
+            Box::new(self.requests.clone()),
+            Box::new(self.rate_limit_remaining.clone()),
+        ]
+    }
+
+    pub fn register(&self, registry: &Registry) -> prometheus::Result<()> {
+        self.collectors()
+            .into_iter()
+            .try_for_each(|c| registry.register(c))
+    }
+}

@@ -1,0 +1,51 @@
+//! The sweep's metrics: what it removed (by reason) and what it put to sleep.
+
+use prometheus::core::Collector;
+use prometheus::{IntCounter, IntCounterVec, Opts, Registry};
+
+#[derive(Clone)]
+pub struct SweepMetrics {
+    /// Environments and namespaces removed by the sweep, by reason.
+    pub deletions: IntCounterVec,
+    /// Idle environments the sweep put to sleep.
+    pub sleeps: IntCounter,
+}
+
+impl Default for SweepMetrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl SweepMetrics {
+    pub fn new() -> Self {
+        Self {
+            deletions: IntCounterVec::new(
+                Opts::new(
+                    "previewd_gc_deletions_total",
+                    "Removals by the sweep, by reason",
+                ),
+                &["reason"],
+            )
+            .expect("valid metric"),
+            sleeps: IntCounter::new(
+                "previewd_gc_sleeps_total",
+                "Idle environments put to sleep by the sweep",
+            )
+            .expect("valid metric"),
+        }
+    }
+
+    pub fn collectors(&self) -> Vec<Box<dyn Collector>> {
+        vec![
+            Box::new(self.deletions.clone()),
+            Box::new(self.sleeps.clone()),
+        ]
+    }
+
+    pub fn register(&self, registry: &Registry) -> prometheus::Result<()> {
+        self.collectors()
+            .into_iter()
+            .try_for_each(|c| registry.register(c))
+    }
+}

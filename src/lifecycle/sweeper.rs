@@ -1,0 +1,248 @@
+//! The sweep: on start-up and then every `--sweep-interval` (default 10 min), removes what
+//! should no longer exist, by the pure rules of [`crate::lifecycle::rules`]:
+//!
+//! 1. facts from the forge: one list of open PRs/MRs and one list of branches per repository
+//!    and page (GitHub with ETags, so an unchanged list costs no rate limit), never one call
+//!    per environment. A repository whose forge cannot be asked gets no facts: none of its
+//!    environments is removed for a forge reason in that sweep;
+//! 2. every environment judged: PR closed, branch gone, idle, too old, template gone;
+//! 3. namespaces carrying previewd's labels whose environment is gone.
+//!
+//! Every removal is logged, counted in `previewd_gc_deletions_total{reason}` and its reason
+//! written on the environment (annotation), so the PR comment says why.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use k8s_openapi::api::core::v1::Namespace;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
+use kube::{Client, ResourceExt};
+
+use crate::cluster::caches::Caches;
+use crate::cluster::metrics::ClusterMetrics;
+use crate::cluster::records::delete_with_reason;
+use crate::forge::report::Reporter;
+use crate::lifecycle::metrics::SweepMetrics;
+use crate::lifecycle::rules::{self, ForgeFacts, LabelledNamespace, Reason, Verdict};
+use crate::model::crd::{ForgeKind, PreviewEnvironment, PreviewTemplate};
+use crate::model::metadata::{FIELD_MANAGER_SWEEP, LABEL_MANAGED_BY};
+
+/// What one sweep did.
+#[derive(Clone, Debug, Default)]
+pub struct SweepReport {
+    /// (namespace/name, reason) of each environment deleted.
+    pub deleted: Vec<(String, Reason)>,
+    /// Namespaces deleted as orphans.
+    pub orphans: Vec<String>,
+    /// Repositories whose forge could not be asked (nothing removed for forge reasons).
+    pub forge_unavailable: Vec<String>,
+    /// Environments put to sleep (idle, and the template's `idleAction` is `Sleep`).
+    pub slept: Vec<String>,
+}
+
+pub struct Sweeper {
+    pub client: Client,
+    /// Templates and environments, as the controller's watches see them.
+    pub caches: Caches,
+    pub metrics: SweepMetrics,
+    /// Counts the sweep's writes with everyone else's.
+    pub writes: ClusterMetrics,
+    /// The one namespace previewd watches (`--watch-namespace`), if any.
+    pub watch_namespace: Option<String>,
+}
+
+impl Sweeper {
+    /// Sweeps on start-up and then every `interval`, until the future is dropped.
+    pub async fn run(self, reporter: &Reporter, interval: Duration) {
+        self.caches.wait_until_ready().await;
+        let mut ticker = tokio::time::interval(interval);
+        loop {
+            ticker.tick().await;
+            match self.sweep(reporter, Utc::now()).await {
+                Ok(report) => tracing::info!(
+                    deleted = report.deleted.len(),
+                    slept = report.slept.len(),
+                    orphans = report.orphans.len(),
+                    forge_unavailable = ?report.forge_unavailable,
+                    "sweep done"
+                ),
+                Err(e) => tracing::warn!(error = %e, "sweep failed; next one in {interval:?}"),
+            }
+        }
+    }
+
+    /// One sweep at time `now` (injected, so tests need not wait for hours to pass).
+    pub async fn sweep(
+        &self,
+        reporter: &Reporter,
+        now: DateTime<Utc>,
+    ) -> Result<SweepReport, kube::Error> {
+        let mut report = SweepReport::default();
+        let templates = self.caches.templates.state();
+        let environments = self.caches.environments.state();
+
+        // 1. Forge facts, once per repository.
+        let mut facts: HashMap<(ForgeKind, String), Option<ForgeFacts>> = HashMap::new();
+        for template in &templates {
+            let key = (
+                template.spec.forge.kind,
+                template.spec.forge.repository.to_lowercase(),
+            );
+            if facts.contains_key(&key) {
+                continue;
+            }
+            let gathered = forge_facts(reporter, template).await;
+            if gathered.is_none() {
+                report
+                    .forge_unavailable
+                    .push(template.spec.forge.repository.clone());
+            }
+            facts.insert(key, gathered);
+        }
+
+        // 2. Environments.
+        for environment in &environments {
+            let namespace = environment.namespace().unwrap_or_default();
+            let template = self.caches.template(&namespace, &environment.spec.template);
+            let repository_facts = template.as_ref().and_then(|t| {
+                facts
+                    .get(&(t.spec.forge.kind, t.spec.forge.repository.to_lowercase()))
+                    .cloned()
+                    .flatten()
+            });
+            match rules::judge(
+                environment,
+                template.as_deref(),
+                repository_facts.as_ref(),
+                now,
+            ) {
+                Verdict::Keep => {}
+                Verdict::Sleep => {
+                    self.put_to_sleep(environment).await?;
+                    report
+                        .slept
+                        .push(format!("{namespace}/{}", environment.name_any()));
+                }
+                Verdict::Delete(reason) => {
+                    self.delete_environment(environment, reason).await?;
+                    report
+                        .deleted
+                        .push((format!("{namespace}/{}", environment.name_any()), reason));
+                }
+            }
+        }
+
+        // 3. Orphaned namespaces.
+        let namespaces: Api<Namespace> = Api::all(self.client.clone());
+        let labelled: Vec<LabelledNamespace> = namespaces
+            .list(&ListParams::default().labels(&format!("{LABEL_MANAGED_BY}=previewd")))
+            .await?
+            .items
+            .into_iter()
+            .map(|ns| LabelledNamespace {
+                name: ns.name_any(),
+                labels: ns.labels().clone(),
+                created: ns
+                    .metadata
+                    .creation_timestamp
+                    .as_ref()
+                    .and_then(|t| DateTime::<Utc>::from_timestamp(t.0.as_second(), 0)),
+                terminating: ns.metadata.deletion_timestamp.is_some(),
+            })
+            .collect();
+        let live: Vec<&PreviewEnvironment> = environments.iter().map(|e| e.as_ref()).collect();
+        for orphan in
+            rules::orphaned_namespaces(&labelled, &live, self.watch_namespace.as_deref(), now)
+        {
+            tracing::info!(namespace = %orphan, reason = Reason::OrphanedNamespace.label(), "deleting orphaned namespace");
+            self.writes.write("delete");
+            match namespaces.delete(&orphan, &DeleteParams::default()).await {
+                Ok(_) => {}
+                Err(kube::Error::Api(status)) if status.code == 404 => continue,
+                Err(e) => return Err(e),
+            }
+            self.metrics
+                .deletions
+                .with_label_values(&[Reason::OrphanedNamespace.label()])
+                .inc();
+            report.orphans.push(orphan);
+        }
+        Ok(report)
+    }
+
+    async fn delete_environment(
+        &self,
+        environment: &PreviewEnvironment,
+        reason: Reason,
+    ) -> Result<(), kube::Error> {
+        let namespace = environment.namespace().unwrap_or_default();
+        tracing::info!(environment = %environment.name_any(), %namespace, reason = reason.label(), "sweep deletes environment: {}", reason.sentence());
+        self.writes.write("delete");
+        let deleted = delete_with_reason(
+            &self.client,
+            &namespace,
+            &environment.name_any(),
+            reason.sentence(),
+        )
+        .await?;
+        if deleted {
+            self.metrics
+                .deletions
+                .with_label_values(&[reason.label()])
+                .inc();
+        }
+        Ok(())
+    }
+
+    /// Puts an idle environment to sleep (the template's `idleAction: Sleep`); the controller
+    /// scales it to zero.
+    async fn put_to_sleep(&self, environment: &PreviewEnvironment) -> Result<(), kube::Error> {
+        let namespace = environment.namespace().unwrap_or_default();
+        let api: Api<PreviewEnvironment> = Api::namespaced(self.client.clone(), &namespace);
+        tracing::info!(environment = %environment.name_any(), %namespace, "sweep puts idle environment to sleep");
+        self.writes.write("sleep");
+        let params = PatchParams {
+            field_manager: Some(FIELD_MANAGER_SWEEP.into()),
+            ..Default::default()
+        };
+        let sleep = serde_json::json!({"spec": {"sleep": true}});
+        match api
+            .patch(&environment.name_any(), &params, &Patch::Merge(sleep))
+            .await
+        {
+            Ok(_) => {
+                self.metrics.sleeps.inc();
+                Ok(())
+            }
+            Err(kube::Error::Api(status)) if status.code == 404 => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+}
+
+/// Open PRs and branches of the template's repository; `None` if the forge could not be
+/// asked (no token, outage, rate limit): then no forge rule applies.
+async fn forge_facts(reporter: &Reporter, template: &PreviewTemplate) -> Option<ForgeFacts> {
+    let repository = &template.spec.forge.repository;
+    let client = match reporter.client(template).await {
+        Ok(Some(client)) => client,
+        Ok(None) => return None,
+        Err(e) => {
+            tracing::warn!(%repository, error = %e, "sweep: no forge client; nothing removed for forge reasons");
+            return None;
+        }
+    };
+    let open = client.open_pull_requests(repository).await;
+    let branches = client.branches(repository).await;
+    match (open, branches) {
+        (Ok(open_pull_requests), Ok(branches)) => Some(ForgeFacts {
+            open_pull_requests,
+            branches,
+        }),
+        (Err(e), _) | (_, Err(e)) => {
+            tracing::warn!(%repository, error = %e, "sweep: the forge could not be asked; nothing removed for forge reasons");
+            None
+        }
+    }
+}

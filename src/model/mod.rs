@@ -1,0 +1,8 @@
+//! The model: previewd's custom resources and the pure vocabulary around them (names, durations,
+//! labels and annotations). Every other layer builds on it; it imports none of them and does no
+//! I/O.
+
+pub mod crd;
+pub mod durations;
+pub mod metadata;
+pub mod naming;

@@ -1,0 +1,36 @@
+//! Settings of the reconciler, from `runtime::config` (flags) or a test.
+
+use std::time::Duration;
+
+/// The default of `--max-objects-per-environment`: the 35-object Online Boutique fits 14 times.
+pub const DEFAULT_MAX_OBJECTS: usize = 500;
+
+#[derive(Clone, Debug)]
+pub struct ControllerConfig {
+    /// Watch only this namespace's templates and environments (all namespaces if `None`).
+    pub namespace: Option<String>,
+    /// Server-side applies in flight at once within a wave.
+    pub apply_concurrency: usize,
+    /// How often every environment is reconciled again with nothing having triggered it. The
+    /// reconcile compares with the watch and sends nothing unless something drifted.
+    pub resync_interval: Duration,
+    /// How often each environment is re-applied in full regardless of the apply cache; `None`
+    /// (the default) never does. The watch already shows drift in every field previewd sets,
+    /// so a blind re-apply only costs writes for environments that did not change.
+    pub reapply_interval: Option<Duration>,
+    /// A template that renders more objects than this is refused (a runaway loop in a
+    /// template, or a hostile one, must not flood the API server).
+    pub max_objects: usize,
+}
+
+impl Default for ControllerConfig {
+    fn default() -> Self {
+        Self {
+            namespace: None,
+            apply_concurrency: 16,
+            resync_interval: Duration::from_secs(600),
+            reapply_interval: None,
+            max_objects: DEFAULT_MAX_OBJECTS,
+        }
+    }
+}

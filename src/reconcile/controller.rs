@@ -1,0 +1,213 @@
+//! The controller: the watches that trigger reconciles, and what wraps each one (a span, the
+//! finalizer that splits live environments from deleted ones, timing, backoff on errors).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use kube::runtime::controller::{Action, Controller};
+use kube::runtime::events::{Recorder, Reporter as EventReporter};
+use kube::runtime::finalizer::{Event as FinalizerEvent, finalizer};
+use kube::runtime::reflector::ObjectRef;
+use kube::runtime::{WatchStreamExt, reflector, watcher};
+use kube::{Api, Client, Resource, ResourceExt};
+use tracing::Instrument;
+
+use super::ControllerMetrics;
+use super::cleanup::cleanup;
+use super::config::ControllerConfig;
+use super::context::{Context, Memory};
+use super::error::ReconcileError;
+use super::pipeline::reconcile_environment;
+use crate::cluster::applier::Applier;
+use crate::cluster::caches::{Caches, Readiness};
+use crate::cluster::observed::ObservedStore;
+use crate::cluster::secrets::SecretReader;
+use crate::forge::report::Reporter;
+use crate::forge::repository::RepositoryManifests;
+use crate::model::crd::{PreviewEnvironment, PreviewTemplate};
+use crate::model::metadata::FINALIZER;
+
+/// Runs the controller until the stream ends (it does not on its own). Sends the context to
+/// `context_out` once built, so callers (tests, the sweep) can share its caches and reporter.
+pub async fn run(
+    client: Client,
+    config: ControllerConfig,
+    metrics: ControllerMetrics,
+    context_out: Option<tokio::sync::oneshot::Sender<Arc<Context>>>,
+) {
+    let (environments, templates): (Api<PreviewEnvironment>, Api<PreviewTemplate>) =
+        match &config.namespace {
+            Some(ns) => (
+                Api::namespaced(client.clone(), ns),
+                Api::namespaced(client.clone(), ns),
+            ),
+            None => (Api::all(client.clone()), Api::all(client.clone())),
+        };
+    let (trigger_tx, trigger_rx) = tokio::sync::mpsc::unbounded_channel();
+    let store = ObservedStore::new(client.clone(), trigger_tx.clone());
+    // Readiness comes from the watch streams themselves (their InitDone events), after the
+    // reflector has stored what the event says, so nobody is told before the store holds it.
+    let (ready_tx, ready) = tokio::sync::watch::channel(false);
+    let readiness = Arc::new(Readiness::<2>::new(ready_tx));
+    let (template_store, template_writer) = reflector::store();
+    let templates_ready = readiness.clone();
+    let template_stream = reflector(template_writer, watcher(templates, Default::default()))
+        .inspect(move |event| templates_ready.observe(0, event))
+        .default_backoff()
+        .touched_objects();
+    let (environment_store, environment_writer) = reflector::store();
+    let environment_stream = reflector(
+        environment_writer,
+        watcher(environments, Default::default()),
+    )
+    .inspect(move |event| readiness.observe(1, event))
+    .default_backoff()
+    .touched_objects();
+    let controller = Controller::for_stream(environment_stream, environment_store.clone());
+    let caches = Caches {
+        templates: template_store,
+        environments: environment_store.clone(),
+        ready,
+    };
+    let context = Arc::new(Context {
+        applier: Applier::new(
+            client.clone(),
+            store,
+            metrics.cluster.clone(),
+            config.apply_concurrency,
+        ),
+        recorder: Recorder::new(
+            client.clone(),
+            EventReporter {
+                controller: "previewd".into(),
+                instance: None,
+            },
+        ),
+        reporter: Arc::new(Reporter::new(
+            metrics.forge,
+            Arc::new(SecretReader::new(client.clone())),
+        )),
+        client,
+        config,
+        metrics: metrics.reconcile,
+        writes: metrics.cluster,
+        caches,
+        repository_manifests: RepositoryManifests::default(),
+        reconcile_trigger: trigger_tx,
+        memory: Memory::default(),
+    });
+    if let Some(out) = context_out {
+        let _ = out.send(context.clone());
+    }
+    controller
+        // A template change re-renders every environment made from it.
+        .watches_stream(template_stream, move |template: PreviewTemplate| {
+            let name = template.name_any();
+            let namespace = template.namespace();
+            environment_store
+                .state()
+                .into_iter()
+                .filter(|env| env.spec.template == name && env.namespace() == namespace)
+                .map(|env| ObjectRef::from_obj(&*env))
+                .collect::<Vec<_>>()
+        })
+        // Objects of an environment changed (health or drift): reconcile it.
+        .reconcile_on(stream_from(trigger_rx))
+        .run(reconcile, error_policy, context)
+        .for_each(|result| async move {
+            if let Err(e) = result {
+                tracing::debug!(error = %e, "reconcile failed");
+            }
+        })
+        .await;
+}
+
+fn stream_from<T: Send + 'static>(
+    mut rx: tokio::sync::mpsc::UnboundedReceiver<T>,
+) -> impl futures::Stream<Item = T> + Send {
+    futures::stream::poll_fn(move |cx| rx.poll_recv(cx))
+}
+
+/// One span per reconcile, so every line it logs (and kube's own) says which environment,
+/// template and repository it is about.
+async fn reconcile(
+    environment: Arc<PreviewEnvironment>,
+    context: Arc<Context>,
+) -> Result<Action, ReconcileError> {
+    let span = tracing::info_span!(
+        "reconcile",
+        environment = %format!("{}/{}", environment.namespace().unwrap_or_default(), environment.name_any()),
+        template = %environment.spec.template,
+        repository = %environment.spec.source.repository,
+        head_sha = %environment.spec.source.head_sha,
+    );
+    reconcile_in_span(environment, context)
+        .instrument(span)
+        .await
+}
+
+async fn reconcile_in_span(
+    environment: Arc<PreviewEnvironment>,
+    context: Arc<Context>,
+) -> Result<Action, ReconcileError> {
+    // The environment watch can list before the template watch has: reconciling then would
+    // call the template missing and mark a healthy environment Degraded (seen when a new
+    // leader starts with environments already in place).
+    context.wait_for_caches().await;
+    let started = Instant::now();
+    let key = ObjectRef::from_obj(&*environment);
+    let api: Api<PreviewEnvironment> = Api::namespaced(
+        context.client.clone(),
+        &environment.namespace().unwrap_or_default(),
+    );
+    let has_finalizer = environment.finalizers().iter().any(|f| f == FINALIZER);
+    if !has_finalizer && environment.meta().deletion_timestamp.is_none() {
+        context.writes.write("finalizer");
+    }
+    let result = finalizer(&api, FINALIZER, environment, |event| async {
+        match event {
+            FinalizerEvent::Apply(environment) => {
+                reconcile_environment(&environment, &context).await
+            }
+            FinalizerEvent::Cleanup(environment) => cleanup(&environment, &context).await,
+        }
+    })
+    .await
+    .map_err(|e| match e {
+        kube::runtime::finalizer::Error::ApplyFailed(e)
+        | kube::runtime::finalizer::Error::CleanupFailed(e) => e,
+        other => ReconcileError::Finalizer(Box::new(other)),
+    });
+    if result.is_ok() {
+        // Backoff restarts only when a whole reconcile, forge report included, succeeded.
+        context.memory.failures.lock().remove(&key);
+    }
+    let outcome = if result.is_ok() { "ok" } else { "error" };
+    context
+        .metrics
+        .reconcile_duration
+        .with_label_values(&[outcome])
+        .observe(started.elapsed().as_secs_f64());
+    result
+}
+
+fn error_policy(
+    environment: Arc<PreviewEnvironment>,
+    error: &ReconcileError,
+    context: Arc<Context>,
+) -> Action {
+    context
+        .metrics
+        .reconcile_errors
+        .with_label_values(&[error.metric_label()])
+        .inc();
+    if let ReconcileError::NamespaceTerminating(_) = error {
+        return Action::requeue(Duration::from_secs(1));
+    }
+    let (attempt, delay) = context
+        .memory
+        .backoff_after_failure(&ObjectRef::from_obj(&*environment));
+    tracing::warn!(environment = %environment.name_any(), attempt, error = %error, "reconcile failed; retrying in {delay:?}");
+    Action::requeue(delay)
+}

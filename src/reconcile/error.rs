@@ -1,0 +1,86 @@
+//! How a reconcile can end other than in success.
+//!
+//! Two kinds, kept apart on purpose:
+//! * a [`Refusal`]: the template or the environment asks for something that cannot or may not
+//!   be done (template missing, manifests unreadable, a render error, too many objects, a guard
+//!   rule, an object the API server refuses). It is written on the environment as a `Degraded`
+//!   status that says what and where, and nothing of that render is applied;
+//! * a [`ReconcileError`]: something on the way failed (the API server, the forge). It is
+//!   retried with backoff and counted under its [`ReconcileError::metric_label`].
+
+use crate::cluster::applier::ApplyError;
+use crate::forge::report::ReportError;
+
+/// Errors of one reconcile, each from its own step.
+#[derive(Debug, thiserror::Error)]
+pub enum ReconcileError {
+    #[error("applying: {0}")]
+    Apply(#[source] ApplyError),
+    #[error("pruning: {0}")]
+    Prune(#[source] kube::Error),
+    #[error("writing status: {0}")]
+    Status(#[source] kube::Error),
+    #[error("deleting the namespace: {0}")]
+    Cleanup(#[source] kube::Error),
+    #[error("namespace {0} is still terminating")]
+    NamespaceTerminating(String),
+    #[error("finalizer: {0}")]
+    Finalizer(#[source] Box<kube::runtime::finalizer::Error<ReconcileError>>),
+    /// The status was written; only the report to the forge failed (retried with backoff).
+    #[error("reporting to the forge: {0}")]
+    Forge(#[source] ReportError),
+}
+
+impl ReconcileError {
+    /// A static category for the `previewd_reconcile_errors_total` label.
+    pub fn metric_label(&self) -> &'static str {
+        match self {
+            ReconcileError::Apply(_) => "apply",
+            ReconcileError::Prune(_) => "prune",
+            ReconcileError::Status(_) => "status",
+            ReconcileError::Cleanup(_) | ReconcileError::NamespaceTerminating(_) => "cleanup",
+            ReconcileError::Finalizer(_) => "finalizer",
+            ReconcileError::Forge(_) => "forge",
+        }
+    }
+}
+
+/// Why an environment cannot be deployed as asked: the reason (a `Ready=False` condition
+/// reason, CamelCase) and a message that names the object, file or rule.
+#[derive(Debug)]
+pub struct Refusal {
+    pub reason: &'static str,
+    pub message: String,
+    /// Set when the refusal also fails the reconcile, so that it is retried with backoff (the
+    /// API server refused an object: a template edit or a cluster change may fix it).
+    pub retry: Option<Box<ReconcileError>>,
+}
+
+impl Refusal {
+    pub fn new(reason: &'static str, message: impl Into<String>) -> Self {
+        Self {
+            reason,
+            message: message.into(),
+            retry: None,
+        }
+    }
+}
+
+/// What stops a reconcile's pipeline early: a refusal to write down, or an error to retry.
+#[derive(Debug)]
+pub enum Stop {
+    Refused(Refusal),
+    Failed(ReconcileError),
+}
+
+impl From<Refusal> for Stop {
+    fn from(refusal: Refusal) -> Self {
+        Stop::Refused(refusal)
+    }
+}
+
+impl From<ReconcileError> for Stop {
+    fn from(error: ReconcileError) -> Self {
+        Stop::Failed(error)
+    }
+}

@@ -1,0 +1,104 @@
+//! The hold step: whether an environment may deploy now. A fork pull request waits for its
+//! approval (or is never deployed, by the template's fork policy); beyond the template's cap of
+//! concurrent environments it queues, oldest first. Also hands a freed slot to the next in
+//! line.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use kube::ResourceExt;
+use kube::runtime::reflector::ObjectRef;
+
+use super::context::Context;
+use super::queue::{self, Admission};
+use super::status::held_status;
+use crate::model::crd::{
+    ForkPolicy, Phase, PreviewEnvironment, PreviewEnvironmentStatus, PreviewTemplate,
+};
+
+/// An environment that may not deploy now: the status to write, and when to look again.
+pub struct Hold {
+    pub status: PreviewEnvironmentStatus,
+    pub requeue: Duration,
+}
+
+/// Why `environment` may not deploy now, if it may not.
+pub fn hold(
+    environment: &PreviewEnvironment,
+    template: &PreviewTemplate,
+    context: &Context,
+    now: DateTime<Utc>,
+) -> Option<Hold> {
+    let resync = context.config.resync_interval;
+    if queue::awaits_approval(environment, template) {
+        return Some(Hold {
+            status: awaiting_approval(environment, template, now),
+            requeue: resync,
+        });
+    }
+    if environment.spec.sleep {
+        return None;
+    }
+    let peers: Vec<Arc<PreviewEnvironment>> = peers_of(environment, context).collect();
+    let peers: Vec<&PreviewEnvironment> = peers.iter().map(|p| p.as_ref()).collect();
+    match queue::admission(environment, &peers, template) {
+        Admission::Run => None,
+        Admission::Queued { position, cap } => {
+            let message = format!(
+                "The template runs at most {cap} environments at once; this one starts when one of them is removed or goes to sleep."
+            );
+            let mut status = held_status(environment, Phase::Queued, "Queued", &message, None, now);
+            status.queue_position = Some(position);
+            // The slot is normally handed over at once (see `start_queued`); this is the net.
+            let requeue = Duration::from_secs(30).min(resync);
+            Some(Hold { status, requeue })
+        }
+    }
+}
+
+fn awaiting_approval(
+    environment: &PreviewEnvironment,
+    template: &PreviewTemplate,
+    now: DateTime<Utc>,
+) -> PreviewEnvironmentStatus {
+    let short_sha: String = environment.spec.source.head_sha.chars().take(7).collect();
+    let (reason, message) = match template.spec.triggers.fork_policy {
+        ForkPolicy::RequireApproval => (
+            "AwaitingApproval",
+            format!(
+                "This pull request comes from a fork: a maintainer must comment `/preview approve` to deploy commit `{short_sha}`."
+            ),
+        ),
+        _ => (
+            "ForkNotAllowed",
+            "This pull request comes from a fork, and the template does not deploy forks (triggers.forkPolicy)."
+                .to_string(),
+        ),
+    };
+    held_status(environment, Phase::Pending, reason, &message, None, now)
+}
+
+/// The other environments of the same template, from the cache (the environment included).
+fn peers_of<'a>(
+    environment: &'a PreviewEnvironment,
+    context: &Context,
+) -> impl Iterator<Item = Arc<PreviewEnvironment>> + 'a {
+    context.caches.environments.state().into_iter().filter(|e| {
+        e.spec.template == environment.spec.template && e.namespace() == environment.namespace()
+    })
+}
+
+/// A slot of `environment`'s template just freed up (it is being deleted, or fell asleep):
+/// reconcile the queued environments of that template now, so the first in line starts.
+pub fn start_queued(environment: &PreviewEnvironment, context: &Context) {
+    for peer in peers_of(environment, context) {
+        let queued = peer
+            .status
+            .as_ref()
+            .is_some_and(|s| s.phase == Phase::Queued);
+        if queued && peer.name_any() != environment.name_any() {
+            let _ = context.reconcile_trigger.send(ObjectRef::from_obj(&*peer));
+        }
+    }
+}

@@ -1,0 +1,162 @@
+//! The reconciler's metrics, and the observations one reconcile adds to them (recorded only
+//! once its status is written, so that a retried write does not count twice).
+
+use std::time::Instant;
+
+use prometheus::core::Collector;
+use prometheus::{
+    Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, Opts, Registry,
+};
+
+use super::context::Memory;
+use crate::model::crd::PreviewEnvironmentStatus;
+
+#[derive(Clone)]
+pub struct ReconcileMetrics {
+    pub reconcile_duration: HistogramVec,
+    pub reconcile_errors: IntCounterVec,
+    /// Seconds from a commit's request (the push) to its environment being Ready.
+    pub time_to_ready: Histogram,
+    /// Seconds a seed Job ran, from its first sight running to success.
+    pub seed_duration: Histogram,
+    /// Seed Jobs that failed.
+    pub seed_failures: IntCounter,
+}
+
+impl Default for ReconcileMetrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+fn histogram(name: &str, help: &str, buckets: &[f64]) -> Histogram {
+    Histogram::with_opts(HistogramOpts::new(name, help).buckets(buckets.to_vec()))
+        .expect("valid metric")
+}
+
+impl ReconcileMetrics {
+    pub fn new() -> Self {
+        Self {
+            reconcile_duration: HistogramVec::new(
+                HistogramOpts::new(
+                    "previewd_reconcile_duration_seconds",
+                    "Time spent in one reconcile",
+                )
+                .buckets(vec![
+                    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+                ]),
+                &["outcome"],
+            )
+            .expect("valid metric"),
+            reconcile_errors: IntCounterVec::new(
+                Opts::new(
+                    "previewd_reconcile_errors_total",
+                    "Reconcile errors by category",
+                ),
+                &["category"],
+            )
+            .expect("valid metric"),
+            time_to_ready: histogram(
+                "previewd_time_to_ready_seconds",
+                "Time from a commit's push to its environment being Ready",
+                &[
+                    1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0,
+                ],
+            ),
+            seed_duration: histogram(
+                "previewd_seed_duration_seconds",
+                "Time a seed Job ran until it succeeded",
+                &[
+                    0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0,
+                ],
+            ),
+            seed_failures: IntCounter::new("previewd_seed_failures_total", "Seed Jobs that failed")
+                .expect("valid metric"),
+        }
+    }
+
+    pub fn collectors(&self) -> Vec<Box<dyn Collector>> {
+        vec![
+            Box::new(self.reconcile_duration.clone()),
+            Box::new(self.reconcile_errors.clone()),
+            Box::new(self.time_to_ready.clone()),
+            Box::new(self.seed_duration.clone()),
+            Box::new(self.seed_failures.clone()),
+        ]
+    }
+
+    pub fn register(&self, registry: &Registry) -> prometheus::Result<()> {
+        self.collectors()
+            .into_iter()
+            .try_for_each(|c| registry.register(c))
+    }
+}
+
+/// What one reconcile's progress adds to the metrics.
+#[derive(Default)]
+pub struct Observations {
+    pub seconds_to_ready: Option<f64>,
+    pub seed_durations: Vec<f64>,
+    pub seed_failures: u64,
+}
+
+impl Observations {
+    /// Compares the status about to be written with the previous one: a commit that just
+    /// became Ready, seeds that just succeeded (timed from when previewd first saw them
+    /// running) or failed.
+    pub fn between(
+        previous: &PreviewEnvironmentStatus,
+        status: &PreviewEnvironmentStatus,
+        memory: &Memory,
+    ) -> Self {
+        let mut observations = Observations::default();
+        let was_ready = |sha: &str| {
+            previous
+                .timings
+                .as_ref()
+                .is_some_and(|t| t.sha == sha && t.ready_at.is_some())
+        };
+        if let Some(timings) = &status.timings
+            && timings.ready_at.is_some()
+            && !was_ready(&timings.sha)
+        {
+            observations.seconds_to_ready = timings.seconds_to_ready;
+        }
+        let namespace = status.namespace.clone().unwrap_or_default();
+        let mut started = memory.seed_started.lock();
+        for seed in &status.seeds {
+            let key = format!("{namespace}/{}", seed.job);
+            let before = previous
+                .seeds
+                .iter()
+                .find(|s| s.job == seed.job)
+                .map(|s| s.state.as_str());
+            match seed.state.as_str() {
+                "Running" => {
+                    started.entry(key).or_insert_with(Instant::now);
+                }
+                "Succeeded" if before != Some("Succeeded") => {
+                    if let Some(at) = started.remove(&key) {
+                        observations.seed_durations.push(at.elapsed().as_secs_f64());
+                    }
+                }
+                "Failed" if before != Some("Failed") => {
+                    started.remove(&key);
+                    observations.seed_failures += 1;
+                }
+                _ => {}
+            }
+        }
+        observations
+    }
+
+    pub fn record(&self, metrics: &ReconcileMetrics) {
+        if let Some(seconds) = self.seconds_to_ready {
+            metrics.time_to_ready.observe(seconds);
+        }
+        for seconds in &self.seed_durations {
+            metrics.seed_duration.observe(*seconds);
+        }
+        metrics.seed_failures.inc_by(self.seed_failures);
+    }
+}

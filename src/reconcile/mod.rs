@@ -1,0 +1,46 @@
+//! The reconciler: turns a `PreviewEnvironment` into a running, seeded namespace, and removes
+//! the namespace when the environment is deleted.
+//!
+//! [`pipeline`] reads top to bottom as the steps of one reconcile, one file per step with a
+//! body: [`resolve`] → [`hold`] → [`plan`] (pure) → [`waves`] (apply) → [`prune`] →
+//! [`status`] (pure) → [`write`]. [`cleanup`] is the finalizer's side. [`controller`] runs the
+//! watches and wraps each reconcile; [`context`] is what every step is given. Only the applier,
+//! the status writer, Events and the finalizer write to the API server, and none of them writes
+//! when nothing changed.
+
+pub mod cleanup;
+pub mod config;
+pub mod context;
+pub mod controller;
+pub mod error;
+pub mod hold;
+pub mod metrics;
+pub mod namespace;
+pub mod pipeline;
+pub mod plan;
+pub mod prune;
+pub mod queue;
+pub mod resolve;
+pub mod status;
+#[cfg(test)]
+mod test_support;
+pub mod waves;
+pub mod write;
+
+pub use config::{ControllerConfig, DEFAULT_MAX_OBJECTS};
+pub use context::Context;
+pub use controller::run;
+pub use error::ReconcileError;
+
+use crate::cluster::metrics::ClusterMetrics;
+use crate::forge::metrics::ForgeMetrics;
+use metrics::ReconcileMetrics;
+
+/// The metrics the controller writes to: its own, the cluster layer's (applies and writes),
+/// and the forge's (the reporter's calls).
+#[derive(Clone, Default)]
+pub struct ControllerMetrics {
+    pub reconcile: ReconcileMetrics,
+    pub cluster: ClusterMetrics,
+    pub forge: ForgeMetrics,
+}

@@ -1,0 +1,187 @@
+//! One reconcile of a live `PreviewEnvironment`, as a list of named steps:
+//!
+//! resolve the template → hold (fork approval, queue) → resolve the manifests → plan (render,
+//! object limit, guard, workloads; no client required) → apply the namespace, guard rails and
+//! waves → prune → status (no client required) → write (forge report, status, Events).
+//!
+//! A step that refuses returns a [`Refusal`]; [`refuse`] is the one place that writes it on the
+//! environment. Errors go back to the controller, which retries with backoff.
+
+use std::time::{Duration, Instant};
+
+use chrono::Utc;
+use kube::runtime::controller::Action;
+use kube::runtime::reflector::ObjectRef;
+
+use super::context::{Context, EnvironmentRef};
+use super::error::{ReconcileError, Refusal, Stop};
+use super::hold::{hold, start_queued};
+use super::metrics::Observations;
+use super::plan::{Plan, plan};
+use super::status::{
+    Placement, Progress, ReadyCondition, condition, progress_status, refused_status,
+};
+use super::write::write_status;
+use super::{prune, resolve, waves};
+use crate::cluster::observed::ObjectKey;
+use crate::model::crd::{Phase, PreviewEnvironment, PreviewEnvironmentStatus, PreviewTemplate};
+use crate::model::naming::environment_namespace;
+
+pub async fn reconcile_environment(
+    environment: &PreviewEnvironment,
+    context: &Context,
+) -> Result<Action, ReconcileError> {
+    let template = match resolve::template(environment, context) {
+        Ok(template) => template,
+        Err(refusal) => return refuse(environment, context, refusal, None).await,
+    };
+    if let Some(hold) = hold(environment, &template, context, Utc::now()) {
+        write_status(environment, context, hold.status).await?;
+        return Ok(Action::requeue(hold.requeue));
+    }
+    let namespace = environment_namespace(environment, &template.spec);
+    match deploy(environment, &template, &namespace, context).await {
+        Ok(action) => Ok(action),
+        Err(Stop::Refused(refusal)) => {
+            refuse(environment, context, refusal, Some(&namespace)).await
+        }
+        Err(Stop::Failed(error)) => Err(error),
+    }
+}
+
+/// The steps from the manifests to the written status.
+async fn deploy(
+    environment: &PreviewEnvironment,
+    template: &PreviewTemplate,
+    namespace: &str,
+    context: &Context,
+) -> Result<Action, Stop> {
+    let head_sha = &environment.spec.source.head_sha;
+    let manifests = resolve::manifests(template, head_sha, context).await?;
+    let plan = plan(
+        environment,
+        template,
+        &manifests,
+        namespace,
+        context.config.max_objects,
+        |object| context.applier.live_replicas(&ObjectKey::of(object)),
+    )?;
+    let key = ObjectRef::from_obj(environment);
+    let bypass_cache = reapply_due(context, &key);
+    let progress = waves::apply_plan(&plan, template, context, bypass_cache).await?;
+    prune::prune(environment, &plan.objects, context).await?;
+    if bypass_cache {
+        context
+            .memory
+            .last_full_apply
+            .lock()
+            .insert(key.clone(), Instant::now());
+    }
+    Ok(finish(environment, context, &key, plan, progress).await?)
+}
+
+/// Writes where the environment got to, records its metrics, and says when to look again.
+async fn finish(
+    environment: &PreviewEnvironment,
+    context: &Context,
+    key: &EnvironmentRef,
+    plan: Plan,
+    progress: Progress,
+) -> Result<Action, ReconcileError> {
+    let previous = environment.status.clone().unwrap_or_default();
+    let status = next_status(environment, context, key, &plan, progress);
+    let requeue = match status.phase {
+        Phase::Ready | Phase::Degraded | Phase::Sleeping => context.config.resync_interval,
+        // The watch store triggers us when objects change; this is only a safety net.
+        _ => Duration::from_secs(30).min(context.config.resync_interval),
+    };
+    let fell_asleep = status.phase == Phase::Sleeping && previous.phase != Phase::Sleeping;
+    let mut observations = Observations::between(&previous, &status, &context.memory);
+    let ready_timings = status.timings.clone().filter(|t| t.ready_at.is_some());
+    write_status(environment, context, status).await?;
+    // A commit this process already declared Ready is not timed again (the cache had not
+    // caught up with that write).
+    let already_timed = ready_timings.is_some_and(|timings| {
+        let mut remembered = context.memory.ready_timings.lock();
+        let known = remembered.get(key).is_some_and(|t| t.sha == timings.sha);
+        remembered.insert(key.clone(), timings);
+        known
+    });
+    if already_timed {
+        observations.seconds_to_ready = None;
+    }
+    observations.record(&context.metrics);
+    if fell_asleep {
+        start_queued(environment, context);
+    }
+    Ok(Action::requeue(requeue))
+}
+
+/// The status step: progress, the environment's URL and the remembered timings into the status
+/// to write; a healthy environment that was asked to sleep is `Sleeping`.
+fn next_status(
+    environment: &PreviewEnvironment,
+    context: &Context,
+    key: &EnvironmentRef,
+    plan: &Plan,
+    progress: Progress,
+) -> PreviewEnvironmentStatus {
+    let now = Utc::now();
+    let remembered = context.memory.ready_timings.lock().get(key).cloned();
+    let placement = Placement {
+        namespace: &plan.namespace,
+        url: &plan.url,
+    };
+    let mut status = progress_status(environment, progress, placement, remembered, now);
+    status.replicas_before_sleep = plan.replicas_before_sleep.clone();
+    if environment.spec.sleep && status.phase == Phase::Ready {
+        let previous = environment.status.clone().unwrap_or_default();
+        status.phase = Phase::Sleeping;
+        let asleep = ReadyCondition {
+            ok: false,
+            reason: "Sleeping",
+            message: "Asleep: every workload is scaled to zero. Comment `/preview wake` or push a commit to wake it.".into(),
+        };
+        status.conditions = vec![condition(&previous.conditions, &asleep, now)];
+    }
+    status
+}
+
+/// Writes a refusal on the environment (`Degraded`, with what and where). A broken or unsafe
+/// template is not retried until it changes (or the slow resync); a refusal that carries an
+/// error is also retried with backoff.
+async fn refuse(
+    environment: &PreviewEnvironment,
+    context: &Context,
+    refusal: Refusal,
+    namespace: Option<&str>,
+) -> Result<Action, ReconcileError> {
+    let status = refused_status(
+        environment,
+        refusal.reason,
+        &refusal.message,
+        namespace,
+        Utc::now(),
+    );
+    write_status(environment, context, status).await?;
+    match refusal.retry {
+        Some(error) => Err(*error),
+        None => Ok(Action::requeue(context.config.resync_interval)),
+    }
+}
+
+/// Whether the slow periodic full re-apply is due: then the apply cache is bypassed. The clock
+/// of an environment starts at its first reconcile, whose cache is empty anyway.
+fn reapply_due(context: &Context, key: &EnvironmentRef) -> bool {
+    let Some(interval) = context.config.reapply_interval else {
+        return false;
+    };
+    let mut last = context.memory.last_full_apply.lock();
+    match last.get(key) {
+        None => {
+            last.insert(key.clone(), Instant::now());
+            false
+        }
+        Some(at) => at.elapsed() >= interval,
+    }
+}

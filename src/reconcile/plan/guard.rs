@@ -1,0 +1,135 @@
+//! Guard (pure): what a template may create. Only namespaced objects of allowed kinds, only in
+//! the environment's own namespace. One violation rejects the whole render: nothing is applied.
+
+use crate::reconcile::plan::render::RenderedObject;
+
+/// Kinds a template may create, as `apiVersion` group (empty for core) and kind. All are
+/// namespaced. Cluster-scoped kinds (ClusterRole, ClusterRoleBinding, Namespace, CRDs,
+/// webhooks, PersistentVolumes, …) are refused, and so are ResourceQuota and LimitRange,
+/// which previewd sets itself from the template's guard rails.
+pub const ALLOWED_KINDS: &[(&str, &str)] = &[
+    ("", "ConfigMap"),
+    ("", "Secret"),
+    ("", "Service"),
+    ("", "ServiceAccount"),
+    ("", "PersistentVolumeClaim"),
+    ("", "Pod"),
+    ("apps", "Deployment"),
+    ("apps", "StatefulSet"),
+    ("batch", "Job"),
+    ("batch", "CronJob"),
+    ("networking.k8s.io", "Ingress"),
+    ("networking.k8s.io", "NetworkPolicy"),
+    ("rbac.authorization.k8s.io", "Role"),
+    ("rbac.authorization.k8s.io", "RoleBinding"),
+    ("autoscaling", "HorizontalPodAutoscaler"),
+    ("policy", "PodDisruptionBudget"),
+];
+
+/// Why an object was refused.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+#[error("{kind}/{name} (from {manifest}): {reason}")]
+pub struct Violation {
+    pub manifest: String,
+    pub kind: String,
+    pub name: String,
+    pub reason: String,
+}
+
+/// Checks every object; returns all violations (empty: everything may be applied).
+pub fn check(objects: &[RenderedObject], namespace: &str) -> Vec<Violation> {
+    let mut violations = Vec::new();
+    for object in objects {
+        let violation = |reason: String| Violation {
+            manifest: object.manifest.clone(),
+            kind: object.kind().to_string(),
+            name: object.name().to_string(),
+            reason,
+        };
+        let group = object
+            .api_version()
+            .rsplit_once('/')
+            .map(|(g, _)| g)
+            .unwrap_or("");
+        if !ALLOWED_KINDS
+            .iter()
+            .any(|(g, k)| *g == group && *k == object.kind())
+        {
+            violations.push(violation(format!(
+                "kind {} ({}) may not be created by a template: only namespaced kinds of the allowed list are",
+                object.kind(),
+                object.api_version()
+            )));
+            continue;
+        }
+        let target = object.object["metadata"]["namespace"]
+            .as_str()
+            .unwrap_or(namespace);
+        if target != namespace {
+            violations.push(violation(format!(
+                "targets namespace {target:?}; objects may only go into the environment's namespace {namespace:?}"
+            )));
+        }
+        if object.seed.is_some() && object.kind() != "Job" {
+            violations.push(violation("a seed must be a Job".into()));
+        }
+    }
+    violations
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn object(api_version: &str, kind: &str, namespace: Option<&str>) -> RenderedObject {
+        let mut value = json!({"apiVersion": api_version, "kind": kind, "metadata": {"name": "x"}});
+        if let Some(ns) = namespace {
+            value["metadata"]["namespace"] = json!(ns);
+        }
+        RenderedObject {
+            manifest: "m.yaml".into(),
+            wave: 0,
+            seed: None,
+            object: value,
+        }
+    }
+
+    #[test]
+    fn ordinary_namespaced_objects_pass() {
+        let objects = [
+            object("apps/v1", "Deployment", Some("env")),
+            object("v1", "Service", None),
+            object("batch/v1", "Job", Some("env")),
+        ];
+        assert!(check(&objects, "env").is_empty());
+    }
+
+    #[test]
+    fn cluster_scoped_kinds_are_refused_with_the_object_named() {
+        let objects = [
+            object("v1", "ConfigMap", Some("env")),
+            object("rbac.authorization.k8s.io/v1", "ClusterRoleBinding", None),
+        ];
+        let violations = check(&objects, "env");
+        assert_eq!(violations.len(), 1);
+        assert_eq!(violations[0].kind, "ClusterRoleBinding");
+        assert!(
+            violations[0]
+                .to_string()
+                .contains("ClusterRoleBinding/x (from m.yaml)")
+        );
+        assert_eq!(check(&[object("v1", "Namespace", None)], "env").len(), 1);
+        assert_eq!(
+            check(&[object("v1", "ResourceQuota", None)], "env").len(),
+            1
+        );
+    }
+
+    #[test]
+    fn another_namespace_is_refused() {
+        let violations = check(&[object("v1", "Secret", Some("kube-system"))], "env");
+        assert_eq!(violations.len(), 1);
+        assert!(violations[0].reason.contains("kube-system"));
+    }
+}

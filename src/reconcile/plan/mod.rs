@@ -1,0 +1,95 @@
+//! The plan step (pure, no client required): the template, the environment and its manifests
+//! become the exact objects to apply, or a [`Refusal`] that says what and where. Nothing is
+//! applied unless the whole plan passes, so a broken or unsafe template leaves the previous
+//! commit running.
+//!
+//! In order: the render values ([`values`]), the render ([`render`]), the object limit, the
+//! guard ([`guard`]), and the workload adjustments for sleep and redeploy ([`workloads`]).
+
+pub mod guard;
+pub mod render;
+pub mod values;
+pub mod workloads;
+
+use std::collections::BTreeMap;
+
+use serde_json::Value;
+
+use super::error::Refusal;
+use crate::model::crd::{InlineManifest, PreviewEnvironment, PreviewTemplate};
+use crate::model::metadata::environment_labels;
+use render::RenderedObject;
+
+/// What a reconcile will apply, in the environment's namespace.
+#[derive(Debug)]
+pub struct Plan {
+    pub namespace: String,
+    /// The labels on every object (and the namespace) of the environment.
+    pub labels: BTreeMap<String, String>,
+    /// The environment's URL, as the template's `url` renders it.
+    pub url: String,
+    pub objects: Vec<RenderedObject>,
+    /// The replica counts to remember while asleep (`status.replicasBeforeSleep`).
+    pub replicas_before_sleep: BTreeMap<String, i32>,
+}
+
+/// Plans `environment` from `template` and `manifests` into `namespace`. `live_replicas` says
+/// how many replicas a workload runs now (from the watch), for the count to restore on waking.
+pub fn plan(
+    environment: &PreviewEnvironment,
+    template: &PreviewTemplate,
+    manifests: &[InlineManifest],
+    namespace: &str,
+    max_objects: usize,
+    live_replicas: impl Fn(&Value) -> Option<i32>,
+) -> Result<Plan, Refusal> {
+    let labels = environment_labels(environment, template);
+    let rendered =
+        values::render_context(environment, &template.spec, namespace).and_then(|values| {
+            render::render(manifests, &template.spec.seeds, &values, &labels)
+                .map(|objects| (values.url, objects))
+        });
+    // A broken template is not retried until it changes (or the slow resync).
+    let (url, mut objects) = rendered.map_err(|e| Refusal::new("RenderFailed", e.to_string()))?;
+    check_object_limit(objects.len(), max_objects)?;
+    let violations = guard::check(&objects, namespace);
+    if !violations.is_empty() {
+        let message = violations
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join("; ");
+        return Err(Refusal::new("GuardRejected", message));
+    }
+    let previous = environment.status.clone().unwrap_or_default();
+    let replicas_before_sleep = workloads::prepare(
+        &mut objects,
+        environment.spec.sleep,
+        &previous.replicas_before_sleep,
+        live_replicas,
+        environment.spec.redeploy.as_deref(),
+    );
+    Ok(Plan {
+        namespace: namespace.to_string(),
+        labels,
+        url,
+        objects,
+        replicas_before_sleep,
+    })
+}
+
+/// A runaway loop in a template, or a hostile one, must not flood the API server.
+fn check_object_limit(count: usize, max_objects: usize) -> Result<(), Refusal> {
+    if count > max_objects {
+        return Err(Refusal::new(
+            "TooManyObjects",
+            format!(
+                "the template renders {count} objects, more than the limit of {max_objects} per environment (--max-objects-per-environment); nothing was applied"
+            ),
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,141 @@
+//! The plan step from small YAML fixtures, without an API server.
+
+use serde_json::Value;
+
+use super::plan;
+use crate::model::crd::InlineManifest;
+use crate::reconcile::test_support::{WEB_ENVIRONMENT, WEB_TEMPLATE, environment, template};
+
+const NAMESPACE: &str = "preview-team-a-web-pr-2-abc123";
+
+fn manifests_of(template: &crate::model::crd::PreviewTemplate) -> Vec<InlineManifest> {
+    template.spec.manifests.inline.clone()
+}
+
+fn no_live_replicas(_: &Value) -> Option<i32> {
+    None
+}
+
+#[test]
+fn a_template_becomes_labelled_objects_in_the_environments_namespace() {
+    let (template, environment) = (template(WEB_TEMPLATE), environment(WEB_ENVIRONMENT));
+    let plan = plan(
+        &environment,
+        &template,
+        &manifests_of(&template),
+        NAMESPACE,
+        500,
+        no_live_replicas,
+    )
+    .expect("the web template plans");
+    assert_eq!(plan.url, "https://feature-login.preview.example.com");
+    let names: Vec<(&str, &str, i32)> = plan
+        .objects
+        .iter()
+        .map(|o| (o.kind(), o.name(), o.wave))
+        .collect();
+    assert_eq!(
+        names,
+        [("ConfigMap", "settings", 0), ("Deployment", "web", 1)]
+    );
+    for object in &plan.objects {
+        assert_eq!(object.object["metadata"]["namespace"], NAMESPACE);
+        let labels = &object.object["metadata"]["labels"];
+        assert_eq!(labels["previewd.dev/environment"], "web-pr-2");
+        assert_eq!(labels["previewd.dev/environment-namespace"], "team-a");
+        assert_eq!(labels["previewd.dev/template"], "web");
+        assert_eq!(labels["app.kubernetes.io/managed-by"], "previewd");
+    }
+    assert_eq!(plan.objects[0].object["data"]["sha"], "ec26c3e");
+    assert_eq!(plan.labels["previewd.dev/environment"], "web-pr-2");
+    assert!(
+        plan.replicas_before_sleep.is_empty(),
+        "awake: nothing to remember"
+    );
+}
+
+#[test]
+fn a_render_error_is_refused_with_the_manifest_and_line() {
+    let broken = WEB_TEMPLATE.replace("{{ short_sha }}\", url", "{{ no_such_value }}\", url");
+    let (template, environment) = (template(&broken), environment(WEB_ENVIRONMENT));
+    let refusal = plan(
+        &environment,
+        &template,
+        &manifests_of(&template),
+        NAMESPACE,
+        500,
+        no_live_replicas,
+    )
+    .expect_err("an undefined value is refused");
+    assert_eq!(refusal.reason, "RenderFailed");
+    assert!(
+        refusal.message.starts_with("web.yaml line 4: "),
+        "{}",
+        refusal.message
+    );
+}
+
+#[test]
+fn more_objects_than_the_limit_are_refused_and_nothing_is_planned() {
+    let (template, environment) = (template(WEB_TEMPLATE), environment(WEB_ENVIRONMENT));
+    let refusal = plan(
+        &environment,
+        &template,
+        &manifests_of(&template),
+        NAMESPACE,
+        1,
+        no_live_replicas,
+    )
+    .expect_err("two objects are over a limit of one");
+    assert_eq!(refusal.reason, "TooManyObjects");
+    assert!(
+        refusal
+            .message
+            .contains("renders 2 objects, more than the limit of 1")
+    );
+}
+
+#[test]
+fn the_guard_refuses_a_cluster_scoped_object_and_names_it() {
+    let hostile = WEB_TEMPLATE.replace(
+        "          ---\n          apiVersion: apps/v1",
+        "          ---\n          apiVersion: rbac.authorization.k8s.io/v1\n          kind: ClusterRoleBinding\n          metadata: {name: take-over}\n          roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: cluster-admin}\n          subjects: [{kind: ServiceAccount, name: default, namespace: team-a}]\n          ---\n          apiVersion: apps/v1",
+    );
+    let (template, environment) = (template(&hostile), environment(WEB_ENVIRONMENT));
+    let refusal = plan(
+        &environment,
+        &template,
+        &manifests_of(&template),
+        NAMESPACE,
+        500,
+        no_live_replicas,
+    )
+    .expect_err("a ClusterRoleBinding is refused");
+    assert_eq!(refusal.reason, "GuardRejected");
+    assert!(
+        refusal
+            .message
+            .contains("ClusterRoleBinding/take-over (from web.yaml)"),
+        "{}",
+        refusal.message
+    );
+}
+
+#[test]
+fn a_sleeping_environment_plans_zero_replicas_and_remembers_the_live_count() {
+    let template = template(WEB_TEMPLATE);
+    let mut environment = environment(WEB_ENVIRONMENT);
+    environment.spec.sleep = true;
+    let live = |object: &Value| (object["kind"] == "Deployment").then_some(3);
+    let plan = plan(
+        &environment,
+        &template,
+        &manifests_of(&template),
+        NAMESPACE,
+        500,
+        live,
+    )
+    .expect("plans");
+    assert_eq!(plan.objects[1].object["spec"]["replicas"], 0);
+    assert_eq!(plan.replicas_before_sleep["Deployment/web"], 3);
+}

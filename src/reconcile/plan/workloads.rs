@@ -1,0 +1,179 @@
+//! What previewd changes in the template's Deployments and StatefulSets before applying them
+//! (pure): the replica count while the environment sleeps and after it wakes, and the restart
+//! annotation of `/preview deploy`.
+//!
+//! Sleep scales every workload to zero and remembers, per `Kind/name`, how many replicas it had
+//! (in `status.replicasBeforeSleep`). Waking gives a workload its template's replica count when
+//! the template sets one (the template stays the truth), else the remembered count. A workload
+//! whose count previewd restored keeps it on later applies, since dropping the field would let
+//! the API server default it to 1.
+
+use std::collections::BTreeMap;
+
+use serde_json::Value;
+
+use crate::reconcile::plan::render::RenderedObject;
+
+/// Pod-template annotation that `/preview deploy` changes, so every workload rolls out anew.
+pub const ANNOTATION_REDEPLOY: &str = "previewd.dev/redeploy";
+
+/// `Deployment/web` for an `apps/v1` Deployment or StatefulSet; `None` for anything else.
+pub fn workload_key(object: &Value) -> Option<String> {
+    let kind = object["kind"].as_str()?;
+    let is_workload = object["apiVersion"] == "apps/v1"
+        && matches!(kind, "Deployment" | "StatefulSet")
+        && object["spec"].is_object();
+    is_workload.then(|| {
+        format!(
+            "{kind}/{}",
+            object["metadata"]["name"].as_str().unwrap_or("")
+        )
+    })
+}
+
+/// Adjusts the workloads of `objects` for the environment's state and returns the replica
+/// counts to remember in the status.
+///
+/// * `sleeping`: every workload gets `replicas: 0`; the count remembered for it is the one
+///   remembered before (it was asleep already), else its live count (`live_replicas`, when
+///   above zero), else its template's, else 1.
+/// * awake: a workload whose template sets no replica count gets the remembered one.
+/// * `redeploy`: the token of the last `/preview deploy`, written into every pod template.
+pub fn prepare(
+    objects: &mut [RenderedObject],
+    sleeping: bool,
+    remembered: &BTreeMap<String, i32>,
+    live_replicas: impl Fn(&Value) -> Option<i32>,
+    redeploy: Option<&str>,
+) -> BTreeMap<String, i32> {
+    let mut remember = BTreeMap::new();
+    for rendered in objects.iter_mut() {
+        let Some(key) = workload_key(&rendered.object) else {
+            continue;
+        };
+        let template_replicas = rendered.object["spec"]["replicas"]
+            .as_i64()
+            .and_then(|n| i32::try_from(n).ok());
+        if sleeping {
+            let before = remembered
+                .get(&key)
+                .copied()
+                .or_else(|| live_replicas(&rendered.object).filter(|n| *n > 0))
+                .or(template_replicas)
+                .unwrap_or(1);
+            remember.insert(key, before);
+            rendered.object["spec"]["replicas"] = Value::from(0);
+        } else if template_replicas.is_none()
+            && let Some(before) = remembered.get(&key)
+        {
+            remember.insert(key, *before);
+            rendered.object["spec"]["replicas"] = Value::from(*before);
+        }
+        if let Some(token) = redeploy {
+            let pod_metadata = &mut rendered.object["spec"]["template"]["metadata"];
+            if !pod_metadata.is_object() {
+                *pod_metadata = Value::Object(Default::default());
+            }
+            pod_metadata["annotations"][ANNOTATION_REDEPLOY] = Value::from(token);
+        }
+    }
+    remember
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn object(kind: &str, name: &str, replicas: Option<i64>) -> RenderedObject {
+        let mut spec = json!({"template": {"spec": {"containers": []}}});
+        if let Some(n) = replicas {
+            spec["replicas"] = json!(n);
+        }
+        RenderedObject {
+            manifest: "app.yaml".into(),
+            wave: 0,
+            seed: None,
+            object: json!({"apiVersion": "apps/v1", "kind": kind, "metadata": {"name": name}, "spec": spec}),
+        }
+    }
+
+    fn config_map() -> RenderedObject {
+        RenderedObject {
+            manifest: "app.yaml".into(),
+            wave: 0,
+            seed: None,
+            object: json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c"}}),
+        }
+    }
+
+    fn replicas(objects: &[RenderedObject]) -> Vec<Option<i64>> {
+        objects
+            .iter()
+            .map(|o| o.object["spec"]["replicas"].as_i64())
+            .collect()
+    }
+
+    #[test]
+    fn sleep_scales_to_zero_and_remembers_live_then_template_counts() {
+        let mut objects = vec![
+            object("Deployment", "web", Some(2)),
+            object("StatefulSet", "db", None),
+            object("Deployment", "worker", None),
+            config_map(),
+        ];
+        // `web` was scaled to 3 by hand; `db` runs 1; `worker` is not observed yet.
+        let live = |o: &Value| match o["metadata"]["name"].as_str() {
+            Some("web") => Some(3),
+            Some("db") => Some(1),
+            _ => None,
+        };
+        let remembered = prepare(&mut objects, true, &BTreeMap::new(), live, None);
+        assert_eq!(replicas(&objects), [Some(0), Some(0), Some(0), None]);
+        assert_eq!(
+            remembered,
+            BTreeMap::from([
+                ("Deployment/web".to_string(), 3),
+                ("StatefulSet/db".to_string(), 1),
+                ("Deployment/worker".to_string(), 1),
+            ])
+        );
+        // Asleep already: live counts are 0 now, the remembered ones stay.
+        let mut again = vec![object("Deployment", "web", Some(2))];
+        let kept = prepare(&mut again, true, &remembered, |_| Some(0), None);
+        assert_eq!(kept["Deployment/web"], 3);
+    }
+
+    #[test]
+    fn waking_restores_remembered_counts_where_the_template_sets_none() {
+        let remembered = BTreeMap::from([
+            ("Deployment/web".to_string(), 3),
+            ("StatefulSet/db".to_string(), 2),
+        ]);
+        let mut objects = vec![
+            object("Deployment", "web", Some(2)),
+            object("StatefulSet", "db", None),
+        ];
+        let kept = prepare(&mut objects, false, &remembered, |_| None, None);
+        assert_eq!(replicas(&objects), [Some(2), Some(2)], "the template wins");
+        assert_eq!(kept, BTreeMap::from([("StatefulSet/db".to_string(), 2)]));
+    }
+
+    #[test]
+    fn redeploy_marks_every_pod_template_and_nothing_else() {
+        let mut objects = vec![object("Deployment", "web", None), config_map()];
+        prepare(
+            &mut objects,
+            false,
+            &BTreeMap::new(),
+            |_| None,
+            Some("2026-11-22T10:00:00Z"),
+        );
+        assert_eq!(
+            objects[0].object["spec"]["template"]["metadata"]["annotations"][ANNOTATION_REDEPLOY],
+            "2026-11-22T10:00:00Z"
+        );
+        assert_eq!(objects[0].object["spec"]["replicas"], Value::Null);
+        assert!(objects[1].object.get("spec").is_none());
+    }
+}

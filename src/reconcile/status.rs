@@ -1,0 +1,275 @@
+//! The status step (pure, no client required): what the environment's status says, from where
+//! the reconcile got to. The clock is passed in as `now`.
+//!
+//! * [`Progress`] collects, wave by wave, each object's health into the phase and the `Ready`
+//!   condition: the first failed object makes the environment `Degraded`, the first object still
+//!   progressing makes it `Deploying` (or `Seeding`, for a seed Job), else it is `Ready`;
+//! * [`progress_status`] turns that into the status to write, keeping the timings of the commit;
+//! * [`held_status`] and [`refused_status`] keep the previous status and say why it stopped;
+//! * [`merge_patch`] is the status write's patch, which also clears what the new status drops.
+
+use chrono::{DateTime, Utc};
+use serde_json::Value;
+
+use super::plan::render::RenderedObject;
+use crate::cluster::health::Health;
+use crate::model::crd::{
+    Condition, Phase, PreviewEnvironment, PreviewEnvironmentStatus, ResourceStatus, SeedStatus,
+    Timings,
+};
+
+/// The `Ready` condition to write: whether it holds, why (CamelCase), and a sentence.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ReadyCondition {
+    pub ok: bool,
+    pub reason: &'static str,
+    pub message: String,
+}
+
+/// Where one reconcile got to, wave by wave.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Progress {
+    pub phase: Phase,
+    pub resources: Vec<ResourceStatus>,
+    pub seeds: Vec<SeedStatus>,
+    pub condition: ReadyCondition,
+}
+
+impl Default for Progress {
+    fn default() -> Self {
+        Self {
+            phase: Phase::Ready,
+            resources: Vec::new(),
+            seeds: Vec::new(),
+            condition: ReadyCondition {
+                ok: true,
+                reason: "Ready",
+                message: "every object is healthy".into(),
+            },
+        }
+    }
+}
+
+impl Progress {
+    /// Whether every wave so far is healthy, so the next one may be applied.
+    pub fn may_continue(&self) -> bool {
+        self.phase == Phase::Ready
+    }
+
+    /// Adds wave `wave`: its objects and, in the same order, their health.
+    pub fn add_wave(&mut self, wave: i32, members: &[&RenderedObject], health: &[Health]) {
+        for (object, health) in members.iter().zip(health) {
+            self.record(wave, object, health);
+        }
+        if !self.may_continue() {
+            return;
+        }
+        let pairs = || members.iter().zip(health);
+        if let Some((object, Health::Failed(message))) =
+            pairs().find(|(_, h)| matches!(h, Health::Failed(_)))
+        {
+            let (what, reason) = match object.seed {
+                Some(_) => ("seed Job", "SeedFailed"),
+                None => (object.kind(), "ObjectFailed"),
+            };
+            self.phase = Phase::Degraded;
+            self.condition = ReadyCondition {
+                ok: false,
+                reason,
+                message: format!("{what} {} failed: {message}", object.name()),
+            };
+        } else if let Some((object, _)) = pairs().find(|(_, h)| matches!(h, Health::Progressing(_)))
+        {
+            let (phase, reason) = match object.seed {
+                Some(_) => (Phase::Seeding, "Seeding"),
+                None => (Phase::Deploying, "Deploying"),
+            };
+            self.phase = phase;
+            self.condition = ReadyCondition {
+                ok: false,
+                reason,
+                message: format!(
+                    "waiting for wave {wave}: {} {}",
+                    object.kind(),
+                    object.name()
+                ),
+            };
+        }
+    }
+
+    fn record(&mut self, wave: i32, object: &RenderedObject, health: &Health) {
+        match &object.seed {
+            Some(seed) => self.seeds.push(SeedStatus {
+                name: seed.clone(),
+                job: object.name().to_string(),
+                state: match health {
+                    Health::Ready => "Succeeded".into(),
+                    Health::Failed(_) => "Failed".into(),
+                    Health::Progressing(_) => "Running".into(),
+                },
+                message: health.message(),
+            }),
+            None => self.resources.push(ResourceStatus {
+                api_version: object.api_version().to_string(),
+                kind: object.kind().to_string(),
+                name: object.name().to_string(),
+                wave,
+                state: health.state().to_string(),
+                message: health.message(),
+            }),
+        }
+    }
+}
+
+/// The previous status, `Degraded`, with a `Ready=False` condition saying why.
+pub fn refused_status(
+    environment: &PreviewEnvironment,
+    reason: &'static str,
+    message: &str,
+    namespace: Option<&str>,
+    now: DateTime<Utc>,
+) -> PreviewEnvironmentStatus {
+    held_status(
+        environment,
+        Phase::Degraded,
+        reason,
+        message,
+        namespace,
+        now,
+    )
+}
+
+/// The previous status with a new phase and a `Ready=False` condition saying why.
+pub fn held_status(
+    environment: &PreviewEnvironment,
+    phase: Phase,
+    reason: &'static str,
+    message: &str,
+    namespace: Option<&str>,
+    now: DateTime<Utc>,
+) -> PreviewEnvironmentStatus {
+    let previous = environment.status.clone().unwrap_or_default();
+    let ready = ReadyCondition {
+        ok: false,
+        reason,
+        message: message.to_string(),
+    };
+    PreviewEnvironmentStatus {
+        phase,
+        namespace: namespace.map(str::to_string).or(previous.namespace.clone()),
+        conditions: vec![condition(&previous.conditions, &ready, now)],
+        queue_position: None,
+        ..previous
+    }
+}
+
+/// Where the environment runs, for [`progress_status`].
+pub struct Placement<'a> {
+    pub namespace: &'a str,
+    pub url: &'a str,
+}
+
+/// The status from the objects' progress. `remembered` is the Ready timings this process last
+/// wrote for the environment, used when the cached status does not show them yet.
+pub fn progress_status(
+    environment: &PreviewEnvironment,
+    progress: Progress,
+    placement: Placement<'_>,
+    remembered: Option<Timings>,
+    now: DateTime<Utc>,
+) -> PreviewEnvironmentStatus {
+    let previous = environment.status.clone().unwrap_or_default();
+    let sha = &environment.spec.source.head_sha;
+    let ready = progress.phase == Phase::Ready;
+    let timings = timings(environment, &previous, remembered, ready, now);
+    PreviewEnvironmentStatus {
+        phase: progress.phase,
+        namespace: Some(placement.namespace.to_string()),
+        url: Some(placement.url.to_string()),
+        deployed_sha: if ready {
+            Some(sha.clone())
+        } else {
+            previous.deployed_sha.clone()
+        },
+        observed_generation: environment.metadata.generation,
+        resources: progress.resources,
+        seeds: progress.seeds,
+        conditions: vec![condition(&previous.conditions, &progress.condition, now)],
+        timings: Some(timings),
+        forge: previous.forge.clone(),
+        queue_position: None,
+        replicas_before_sleep: previous.replicas_before_sleep.clone(),
+    }
+}
+
+/// The head commit's timings: kept from the status (or this process's memory) once Ready was
+/// reached, started at the environment's last activity otherwise, and completed when `ready`.
+fn timings(
+    environment: &PreviewEnvironment,
+    previous: &PreviewEnvironmentStatus,
+    remembered: Option<Timings>,
+    ready: bool,
+    now: DateTime<Utc>,
+) -> Timings {
+    let sha = &environment.spec.source.head_sha;
+    let cached = previous.timings.clone().filter(|t| &t.sha == sha);
+    let remembered = remembered.filter(|t| &t.sha == sha && t.ready_at.is_some());
+    let mut timings = match (cached, remembered) {
+        (Some(cached), _) if cached.ready_at.is_some() => cached,
+        (_, Some(remembered)) => remembered,
+        (Some(cached), None) => cached,
+        (None, None) => Timings {
+            sha: sha.clone(),
+            requested_at: environment.spec.last_activity.unwrap_or(now),
+            ready_at: None,
+            seconds_to_ready: None,
+        },
+    };
+    if ready && timings.ready_at.is_none() {
+        timings.ready_at = Some(now);
+        timings.seconds_to_ready =
+            Some(((now - timings.requested_at).num_milliseconds() as f64 / 1000.0).max(0.0));
+    }
+    timings
+}
+
+/// The `Ready` condition, keeping its transition time when its status did not change.
+pub fn condition(previous: &[Condition], ready: &ReadyCondition, now: DateTime<Utc>) -> Condition {
+    let status = if ready.ok { "True" } else { "False" };
+    let since = previous
+        .iter()
+        .find(|c| c.type_ == "Ready" && c.status == status)
+        .map(|c| c.last_transition_time)
+        .unwrap_or(now);
+    Condition {
+        type_: "Ready".into(),
+        status: status.into(),
+        reason: ready.reason.into(),
+        message: ready.message.clone(),
+        last_transition_time: since,
+    }
+}
+
+/// A JSON merge patch (RFC 7386) from `old` to `new`. Fields the status no longer has are
+/// sent as `null`: optional fields are left out when empty, and a merge patch that merely
+/// leaves them out would keep their old values (a stale queue position, the previous commit's
+/// ready time).
+pub fn merge_patch(old: &Value, new: &Value) -> Value {
+    match (old, new) {
+        (Value::Object(old), Value::Object(new)) => {
+            let mut patch = serde_json::Map::new();
+            for (key, value) in new {
+                let value = match old.get(key) {
+                    Some(previous) => merge_patch(previous, value),
+                    None => value.clone(),
+                };
+                patch.insert(key.clone(), value);
+            }
+            for key in old.keys().filter(|k| !new.contains_key(*k)) {
+                patch.insert(key.clone(), Value::Null);
+            }
+            Value::Object(patch)
+        }
+        _ => new.clone(),
+    }
+}

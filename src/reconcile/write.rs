@@ -1,0 +1,116 @@
+//! The write step: the status (only when it changed), the report to the forge that goes with
+//! it, and an Event when the phase changes.
+//!
+//! The forge is told first, so that what was sent is recorded by the same status write; a forge
+//! failure still lets the status be written, and is returned afterwards to be retried.
+
+use kube::api::{Patch, PatchParams};
+use kube::runtime::events::{Event, EventType};
+use kube::{Api, Resource, ResourceExt};
+
+use super::context::Context;
+use super::error::ReconcileError;
+use super::status::merge_patch;
+use crate::model::crd::{Phase, PreviewEnvironment, PreviewEnvironmentStatus};
+
+/// Reports `status` to the forge, then writes it if it differs from what the object holds.
+pub async fn write_status(
+    environment: &PreviewEnvironment,
+    context: &Context,
+    mut status: PreviewEnvironmentStatus,
+) -> Result<(), ReconcileError> {
+    let mut forge_result = Ok(());
+    if let Some(template) = context.template_of(environment) {
+        let (record, result) = context
+            .reporter
+            .report(environment, &template, &status)
+            .await;
+        status.forge = record;
+        forge_result = result.map_err(ReconcileError::Forge);
+    }
+    let result = write_status_only(environment, context, status).await;
+    result.and(forge_result)
+}
+
+/// Writes `status` if it differs from what the object holds (a merge patch that also clears
+/// what the new status leaves out); publishes an Event when the phase changes.
+pub async fn write_status_only(
+    environment: &PreviewEnvironment,
+    context: &Context,
+    status: PreviewEnvironmentStatus,
+) -> Result<(), ReconcileError> {
+    if environment.status.as_ref() == Some(&status) {
+        return Ok(());
+    }
+    let previous = environment.status.clone().unwrap_or_default();
+    let api: Api<PreviewEnvironment> = Api::namespaced(
+        context.client.clone(),
+        &environment.namespace().unwrap_or_default(),
+    );
+    let patch = serde_json::json!({ "status": merge_patch(
+        &serde_json::to_value(&previous).unwrap_or_default(),
+        &serde_json::to_value(&status).unwrap_or_default(),
+    ) });
+    context.writes.write("status");
+    api.patch_status(
+        &environment.name_any(),
+        &PatchParams::default(),
+        &Patch::Merge(patch),
+    )
+    .await
+    .map_err(ReconcileError::Status)?;
+    if previous.phase != status.phase || environment.status.is_none() {
+        announce_phase(environment, context, &previous, &status).await;
+    }
+    Ok(())
+}
+
+/// Logs a phase change and records it as an Event (a warning for `Degraded`).
+async fn announce_phase(
+    environment: &PreviewEnvironment,
+    context: &Context,
+    previous: &PreviewEnvironmentStatus,
+    status: &PreviewEnvironmentStatus,
+) {
+    let message = status
+        .conditions
+        .first()
+        .map(|c| c.message.clone())
+        .unwrap_or_default();
+    tracing::info!(
+        from = previous.phase.as_str(),
+        to = status.phase.as_str(),
+        "phase changed: {message}"
+    );
+    let kind = if status.phase == Phase::Degraded {
+        EventType::Warning
+    } else {
+        EventType::Normal
+    };
+    publish(context, environment, kind, status.phase.as_str(), message).await;
+}
+
+/// Records an Event on the environment; a failure is logged, never fails the reconcile.
+pub async fn publish(
+    context: &Context,
+    environment: &PreviewEnvironment,
+    type_: EventType,
+    reason: &str,
+    note: String,
+) {
+    context.writes.write("event");
+    let event = Event {
+        type_,
+        reason: reason.into(),
+        note: Some(note),
+        action: "Reconcile".into(),
+        secondary: None,
+    };
+    if let Err(e) = context
+        .recorder
+        .publish(&event, &environment.object_ref(&()))
+        .await
+    {
+        tracing::debug!(error = %e, "could not publish an event");
+    }
+}

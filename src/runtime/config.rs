@@ -1,0 +1,126 @@
+//! Every setting `previewd run` has, parsed once from flags and environment variables. Nothing
+//! else in previewd reads the environment (the sandbox's own flags are in `sandbox::cli`; the
+//! command line that joins both is `main.rs`).
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::Args;
+
+use crate::model::durations::parse_duration;
+
+#[derive(Clone, Copy, Debug, clap::ValueEnum, PartialEq, Eq)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Debug, Args)]
+pub struct ControllerArgs {
+    /// Only watch PreviewTemplates and PreviewEnvironments in this namespace (default: all).
+    #[arg(long, env = "PREVIEWD_WATCH_NAMESPACE")]
+    pub watch_namespace: Option<String>,
+    /// Server-side applies in flight at once within a wave.
+    #[arg(long, env = "PREVIEWD_APPLY_CONCURRENCY", default_value_t = 16)]
+    pub apply_concurrency: usize,
+    /// How often every environment is reconciled with nothing having changed, e.g. `10m`. It
+    /// compares with what the watches show and writes only if something drifted.
+    #[arg(long, env = "PREVIEWD_RESYNC_INTERVAL", default_value = "10m", value_parser = parse_duration)]
+    pub resync_interval: Duration,
+    /// Also re-apply every object of an environment this often, sent even when the watch shows
+    /// no drift (e.g. `24h`). Unset by default: it costs writes for environments that did not
+    /// change, and the watch-based comparison already repairs drift in every field previewd sets.
+    #[arg(long, env = "PREVIEWD_REAPPLY_INTERVAL", value_parser = parse_duration)]
+    pub reapply_interval: Option<Duration>,
+    /// How often the sweep removes environments whose PR is closed, whose branch is gone,
+    /// that are idle or too old, and orphaned namespaces (also once at start-up).
+    #[arg(long, env = "PREVIEWD_SWEEP_INTERVAL", default_value = "10m", value_parser = parse_duration)]
+    pub sweep_interval: Duration,
+    /// A template that renders more objects than this for one environment is refused, with
+    /// the condition `TooManyObjects` on the environment.
+    #[arg(long, env = "PREVIEWD_MAX_OBJECTS_PER_ENVIRONMENT", default_value_t = crate::reconcile::DEFAULT_MAX_OBJECTS)]
+    pub max_objects_per_environment: usize,
+}
+
+impl ControllerArgs {
+    pub fn controller_config(&self) -> crate::reconcile::ControllerConfig {
+        crate::reconcile::ControllerConfig {
+            namespace: self.watch_namespace.clone(),
+            apply_concurrency: self.apply_concurrency.max(1),
+            resync_interval: self.resync_interval,
+            reapply_interval: self.reapply_interval,
+            max_objects: self.max_objects_per_environment.max(1),
+        }
+    }
+}
+
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    /// Path of a kubeconfig to use instead of the in-cluster or default configuration.
+    #[arg(long, env = "PREVIEWD_KUBECONFIG")]
+    pub kubeconfig: Option<PathBuf>,
+    /// Address of the HTTP server (webhooks, /metrics, /healthz, /readyz).
+    #[arg(long, env = "PREVIEWD_LISTEN", default_value = "0.0.0.0:8080")]
+    pub listen: std::net::SocketAddr,
+    #[command(flatten)]
+    pub controller: ControllerArgs,
+    #[command(flatten)]
+    pub webhooks: WebhookArgs,
+    #[command(flatten)]
+    pub leader: LeaderArgs,
+    /// On SIGTERM, how long in-flight webhook requests get to finish.
+    #[arg(long, env = "PREVIEWD_SHUTDOWN_GRACE", default_value = "20s", value_parser = parse_duration)]
+    pub shutdown_grace: Duration,
+}
+
+/// Leader election: every replica serves webhooks, only the Lease holder reconciles and sweeps.
+#[derive(Debug, Args)]
+pub struct LeaderArgs {
+    /// Elect a leader through a Lease before reconciling. Turn off only when exactly one
+    /// replica runs (two unelected replicas would both reconcile and sweep).
+    #[arg(long, env = "PREVIEWD_LEADER_ELECT", default_value_t = true, action = clap::ArgAction::Set)]
+    pub leader_elect: bool,
+    /// Namespace of the Lease (default: the namespace previewd runs in, from the in-cluster
+    /// service account or the kubeconfig context).
+    #[arg(long, env = "PREVIEWD_LEASE_NAMESPACE")]
+    pub lease_namespace: Option<String>,
+    #[arg(long, env = "PREVIEWD_LEASE_NAME", default_value = "previewd-leader")]
+    pub lease_name: String,
+    /// How long a Lease nobody renews keeps the other replicas waiting: the longest a
+    /// crashed leader's work is left undone. The leader renews every seventh of it.
+    #[arg(long, env = "PREVIEWD_LEASE_DURATION", default_value = "15s", value_parser = parse_duration)]
+    pub lease_duration: Duration,
+    /// This replica's name in the Lease (default: host name, i.e. the pod name, and a random
+    /// suffix).
+    #[arg(long, env = "PREVIEWD_IDENTITY")]
+    pub identity: Option<String>,
+}
+
+impl LeaderArgs {
+    /// The Lease settings, or `None` when leader election is off.
+    pub fn settings(
+        &self,
+        default_namespace: &str,
+    ) -> Option<crate::runtime::leader::LeaseSettings> {
+        self.leader_elect.then(|| {
+            crate::runtime::leader::LeaseSettings::with_duration(
+                self.lease_namespace
+                    .clone()
+                    .unwrap_or_else(|| default_namespace.to_string()),
+                self.lease_name.clone(),
+                self.identity
+                    .clone()
+                    .unwrap_or_else(crate::runtime::leader::default_identity),
+                self.lease_duration.max(Duration::from_secs(2)),
+            )
+        })
+    }
+}
+
+#[derive(Debug, Args)]
+pub struct WebhookArgs {
+    /// Deliveries with a larger body are refused with 413. GitHub's pull_request deliveries
+    /// are typically 20-40 KB; 2 MiB leaves room for pushes with many commits.
+    #[arg(long, env = "PREVIEWD_WEBHOOK_MAX_BODY_BYTES", default_value_t = 2 * 1024 * 1024)]
+    pub webhook_max_body_bytes: usize,
+}

@@ -1,0 +1,206 @@
+//! previewd as a running service: the webhook server on every replica; the controller and the
+//! sweep on the one replica that leads (or always, without leader election); and the order of
+//! a graceful shutdown.
+//!
+//! On shutdown (SIGTERM from the kubelet, Ctrl-C): the controller and the sweep stop, the
+//! Lease is released so that a standby takes over at once, and the webhook server stops
+//! accepting connections but answers the requests in flight (up to the grace period).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::cluster::caches::Caches;
+use crate::cluster::secrets::SecretReader;
+use crate::forge::report::Reporter;
+use crate::lifecycle::sweeper::Sweeper;
+use crate::reconcile::ControllerConfig;
+use crate::runtime::config::RunArgs;
+use crate::runtime::error::Error;
+use crate::runtime::leader::{LeaderElector, LeaseSettings};
+use crate::runtime::metrics::Metrics;
+use crate::webhook::server::ServerState;
+
+/// Everything a running previewd needs besides its listener.
+pub struct ServiceConfig {
+    pub client: kube::Client,
+    pub controller: ControllerConfig,
+    pub sweep_interval: Duration,
+    pub max_body_bytes: usize,
+    /// `None`: this process always reconciles (one replica, or the sandbox).
+    pub lease: Option<LeaseSettings>,
+    /// How long in-flight webhook requests get once shutdown starts.
+    pub shutdown_grace: Duration,
+}
+
+/// Runs until `shutdown` turns true and everything has stopped in order.
+pub async fn run(
+    config: ServiceConfig,
+    listener: tokio::net::TcpListener,
+    shutdown: tokio::sync::watch::Receiver<bool>,
+) {
+    let metrics = Arc::new(Metrics::new());
+    let (caches, cache_watches) = Caches::start(
+        config.client.clone(),
+        config.controller.namespace.as_deref(),
+    );
+    let server_reporter = Arc::new(Reporter::new(
+        metrics.forge.clone(),
+        Arc::new(SecretReader::new(config.client.clone())),
+    ));
+    let state = ServerState::new(
+        config.client.clone(),
+        caches,
+        server_reporter,
+        metrics.server(),
+        config.max_body_bytes,
+    );
+    let server = tokio::spawn(crate::webhook::server::serve(
+        state,
+        listener,
+        wait_for(shutdown.clone()),
+    ));
+
+    let client = config.client.clone();
+    let controller_config = config.controller.clone();
+    let sweep_interval = config.sweep_interval;
+    let term_metrics = metrics.clone();
+    let term = move || {
+        lead(
+            client.clone(),
+            controller_config.clone(),
+            term_metrics.clone(),
+            sweep_interval,
+        )
+    };
+    match config.lease {
+        Some(settings) => {
+            LeaderElector::new(config.client.clone(), settings)
+                .run(metrics.clone(), shutdown.clone(), term)
+                .await
+        }
+        None => {
+            metrics.leader.set(1);
+            let work = tokio::spawn(term());
+            wait_for(shutdown.clone()).await;
+            work.abort();
+            let _ = work.await;
+        }
+    }
+
+    // The controller has stopped (and the Lease is released); let the server drain.
+    match tokio::time::timeout(config.shutdown_grace, server).await {
+        Ok(Ok(Ok(()))) => tracing::info!("webhook server drained"),
+        Ok(Ok(Err(e))) => tracing::error!(error = %e, "the webhook server failed"),
+        Ok(Err(e)) => tracing::error!(error = %e, "the webhook server task failed"),
+        Err(_) => tracing::warn!(
+            grace = ?config.shutdown_grace,
+            "webhook requests still in flight after the grace period; stopping anyway"
+        ),
+    }
+    drop(cache_watches);
+}
+
+async fn wait_for(mut shutdown: tokio::sync::watch::Receiver<bool>) {
+    let _ = shutdown.wait_for(|stop| *stop).await;
+}
+
+/// One term as leader: the controller and the sweep, until cancelled.
+async fn lead(
+    client: kube::Client,
+    config: ControllerConfig,
+    metrics: Arc<Metrics>,
+    sweep_interval: Duration,
+) {
+    let (context_tx, context_rx) = tokio::sync::oneshot::channel();
+    let controller = crate::reconcile::run(
+        client.clone(),
+        config,
+        metrics.controller(),
+        Some(context_tx),
+    );
+    tokio::pin!(controller);
+    let context = tokio::select! {
+        _ = &mut controller => return,
+        context = context_rx => match context {
+            Ok(context) => context,
+            Err(_) => return,
+        },
+    };
+    let sweeper = Sweeper {
+        client,
+        caches: context.caches.clone(),
+        metrics: metrics.sweep.clone(),
+        writes: metrics.cluster.clone(),
+        watch_namespace: context.config.namespace.clone(),
+    };
+    tokio::select! {
+        _ = controller => {}
+        _ = sweeper.run(&context.reporter, sweep_interval) => {}
+    }
+}
+
+/// Binds the HTTP server's address.
+pub async fn bind(address: std::net::SocketAddr) -> Result<tokio::net::TcpListener, Error> {
+    tokio::net::TcpListener::bind(address)
+        .await
+        .map_err(|e| Error::Io {
+            context: format!("listening on {address}"),
+            source: e,
+        })
+}
+
+/// `previewd run`: connects to the cluster, listens, and serves until SIGTERM or Ctrl-C.
+pub async fn run_controller(args: RunArgs) -> Result<(), Error> {
+    let client = match &args.kubeconfig {
+        Some(path) => {
+            let kubeconfig = kube::config::Kubeconfig::read_from(path)
+                .map_err(|e| Error::Config(format!("reading {}: {e}", path.display())))?;
+            crate::cluster::client::from_kubeconfig(kubeconfig).await?
+        }
+        None => kube::Client::try_default()
+            .await
+            .map_err(|e| Error::Config(format!("no Kubernetes configuration found: {e}")))?,
+    };
+    let lease = args.leader.settings(client.default_namespace());
+    tracing::info!(
+        leader_election = lease.is_some(),
+        identity = lease.as_ref().map(|l| l.identity.as_str()).unwrap_or("-"),
+        "previewd controller starting"
+    );
+    let listener = bind(args.listen).await?;
+    let config = ServiceConfig {
+        client,
+        controller: args.controller.controller_config(),
+        sweep_interval: args.controller.sweep_interval,
+        max_body_bytes: args.webhooks.webhook_max_body_bytes,
+        lease,
+        shutdown_grace: args.shutdown_grace,
+    };
+    run(config, listener, shutdown_on_signals()).await;
+    tracing::info!("previewd stopped");
+    Ok(())
+}
+
+/// A shutdown flag that turns true on SIGTERM or Ctrl-C.
+pub fn shutdown_on_signals() -> tokio::sync::watch::Receiver<bool> {
+    let (tx, rx) = tokio::sync::watch::channel(false);
+    tokio::spawn(async move {
+        use tokio::signal::unix::{SignalKind, signal};
+        let mut terminate = match signal(SignalKind::terminate()) {
+            Ok(terminate) => terminate,
+            Err(e) => {
+                tracing::error!(error = %e, "could not install the SIGTERM handler; only Ctrl-C stops previewd");
+                let _ = tokio::signal::ctrl_c().await;
+                let _ = tx.send(true);
+                return;
+            }
+        };
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = terminate.recv() => {}
+        }
+        tracing::info!("shutdown signal received");
+        let _ = tx.send(true);
+    });
+    rx
+}

@@ -1,0 +1,149 @@
+//! One `previewd sandbox` session: the control plane, previewd itself (the same service as
+//! `previewd run`, without leader election), the playground of example templates and the forge
+//! stand-in, then the demo or an interactive wait, and an orderly stop.
+
+use std::sync::Arc;
+
+use super::cli::SandboxArgs;
+use super::playground::{self, Playground};
+use super::{Sandbox, SandboxError, StderrProgress, demo, provision};
+
+/// `previewd sandbox`: starts the control plane, previewd and the playground; plays the demo
+/// or waits for Ctrl-C; stops everything it started.
+pub async fn run(args: SandboxArgs) -> Result<(), SandboxError> {
+    let progress = Arc::new(StderrProgress);
+    if args.provision_only {
+        let cache_dir = args.cache_dir.clone();
+        let binaries = tokio::task::spawn_blocking(move || {
+            provision::ensure_binaries(&cache_dir, &StderrProgress)
+        })
+        .await
+        .map_err(|e| SandboxError::Provision(format!("provisioning task: {e}")))??;
+        println!("control-plane binaries ready in {}", binaries.dir.display());
+        return Ok(());
+    }
+    let started = std::time::Instant::now();
+    let sandbox = Sandbox::start(args.options(), progress).await?;
+    let client = sandbox.control_plane().client().await?;
+    let listener = crate::runtime::service::bind(args.listen).await?;
+    let webhook_base = format!(
+        "http://{}",
+        listener
+            .local_addr()
+            .map(|a| a.to_string())
+            .unwrap_or_default()
+    );
+    let playground = Playground::set_up(
+        &client,
+        sandbox.kubeconfig_path(),
+        sandbox.control_plane().dir(),
+        &webhook_base,
+    )
+    .await?;
+    let (stop, shutdown) = tokio::sync::watch::channel(false);
+    let config = crate::runtime::service::ServiceConfig {
+        client: client.clone(),
+        controller: args.controller.controller_config(),
+        sweep_interval: args.controller.sweep_interval,
+        max_body_bytes: args.webhooks.webhook_max_body_bytes,
+        // One previewd per sandbox: nobody to elect against.
+        lease: None,
+        shutdown_grace: std::time::Duration::from_secs(5),
+    };
+    let service = tokio::spawn(crate::runtime::service::run(config, listener, shutdown));
+    wait_until_ready(&webhook_base).await?;
+    print_facts(&playground, &sandbox, started.elapsed(), args.demo);
+    if let Some(path) = &args.info_file {
+        let info = serde_json::to_string_pretty(&playground.facts).unwrap_or_default();
+        std::fs::write(path, format!("{info}\n")).map_err(|e| SandboxError::io(path, e))?;
+    }
+    let outcome = if args.demo {
+        let outcome = demo::play(&client, &playground, &webhook_base).await;
+        if let Ok(timings) = &outcome {
+            println!(
+                "demo done: opened → Ready {:.1} s, synchronize → Ready {:.1} s, closed → deleted {:.1} s; the forge stand-in received {} comments and statuses",
+                timings.opened_to_ready.as_secs_f64(),
+                timings.synchronize_to_ready.as_secs_f64(),
+                timings.closed_to_gone.as_secs_f64(),
+                playground.forge.received().len()
+            );
+        }
+        outcome.map(|_| ())
+    } else {
+        let mut forge_events = playground.forge.subscribe();
+        let mut signals = crate::runtime::service::shutdown_on_signals();
+        loop {
+            tokio::select! {
+                received = forge_events.recv() => match received {
+                    Ok(received) => println!("[forge] {}", received.to_string().trim_end()),
+                    Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
+                    Err(_) => break,
+                },
+                _ = signals.wait_for(|stop| *stop) => break,
+            }
+        }
+        Ok(())
+    };
+    eprintln!("[sandbox] stopping");
+    let _ = stop.send(true);
+    let _ = service.await;
+    drop(playground);
+    drop(sandbox);
+    outcome
+}
+
+/// Waits until previewd's /readyz answers 200 (its caches are synced).
+async fn wait_until_ready(webhook_base: &str) -> Result<(), SandboxError> {
+    let http = reqwest::Client::new();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        let ready = http
+            .get(format!("{webhook_base}/readyz"))
+            .send()
+            .await
+            .is_ok_and(|r| r.status().is_success());
+        if ready {
+            return Ok(());
+        }
+        if std::time::Instant::now() > deadline {
+            return Err(SandboxError::Process(
+                "previewd's webhook server was not ready within 60 s".into(),
+            ));
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+}
+
+/// The block a person needs: where everything is and a delivery to paste.
+fn print_facts(playground: &Playground, sandbox: &Sandbox, took: std::time::Duration, demo: bool) {
+    let facts = &playground.facts;
+    let kubeconfig = &facts.kubeconfig;
+    println!("previewd sandbox is ready ({:.1} s)", took.as_secs_f64());
+    println!("  kubeconfig:      {kubeconfig}");
+    println!("  nodes:           {}", sandbox.node_names().join(", "));
+    println!(
+        "  forge API:       {} (a stand-in for GitHub and GitLab; prints what previewd sends)",
+        facts.forge_api_url
+    );
+    println!(
+        "  templates:       {ns}/{gh} (GitHub {ghr}), {ns}/{gl} (GitLab {glr})",
+        ns = playground::NAMESPACE,
+        gh = playground::GITHUB_TEMPLATE,
+        ghr = playground::GITHUB_REPOSITORY,
+        gl = playground::GITLAB_TEMPLATE,
+        glr = playground::GITLAB_REPOSITORY
+    );
+    println!("  GitHub webhook:  {}", facts.github_webhook_url);
+    println!("  GitHub secret:   {}", facts.github_webhook_secret);
+    println!("  GitLab webhook:  {}", facts.gitlab_webhook_url);
+    println!("  GitLab token:    {}", facts.gitlab_webhook_token);
+    if demo {
+        return;
+    }
+    println!("  open a PR (paste in another terminal):");
+    println!("    {}", playground.github_curl());
+    println!("  open a GitLab MR:");
+    println!("    {}", playground.gitlab_curl());
+    println!("  watch:           KUBECONFIG={kubeconfig} kubectl get previewenvironments -w");
+    println!("Press Ctrl-C to stop; everything the sandbox started stops with it.");
+}

@@ -1,0 +1,439 @@
+//! Comment commands: `/preview deploy`, `extend <duration>`, `sleep`, `wake`, `destroy` and
+//! `approve`, written on a pull/merge request by someone with write access to the repository.
+//!
+//! [`parse`] and [`effect`] are pure. [`handle`] asks the forge whether the author may write to
+//! the repository (cached briefly), then changes the environment with one merge patch (or
+//! deletes it). The answer is written on the environment as the annotation
+//! [`ANNOTATION_LAST_COMMAND`]; the controller puts it into its one PR comment, so every command
+//! is answered by an edit of that comment, never by a new one.
+
+use std::sync::Arc;
+
+use chrono::{DateTime, TimeDelta, Utc};
+use kube::api::{Api, Patch, PatchParams};
+use kube::{Client, ResourceExt};
+use serde_json::{Value, json};
+
+use crate::cluster::records;
+use crate::forge::report::Reporter;
+use crate::forge::{Comment, ForgeEvent};
+use crate::model::crd::{ForkPolicy, PreviewEnvironment, PreviewTemplate};
+use crate::model::durations::parse_duration;
+use crate::model::metadata::{
+    ANNOTATION_LAST_COMMAND, CommandReply, FIELD_MANAGER_COMMANDS, quote_user_text,
+};
+
+/// The longest `/preview extend` accepted.
+pub const MAX_EXTENSION: TimeDelta = TimeDelta::days(30);
+
+const USAGE: &str = "use `/preview deploy`, `extend <duration>` (e.g. `3d`), `sleep`, `wake`, `destroy` or `approve`";
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum CommentCommand {
+    Deploy,
+    /// Keep the environment at least this long from now (the text as written, e.g. `3d`).
+    Extend(String, TimeDelta),
+    Sleep,
+    Wake,
+    Destroy,
+    Approve,
+}
+
+impl std::fmt::Display for CommentCommand {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            CommentCommand::Deploy => write!(f, "/preview deploy"),
+            CommentCommand::Extend(text, _) => write!(f, "/preview extend {text}"),
+            CommentCommand::Sleep => write!(f, "/preview sleep"),
+            CommentCommand::Wake => write!(f, "/preview wake"),
+            CommentCommand::Destroy => write!(f, "/preview destroy"),
+            CommentCommand::Approve => write!(f, "/preview approve"),
+        }
+    }
+}
+
+/// The command in a comment: the first line that starts with `/preview`. `None` when the
+/// comment holds none (an ordinary comment); `Err` with the answer when it is not understood.
+pub fn parse(body: &str) -> Option<Result<CommentCommand, String>> {
+    let line = body.lines().map(str::trim).find(|line| {
+        line.strip_prefix("/preview")
+            .is_some_and(|rest| rest.is_empty() || rest.starts_with(char::is_whitespace))
+    })?;
+    let mut words = line["/preview".len()..].split_whitespace();
+    let (Some(verb), argument, extra) = (words.next(), words.next(), words.next()) else {
+        return Some(Err(format!("which command? {USAGE}")));
+    };
+    let command = match (verb, argument) {
+        ("extend", Some(text)) => {
+            extension(text).map(|delta| CommentCommand::Extend(quote_user_text(text), delta))
+        }
+        ("extend", None) => Err("`/preview extend` needs a duration, e.g. `3d`".to_string()),
+        (_, Some(argument)) => Err(format!(
+            "`/preview {}` takes no argument (got `{}`)",
+            quote_user_text(verb),
+            quote_user_text(argument)
+        )),
+        ("deploy" | "redeploy", None) => Ok(CommentCommand::Deploy),
+        ("sleep", None) => Ok(CommentCommand::Sleep),
+        ("wake", None) => Ok(CommentCommand::Wake),
+        ("destroy", None) => Ok(CommentCommand::Destroy),
+        ("approve", None) => Ok(CommentCommand::Approve),
+        (other, None) => Err(format!(
+            "unknown command `{}`: {USAGE}",
+            quote_user_text(other)
+        )),
+    };
+    Some(match (command, extra) {
+        (Ok(_), Some(extra)) => Err(format!(
+            "unexpected `{}` after the command",
+            quote_user_text(extra)
+        )),
+        (result, _) => result,
+    })
+}
+
+fn extension(text: &str) -> Result<TimeDelta, String> {
+    let delta = parse_duration(text)
+        .ok()
+        .and_then(|d| TimeDelta::from_std(d).ok())
+        .filter(|d| *d > TimeDelta::zero())
+        .ok_or_else(|| {
+            format!(
+                "`{}` is not a duration: write e.g. `12h`, `3d`",
+                quote_user_text(text)
+            )
+        })?;
+    if delta > MAX_EXTENSION {
+        return Err(format!(
+            "`{}` is longer than the {} days an environment can be extended by",
+            quote_user_text(text),
+            MAX_EXTENSION.num_days()
+        ));
+    }
+    Ok(delta)
+}
+
+/// What a command does to one environment.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Effect {
+    /// A merge patch of the environment (always with the answer annotation).
+    Patch(Value),
+    /// Delete the environment; the reason ends up in the PR comment.
+    Delete(String),
+}
+
+fn patch_with_answer(spec: Value, command: &str, user: &str, answer: &str) -> Value {
+    let reply = CommandReply {
+        command: command.to_string(),
+        user: user.to_string(),
+        reply: answer.to_string(),
+    };
+    let mut patch = json!({"metadata": {"annotations": {
+        ANNOTATION_LAST_COMMAND: serde_json::to_string(&reply).unwrap_or_default(),
+    }}});
+    if spec.as_object().is_some_and(|s| !s.is_empty()) {
+        patch["spec"] = spec;
+    }
+    patch
+}
+
+/// The patch that only answers: the command was refused or not understood.
+pub fn refusal(command: &str, user: &str, why: &str) -> Effect {
+    Effect::Patch(patch_with_answer(json!({}), command, user, why))
+}
+
+/// What `command` from `user` (who may write to the repository) does to `environment`.
+pub fn effect(
+    command: &CommentCommand,
+    environment: &PreviewEnvironment,
+    template: &PreviewTemplate,
+    user: &str,
+    now: DateTime<Utc>,
+) -> Effect {
+    let spec = &environment.spec;
+    let short_sha: String = spec.source.head_sha.chars().take(7).collect();
+    let active = now.to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+    let (changes, answer) = match command {
+        CommentCommand::Destroy => {
+            return Effect::Delete(format!("@{user} asked for it with `/preview destroy`"));
+        }
+        CommentCommand::Deploy => (
+            json!({"redeploy": active, "lastActivity": active}),
+            format!("redeploying commit `{short_sha}`: every workload restarts"),
+        ),
+        CommentCommand::Extend(_, delta) => {
+            let until = now + *delta;
+            (
+                json!({"keepUntil": until.to_rfc3339_opts(chrono::SecondsFormat::Secs, true), "lastActivity": active}),
+                format!(
+                    "kept at least until {}",
+                    until.format("%Y-%m-%d %H:%M UTC")
+                ),
+            )
+        }
+        CommentCommand::Sleep if spec.sleep => (json!({}), "already asleep".to_string()),
+        CommentCommand::Sleep => (
+            json!({"sleep": true}),
+            "going to sleep: every workload scales to zero".to_string(),
+        ),
+        CommentCommand::Wake if !spec.sleep => (
+            json!({"lastActivity": active}),
+            "already awake".to_string(),
+        ),
+        CommentCommand::Wake => (
+            json!({"sleep": false, "lastActivity": active}),
+            "waking up: the replicas from before the sleep come back".to_string(),
+        ),
+        CommentCommand::Approve if !spec.source.fork => (
+            json!({}),
+            "nothing to approve: the pull request does not come from a fork".to_string(),
+        ),
+        CommentCommand::Approve if template.spec.triggers.fork_policy != ForkPolicy::RequireApproval => (
+            json!({}),
+            "the template does not deploy fork pull requests on approval (forkPolicy is not RequireApproval)"
+                .to_string(),
+        ),
+        CommentCommand::Approve => (
+            json!({"approvedSha": spec.source.head_sha, "lastActivity": active}),
+            format!("approved commit `{short_sha}` of the fork; a new push needs a new approval"),
+        ),
+    };
+    Effect::Patch(patch_with_answer(
+        changes,
+        &command.to_string(),
+        user,
+        &answer,
+    ))
+}
+
+/// Acts on a comment: returns one line per environment changed (empty when the comment holds
+/// no command, or its pull request has no environment).
+pub async fn handle(
+    client: &Client,
+    reporter: &Reporter,
+    event: &ForgeEvent,
+    comment: &Comment,
+    templates: &[Arc<PreviewTemplate>],
+    environments: &[Arc<PreviewEnvironment>],
+    now: DateTime<Utc>,
+) -> Result<Vec<String>, kube::Error> {
+    let Some(parsed) = parse(&comment.body) else {
+        return Ok(Vec::new());
+    };
+    let mut done = Vec::new();
+    for template in templates {
+        let targets = environments.iter().filter(|e| {
+            e.spec.template == template.name_any()
+                && e.namespace() == template.namespace()
+                && e.spec.source.pull_request == Some(comment.number)
+                && e.metadata.deletion_timestamp.is_none()
+        });
+        for environment in targets {
+            let namespace = environment.namespace().unwrap_or_default();
+            let name = environment.name_any();
+            let shown = match &parsed {
+                Ok(command) => command.to_string(),
+                Err(_) => "/preview".to_string(),
+            };
+            let effect = match reporter
+                .has_write_access(template, &comment.author, comment.author_id)
+                .await
+            {
+                Err(e) => {
+                    tracing::warn!(repository = %event.repository, user = %comment.author, error = %e, "could not ask the forge for write access; command refused");
+                    refusal(
+                        &shown,
+                        &comment.author,
+                        "refused: the forge could not be asked whether you may do this; try again in a minute",
+                    )
+                }
+                Ok(false) => refusal(
+                    &shown,
+                    &comment.author,
+                    "refused: only people with write access to the repository may run commands",
+                ),
+                Ok(true) => match &parsed {
+                    Err(why) => refusal(&shown, &comment.author, &format!("not understood: {why}")),
+                    Ok(command) => effect(command, environment, template, &comment.author, now),
+                },
+            };
+            tracing::info!(environment = %name, %namespace, user = %comment.author, command = %shown, effect = ?effect, "comment command");
+            match effect {
+                Effect::Delete(reason) => {
+                    records::delete_with_reason(client, &namespace, &name, &reason).await?;
+                    done.push(format!("deleted {namespace}/{name} ({reason})"));
+                }
+                Effect::Patch(patch) => {
+                    let api: Api<PreviewEnvironment> = Api::namespaced(client.clone(), &namespace);
+                    let params = PatchParams {
+                        field_manager: Some(FIELD_MANAGER_COMMANDS.into()),
+                        ..Default::default()
+                    };
+                    match api.patch(&name, &params, &Patch::Merge(patch)).await {
+                        Ok(_) => done.push(format!("answered {shown} on {namespace}/{name}")),
+                        Err(kube::Error::Api(status)) if status.code == 404 => {}
+                        Err(e) => return Err(e),
+                    }
+                }
+            }
+        }
+    }
+    Ok(done)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::crd::{PreviewEnvironmentSpec, PreviewTemplateSpec};
+
+    fn now() -> DateTime<Utc> {
+        "2026-11-22T10:00:00Z".parse().unwrap()
+    }
+
+    fn environment() -> PreviewEnvironment {
+        let mut environment =
+            PreviewEnvironment::new("web-pr-2", PreviewEnvironmentSpec::default());
+        environment.spec.source.head_sha = "ec26c3e57ca3a959ca5aad62de7213c562f8c821".into();
+        environment
+    }
+
+    fn template(policy: ForkPolicy) -> PreviewTemplate {
+        let mut spec = PreviewTemplateSpec::default();
+        spec.triggers.fork_policy = policy;
+        PreviewTemplate::new("web", spec)
+    }
+
+    fn spec_of(effect: Effect) -> Value {
+        match effect {
+            Effect::Patch(patch) => patch["spec"].clone(),
+            Effect::Delete(reason) => panic!("unexpected delete: {reason}"),
+        }
+    }
+
+    #[test]
+    fn commands_are_found_on_their_own_line_only() {
+        assert_eq!(parse("LGTM"), None);
+        assert_eq!(parse("see /preview deploy"), None);
+        assert_eq!(parse("/previewer deploy"), None);
+        assert_eq!(
+            parse("Thanks!\n  /preview deploy  \n"),
+            Some(Ok(CommentCommand::Deploy))
+        );
+        assert_eq!(parse("/preview sleep"), Some(Ok(CommentCommand::Sleep)));
+        assert_eq!(parse("/preview wake"), Some(Ok(CommentCommand::Wake)));
+        assert_eq!(parse("/preview destroy"), Some(Ok(CommentCommand::Destroy)));
+        assert_eq!(parse("/preview approve"), Some(Ok(CommentCommand::Approve)));
+        assert_eq!(
+            parse("/preview extend 3d"),
+            Some(Ok(CommentCommand::Extend("3d".into(), TimeDelta::days(3))))
+        );
+    }
+
+    #[test]
+    fn bad_commands_get_an_answer_that_says_why() {
+        let answer = |text: &str| parse(text).unwrap().unwrap_err();
+        assert!(answer("/preview").contains("which command"));
+        assert!(answer("/preview frobnicate").contains("unknown command `frobnicate`"));
+        assert!(answer("/preview extend").contains("needs a duration"));
+        assert!(answer("/preview extend forever").contains("`forever` is not a duration"));
+        assert!(answer("/preview extend 90d").contains("longer than the 30 days"));
+        assert!(answer("/preview extend 1000000000000000d").contains("not a duration"));
+        assert!(answer("/preview sleep now").contains("takes no argument"));
+        assert!(answer("/preview extend 3d please").contains("unexpected `please`"));
+    }
+
+    #[test]
+    fn a_huge_or_hostile_argument_is_quoted_short_and_harmless() {
+        let huge = format!("/preview extend {}<script>", "9".repeat(100_000));
+        let answer = parse(&huge).unwrap().unwrap_err();
+        assert!(answer.len() < 200, "{}", answer.len());
+        assert!(!answer.contains('<'));
+        let markdown = parse("/preview **bold**](http://x)").unwrap().unwrap_err();
+        assert!(
+            markdown.contains("`boldhttpx`") && !markdown.contains('*') && !markdown.contains("]("),
+            "{markdown}"
+        );
+    }
+
+    #[test]
+    fn each_command_changes_what_it_says() {
+        let env = environment();
+        let t = template(ForkPolicy::Deny);
+        let deploy = spec_of(effect(&CommentCommand::Deploy, &env, &t, "octocat", now()));
+        assert_eq!(deploy["redeploy"], "2026-11-22T10:00:00Z");
+        let extend = spec_of(effect(
+            &CommentCommand::Extend("3d".into(), TimeDelta::days(3)),
+            &env,
+            &t,
+            "octocat",
+            now(),
+        ));
+        assert_eq!(extend["keepUntil"], "2026-11-25T10:00:00Z");
+        assert_eq!(
+            spec_of(effect(&CommentCommand::Sleep, &env, &t, "octocat", now()))["sleep"],
+            true
+        );
+        let mut asleep = env.clone();
+        asleep.spec.sleep = true;
+        assert_eq!(
+            spec_of(effect(&CommentCommand::Wake, &asleep, &t, "octocat", now()))["sleep"],
+            false
+        );
+        assert_eq!(
+            effect(&CommentCommand::Destroy, &env, &t, "octocat", now()),
+            Effect::Delete("@octocat asked for it with `/preview destroy`".into())
+        );
+    }
+
+    #[test]
+    fn approval_applies_to_fork_head_commits_under_require_approval_only() {
+        let mut fork = environment();
+        fork.spec.source.fork = true;
+        let approving = template(ForkPolicy::RequireApproval);
+        let approved = spec_of(effect(
+            &CommentCommand::Approve,
+            &fork,
+            &approving,
+            "maintainer",
+            now(),
+        ));
+        assert_eq!(approved["approvedSha"], fork.spec.source.head_sha.as_str());
+        // Not a fork, or a template that does not approve: only an answer.
+        for (env, t) in [
+            (environment(), approving.clone()),
+            (fork.clone(), template(ForkPolicy::Deny)),
+        ] {
+            assert_eq!(
+                spec_of(effect(
+                    &CommentCommand::Approve,
+                    &env,
+                    &t,
+                    "maintainer",
+                    now()
+                )),
+                Value::Null
+            );
+        }
+    }
+
+    #[test]
+    fn the_answer_reaches_the_comment_line() {
+        let mut env = environment();
+        let Effect::Patch(patch) = refusal(
+            "/preview destroy",
+            "mallory",
+            "refused: only people with write access to the repository may run commands",
+        ) else {
+            unreachable!()
+        };
+        let annotation = patch["metadata"]["annotations"][ANNOTATION_LAST_COMMAND]
+            .as_str()
+            .unwrap()
+            .to_string();
+        env.metadata.annotations = Some([(ANNOTATION_LAST_COMMAND.to_string(), annotation)].into());
+        assert_eq!(
+            crate::model::metadata::last_command_reply(&env).unwrap(),
+            "`/preview destroy` by @mallory: refused: only people with write access to the repository may run commands"
+        );
+    }
+}

@@ -1,0 +1,501 @@
+//! The HTTP server: `POST /webhooks/github`, `POST /webhooks/gitlab`, `/metrics`, `/healthz`,
+//! `/readyz`.
+//!
+//! A delivery is answered as soon as its environments are written (one API call each); the
+//! controller does the deploying. In order:
+//!
+//! 1. a body over the size limit: 413;
+//! 2. a body that is not JSON: 400;
+//! 3. no `PreviewTemplate` for the delivery's repository: 202, ignored (logged);
+//! 4. a missing or wrong signature (checked against the webhook secret of each template of that
+//!    repository, in constant time): 401;
+//! 5. a delivery id already handled: 200, nothing written again;
+//! 6. otherwise the event is parsed (400 if it does not fit its type), decided on and written:
+//!    202 with what was done. An unknown event type is 202, ignored.
+
+use std::collections::{HashSet, VecDeque};
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use kube::{Client, ResourceExt};
+use prometheus::{Encoder, TextEncoder};
+use serde_json::json;
+use tracing::Instrument;
+
+use crate::cluster::caches::Caches;
+use crate::cluster::metrics::ClusterMetrics;
+use crate::cluster::secrets::{SecretError, SecretReader};
+use crate::forge::report::Reporter;
+use crate::forge::{self, EventKind, ForgeEvent, SignatureError, github, gitlab};
+use crate::model::crd::{ForgeKind, PreviewTemplate};
+use crate::webhook::intake::{self, Decision};
+use crate::webhook::metrics::WebhookMetrics;
+
+/// How many delivery ids are remembered to drop redeliveries.
+const REMEMBERED_DELIVERIES: usize = 10_000;
+
+/// Everything the handlers share.
+pub struct ServerState {
+    pub client: Client,
+    /// Templates and environments as watched for this server (or shared with the controller).
+    pub caches: Caches,
+    pub secrets: SecretReader,
+    pub metrics: ServerMetrics,
+    pub max_body_bytes: usize,
+    /// The forge gateway: comment commands ask it who may write.
+    pub reporter: Arc<Reporter>,
+    deliveries: DeliveryLog,
+}
+
+/// The metrics the server writes to, and the registry it serves on `/metrics`.
+#[derive(Clone)]
+pub struct ServerMetrics {
+    pub webhook: WebhookMetrics,
+    /// Counts the intake's writes with everyone else's.
+    pub writes: ClusterMetrics,
+    pub registry: prometheus::Registry,
+}
+
+impl ServerState {
+    pub fn new(
+        client: Client,
+        caches: Caches,
+        reporter: Arc<Reporter>,
+        metrics: ServerMetrics,
+        max_body_bytes: usize,
+    ) -> Arc<Self> {
+        Arc::new(Self {
+            secrets: SecretReader::new(client.clone()),
+            client,
+            caches,
+            metrics,
+            max_body_bytes,
+            reporter,
+            deliveries: DeliveryLog::default(),
+        })
+    }
+}
+
+/// The router, for `serve` and for tests.
+pub fn router(state: Arc<ServerState>) -> Router {
+    Router::new()
+        .route("/webhooks/github", post(github_webhook))
+        .route("/webhooks/gitlab", post(gitlab_webhook))
+        .route("/metrics", get(metrics))
+        .route("/healthz", get(|| async { "ok" }))
+        .route("/readyz", get(readyz))
+        .with_state(state)
+}
+
+/// Serves until `shutdown` completes, then stops accepting connections and lets in-flight
+/// requests finish (a delivery being written is answered, not cut off). Readiness turns on
+/// once the template and environment caches hold the cluster's state (before that, a delivery
+/// could miss its template).
+pub async fn serve(
+    state: Arc<ServerState>,
+    listener: tokio::net::TcpListener,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let address: Option<SocketAddr> = listener.local_addr().ok();
+    tracing::info!(?address, "webhook server listening");
+    axum::serve(listener, router(state))
+        .with_graceful_shutdown(shutdown)
+        .await
+}
+
+async fn readyz(State(state): State<Arc<ServerState>>) -> Response {
+    if *state.caches.ready.borrow() {
+        (StatusCode::OK, "ready").into_response()
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, "caches not synced yet").into_response()
+    }
+}
+
+async fn metrics(State(state): State<Arc<ServerState>>) -> Response {
+    let metrics = &state.metrics;
+    metrics
+        .webhook
+        .count_environments(state.caches.environments.state().iter().map(|e| e.as_ref()));
+    let mut text = Vec::new();
+    if let Err(e) = TextEncoder::new().encode(&metrics.registry.gather(), &mut text) {
+        tracing::warn!(error = %e, "could not encode the metrics");
+    }
+    ([("content-type", "text/plain; version=0.0.4")], text).into_response()
+}
+
+async fn github_webhook(State(state): State<Arc<ServerState>>, request: Request) -> Response {
+    handle(&state, ForgeKind::Github, request).await
+}
+
+async fn gitlab_webhook(State(state): State<Arc<ServerState>>, request: Request) -> Response {
+    handle(&state, ForgeKind::Gitlab, request).await
+}
+
+/// What a delivery came to: the HTTP answer and the metric outcome.
+struct DeliveryAnswer {
+    status: StatusCode,
+    outcome: &'static str,
+    body: serde_json::Value,
+}
+
+impl DeliveryAnswer {
+    fn new(status: StatusCode, outcome: &'static str, message: impl Into<String>) -> Self {
+        Self {
+            status,
+            outcome,
+            body: json!({ "outcome": outcome, "message": message.into() }),
+        }
+    }
+}
+
+async fn handle(state: &ServerState, forge: ForgeKind, request: Request) -> Response {
+    let started = std::time::Instant::now();
+    let headers = request.headers().clone();
+    let (event_header, delivery_header) = match forge {
+        ForgeKind::Github => (github::EVENT_HEADER, github::DELIVERY_HEADER),
+        ForgeKind::Gitlab => (gitlab::EVENT_HEADER, gitlab::DELIVERY_HEADER),
+    };
+    let event_type = header(&headers, event_header)
+        .unwrap_or_default()
+        .to_string();
+    let delivery = header(&headers, delivery_header).map(str::to_string);
+    let forge_label = forge_label(forge);
+    // One span per delivery: every line logged while handling it (intake, forge calls) carries
+    // the delivery id, and the repository and environments once they are known.
+    let span = tracing::info_span!(
+        "delivery",
+        forge = forge_label,
+        event = %event_type,
+        delivery = delivery.as_deref().unwrap_or("-"),
+        repository = tracing::field::Empty,
+        environments = tracing::field::Empty,
+    );
+    let answer = answer(
+        state,
+        forge,
+        &headers,
+        &event_type,
+        delivery.as_deref(),
+        request.into_body(),
+    )
+    .instrument(span.clone())
+    .await;
+    let _entered = span.enter();
+    state
+        .metrics
+        .webhook
+        .deliveries
+        .with_label_values(&[forge_label, event_label(forge, &event_type), answer.outcome])
+        .inc();
+    state
+        .metrics
+        .webhook
+        .duration
+        .with_label_values(&[forge_label])
+        .observe(started.elapsed().as_secs_f64());
+    let message = answer.body["message"].as_str().unwrap_or_default();
+    if answer.status.is_client_error() || answer.status.is_server_error() {
+        tracing::warn!(
+            status = answer.status.as_u16(),
+            outcome = answer.outcome,
+            "webhook refused: {message}"
+        );
+    } else {
+        tracing::info!(
+            status = answer.status.as_u16(),
+            outcome = answer.outcome,
+            "webhook: {message}"
+        );
+    }
+    (answer.status, axum::Json(answer.body)).into_response()
+}
+
+/// The event type as a metric label: one of a fixed set (the header is the sender's text).
+fn event_label(forge: ForgeKind, event_type: &str) -> &'static str {
+    match (forge, event_type) {
+        (ForgeKind::Github, "pull_request") => "pull_request",
+        (ForgeKind::Github, "push") | (ForgeKind::Gitlab, "Push Hook") => "push",
+        (ForgeKind::Github, "delete") => "delete",
+        (ForgeKind::Github, "issue_comment") => "comment",
+        (ForgeKind::Github, "ping") => "ping",
+        (ForgeKind::Gitlab, "Merge Request Hook") => "pull_request",
+        (ForgeKind::Gitlab, "Note Hook") => "comment",
+        (ForgeKind::Gitlab, "Tag Push Hook") => "tag_push",
+        _ => "other",
+    }
+}
+
+fn forge_label(forge: ForgeKind) -> &'static str {
+    match forge {
+        ForgeKind::Github => "github",
+        ForgeKind::Gitlab => "gitlab",
+    }
+}
+
+fn header<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
+    headers.get(name).and_then(|v| v.to_str().ok())
+}
+
+async fn answer(
+    state: &ServerState,
+    forge: ForgeKind,
+    headers: &HeaderMap,
+    event_type: &str,
+    delivery: Option<&str>,
+    body: Body,
+) -> DeliveryAnswer {
+    let body = match axum::body::to_bytes(body, state.max_body_bytes).await {
+        Ok(body) => body,
+        Err(_) => {
+            return DeliveryAnswer::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "too_large",
+                format!(
+                    "the body is over the limit of {} bytes",
+                    state.max_body_bytes
+                ),
+            );
+        }
+    };
+    if event_type.is_empty() {
+        return DeliveryAnswer::new(StatusCode::BAD_REQUEST, "malformed", "no event type header");
+    }
+    let repository = match forge::repository_of(forge, &body) {
+        Ok(repository) => repository.unwrap_or_default(),
+        Err(e) => return DeliveryAnswer::new(StatusCode::BAD_REQUEST, "malformed", e.to_string()),
+    };
+    tracing::Span::current().record("repository", repository.as_str());
+    let templates: Vec<Arc<PreviewTemplate>> = state
+        .caches
+        .templates
+        .state()
+        .into_iter()
+        .filter(|t| {
+            t.spec.forge.kind == forge && t.spec.forge.repository.eq_ignore_ascii_case(&repository)
+        })
+        .collect();
+    if templates.is_empty() {
+        return DeliveryAnswer::new(
+            StatusCode::ACCEPTED,
+            "ignored",
+            format!("no PreviewTemplate serves repository {repository:?}"),
+        );
+    }
+    if let Err(answer) = verify(state, forge, headers, &body, &templates).await {
+        return answer;
+    }
+    let event = match forge {
+        ForgeKind::Github => github::parse(event_type, &body),
+        ForgeKind::Gitlab => gitlab::parse(event_type, &body),
+    };
+    let event = match event {
+        Ok(event) => event,
+        Err(e) => return DeliveryAnswer::new(StatusCode::BAD_REQUEST, "malformed", e.to_string()),
+    };
+    if let EventKind::Ignored(reason) = &event.kind {
+        return DeliveryAnswer::new(StatusCode::ACCEPTED, "ignored", reason.clone());
+    }
+    if let EventKind::Ping = event.kind {
+        return DeliveryAnswer::new(StatusCode::OK, "pong", "the hook works");
+    }
+    let delivery_key = delivery.map(|d| format!("{}/{d}", forge_label(forge)));
+    if let Some(key) = &delivery_key
+        && !state.deliveries.begin(key)
+    {
+        return DeliveryAnswer::new(
+            StatusCode::OK,
+            "duplicate",
+            "this delivery was already handled",
+        );
+    }
+    let result = act(state, &event, &templates).await;
+    match result {
+        Ok(done) if done.is_empty() => DeliveryAnswer::new(
+            StatusCode::ACCEPTED,
+            "unchanged",
+            "nothing to change: the environments already say this",
+        ),
+        Ok(done) => {
+            tracing::Span::current().record("environments", done.join(", "));
+            let mut answer = DeliveryAnswer::new(StatusCode::ACCEPTED, "accepted", done.join("; "));
+            answer.body["environments"] = json!(done);
+            answer
+        }
+        Err(e) => {
+            // Forget the delivery so that a redelivery is handled.
+            if let Some(key) = &delivery_key {
+                state.deliveries.forget(key);
+            }
+            DeliveryAnswer::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "error",
+                format!("writing the environment failed, redeliver later: {e}"),
+            )
+        }
+    }
+}
+
+/// Accepts the delivery if it verifies against the webhook secret of any template of its
+/// repository.
+async fn verify(
+    state: &ServerState,
+    forge: ForgeKind,
+    headers: &HeaderMap,
+    body: &[u8],
+    templates: &[Arc<PreviewTemplate>],
+) -> Result<(), DeliveryAnswer> {
+    let mut last_error =
+        String::from("no PreviewTemplate of this repository names a webhookSecretRef");
+    let mut unavailable = false;
+    for template in templates {
+        let Some(reference) = &template.spec.forge.webhook_secret_ref else {
+            continue;
+        };
+        let namespace = template.namespace().unwrap_or_default();
+        let secret = match state.secrets.get(&namespace, reference).await {
+            Ok(secret) => secret,
+            Err(e) => {
+                unavailable |= matches!(e, SecretError::Api { .. });
+                last_error = format!("PreviewTemplate {namespace}/{}: {e}", template.name_any());
+                continue;
+            }
+        };
+        let verified = match forge {
+            ForgeKind::Github => {
+                github::verify(&secret, body, header(headers, github::SIGNATURE_HEADER))
+            }
+            ForgeKind::Gitlab => gitlab::verify(&secret, header(headers, gitlab::TOKEN_HEADER)),
+        };
+        match verified {
+            Ok(()) => return Ok(()),
+            Err(
+                e @ (SignatureError::Missing(_)
+                | SignatureError::Malformed(_)
+                | SignatureError::Mismatch),
+            ) => {
+                last_error = e.to_string();
+            }
+        }
+    }
+    if unavailable {
+        return Err(DeliveryAnswer::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "error",
+            last_error,
+        ));
+    }
+    Err(DeliveryAnswer::new(
+        StatusCode::UNAUTHORIZED,
+        "unauthorized",
+        last_error,
+    ))
+}
+
+/// Decides and writes; returns one line per environment written.
+async fn act(
+    state: &ServerState,
+    event: &ForgeEvent,
+    templates: &[Arc<PreviewTemplate>],
+) -> Result<Vec<String>, kube::Error> {
+    let environments = state.caches.environments.state();
+    if let EventKind::Comment(comment) = &event.kind {
+        return super::commands::handle(
+            &state.client,
+            &state.reporter,
+            event,
+            comment,
+            templates,
+            &environments,
+            chrono::Utc::now(),
+        )
+        .await;
+    }
+    let decisions = intake::decide(event, templates, &environments, chrono::Utc::now());
+    let written = intake::execute(&state.client, &decisions).await?;
+    for (decision, _) in decisions.iter().zip(&written).filter(|(_, w)| **w) {
+        let operation = match decision {
+            Decision::Apply(_) => "intake_apply",
+            Decision::Wake { .. } => "intake_wake",
+            Decision::Delete { .. } => "intake_delete",
+        };
+        state.metrics.writes.write(operation);
+    }
+    Ok(decisions
+        .iter()
+        .zip(written)
+        .map(|(decision, written)| match decision {
+            Decision::Apply(e) if !written => format!(
+                "not applied {}/{}: it already holds a newer change (a delivery out of order)",
+                e.namespace().unwrap_or_default(),
+                e.name_any()
+            ),
+            Decision::Apply(e) => format!(
+                "applied {}/{}",
+                e.namespace().unwrap_or_default(),
+                e.name_any()
+            ),
+            Decision::Wake { namespace, name } => format!("woke {namespace}/{name}"),
+            Decision::Delete {
+                namespace,
+                name,
+                reason,
+            } => format!("deleted {namespace}/{name} ({reason})"),
+        })
+        .collect())
+}
+
+/// Delivery ids being handled or handled recently: a redelivery (the forge's "Redeliver"
+/// button, or a retry after a timeout) changes nothing twice. Bounded: the oldest are dropped.
+#[derive(Default)]
+struct DeliveryLog {
+    inner: Mutex<(HashSet<String>, VecDeque<String>)>,
+}
+
+impl DeliveryLog {
+    /// Records `id`; false if it was already there.
+    fn begin(&self, id: &str) -> bool {
+        let mut guard = self.inner.lock().expect("delivery log");
+        let (seen, order) = &mut *guard;
+        if !seen.insert(id.to_string()) {
+            return false;
+        }
+        order.push_back(id.to_string());
+        while order.len() > REMEMBERED_DELIVERIES {
+            if let Some(oldest) = order.pop_front() {
+                seen.remove(&oldest);
+            }
+        }
+        true
+    }
+
+    fn forget(&self, id: &str) {
+        let mut guard = self.inner.lock().expect("delivery log");
+        let (seen, order) = &mut *guard;
+        seen.remove(id);
+        order.retain(|d| d != id);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_delivery_log_remembers_a_bounded_number_of_ids() {
+        let log = DeliveryLog::default();
+        assert!(log.begin("a"));
+        assert!(!log.begin("a"));
+        log.forget("a");
+        assert!(log.begin("a"));
+        for i in 0..REMEMBERED_DELIVERIES {
+            assert!(log.begin(&i.to_string()));
+        }
+        assert!(log.begin("a"), "the oldest id was dropped");
+    }
+}
