@@ -22,6 +22,7 @@ use sha2::{Digest, Sha256};
 use crate::cluster::health::Health;
 use crate::cluster::metrics::ClusterMetrics;
 use crate::cluster::observed::{self, ObjectKey, ObservedStore};
+use crate::cluster::writer::Writer;
 use crate::model::metadata::FIELD_MANAGER_RECONCILE;
 
 type Sha = [u8; 32];
@@ -91,7 +92,7 @@ pub struct ApplyStats {
 pub struct Applier {
     client: Client,
     store: Arc<ObservedStore>,
-    metrics: ClusterMetrics,
+    writer: Writer,
     concurrency: usize,
     cache: Mutex<HashMap<ObjectKey, CacheEntry>>,
     resources: Mutex<HashMap<(String, String), ApiResource>>,
@@ -107,7 +108,7 @@ impl Applier {
         Self {
             client,
             store,
-            metrics,
+            writer: Writer::new(metrics),
             concurrency: concurrency.max(1),
             cache: Mutex::new(HashMap::new()),
             resources: Mutex::new(HashMap::new()),
@@ -206,16 +207,27 @@ impl Applier {
         let key = ObjectKey::of(manifest);
         let manifest_sha = sha(manifest);
         if !bypass_cache && !self.needs_apply(&key, manifest, &manifest_sha) {
-            self.metrics.applies.with_label_values(&["skipped"]).inc();
+            self.writer
+                .metrics()
+                .applies
+                .with_label_values(&["skipped"])
+                .inc();
             return Ok(false);
         }
         let resource = self.resource(&key.api_version, &key.kind).await?;
         let params = PatchParams::apply(FIELD_MANAGER_RECONCILE).force();
-        self.metrics.applies.with_label_values(&["sent"]).inc();
-        self.metrics.write("apply");
+        self.writer
+            .metrics()
+            .applies
+            .with_label_values(&["sent"])
+            .inc();
+        let api = self.api(&resource, &key.namespace);
         let returned = self
-            .api(&resource, &key.namespace)
-            .patch(&key.name, &params, &Patch::Apply(manifest))
+            .writer
+            .write(
+                "apply",
+                api.patch(&key.name, &params, &Patch::Apply(manifest)),
+            )
             .await?;
         let mut returned = serde_json::to_value(&returned).unwrap_or(Value::Null);
         returned["apiVersion"] = Value::String(key.api_version.clone());
@@ -239,10 +251,10 @@ impl Applier {
             propagation_policy: Some(PropagationPolicy::Background),
             ..Default::default()
         };
-        self.metrics.write("delete");
+        let api = self.api(&resource, &key.namespace);
         match self
-            .api(&resource, &key.namespace)
-            .delete(&key.name, &params)
+            .writer
+            .write("delete", api.delete(&key.name, &params))
             .await
         {
             Ok(_) => {}

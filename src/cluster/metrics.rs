@@ -24,6 +24,9 @@ pub struct ClusterMetrics {
     pub applies: IntCounterVec,
     /// Every write request previewd sends to the API server, by operation.
     pub writes: IntCounterVec,
+    /// How each write sent through the writer ended, by operation and result (`ok`, `error`,
+    /// `timeout`).
+    pub write_results: IntCounterVec,
 }
 
 impl Default for ClusterMetrics {
@@ -51,6 +54,14 @@ impl ClusterMetrics {
                 &["operation"],
             )
             .expect("valid metric"),
+            write_results: IntCounterVec::new(
+                Opts::new(
+                    "previewd_write_results_total",
+                    "How write requests to the Kubernetes API ended",
+                ),
+                &["operation", "result"],
+            )
+            .expect("valid metric"),
         }
     }
 
@@ -70,6 +81,13 @@ impl ClusterMetrics {
     /// Counts one write request of `operation` (one of [`WRITE_OPERATIONS`]).
     pub fn write(&self, operation: &'static str) {
         self.writes.with_label_values(&[operation]).inc();
+    }
+
+    /// Counts how a write of `operation` ended.
+    pub fn write_result(&self, operation: &'static str, result: &'static str) {
+        self.write_results
+            .with_label_values(&[operation, result])
+            .inc();
     }
 
     /// All write requests so far.

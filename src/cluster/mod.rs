@@ -8,13 +8,15 @@
 //! * [`records`]: creating, waking and deleting `PreviewEnvironment`s (with a reason);
 //! * [`secrets`]: reading the Secrets templates name, cached briefly;
 //! * [`client`]: building a client from a kubeconfig;
-//! * [`metrics`]: applies and write requests, counted whichever layer writes.
+//! * [`metrics`]: applies and write requests, counted whichever layer writes;
+//! * [`writer`]: the one path of every write, with a timeout and result counters.
 
 pub mod applier;
 pub mod caches;
 pub mod client;
-pub mod health;
+pub(crate) mod health;
 pub mod metrics;
 pub mod observed;
-pub mod records;
+pub(crate) mod records;
 pub mod secrets;
+pub(crate) mod writer;

@@ -7,12 +7,13 @@
 //! synchronize, labeled, …) becomes the same [`EventKind::ChangeRequest`] snapshot.
 
 pub mod client;
-pub mod comment;
+mod comment;
 pub mod github;
 pub mod gitlab;
 pub mod metrics;
 pub mod report;
 pub mod repository;
+mod transport;
 
 use chrono::{DateTime, Utc};
 use sha2::{Digest, Sha256};

@@ -22,6 +22,7 @@ use kube::{Client, ResourceExt};
 use crate::cluster::caches::Caches;
 use crate::cluster::metrics::ClusterMetrics;
 use crate::cluster::records::delete_with_reason;
+use crate::cluster::writer::Writer;
 use crate::forge::report::Reporter;
 use crate::lifecycle::metrics::SweepMetrics;
 use crate::lifecycle::rules::{self, ForgeFacts, LabelledNamespace, Reason, Verdict};
@@ -156,8 +157,12 @@ impl Sweeper {
             rules::orphaned_namespaces(&labelled, &live, self.watch_namespace.as_deref(), now)
         {
             tracing::info!(namespace = %orphan, reason = Reason::OrphanedNamespace.label(), "deleting orphaned namespace");
-            self.writes.write("delete");
-            match namespaces.delete(&orphan, &DeleteParams::default()).await {
+            let params = DeleteParams::default();
+            match self
+                .writer()
+                .write("delete", namespaces.delete(&orphan, &params))
+                .await
+            {
                 Ok(_) => {}
                 Err(kube::Error::Api(status)) if status.code == 404 => continue,
                 Err(e) => return Err(e),
@@ -169,6 +174,10 @@ impl Sweeper {
             report.orphans.push(orphan);
         }
         Ok(report)
+    }
+
+    fn writer(&self) -> Writer {
+        Writer::new(self.writes.clone())
     }
 
     async fn delete_environment(
@@ -201,14 +210,15 @@ impl Sweeper {
         let namespace = environment.namespace().unwrap_or_default();
         let api: Api<PreviewEnvironment> = Api::namespaced(self.client.clone(), &namespace);
         tracing::info!(environment = %environment.name_any(), %namespace, "sweep puts idle environment to sleep");
-        self.writes.write("sleep");
         let params = PatchParams {
             field_manager: Some(FIELD_MANAGER_SWEEP.into()),
             ..Default::default()
         };
-        let sleep = serde_json::json!({"spec": {"sleep": true}});
-        match api
-            .patch(&environment.name_any(), &params, &Patch::Merge(sleep))
+        let sleep = Patch::Merge(serde_json::json!({"spec": {"sleep": true}}));
+        let name = environment.name_any();
+        match self
+            .writer()
+            .write("sleep", api.patch(&name, &params, &sleep))
             .await
         {
             Ok(_) => {

@@ -84,9 +84,9 @@ async fn delete_namespace(
     if let Err(e) = write_status_only(environment, context, terminating).await {
         tracing::debug!(error = %e, "could not write the Terminating status");
     }
-    context.writes.write("delete");
-    namespaces
-        .delete(namespace, &Default::default())
+    context
+        .writer
+        .write("delete", namespaces.delete(namespace, &Default::default()))
         .await
         .map_err(ReconcileError::Cleanup)?;
     publish(

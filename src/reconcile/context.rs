@@ -17,7 +17,7 @@ use super::config::ControllerConfig;
 use super::metrics::ReconcileMetrics;
 use crate::cluster::applier::Applier;
 use crate::cluster::caches::Caches;
-use crate::cluster::metrics::ClusterMetrics;
+use crate::cluster::writer::Writer;
 use crate::forge::report::Reporter;
 use crate::forge::repository::RepositoryManifests;
 use crate::model::crd::{PreviewEnvironment, PreviewTemplate, Timings};
@@ -29,8 +29,8 @@ pub struct Context {
     pub client: Client,
     pub config: ControllerConfig,
     pub metrics: ReconcileMetrics,
-    /// Counts the writes the reconciler makes itself (status, events, finalizer, deletes).
-    pub writes: ClusterMetrics,
+    /// Sends (and counts) the writes the reconciler makes itself: status, Events, deletes.
+    pub writer: Writer,
     pub applier: Applier,
     /// Templates and environments as the controller's own watches see them.
     pub caches: Caches,

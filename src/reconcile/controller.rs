@@ -23,6 +23,7 @@ use crate::cluster::applier::Applier;
 use crate::cluster::caches::{Caches, Readiness};
 use crate::cluster::observed::ObservedStore;
 use crate::cluster::secrets::SecretReader;
+use crate::cluster::writer::Writer;
 use crate::forge::report::Reporter;
 use crate::forge::repository::RepositoryManifests;
 use crate::model::crd::{PreviewEnvironment, PreviewTemplate};
@@ -91,7 +92,7 @@ pub async fn run(
         client,
         config,
         metrics: metrics.reconcile,
-        writes: metrics.cluster,
+        writer: Writer::new(metrics.cluster),
         caches,
         repository_manifests: RepositoryManifests::default(),
         reconcile_trigger: trigger_tx,
@@ -163,7 +164,7 @@ async fn reconcile_in_span(
     );
     let has_finalizer = environment.finalizers().iter().any(|f| f == FINALIZER);
     if !has_finalizer && environment.meta().deletion_timestamp.is_none() {
-        context.writes.write("finalizer");
+        context.writer.counted("finalizer");
     }
     let result = finalizer(&api, FINALIZER, environment, |event| async {
         match event {

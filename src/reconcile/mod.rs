@@ -8,24 +8,24 @@
 //! the status writer, Events and the finalizer write to the API server, and none of them writes
 //! when nothing changed.
 
-pub mod cleanup;
+mod cleanup;
 pub mod config;
-pub mod context;
-pub mod controller;
+mod context;
+mod controller;
 pub mod error;
-pub mod hold;
+mod hold;
 pub mod metrics;
-pub mod namespace;
-pub mod pipeline;
+mod namespace;
+mod pipeline;
 pub mod plan;
-pub mod prune;
-pub mod queue;
-pub mod resolve;
+mod prune;
+mod queue;
+mod resolve;
 pub mod status;
 #[cfg(test)]
 mod test_support;
-pub mod waves;
-pub mod write;
+mod waves;
+mod write;
 
 pub use config::{ControllerConfig, DEFAULT_MAX_OBJECTS};
 pub use context::Context;

@@ -273,3 +273,6 @@ pub fn merge_patch(old: &Value, new: &Value) -> Value {
         _ => new.clone(),
     }
 }
+
+#[cfg(test)]
+mod tests;

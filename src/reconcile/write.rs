@@ -51,14 +51,14 @@ pub async fn write_status_only(
         &serde_json::to_value(&previous).unwrap_or_default(),
         &serde_json::to_value(&status).unwrap_or_default(),
     ) });
-    context.writes.write("status");
-    api.patch_status(
-        &environment.name_any(),
-        &PatchParams::default(),
-        &Patch::Merge(patch),
-    )
-    .await
-    .map_err(ReconcileError::Status)?;
+    let name = environment.name_any();
+    let params = PatchParams::default();
+    let patch = Patch::Merge(patch);
+    context
+        .writer
+        .write("status", api.patch_status(&name, &params, &patch))
+        .await
+        .map_err(ReconcileError::Status)?;
     if previous.phase != status.phase || environment.status.is_none() {
         announce_phase(environment, context, &previous, &status).await;
     }
@@ -98,7 +98,6 @@ pub async fn publish(
     reason: &str,
     note: String,
 ) {
-    context.writes.write("event");
     let event = Event {
         type_,
         reason: reason.into(),
@@ -106,11 +105,12 @@ pub async fn publish(
         action: "Reconcile".into(),
         secondary: None,
     };
-    if let Err(e) = context
-        .recorder
-        .publish(&event, &environment.object_ref(&()))
-        .await
-    {
+    let reference = environment.object_ref(&());
+    let published = context
+        .writer
+        .write("event", context.recorder.publish(&event, &reference))
+        .await;
+    if let Err(e) = published {
         tracing::debug!(error = %e, "could not publish an event");
     }
 }

@@ -103,10 +103,6 @@ impl LeaderElector {
         }
     }
 
-    pub fn settings(&self) -> &LeaseSettings {
-        &self.settings
-    }
-
     /// Takes the Lease if it is free or expired, renews it if this replica holds it.
     async fn try_acquire_or_renew(&mut self) -> Result<Attempt, kube::Error> {
         let now = MicroTime(k8s_openapi::jiff::Timestamp::now());

@@ -3,7 +3,7 @@
 
 pub mod config;
 pub mod error;
-pub mod leader;
+mod leader;
 pub mod metrics;
 pub mod service;
 pub mod telemetry;

@@ -6,7 +6,7 @@
 //!
 //! Nothing here deploys: the reconciler picks the records up through the Kubernetes API.
 
-pub mod commands;
-pub mod intake;
+mod commands;
+mod intake;
 pub mod metrics;
 pub mod server;

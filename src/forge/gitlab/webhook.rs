@@ -3,7 +3,7 @@
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
 
-use super::{
+use crate::forge::{
     ChangeRequest, Comment, EventKind, ForgeEvent, ForgeKind, ParseError, Push, SignatureError,
     branch_of_ref, is_null_sha, secrets_equal,
 };
@@ -219,7 +219,7 @@ fn parse_merge_request(body: &[u8]) -> Result<ForgeEvent, ParseError> {
                 draft: mr.draft || mr.work_in_progress,
                 fork: matches!((mr.source_project_id, mr.target_project_id), (Some(s), Some(t)) if s != t),
                 labels: mr.labels.into_iter().map(|l| l.title).collect(),
-                changed_at: super::forge_time(&mr.updated_at),
+                changed_at: crate::forge::forge_time(&mr.updated_at),
             })
         }
         other => EventKind::Ignored(format!("merge request action {other:?}")),
@@ -264,7 +264,7 @@ mod tests {
                 draft: false,
                 fork: false,
                 labels: vec!["API".into()],
-                changed_at: super::super::forge_time(&serde_json::json!("2013-12-03T17:23:34Z")),
+                changed_at: crate::forge::forge_time(&serde_json::json!("2013-12-03T17:23:34Z")),
             })
         );
         let mut delivery: serde_json::Value =

@@ -6,7 +6,7 @@ use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use sha2::Sha256;
 
-use super::{
+use crate::forge::{
     ChangeRequest, Comment, EventKind, ForgeEvent, ForgeKind, ParseError, Push, SignatureError,
     branch_of_ref, is_null_sha,
 };
@@ -238,7 +238,7 @@ fn parse_pull_request(body: &[u8]) -> Result<ForgeEvent, ParseError> {
                 author: pr.user.map(|u| u.login),
                 draft: pr.draft,
                 labels: pr.labels.into_iter().map(|l| l.name).collect(),
-                changed_at: super::forge_time(&pr.updated_at),
+                changed_at: crate::forge::forge_time(&pr.updated_at),
             })
         }
         other => EventKind::Ignored(format!("pull_request action {other:?}")),
@@ -262,7 +262,7 @@ fn parse_push(body: &[u8]) -> Result<ForgeEvent, ParseError> {
                 .sender
                 .map(|s| s.login)
                 .or(delivery.pusher.map(|p| p.name)),
-            changed_at: super::forge_time(&delivery.repository.pushed_at),
+            changed_at: crate::forge::forge_time(&delivery.repository.pushed_at),
         }),
     };
     let repository = Repository {
@@ -373,7 +373,7 @@ mod tests {
                 branch: "master".into(),
                 head_sha: "6113728f27ae82c7b1a177c8d03f9e96e0adf246".into(),
                 author: Some("Codertocat".into()),
-                changed_at: super::super::forge_time(&serde_json::json!(1557933657)),
+                changed_at: crate::forge::forge_time(&serde_json::json!(1557933657)),
             })
         );
         assert!(matches!(kind("push", "push.json"), EventKind::Ignored(_)));

@@ -1,0 +1,433 @@
+//! GitHub's REST API: the calls previewd makes (its comment, commit statuses, deployments,
+//! repository files, collaborators' permission, the open pull requests and branches the sweep
+//! lists), each through one send path that applies the gate, reads the rate-limit headers,
+//! counts the call, and uses conditional requests for lists (a `304` costs no rate limit).
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use http::{HeaderMap, Method, StatusCode};
+use serde_json::{Value, json};
+
+use crate::forge::client::{DeploymentState, is_yaml};
+use crate::forge::comment::CommitState;
+use crate::forge::metrics::ForgeMetrics;
+use crate::forge::transport::{
+    FORGE_CONNECT_TIMEOUT, FORGE_TIMEOUT, ForgeApiError, Gate, observe_rate_limit, rate_limit_wait,
+};
+
+/// One GitHub answer, past the shared checks.
+struct GithubAnswer {
+    not_modified: bool,
+    etag: Option<String>,
+    json: Value,
+}
+
+/// GitHub's REST API through octocrab, with the shared accounting of every call.
+pub struct GithubApi {
+    octocrab: octocrab::Octocrab,
+    gate: Gate,
+    metrics: ForgeMetrics,
+    /// Last answer of each list URL with its ETag: a `304 Not Modified` costs no rate limit.
+    etags: Mutex<HashMap<String, (String, Value)>>,
+}
+
+impl GithubApi {
+    pub fn new(
+        api_url: Option<&str>,
+        token: String,
+        metrics: ForgeMetrics,
+    ) -> Result<Self, ForgeApiError> {
+        let api_url = api_url.unwrap_or("https://api.github.com");
+        let octocrab = octocrab::Octocrab::builder()
+            .base_uri(api_url)
+            .map_err(|_| ForgeApiError::BadUrl(api_url.to_string()))?
+            .personal_token(token)
+            .set_connect_timeout(Some(FORGE_CONNECT_TIMEOUT))
+            .set_read_timeout(Some(FORGE_TIMEOUT))
+            .set_write_timeout(Some(FORGE_TIMEOUT))
+            .build()
+            .map_err(|e| ForgeApiError::Transport {
+                operation: "build client",
+                message: e.to_string(),
+            })?;
+        Ok(Self {
+            octocrab,
+            gate: Gate::default(),
+            metrics,
+            etags: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// The ETag cache, even if a thread panicked holding it (each entry is whole).
+    fn etags(&self) -> std::sync::MutexGuard<'_, HashMap<String, (String, Value)>> {
+        self.etags
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    async fn request(
+        &self,
+        operation: &'static str,
+        method: Method,
+        path: &str,
+        body: Option<&Value>,
+    ) -> Result<Value, ForgeApiError> {
+        Ok(self.send(operation, method, path, body, None).await?.json)
+    }
+
+    /// Sends one request with the accounting every call shares: the gate, the rate-limit
+    /// headers, the metric, and errors for anything but 2xx and `304 Not Modified`.
+    async fn send(
+        &self,
+        operation: &'static str,
+        method: Method,
+        path: &str,
+        body: Option<&Value>,
+        if_none_match: Option<&str>,
+    ) -> Result<GithubAnswer, ForgeApiError> {
+        self.gate.check(operation)?;
+        let count = |outcome: &str| {
+            self.metrics
+                .requests
+                .with_label_values(&["github", operation, outcome])
+                .inc();
+        };
+        let sent = match method {
+            Method::POST => self.octocrab._post(path, body).await,
+            Method::PATCH => self.octocrab._patch(path, body).await,
+            _ => {
+                let mut headers = HeaderMap::new();
+                if let Some(value) = if_none_match.and_then(|etag| etag.parse().ok()) {
+                    headers.insert(http::header::IF_NONE_MATCH, value);
+                }
+                self.octocrab._get_with_headers(path, Some(headers)).await
+            }
+        };
+        let response = sent.map_err(|e| {
+            self.gate.failure();
+            count("error");
+            ForgeApiError::Transport {
+                operation,
+                message: e.to_string(),
+            }
+        })?;
+        let status = response.status();
+        if observe_rate_limit(
+            "github",
+            status,
+            response.headers(),
+            &self.metrics,
+            &self.gate,
+        ) {
+            count("rate_limited");
+            return Err(ForgeApiError::RateLimited {
+                operation,
+                wait: rate_limit_wait(response.headers()),
+            });
+        }
+        let etag = response
+            .headers()
+            .get(http::header::ETAG)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string);
+        let text = self
+            .octocrab
+            .body_to_string(response)
+            .await
+            .unwrap_or_default();
+        if !status.is_success() && status != StatusCode::NOT_MODIFIED {
+            if status.is_server_error() {
+                self.gate.failure();
+            }
+            count("error");
+            return Err(ForgeApiError::Http {
+                operation,
+                status: status.as_u16(),
+                message: text.chars().take(300).collect(),
+            });
+        }
+        self.gate.success();
+        count(if status == StatusCode::NOT_MODIFIED {
+            "not_modified"
+        } else {
+            "ok"
+        });
+        Ok(GithubAnswer {
+            not_modified: status == StatusCode::NOT_MODIFIED,
+            etag,
+            json: serde_json::from_str(&text).unwrap_or(Value::Null),
+        })
+    }
+
+    /// A conditional GET (`If-None-Match` with the ETag of the last answer): an unchanged
+    /// answer is a `304`, which costs no rate limit.
+    async fn get_conditional(
+        &self,
+        operation: &'static str,
+        path: &str,
+    ) -> Result<Value, ForgeApiError> {
+        let cached = self.etags().get(path).cloned();
+        let etag = cached.as_ref().map(|(etag, _)| etag.as_str());
+        let answer = self.send(operation, Method::GET, path, None, etag).await?;
+        if answer.not_modified
+            && let Some((_, value)) = cached
+        {
+            return Ok(value);
+        }
+        if let Some(etag) = answer.etag {
+            self.etags()
+                .insert(path.to_string(), (etag, answer.json.clone()));
+        }
+        Ok(answer.json)
+    }
+
+    /// Every item of a paginated list (100 per page, conditional requests, at most 50 pages).
+    pub(crate) async fn list_all(
+        &self,
+        operation: &'static str,
+        path: &str,
+    ) -> Result<Vec<Value>, ForgeApiError> {
+        let mut items = Vec::new();
+        for page in 1..=50 {
+            let separator = if path.contains('?') { '&' } else { '?' };
+            let answer = self
+                .get_conditional(
+                    operation,
+                    &format!("{path}{separator}per_page=100&page={page}"),
+                )
+                .await?;
+            let batch = answer.as_array().cloned().unwrap_or_default();
+            let full = batch.len() == 100;
+            items.extend(batch);
+            if !full {
+                break;
+            }
+        }
+        Ok(items)
+    }
+
+    pub(crate) async fn find_comment(
+        &self,
+        repository: &str,
+        number: u64,
+        marker: &str,
+    ) -> Result<Option<u64>, ForgeApiError> {
+        // Bounded: 10 pages of 100 comments; previewd's comment is among the first anyway.
+        for page in 1..=10 {
+            let path =
+                format!("/repos/{repository}/issues/{number}/comments?per_page=100&page={page}");
+            let comments = self
+                .request("list_comments", Method::GET, &path, None)
+                .await?;
+            let comments = comments.as_array().cloned().unwrap_or_default();
+            if let Some(found) = comments
+                .iter()
+                .find(|c| c["body"].as_str().is_some_and(|b| b.starts_with(marker)))
+            {
+                return Ok(found["id"].as_u64());
+            }
+            if comments.len() < 100 {
+                break;
+            }
+        }
+        Ok(None)
+    }
+
+    pub(crate) async fn create_comment(
+        &self,
+        repository: &str,
+        number: u64,
+        body: &str,
+    ) -> Result<u64, ForgeApiError> {
+        let path = format!("/repos/{repository}/issues/{number}/comments");
+        let created = self
+            .request(
+                "create_comment",
+                Method::POST,
+                &path,
+                Some(&json!({ "body": body })),
+            )
+            .await?;
+        created["id"].as_u64().ok_or(ForgeApiError::Http {
+            operation: "create_comment",
+            status: 200,
+            message: "the answer has no comment id".into(),
+        })
+    }
+
+    pub(crate) async fn edit_comment(
+        &self,
+        repository: &str,
+        id: u64,
+        body: &str,
+    ) -> Result<(), ForgeApiError> {
+        let path = format!("/repos/{repository}/issues/comments/{id}");
+        self.request(
+            "edit_comment",
+            Method::PATCH,
+            &path,
+            Some(&json!({ "body": body })),
+        )
+        .await
+        .map(|_| ())
+    }
+
+    pub(crate) async fn commit_status(
+        &self,
+        repository: &str,
+        sha: &str,
+        state: CommitState,
+        context: &str,
+        target_url: &str,
+        description: &str,
+    ) -> Result<(), ForgeApiError> {
+        let state = match state {
+            CommitState::Pending | CommitState::Running => "pending",
+            CommitState::Success => "success",
+            CommitState::Failure => "failure",
+        };
+        let path = format!("/repos/{repository}/statuses/{sha}");
+        let body = json!({ "state": state, "target_url": target_url, "description": description, "context": context });
+        self.request("commit_status", Method::POST, &path, Some(&body))
+            .await
+            .map(|_| ())
+    }
+
+    pub(crate) async fn read_manifests(
+        &self,
+        repository: &str,
+        path: &str,
+        sha: &str,
+    ) -> Result<Vec<(String, String)>, ForgeApiError> {
+        let path = path.trim_matches('/');
+        let listing = self
+            .request(
+                "read_manifests",
+                Method::GET,
+                &format!("/repos/{repository}/contents/{path}?ref={sha}"),
+                None,
+            )
+            .await?;
+        // A folder lists its entries; a file comes back as one object with its content.
+        let entries = match listing {
+            Value::Array(entries) => entries,
+            file => vec![file],
+        };
+        let mut files = Vec::new();
+        for entry in entries
+            .iter()
+            .filter(|e| e["type"] == "file" && is_yaml(e["name"].as_str().unwrap_or_default()))
+        {
+            let name = entry["name"].as_str().unwrap_or_default().to_string();
+            let file = if entry.get("content").is_some() {
+                entry.clone()
+            } else {
+                let file_path = entry["path"].as_str().unwrap_or_default();
+                self.request(
+                    "read_manifests",
+                    Method::GET,
+                    &format!("/repos/{repository}/contents/{file_path}?ref={sha}"),
+                    None,
+                )
+                .await?
+            };
+            files.push((
+                name,
+                decode_base64_content(&file).ok_or(ForgeApiError::Http {
+                    operation: "read_manifests",
+                    status: 200,
+                    message: format!("{path}: the file content is not base64"),
+                })?,
+            ));
+        }
+        Ok(files)
+    }
+
+    pub(crate) async fn write_access(
+        &self,
+        repository: &str,
+        user: &str,
+    ) -> Result<bool, ForgeApiError> {
+        // Logins are letters, digits and hyphens (apps add `[bot]`); anything else is not a
+        // GitHub user and must not reach the URL.
+        let plausible = !user.is_empty()
+            && user.len() <= 64
+            && user
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '[' | ']'));
+        if !plausible {
+            return Ok(false);
+        }
+        let path = format!("/repos/{repository}/collaborators/{user}/permission");
+        match self
+            .request("get_permission", Method::GET, &path, None)
+            .await
+        {
+            Ok(answer) => Ok(matches!(
+                answer["permission"].as_str(),
+                Some("admin" | "maintain" | "write")
+            )),
+            Err(ForgeApiError::Http { status: 404, .. }) => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Creates a Deployment of `sha` to `environment`; returns its id.
+    pub async fn create_deployment(
+        &self,
+        repository: &str,
+        sha: &str,
+        environment: &str,
+    ) -> Result<u64, ForgeApiError> {
+        let path = format!("/repos/{repository}/deployments");
+        let body = json!({
+            "ref": sha, "environment": environment, "auto_merge": false, "required_contexts": [],
+            "transient_environment": true, "production_environment": false,
+            "description": "preview environment by previewd",
+        });
+        let created = self
+            .request("create_deployment", Method::POST, &path, Some(&body))
+            .await?;
+        created["id"].as_u64().ok_or(ForgeApiError::Http {
+            operation: "create_deployment",
+            status: 200,
+            message: "the answer has no deployment id".into(),
+        })
+    }
+
+    pub async fn deployment_status(
+        &self,
+        repository: &str,
+        deployment: u64,
+        state: DeploymentState,
+        environment_url: &str,
+    ) -> Result<(), ForgeApiError> {
+        let state = match state {
+            DeploymentState::InProgress => "in_progress",
+            DeploymentState::Success => "success",
+            DeploymentState::Failure => "failure",
+            DeploymentState::Inactive => "inactive",
+        };
+        let path = format!("/repos/{repository}/deployments/{deployment}/statuses");
+        let body =
+            json!({ "state": state, "environment_url": environment_url, "auto_inactive": true });
+        self.request("deployment_status", Method::POST, &path, Some(&body))
+            .await
+            .map(|_| ())
+    }
+}
+
+/// GitHub's contents API returns base64 with line breaks.
+fn decode_base64_content(file: &Value) -> Option<String> {
+    use base64::Engine;
+    let content: String = file["content"]
+        .as_str()?
+        .chars()
+        .filter(|c| !c.is_whitespace())
+        .collect();
+    let bytes = base64::engine::general_purpose::STANDARD
+        .decode(content)
+        .ok()?;
+    String::from_utf8(bytes).ok()
+}

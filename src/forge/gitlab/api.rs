@@ -1,0 +1,425 @@
+//! GitLab's REST API through the `gitlab` crate: the same calls as GitHub's (its note on the
+//! merge request, commit statuses, repository files, members' access level, the open merge
+//! requests and branches the sweep lists), each through [`GitlabApi::run`], which applies the
+//! gate and a timeout and counts the call.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use gitlab::api::projects::members::AllProjectMember;
+use gitlab::api::projects::merge_requests::notes::{
+    CreateMergeRequestNote, EditMergeRequestNote, MergeRequestNotes,
+};
+use gitlab::api::projects::merge_requests::{MergeRequestState, MergeRequests};
+use gitlab::api::projects::repository::Tree;
+use gitlab::api::projects::repository::branches::Branches;
+use gitlab::api::projects::repository::commits::{CommitStatusState, CreateCommitStatus};
+use gitlab::api::projects::repository::files::FileRaw;
+use gitlab::api::{AsyncQuery, Endpoint, Pageable, Pagination};
+use serde::de::DeserializeOwned;
+
+use crate::forge::client::is_yaml;
+use crate::forge::comment::CommitState;
+use crate::forge::metrics::ForgeMetrics;
+use crate::forge::transport::{FORGE_TIMEOUT, ForgeApiError, Gate, observe_rate_limit};
+
+/// The gitlab crate's client with previewd's rate-limit accounting around every call.
+struct ObservedGitlab {
+    inner: gitlab::AsyncGitlab,
+    gate: Arc<Gate>,
+    metrics: ForgeMetrics,
+}
+
+impl gitlab::api::RestClient for ObservedGitlab {
+    type Error = gitlab::RestError;
+
+    fn rest_endpoint(
+        &self,
+        endpoint: &str,
+    ) -> Result<url::Url, gitlab::api::ApiError<Self::Error>> {
+        self.inner.rest_endpoint(endpoint)
+    }
+}
+
+#[async_trait::async_trait]
+impl gitlab::api::AsyncClient for ObservedGitlab {
+    async fn rest_async(
+        &self,
+        request: http::request::Builder,
+        body: Vec<u8>,
+    ) -> Result<http::Response<bytes::Bytes>, gitlab::api::ApiError<Self::Error>> {
+        let response = self.inner.rest_async(request, body).await?;
+        observe_rate_limit(
+            "gitlab",
+            response.status(),
+            response.headers(),
+            &self.metrics,
+            &self.gate,
+        );
+        Ok(response)
+    }
+}
+
+pub struct GitlabApi {
+    client: ObservedGitlab,
+    gate: Arc<Gate>,
+    metrics: ForgeMetrics,
+}
+
+#[derive(serde::Deserialize)]
+struct Note {
+    id: u64,
+    #[serde(default)]
+    body: String,
+}
+
+impl GitlabApi {
+    /// Connects (GitLab's client checks the token with one `GET /user`).
+    pub async fn connect(
+        api_url: Option<&str>,
+        token: String,
+        metrics: ForgeMetrics,
+    ) -> Result<Self, ForgeApiError> {
+        let api_url = api_url.unwrap_or("https://gitlab.com");
+        let url =
+            url::Url::parse(api_url).map_err(|_| ForgeApiError::BadUrl(api_url.to_string()))?;
+        let host = match (url.host_str(), url.port()) {
+            (Some(host), Some(port)) => format!("{host}:{port}"),
+            (Some(host), None) => host.to_string(),
+            (None, _) => return Err(ForgeApiError::BadUrl(api_url.to_string())),
+        };
+        let mut builder = gitlab::GitlabBuilder::new(host, token);
+        if url.scheme() == "http" {
+            builder.insecure();
+        }
+        let inner = tokio::time::timeout(FORGE_TIMEOUT, builder.build_async())
+            .await
+            .map_err(|_| ForgeApiError::Transport {
+                operation: "connect",
+                message: format!("no answer within {} s", FORGE_TIMEOUT.as_secs()),
+            })?
+            .map_err(|e| ForgeApiError::Transport {
+                operation: "connect",
+                message: e.to_string(),
+            })?;
+        let gate = Arc::new(Gate::default());
+        Ok(Self {
+            client: ObservedGitlab {
+                inner,
+                gate: gate.clone(),
+                metrics: metrics.clone(),
+            },
+            gate,
+            metrics,
+        })
+    }
+
+    async fn run<T, F, Fut>(&self, operation: &'static str, call: F) -> Result<T, ForgeApiError>
+    where
+        F: FnOnce() -> Fut,
+        Fut: std::future::Future<Output = Result<T, String>>,
+    {
+        self.gate.check(operation)?;
+        // The gitlab crate's HTTP client has no timeout of its own.
+        let result = match tokio::time::timeout(FORGE_TIMEOUT, call()).await {
+            Ok(result) => result,
+            Err(_) => Err(format!("no answer within {} s", FORGE_TIMEOUT.as_secs())),
+        };
+        let outcome = match &result {
+            Ok(_) => "ok",
+            Err(_) if self.gate.check(operation).is_err() => "rate_limited",
+            Err(_) => "error",
+        };
+        self.metrics
+            .requests
+            .with_label_values(&["gitlab", operation, outcome])
+            .inc();
+        match result {
+            Ok(value) => {
+                self.gate.success();
+                Ok(value)
+            }
+            Err(message) => {
+                if outcome == "error" {
+                    self.gate.failure();
+                }
+                Err(ForgeApiError::Transport { operation, message })
+            }
+        }
+    }
+
+    /// One query, its answer deserialized.
+    async fn query<T, E>(&self, operation: &'static str, endpoint: E) -> Result<T, ForgeApiError>
+    where
+        E: Endpoint + Sync,
+        T: DeserializeOwned + Send + 'static,
+    {
+        self.run(operation, || async {
+            endpoint
+                .query_async(&self.client)
+                .await
+                .map_err(|e| e.to_string())
+        })
+        .await
+    }
+
+    /// Every item of a paged list, up to `pagination`.
+    async fn list<T, E>(
+        &self,
+        operation: &'static str,
+        endpoint: E,
+        pagination: Pagination,
+    ) -> Result<Vec<T>, ForgeApiError>
+    where
+        E: Endpoint + Pageable + Sync,
+        T: DeserializeOwned + Send + 'static,
+    {
+        self.run(operation, || async {
+            gitlab::api::paged(endpoint, pagination)
+                .query_async(&self.client)
+                .await
+                .map_err(|e| e.to_string())
+        })
+        .await
+    }
+
+    /// One query whose answer is not needed.
+    async fn send<E: Endpoint + Sync>(
+        &self,
+        operation: &'static str,
+        endpoint: E,
+    ) -> Result<(), ForgeApiError> {
+        self.run(operation, || async {
+            gitlab::api::ignore(endpoint)
+                .query_async(&self.client)
+                .await
+                .map_err(|e| e.to_string())
+        })
+        .await
+    }
+
+    pub(crate) async fn find_comment(
+        &self,
+        project: &str,
+        number: u64,
+        marker: &str,
+    ) -> Result<Option<u64>, ForgeApiError> {
+        let endpoint = MergeRequestNotes::builder()
+            .project(project)
+            .merge_request(number)
+            .build();
+        let endpoint = built("list_comments", endpoint)?;
+        let notes: Vec<Note> = self
+            .list("list_comments", endpoint, Pagination::Limit(1000))
+            .await?;
+        Ok(notes
+            .into_iter()
+            .find(|n| n.body.starts_with(marker))
+            .map(|n| n.id))
+    }
+
+    pub(crate) async fn create_comment(
+        &self,
+        project: &str,
+        number: u64,
+        body: &str,
+    ) -> Result<u64, ForgeApiError> {
+        let endpoint = CreateMergeRequestNote::builder()
+            .project(project)
+            .merge_request(number)
+            .body(body)
+            .build();
+        let endpoint = built("create_comment", endpoint)?;
+        let note: Note = self.query("create_comment", endpoint).await?;
+        Ok(note.id)
+    }
+
+    pub(crate) async fn edit_comment(
+        &self,
+        project: &str,
+        number: u64,
+        id: u64,
+        body: &str,
+    ) -> Result<(), ForgeApiError> {
+        let endpoint = EditMergeRequestNote::builder()
+            .project(project)
+            .merge_request(number)
+            .note(id)
+            .body(body)
+            .build();
+        self.send("edit_comment", built("edit_comment", endpoint)?)
+            .await
+    }
+
+    /// The YAML files directly in folder `path` at `sha` (or the one file `path` names).
+    pub(crate) async fn read_manifests(
+        &self,
+        project: &str,
+        path: &str,
+        sha: &str,
+    ) -> Result<Vec<(String, String)>, ForgeApiError> {
+        const OPERATION: &str = "read_manifests";
+        let path = path.trim_matches('/');
+        let mut out = Vec::new();
+        for (name, file_path) in self.manifest_files(project, path, sha).await? {
+            let raw = FileRaw::builder()
+                .project(project)
+                .file_path(file_path.as_str())
+                .ref_(sha)
+                .build();
+            let raw = built(OPERATION, raw)?;
+            let bytes: Vec<u8> = self
+                .run(OPERATION, || async {
+                    gitlab::api::raw(raw)
+                        .query_async(&self.client)
+                        .await
+                        .map_err(|e| e.to_string())
+                })
+                .await?;
+            out.push((name, String::from_utf8_lossy(&bytes).into_owned()));
+        }
+        Ok(out)
+    }
+
+    /// (file name, path) of the YAML files in the tree at `path`; an empty tree means `path`
+    /// may be one file.
+    async fn manifest_files(
+        &self,
+        project: &str,
+        path: &str,
+        sha: &str,
+    ) -> Result<Vec<(String, String)>, ForgeApiError> {
+        #[derive(serde::Deserialize)]
+        struct Entry {
+            name: String,
+            path: String,
+            #[serde(rename = "type")]
+            kind: String,
+        }
+        let tree = Tree::builder()
+            .project(project)
+            .path(path)
+            .ref_(sha)
+            .build();
+        let tree = built("read_manifests", tree)?;
+        let entries: Vec<Entry> = self
+            .list("read_manifests", tree, Pagination::Limit(1000))
+            .await?;
+        if entries.is_empty() {
+            let name = path.rsplit('/').next().unwrap_or(path).to_string();
+            return Ok(vec![(name, path.to_string())]);
+        }
+        Ok(entries
+            .into_iter()
+            .filter(|e| e.kind == "blob" && is_yaml(&e.name))
+            .map(|e| (e.name, e.path))
+            .collect())
+    }
+
+    /// Whether the user with id `user_id` is a Developer (30) or above in the project (or a
+    /// group above it).
+    pub(crate) async fn write_access(
+        &self,
+        project: &str,
+        user_id: u64,
+    ) -> Result<bool, ForgeApiError> {
+        #[derive(serde::Deserialize)]
+        struct Member {
+            access_level: u64,
+        }
+        const DEVELOPER: u64 = 30;
+        let endpoint = AllProjectMember::builder()
+            .project(project)
+            .user(user_id)
+            .build();
+        let endpoint = built("get_permission", endpoint)?;
+        let member: Option<Member> = self
+            .run("get_permission", || async {
+                match endpoint.query_async(&self.client).await {
+                    Ok(member) => Ok(Some(member)),
+                    // Not a member of the project (or of a group above it).
+                    Err(
+                        gitlab::api::ApiError::GitlabWithStatus { status, .. }
+                        | gitlab::api::ApiError::GitlabObjectWithStatus { status, .. }
+                        | gitlab::api::ApiError::GitlabUnrecognizedWithStatus { status, .. },
+                    ) if status == http::StatusCode::NOT_FOUND => Ok(None),
+                    Err(e) => Err(e.to_string()),
+                }
+            })
+            .await?;
+        Ok(member.is_some_and(|m| m.access_level >= DEVELOPER))
+    }
+
+    pub(crate) async fn open_merge_requests(
+        &self,
+        project: &str,
+    ) -> Result<HashSet<u64>, ForgeApiError> {
+        #[derive(serde::Deserialize)]
+        struct MergeRequest {
+            iid: u64,
+        }
+        let endpoint = MergeRequests::builder()
+            .project(project)
+            .state(MergeRequestState::Opened)
+            .build();
+        let endpoint = built("list_pull_requests", endpoint)?;
+        let open: Vec<MergeRequest> = self
+            .list("list_pull_requests", endpoint, Pagination::All)
+            .await?;
+        Ok(open.into_iter().map(|mr| mr.iid).collect())
+    }
+
+    pub(crate) async fn branches(&self, project: &str) -> Result<HashSet<String>, ForgeApiError> {
+        #[derive(serde::Deserialize)]
+        struct Branch {
+            name: String,
+        }
+        let endpoint = built(
+            "list_branches",
+            Branches::builder().project(project).build(),
+        )?;
+        let branches: Vec<Branch> = self
+            .list("list_branches", endpoint, Pagination::All)
+            .await?;
+        Ok(branches.into_iter().map(|b| b.name).collect())
+    }
+
+    pub(crate) async fn commit_status(
+        &self,
+        project: &str,
+        sha: &str,
+        state: CommitState,
+        context: &str,
+        target_url: &str,
+        description: &str,
+    ) -> Result<(), ForgeApiError> {
+        let state = match state {
+            CommitState::Pending => CommitStatusState::Pending,
+            CommitState::Running => CommitStatusState::Running,
+            CommitState::Success => CommitStatusState::Success,
+            CommitState::Failure => CommitStatusState::Failed,
+        };
+        let endpoint = CreateCommitStatus::builder()
+            .project(project)
+            .commit(sha)
+            .state(state)
+            .name(context)
+            .target_url(target_url)
+            .description(description)
+            .build();
+        self.send("commit_status", built("commit_status", endpoint)?)
+            .await
+    }
+}
+
+/// An endpoint builder's result as the operation's result (a builder fails only on a missing
+/// field, which would be a bug here, but it must not panic).
+fn built<T, E: std::fmt::Display>(
+    operation: &'static str,
+    result: Result<T, E>,
+) -> Result<T, ForgeApiError> {
+    result.map_err(|e| ForgeApiError::Transport {
+        operation,
+        message: e.to_string(),
+    })
+}

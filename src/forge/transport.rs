@@ -1,0 +1,219 @@
+//! What every forge call shares, whichever forge it goes to: the error type, the timeouts, and
+//! the [`Gate`] that stops calling a forge that rate-limits or fails.
+//!
+//! After a rate-limit answer (403/429 with `Retry-After` or an exhausted
+//! `X-RateLimit-Remaining`) or a run of failures (5xx, transport errors, timeouts) the gate
+//! refuses calls locally until the wait is over, so an outage or a spent budget is not
+//! hammered. The remaining budget from the forge's headers is exported as
+//! `previewd_forge_rate_limit_remaining`.
+
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use http::{HeaderMap, StatusCode};
+
+use super::metrics::ForgeMetrics;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ForgeApiError {
+    #[error("{operation}: the forge answered {status}: {message}")]
+    Http {
+        operation: &'static str,
+        status: u16,
+        message: String,
+    },
+    #[error("{operation}: rate-limited by the forge; next call in {wait:?}")]
+    RateLimited {
+        operation: &'static str,
+        wait: Duration,
+    },
+    #[error("{operation}: not sent, the forge failed recently; next call in {wait:?}")]
+    BackingOff {
+        operation: &'static str,
+        wait: Duration,
+    },
+    #[error("{operation}: {message}")]
+    Transport {
+        operation: &'static str,
+        message: String,
+    },
+    #[error("the forge API URL {0:?} is not a valid URL")]
+    BadUrl(String),
+}
+
+/// Refuses calls while a rate limit or a failure backoff is running.
+#[derive(Default)]
+pub(crate) struct Gate {
+    state: Mutex<GateState>,
+}
+
+#[derive(Default)]
+struct GateState {
+    not_before: Option<Instant>,
+    rate_limited: bool,
+    failures: u32,
+}
+
+/// Longest wait after failures.
+const MAX_FAILURE_BACKOFF: Duration = Duration::from_secs(300);
+
+/// The longest previewd waits for a forge's answer. A forge that accepts connections and never
+/// answers must not hold a reconcile (and the environment's status) hostage; after a timeout
+/// the gate backs off like after any failure.
+pub const FORGE_TIMEOUT: Duration = Duration::from_secs(10);
+pub(crate) const FORGE_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+impl Gate {
+    /// The state, even if a thread panicked holding it (it is a few numbers, always valid).
+    fn lock(&self) -> std::sync::MutexGuard<'_, GateState> {
+        self.state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    pub(crate) fn check(&self, operation: &'static str) -> Result<(), ForgeApiError> {
+        let state = self.lock();
+        match state.not_before {
+            Some(at) if at > Instant::now() => {
+                let wait = at - Instant::now();
+                Err(if state.rate_limited {
+                    ForgeApiError::RateLimited { operation, wait }
+                } else {
+                    ForgeApiError::BackingOff { operation, wait }
+                })
+            }
+            _ => Ok(()),
+        }
+    }
+
+    pub(crate) fn success(&self) {
+        let mut state = self.lock();
+        state.failures = 0;
+        state.not_before = None;
+    }
+
+    pub(crate) fn failure(&self) {
+        let mut state = self.lock();
+        state.failures = state.failures.saturating_add(1);
+        let wait = Duration::from_secs(1u64 << state.failures.min(9)).min(MAX_FAILURE_BACKOFF);
+        state.not_before = Some(Instant::now() + wait);
+        state.rate_limited = false;
+    }
+
+    pub(crate) fn rate_limited(&self, wait: Duration) {
+        let mut state = self.lock();
+        state.not_before = Some(Instant::now() + wait);
+        state.rate_limited = true;
+    }
+}
+
+fn header_u64(headers: &HeaderMap, name: &str) -> Option<u64> {
+    headers.get(name)?.to_str().ok()?.trim().parse().ok()
+}
+
+/// How long a rate-limited answer asks us to wait: `Retry-After`, else until
+/// `X-RateLimit-Reset` (epoch seconds), else a minute.
+pub(crate) fn rate_limit_wait(headers: &HeaderMap) -> Duration {
+    if let Some(seconds) = header_u64(headers, "retry-after") {
+        return Duration::from_secs(seconds);
+    }
+    let reset = header_u64(headers, "x-ratelimit-reset").or(header_u64(headers, "ratelimit-reset"));
+    if let Some(reset) = reset {
+        let now = chrono::Utc::now().timestamp().max(0) as u64;
+        return Duration::from_secs(reset.saturating_sub(now).max(1));
+    }
+    Duration::from_secs(60)
+}
+
+/// Reads the budget headers of any answer; true if the answer is a rate-limit refusal.
+pub(crate) fn observe_rate_limit(
+    forge: &'static str,
+    status: StatusCode,
+    headers: &HeaderMap,
+    metrics: &ForgeMetrics,
+    gate: &Gate,
+) -> bool {
+    let remaining =
+        header_u64(headers, "x-ratelimit-remaining").or(header_u64(headers, "ratelimit-remaining"));
+    if let Some(remaining) = remaining {
+        metrics
+            .rate_limit_remaining
+            .with_label_values(&[forge])
+            .set(remaining as i64);
+    }
+    let limited = status == StatusCode::TOO_MANY_REQUESTS
+        || (status == StatusCode::FORBIDDEN
+            && (remaining == Some(0) || headers.contains_key("retry-after")));
+    if limited {
+        gate.rate_limited(rate_limit_wait(headers));
+    }
+    limited
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_gate_backs_off_after_failures_and_waits_out_rate_limits() {
+        let gate = Gate::default();
+        assert!(gate.check("x").is_ok());
+        gate.failure();
+        assert!(matches!(
+            gate.check("x"),
+            Err(ForgeApiError::BackingOff { .. })
+        ));
+        gate.success();
+        assert!(gate.check("x").is_ok());
+        gate.rate_limited(Duration::from_secs(30));
+        let Err(ForgeApiError::RateLimited { wait, .. }) = gate.check("x") else {
+            panic!("expected a rate-limit refusal");
+        };
+        assert!(wait > Duration::from_secs(28));
+    }
+
+    #[test]
+    fn rate_limit_answers_are_recognised_and_their_budget_exported() {
+        let metrics = ForgeMetrics::new();
+        let gate = Gate::default();
+        let mut headers = HeaderMap::new();
+        headers.insert("x-ratelimit-remaining", "4999".parse().unwrap());
+        assert!(!observe_rate_limit(
+            "github",
+            StatusCode::OK,
+            &headers,
+            &metrics,
+            &gate
+        ));
+        assert_eq!(
+            metrics
+                .rate_limit_remaining
+                .with_label_values(&["github"])
+                .get(),
+            4999
+        );
+        headers.insert("x-ratelimit-remaining", "0".parse().unwrap());
+        headers.insert("retry-after", "120".parse().unwrap());
+        assert!(observe_rate_limit(
+            "github",
+            StatusCode::FORBIDDEN,
+            &headers,
+            &metrics,
+            &gate
+        ));
+        assert!(matches!(
+            gate.check("x"),
+            Err(ForgeApiError::RateLimited { .. })
+        ));
+        // A plain 403 (no permission) is not a rate limit.
+        let gate = Gate::default();
+        assert!(!observe_rate_limit(
+            "github",
+            StatusCode::FORBIDDEN,
+            &HeaderMap::new(),
+            &metrics,
+            &gate
+        ));
+        assert!(gate.check("x").is_ok());
+    }
+}

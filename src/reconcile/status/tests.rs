@@ -1,0 +1,160 @@
+//! The status step from small YAML fixtures and hand-made health, without an API server.
+
+use chrono::{DateTime, Utc};
+use serde_json::json;
+
+use super::*;
+use crate::reconcile::plan::render::RenderedObject;
+use crate::reconcile::test_support::{WEB_ENVIRONMENT, environment};
+
+fn at(text: &str) -> DateTime<Utc> {
+    text.parse().expect("a time")
+}
+
+fn object(kind: &str, name: &str, wave: i32, seed: Option<&str>) -> RenderedObject {
+    RenderedObject {
+        manifest: "web.yaml".into(),
+        wave,
+        seed: seed.map(str::to_string),
+        object: json!({"apiVersion": if kind == "Job" { "batch/v1" } else { "apps/v1" },
+                       "kind": kind, "metadata": {"name": name}}),
+    }
+}
+
+#[test]
+fn a_failed_seed_degrades_the_environment_and_later_waves_wait() {
+    let seed = object("Job", "seed-db-1a2b3c", 0, Some("db"));
+    let web = object("Deployment", "web", 1, None);
+    let mut progress = Progress::default();
+    progress.add_wave(
+        0,
+        &[&seed],
+        &[Health::Failed("BackoffLimitExceeded".into())],
+    );
+    assert!(!progress.may_continue(), "wave 1 is not applied");
+    progress.add_wave(
+        1,
+        &[&web],
+        &[Health::Progressing("waiting for wave 0".into())],
+    );
+    assert_eq!(progress.phase, Phase::Degraded);
+    assert_eq!(progress.condition.reason, "SeedFailed");
+    assert_eq!(
+        progress.condition.message,
+        "seed Job seed-db-1a2b3c failed: BackoffLimitExceeded"
+    );
+    assert_eq!(progress.seeds[0].state, "Failed");
+    assert_eq!(progress.resources[0].name, "web");
+    assert_eq!(progress.resources[0].state, "Progressing");
+}
+
+#[test]
+fn the_first_object_still_rolling_out_names_its_wave() {
+    let seed = object("Job", "seed-db-1a2b3c", 0, Some("db"));
+    let web = object("Deployment", "web", 1, None);
+    let mut progress = Progress::default();
+    progress.add_wave(0, &[&seed], &[Health::Progressing("running".into())]);
+    assert_eq!(progress.phase, Phase::Seeding);
+    let mut progress = Progress::default();
+    progress.add_wave(0, &[&seed], &[Health::Ready]);
+    progress.add_wave(1, &[&web], &[Health::Progressing("1 of 2 ready".into())]);
+    assert_eq!(progress.phase, Phase::Deploying);
+    assert_eq!(
+        progress.condition.message,
+        "waiting for wave 1: Deployment web"
+    );
+    assert_eq!(progress.seeds[0].state, "Succeeded");
+}
+
+#[test]
+fn becoming_ready_times_the_commit_from_its_push_and_records_the_deployed_sha() {
+    let environment = environment(WEB_ENVIRONMENT);
+    let now = at("2026-11-22T10:00:04.5Z");
+    let placement = Placement {
+        namespace: "preview-team-a-web-pr-2-abc123",
+        url: "https://feature-login.preview.example.com",
+    };
+    let status = progress_status(&environment, Progress::default(), placement, None, now);
+    assert_eq!(status.phase, Phase::Ready);
+    assert_eq!(
+        status.deployed_sha.as_deref(),
+        Some("ec26c3e57ca3a959ca5aad62de7213c562f8c821")
+    );
+    assert_eq!(status.observed_generation, Some(3));
+    let timings = status.timings.expect("timings");
+    assert_eq!(timings.requested_at, at("2026-11-22T10:00:00Z"));
+    assert_eq!(timings.ready_at, Some(now));
+    assert_eq!(timings.seconds_to_ready, Some(4.5));
+    assert_eq!(status.conditions[0].status, "True");
+    assert_eq!(status.conditions[0].last_transition_time, now);
+}
+
+#[test]
+fn a_commit_already_ready_keeps_its_time_and_its_condition_keeps_its_transition() {
+    let mut environment = environment(WEB_ENVIRONMENT);
+    let first = at("2026-11-22T10:00:03Z");
+    let placement = || Placement {
+        namespace: "preview-x",
+        url: "https://x",
+    };
+    environment.status = Some(progress_status(
+        &environment,
+        Progress::default(),
+        placement(),
+        None,
+        first,
+    ));
+    let later = at("2026-11-22T11:00:00Z");
+    let again = progress_status(&environment, Progress::default(), placement(), None, later);
+    assert_eq!(again.timings.and_then(|t| t.ready_at), Some(first));
+    assert_eq!(again.conditions[0].last_transition_time, first);
+}
+
+#[test]
+fn a_refusal_keeps_the_previous_status_and_says_why() {
+    let mut environment = environment(WEB_ENVIRONMENT);
+    let placement = Placement {
+        namespace: "preview-x",
+        url: "https://x",
+    };
+    let now = at("2026-11-22T10:00:03Z");
+    environment.status = Some(progress_status(
+        &environment,
+        Progress::default(),
+        placement,
+        None,
+        now,
+    ));
+    let refused = refused_status(
+        &environment,
+        "GuardRejected",
+        "ClusterRoleBinding/x (from web.yaml): cluster-scoped",
+        Some("preview-x"),
+        at("2026-11-22T10:05:00Z"),
+    );
+    assert_eq!(refused.phase, Phase::Degraded);
+    assert_eq!(
+        refused.url.as_deref(),
+        Some("https://x"),
+        "the previous commit's URL stays"
+    );
+    assert_eq!(refused.conditions[0].reason, "GuardRejected");
+    assert_eq!(refused.conditions[0].status, "False");
+    assert_eq!(
+        refused.deployed_sha.as_deref(),
+        Some("ec26c3e57ca3a959ca5aad62de7213c562f8c821"),
+        "the previous commit keeps running"
+    );
+}
+
+#[test]
+fn merge_patches_clear_what_the_new_status_leaves_out() {
+    let old = json!({"phase": "Queued", "queuePosition": 1,
+                     "timings": {"sha": "a", "readyAt": "2026-11-22T10:00:00Z"}});
+    let new = json!({"phase": "Deploying", "timings": {"sha": "b"}});
+    assert_eq!(
+        merge_patch(&old, &new),
+        json!({"phase": "Deploying", "queuePosition": null,
+               "timings": {"sha": "b", "readyAt": null}})
+    );
+}

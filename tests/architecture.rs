@@ -1,0 +1,242 @@
+//! The layers of `src/` stay layers: every `crate::` path in a layer's files names only that
+//! layer or a layer below it, and the folders import each other without a circle. The order is
+//! the one `src/lib.rs` and `docs/architecture.md` describe; a new folder must be placed in it.
+//!
+//! Reads the source text (no build needed); comments are skipped, so a doc link may point
+//! anywhere.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+/// Each layer folder with its rank: a layer may import layers of lower rank only. Layers of the
+/// same rank (the webhook side and the lifecycle) may not import each other.
+const LAYERS: &[(&str, u8)] = &[
+    ("model", 0),
+    ("cluster", 1),
+    ("forge", 2),
+    ("webhook", 3),
+    ("lifecycle", 3),
+    ("reconcile", 4),
+    ("runtime", 5),
+    ("sandbox", 6),
+];
+
+fn rank(layer: &str) -> Option<u8> {
+    LAYERS
+        .iter()
+        .find(|(name, _)| *name == layer)
+        .map(|(_, r)| *r)
+}
+
+fn source_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    for entry in std::fs::read_dir(dir).expect("read src") {
+        let path = entry.expect("dir entry").path();
+        if path.is_dir() {
+            source_files(&path, out);
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            out.push(path);
+        }
+    }
+}
+
+/// The code of a file without its comments (line comments and doc comments).
+fn code_of(text: &str) -> String {
+    text.lines()
+        .map(|line| match line.find("//") {
+            // A `//` inside a string literal (a URL) is rare in this crate; cutting the line
+            // there can only hide an import, and imports never share a line with a URL.
+            Some(at) => &line[..at],
+            None => line,
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// The top-level modules named by `crate::…` paths in `code`, including `crate::{a, b::c}`.
+fn crate_imports(code: &str) -> BTreeSet<String> {
+    let mut found = BTreeSet::new();
+    for (at, _) in code.match_indices("crate::") {
+        // `previewd::crate::` never appears; skip identifiers that merely end in `crate`.
+        let before = code[..at].chars().next_back();
+        if before.is_some_and(|c| c.is_alphanumeric() || c == '_') {
+            continue;
+        }
+        let rest = &code[at + "crate::".len()..];
+        if let Some(group) = rest.strip_prefix('{') {
+            let inside = &group[..group.find('}').unwrap_or(group.len())];
+            for item in inside.split(',') {
+                let name = leading_ident(item.trim());
+                if !name.is_empty() {
+                    found.insert(name);
+                }
+            }
+        } else {
+            let name = leading_ident(rest);
+            if !name.is_empty() {
+                found.insert(name);
+            }
+        }
+    }
+    found
+}
+
+fn leading_ident(text: &str) -> String {
+    text.chars()
+        .take_while(|c| c.is_alphanumeric() || *c == '_')
+        .collect()
+}
+
+/// folder → folders its files import (crate-root items such as `install_crypto_provider` are
+/// left out: they belong to no layer).
+fn folder_imports() -> BTreeMap<String, BTreeMap<String, Vec<String>>> {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    source_files(&src, &mut files);
+    let mut graph: BTreeMap<String, BTreeMap<String, Vec<String>>> = BTreeMap::new();
+    for file in files {
+        let relative = file.strip_prefix(&src).expect("under src");
+        let mut parts = relative.components();
+        let folder = parts
+            .next()
+            .expect("a path")
+            .as_os_str()
+            .to_string_lossy()
+            .to_string();
+        if parts.next().is_none() {
+            continue; // lib.rs, main.rs: the crate root and the CLI may use every layer
+        }
+        if folder == "bin" {
+            continue;
+        }
+        let text = std::fs::read_to_string(&file).expect("read source");
+        for target in crate_imports(&code_of(&text)) {
+            if rank(&target).is_none() || target == folder {
+                continue;
+            }
+            graph
+                .entry(folder.clone())
+                .or_default()
+                .entry(target)
+                .or_default()
+                .push(relative.display().to_string());
+        }
+    }
+    graph
+}
+
+#[test]
+fn src_holds_only_the_crate_root_the_cli_and_layer_folders() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    for entry in std::fs::read_dir(&src).expect("read src") {
+        let path = entry.expect("dir entry").path();
+        let name = path
+            .file_name()
+            .expect("a name")
+            .to_string_lossy()
+            .to_string();
+        assert!(
+            path.is_dir() || name == "lib.rs" || name == "main.rs",
+            "src/{name} is a module outside every layer: put it in the folder of its layer"
+        );
+    }
+}
+
+#[test]
+fn every_folder_of_src_is_a_placed_layer() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    for entry in std::fs::read_dir(&src).expect("read src") {
+        let path = entry.expect("dir entry").path();
+        if !path.is_dir() {
+            continue;
+        }
+        let name = path
+            .file_name()
+            .expect("a name")
+            .to_string_lossy()
+            .to_string();
+        assert!(
+            name == "bin" || rank(&name).is_some(),
+            "src/{name}/ is not in the layer list of tests/architecture.rs (and docs/architecture.md)"
+        );
+    }
+}
+
+#[test]
+fn layers_import_only_layers_below_them() {
+    let mut wrong = Vec::new();
+    for (folder, targets) in folder_imports() {
+        let own = rank(&folder).unwrap_or(u8::MAX);
+        for (target, files) in targets {
+            let theirs = rank(&target).unwrap_or(u8::MAX);
+            if theirs >= own {
+                wrong.push(format!(
+                    "{folder}/ imports {target}/ in {}",
+                    files.join(", ")
+                ));
+            }
+        }
+    }
+    assert!(
+        wrong.is_empty(),
+        "imports that point up or sideways:\n{}",
+        wrong.join("\n")
+    );
+}
+
+#[test]
+fn the_webhook_side_never_imports_the_reconciler() {
+    let graph = folder_imports();
+    let webhook = graph.get("webhook").cloned().unwrap_or_default();
+    assert!(
+        !webhook.contains_key("reconcile"),
+        "webhook/ imports reconcile/ in {:?}",
+        webhook.get("reconcile")
+    );
+}
+
+#[test]
+fn folders_import_each_other_without_a_circle() {
+    let graph = folder_imports();
+    let edges: BTreeMap<&str, Vec<&str>> = graph
+        .iter()
+        .map(|(from, to)| (from.as_str(), to.keys().map(String::as_str).collect()))
+        .collect();
+    fn visit<'a>(
+        node: &'a str,
+        edges: &BTreeMap<&'a str, Vec<&'a str>>,
+        path: &mut Vec<&'a str>,
+        done: &mut BTreeSet<&'a str>,
+    ) -> Option<Vec<&'a str>> {
+        if let Some(start) = path.iter().position(|n| *n == node) {
+            let mut circle = path[start..].to_vec();
+            circle.push(node);
+            return Some(circle);
+        }
+        if !done.insert(node) {
+            return None;
+        }
+        path.push(node);
+        for next in edges.get(node).into_iter().flatten() {
+            if let Some(circle) = visit(next, edges, path, done) {
+                return Some(circle);
+            }
+        }
+        path.pop();
+        None
+    }
+    let mut done = BTreeSet::new();
+    for node in edges.keys() {
+        if let Some(circle) = visit(node, &edges, &mut Vec::new(), &mut done) {
+            panic!("an import circle: {}", circle.join(" → "));
+        }
+    }
+}
+
+#[test]
+fn the_reader_finds_grouped_and_inline_imports_and_skips_comments() {
+    let code = code_of(
+        "use crate::{model::crd, cluster};\nlet x = crate::forge::github::sign(a);\n// crate::sandbox in a comment\n/// [`crate::runtime`]\n",
+    );
+    let found: Vec<String> = crate_imports(&code).into_iter().collect();
+    assert_eq!(found, ["cluster", "forge", "model"]);
+}
