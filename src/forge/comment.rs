@@ -62,6 +62,21 @@ fn render_live(
     short_sha: &str,
     expires_at: Option<DateTime<Utc>>,
 ) {
+    render_headline(out, status, short_sha);
+    render_why(out, status);
+    render_objects(out, status);
+    render_seeds(out, status);
+    if let Some(expires_at) = expires_at {
+        let _ = writeln!(
+            out,
+            "Expires {} unless there is a new push.",
+            expires_at.format("%Y-%m-%d %H:%M UTC")
+        );
+    }
+}
+
+/// The phase in words, and where the environment is (or will be).
+fn render_headline(out: &mut String, status: &PreviewEnvironmentStatus, short_sha: &str) {
     let headline = match status.phase {
         Phase::Pending => "queued",
         Phase::Queued => "queued",
@@ -84,6 +99,10 @@ fn render_live(
             let _ = writeln!(out, "Commit `{short_sha}`\n");
         }
     }
+}
+
+/// What failed, the queue position, or why it waits or sleeps.
+fn render_why(out: &mut String, status: &PreviewEnvironmentStatus) {
     let why = status
         .conditions
         .iter()
@@ -106,32 +125,40 @@ fn render_live(
         }
         _ => {}
     }
-    if !status.resources.is_empty() {
-        let ready = status
-            .resources
-            .iter()
-            .filter(|r| r.state == "Ready")
-            .count();
-        if status.phase != Phase::Ready {
-            let _ = writeln!(
-                out,
-                "{ready} of {} objects ready.\n",
-                status.resources.len()
-            );
-        }
-        let workloads: Vec<_> = status
-            .resources
-            .iter()
-            .filter(|r| matches!(r.kind.as_str(), "Deployment" | "StatefulSet"))
-            .collect();
-        if !workloads.is_empty() {
-            out.push_str("| service | state |\n|---|---|\n");
-            for workload in workloads {
-                let _ = writeln!(out, "| {} | {} |", workload.name, workload.state);
-            }
-            out.push('\n');
-        }
+}
+
+/// How many objects are ready (until all are), and the state of each workload.
+fn render_objects(out: &mut String, status: &PreviewEnvironmentStatus) {
+    if status.resources.is_empty() {
+        return;
     }
+    let ready = status
+        .resources
+        .iter()
+        .filter(|r| r.state == "Ready")
+        .count();
+    if status.phase != Phase::Ready {
+        let _ = writeln!(
+            out,
+            "{ready} of {} objects ready.\n",
+            status.resources.len()
+        );
+    }
+    let workloads: Vec<_> = status
+        .resources
+        .iter()
+        .filter(|r| matches!(r.kind.as_str(), "Deployment" | "StatefulSet"))
+        .collect();
+    if !workloads.is_empty() {
+        out.push_str("| service | state |\n|---|---|\n");
+        for workload in workloads {
+            let _ = writeln!(out, "| {} | {} |", workload.name, workload.state);
+        }
+        out.push('\n');
+    }
+}
+
+fn render_seeds(out: &mut String, status: &PreviewEnvironmentStatus) {
     for seed in &status.seeds {
         let detail = seed
             .message
@@ -142,13 +169,6 @@ fn render_live(
     }
     if !status.seeds.is_empty() {
         out.push('\n');
-    }
-    if let Some(expires_at) = expires_at {
-        let _ = writeln!(
-            out,
-            "Expires {} unless there is a new push.",
-            expires_at.format("%Y-%m-%d %H:%M UTC")
-        );
     }
 }
 

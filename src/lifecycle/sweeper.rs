@@ -80,20 +80,26 @@ impl Sweeper {
         now: DateTime<Utc>,
     ) -> Result<SweepReport, kube::Error> {
         let mut report = SweepReport::default();
-        let templates = self.caches.templates.state();
         let environments = self.caches.environments.state();
+        let facts = self.gather_facts(reporter, &mut report).await;
+        for environment in &environments {
+            self.judge_environment(environment, &facts, now, &mut report)
+                .await?;
+        }
+        let live: Vec<&PreviewEnvironment> = environments.iter().map(|e| e.as_ref()).collect();
+        report.orphans = self.remove_orphans(&live, now).await?;
+        Ok(report)
+    }
 
-        // 1. Forge facts, once per repository.
-        let mut facts: HashMap<(ForgeKind, String), Option<ForgeFacts>> = HashMap::new();
-        for template in &templates {
-            let key = (
-                template.spec.forge.kind,
-                template.spec.forge.repository.to_lowercase(),
-            );
+    /// 1. Forge facts, once per repository (`None` where the forge could not be asked).
+    async fn gather_facts(&self, reporter: &Reporter, report: &mut SweepReport) -> Facts {
+        let mut facts = Facts::new();
+        for template in self.caches.templates.state() {
+            let key = repository_key(&template);
             if facts.contains_key(&key) {
                 continue;
             }
-            let gathered = forge_facts(reporter, template).await;
+            let gathered = forge_facts(reporter, &template).await;
             if gathered.is_none() {
                 report
                     .forge_unavailable
@@ -101,61 +107,60 @@ impl Sweeper {
             }
             facts.insert(key, gathered);
         }
+        facts
+    }
 
-        // 2. Environments.
-        for environment in &environments {
-            let namespace = environment.namespace().unwrap_or_default();
-            let template = self.caches.template(&namespace, &environment.spec.template);
-            let repository_facts = template.as_ref().and_then(|t| {
-                facts
-                    .get(&(t.spec.forge.kind, t.spec.forge.repository.to_lowercase()))
-                    .cloned()
-                    .flatten()
-            });
-            match rules::judge(
-                environment,
-                template.as_deref(),
-                repository_facts.as_ref(),
-                now,
-            ) {
-                Verdict::Keep => {}
-                Verdict::Sleep => {
-                    self.put_to_sleep(environment).await?;
-                    report
-                        .slept
-                        .push(format!("{namespace}/{}", environment.name_any()));
-                }
-                Verdict::Delete(reason) => {
-                    self.delete_environment(environment, reason).await?;
-                    report
-                        .deleted
-                        .push((format!("{namespace}/{}", environment.name_any()), reason));
-                }
+    /// 2. One environment judged by the rules, and the verdict carried out.
+    async fn judge_environment(
+        &self,
+        environment: &PreviewEnvironment,
+        facts: &Facts,
+        now: DateTime<Utc>,
+        report: &mut SweepReport,
+    ) -> Result<(), kube::Error> {
+        let namespace = environment.namespace().unwrap_or_default();
+        let template = self.caches.template(&namespace, &environment.spec.template);
+        let repository_facts = template
+            .as_ref()
+            .and_then(|t| facts.get(&repository_key(t)).cloned().flatten());
+        let name = format!("{namespace}/{}", environment.name_any());
+        match rules::judge(
+            environment,
+            template.as_deref(),
+            repository_facts.as_ref(),
+            now,
+        ) {
+            Verdict::Keep => {}
+            Verdict::Sleep => {
+                self.put_to_sleep(environment).await?;
+                report.slept.push(name);
+            }
+            Verdict::Delete(reason) => {
+                self.delete_environment(environment, reason).await?;
+                report.deleted.push((name, reason));
             }
         }
+        Ok(())
+    }
 
-        // 3. Orphaned namespaces.
+    /// 3. Namespaces carrying previewd's labels whose environment is gone; returns those deleted.
+    async fn remove_orphans(
+        &self,
+        live: &[&PreviewEnvironment],
+        now: DateTime<Utc>,
+    ) -> Result<Vec<String>, kube::Error> {
         let namespaces: Api<Namespace> = Api::all(self.client.clone());
+        let selector = format!("{LABEL_MANAGED_BY}=previewd");
         let labelled: Vec<LabelledNamespace> = namespaces
-            .list(&ListParams::default().labels(&format!("{LABEL_MANAGED_BY}=previewd")))
+            .list(&ListParams::default().labels(&selector))
             .await?
             .items
             .into_iter()
-            .map(|ns| LabelledNamespace {
-                name: ns.name_any(),
-                labels: ns.labels().clone(),
-                created: ns
-                    .metadata
-                    .creation_timestamp
-                    .as_ref()
-                    .and_then(|t| DateTime::<Utc>::from_timestamp(t.0.as_second(), 0)),
-                terminating: ns.metadata.deletion_timestamp.is_some(),
-            })
+            .map(|ns| labelled_namespace(&ns))
             .collect();
-        let live: Vec<&PreviewEnvironment> = environments.iter().map(|e| e.as_ref()).collect();
-        for orphan in
-            rules::orphaned_namespaces(&labelled, &live, self.watch_namespace.as_deref(), now)
-        {
+        let mut removed = Vec::new();
+        let watched = self.watch_namespace.as_deref();
+        for orphan in rules::orphaned_namespaces(&labelled, live, watched, now) {
             tracing::info!(namespace = %orphan, reason = Reason::OrphanedNamespace.label(), "deleting orphaned namespace");
             let params = DeleteParams::default();
             match self
@@ -171,9 +176,9 @@ impl Sweeper {
                 .deletions
                 .with_label_values(&[Reason::OrphanedNamespace.label()])
                 .inc();
-            report.orphans.push(orphan);
+            removed.push(orphan);
         }
-        Ok(report)
+        Ok(removed)
     }
 
     fn writer(&self) -> Writer {
@@ -228,6 +233,29 @@ impl Sweeper {
             Err(kube::Error::Api(status)) if status.code == 404 => Ok(()),
             Err(e) => Err(e),
         }
+    }
+}
+
+/// Forge facts by (forge, repository in lower case).
+type Facts = HashMap<(ForgeKind, String), Option<ForgeFacts>>;
+
+fn repository_key(template: &PreviewTemplate) -> (ForgeKind, String) {
+    (
+        template.spec.forge.kind,
+        template.spec.forge.repository.to_lowercase(),
+    )
+}
+
+fn labelled_namespace(namespace: &Namespace) -> LabelledNamespace {
+    LabelledNamespace {
+        name: namespace.name_any(),
+        labels: namespace.labels().clone(),
+        created: namespace
+            .metadata
+            .creation_timestamp
+            .as_ref()
+            .and_then(|t| DateTime::<Utc>::from_timestamp(t.0.as_second(), 0)),
+        terminating: namespace.metadata.deletion_timestamp.is_some(),
     }
 }
 

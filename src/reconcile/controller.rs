@@ -71,33 +71,15 @@ pub async fn run(
         environments: environment_store.clone(),
         ready,
     };
-    let context = Arc::new(Context {
-        applier: Applier::new(
-            client.clone(),
-            store,
-            metrics.cluster.clone(),
-            config.apply_concurrency,
-        ),
-        recorder: Recorder::new(
-            client.clone(),
-            EventReporter {
-                controller: "previewd".into(),
-                instance: None,
-            },
-        ),
-        reporter: Arc::new(Reporter::new(
-            metrics.forge,
-            Arc::new(SecretReader::new(client.clone())),
-        )),
+    let parts = Parts {
         client,
         config,
-        metrics: metrics.reconcile,
-        writer: Writer::new(metrics.cluster),
+        metrics,
         caches,
-        repository_manifests: RepositoryManifests::default(),
-        reconcile_trigger: trigger_tx,
-        memory: Memory::default(),
-    });
+        store,
+        trigger: trigger_tx,
+    };
+    let context = Arc::new(build_context(parts));
     if let Some(out) = context_out {
         let _ = out.send(context.clone());
     }
@@ -122,6 +104,54 @@ pub async fn run(
             }
         })
         .await;
+}
+
+/// What the context is built from.
+struct Parts {
+    client: Client,
+    config: ControllerConfig,
+    metrics: ControllerMetrics,
+    caches: Caches,
+    store: Arc<ObservedStore>,
+    trigger: tokio::sync::mpsc::UnboundedSender<ObjectRef<PreviewEnvironment>>,
+}
+
+fn build_context(parts: Parts) -> Context {
+    let Parts {
+        client,
+        config,
+        metrics,
+        caches,
+        store,
+        trigger,
+    } = parts;
+    Context {
+        applier: Applier::new(
+            client.clone(),
+            store,
+            metrics.cluster.clone(),
+            config.apply_concurrency,
+        ),
+        recorder: Recorder::new(
+            client.clone(),
+            EventReporter {
+                controller: "previewd".into(),
+                instance: None,
+            },
+        ),
+        reporter: Arc::new(Reporter::new(
+            metrics.forge,
+            Arc::new(SecretReader::new(client.clone())),
+        )),
+        client,
+        config,
+        metrics: metrics.reconcile,
+        writer: Writer::new(metrics.cluster),
+        caches,
+        repository_manifests: RepositoryManifests::default(),
+        reconcile_trigger: trigger,
+        memory: Memory::default(),
+    }
 }
 
 fn stream_from<T: Send + 'static>(

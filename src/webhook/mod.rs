@@ -1,12 +1,14 @@
 //! The webhook side: signed deliveries in, `PreviewEnvironment` records out.
 //!
 //! * [`server`]: the HTTP server and the order of checks a delivery goes through;
+//! * [`deliveries`]: delivery ids already handled (redeliveries change nothing twice);
 //! * [`intake`]: what a forge event means for the environments (pure `decide`, then `execute`);
 //! * [`commands`]: `/preview …` comment commands (pure `parse` and `effect`, then `handle`).
 //!
 //! Nothing here deploys: the reconciler picks the records up through the Kubernetes API.
 
 mod commands;
+mod deliveries;
 mod intake;
 pub mod metrics;
 pub mod server;

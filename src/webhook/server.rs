@@ -13,9 +13,8 @@
 //! 6. otherwise the event is parsed (400 if it does not fit its type), decided on and written:
 //!    202 with what was done. An unknown event type is 202, ignored.
 
-use std::collections::{HashSet, VecDeque};
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use axum::Router;
 use axum::body::Body;
@@ -34,11 +33,9 @@ use crate::cluster::secrets::{SecretError, SecretReader};
 use crate::forge::report::Reporter;
 use crate::forge::{self, EventKind, ForgeEvent, SignatureError, github, gitlab};
 use crate::model::crd::{ForgeKind, PreviewTemplate};
+use crate::webhook::deliveries::DeliveryLog;
 use crate::webhook::intake::{self, Decision};
 use crate::webhook::metrics::WebhookMetrics;
-
-/// How many delivery ids are remembered to drop redeliveries.
-const REMEMBERED_DELIVERIES: usize = 10_000;
 
 /// Everything the handlers share.
 pub struct ServerState {
@@ -250,60 +247,97 @@ async fn answer(
     delivery: Option<&str>,
     body: Body,
 ) -> DeliveryAnswer {
-    let body = match axum::body::to_bytes(body, state.max_body_bytes).await {
-        Ok(body) => body,
-        Err(_) => {
-            return DeliveryAnswer::new(
+    match checked_event(state, forge, headers, event_type, body).await {
+        Ok((event, templates)) => act_once(state, forge, delivery, &event, &templates).await,
+        Err(answer) => answer,
+    }
+}
+
+/// Checks 1 to 4 and the parse: the verified event and the templates of its repository, or
+/// the answer that ends the delivery there.
+async fn checked_event(
+    state: &ServerState,
+    forge: ForgeKind,
+    headers: &HeaderMap,
+    event_type: &str,
+    body: Body,
+) -> Result<(ForgeEvent, Vec<Arc<PreviewTemplate>>), DeliveryAnswer> {
+    let malformed =
+        |message: String| DeliveryAnswer::new(StatusCode::BAD_REQUEST, "malformed", message);
+    let body = axum::body::to_bytes(body, state.max_body_bytes)
+        .await
+        .map_err(|_| {
+            DeliveryAnswer::new(
                 StatusCode::PAYLOAD_TOO_LARGE,
                 "too_large",
                 format!(
                     "the body is over the limit of {} bytes",
                     state.max_body_bytes
                 ),
-            );
-        }
-    };
+            )
+        })?;
     if event_type.is_empty() {
-        return DeliveryAnswer::new(StatusCode::BAD_REQUEST, "malformed", "no event type header");
+        return Err(malformed("no event type header".into()));
     }
-    let repository = match forge::repository_of(forge, &body) {
-        Ok(repository) => repository.unwrap_or_default(),
-        Err(e) => return DeliveryAnswer::new(StatusCode::BAD_REQUEST, "malformed", e.to_string()),
-    };
+    let repository = forge::repository_of(forge, &body)
+        .map_err(|e| malformed(e.to_string()))?
+        .unwrap_or_default();
     tracing::Span::current().record("repository", repository.as_str());
-    let templates: Vec<Arc<PreviewTemplate>> = state
+    let templates = templates_of(state, forge, &repository);
+    if templates.is_empty() {
+        return Err(DeliveryAnswer::new(
+            StatusCode::ACCEPTED,
+            "ignored",
+            format!("no PreviewTemplate serves repository {repository:?}"),
+        ));
+    }
+    verify(state, forge, headers, &body, &templates).await?;
+    let event = match forge {
+        ForgeKind::Github => github::parse(event_type, &body),
+        ForgeKind::Gitlab => gitlab::parse(event_type, &body),
+    }
+    .map_err(|e| malformed(e.to_string()))?;
+    match &event.kind {
+        EventKind::Ignored(reason) => Err(DeliveryAnswer::new(
+            StatusCode::ACCEPTED,
+            "ignored",
+            reason.clone(),
+        )),
+        EventKind::Ping => Err(DeliveryAnswer::new(
+            StatusCode::OK,
+            "pong",
+            "the hook works",
+        )),
+        _ => Ok((event, templates)),
+    }
+}
+
+/// The templates of `forge` for `repository` (GitHub and GitLab names compare without case).
+fn templates_of(
+    state: &ServerState,
+    forge: ForgeKind,
+    repository: &str,
+) -> Vec<Arc<PreviewTemplate>> {
+    state
         .caches
         .templates
         .state()
         .into_iter()
         .filter(|t| {
-            t.spec.forge.kind == forge && t.spec.forge.repository.eq_ignore_ascii_case(&repository)
+            t.spec.forge.kind == forge && t.spec.forge.repository.eq_ignore_ascii_case(repository)
         })
-        .collect();
-    if templates.is_empty() {
-        return DeliveryAnswer::new(
-            StatusCode::ACCEPTED,
-            "ignored",
-            format!("no PreviewTemplate serves repository {repository:?}"),
-        );
-    }
-    if let Err(answer) = verify(state, forge, headers, &body, &templates).await {
-        return answer;
-    }
-    let event = match forge {
-        ForgeKind::Github => github::parse(event_type, &body),
-        ForgeKind::Gitlab => gitlab::parse(event_type, &body),
-    };
-    let event = match event {
-        Ok(event) => event,
-        Err(e) => return DeliveryAnswer::new(StatusCode::BAD_REQUEST, "malformed", e.to_string()),
-    };
-    if let EventKind::Ignored(reason) = &event.kind {
-        return DeliveryAnswer::new(StatusCode::ACCEPTED, "ignored", reason.clone());
-    }
-    if let EventKind::Ping = event.kind {
-        return DeliveryAnswer::new(StatusCode::OK, "pong", "the hook works");
-    }
+        .collect()
+}
+
+/// Check 5 and the writes: a delivery id already handled changes nothing twice; one whose
+/// writes failed is forgotten, so that a redelivery is handled.
+async fn act_once(
+    state: &ServerState,
+    forge: ForgeKind,
+    delivery: Option<&str>,
+    event: &ForgeEvent,
+    templates: &[Arc<PreviewTemplate>],
+) -> DeliveryAnswer {
     let delivery_key = delivery.map(|d| format!("{}/{d}", forge_label(forge)));
     if let Some(key) = &delivery_key
         && !state.deliveries.begin(key)
@@ -314,8 +348,7 @@ async fn answer(
             "this delivery was already handled",
         );
     }
-    let result = act(state, &event, &templates).await;
-    match result {
+    match act(state, event, templates).await {
         Ok(done) if done.is_empty() => DeliveryAnswer::new(
             StatusCode::ACCEPTED,
             "unchanged",
@@ -328,7 +361,6 @@ async fn answer(
             answer
         }
         Err(e) => {
-            // Forget the delivery so that a redelivery is handled.
             if let Some(key) = &delivery_key {
                 state.deliveries.forget(key);
             }
@@ -448,54 +480,4 @@ async fn act(
             } => format!("deleted {namespace}/{name} ({reason})"),
         })
         .collect())
-}
-
-/// Delivery ids being handled or handled recently: a redelivery (the forge's "Redeliver"
-/// button, or a retry after a timeout) changes nothing twice. Bounded: the oldest are dropped.
-#[derive(Default)]
-struct DeliveryLog {
-    inner: Mutex<(HashSet<String>, VecDeque<String>)>,
-}
-
-impl DeliveryLog {
-    /// Records `id`; false if it was already there.
-    fn begin(&self, id: &str) -> bool {
-        let mut guard = self.inner.lock().expect("delivery log");
-        let (seen, order) = &mut *guard;
-        if !seen.insert(id.to_string()) {
-            return false;
-        }
-        order.push_back(id.to_string());
-        while order.len() > REMEMBERED_DELIVERIES {
-            if let Some(oldest) = order.pop_front() {
-                seen.remove(&oldest);
-            }
-        }
-        true
-    }
-
-    fn forget(&self, id: &str) {
-        let mut guard = self.inner.lock().expect("delivery log");
-        let (seen, order) = &mut *guard;
-        seen.remove(id);
-        order.retain(|d| d != id);
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_delivery_log_remembers_a_bounded_number_of_ids() {
-        let log = DeliveryLog::default();
-        assert!(log.begin("a"));
-        assert!(!log.begin("a"));
-        log.forget("a");
-        assert!(log.begin("a"));
-        for i in 0..REMEMBERED_DELIVERIES {
-            assert!(log.begin(&i.to_string()));
-        }
-        assert!(log.begin("a"), "the oldest id was dropped");
-    }
 }

@@ -1,0 +1,240 @@
+//! `PreviewEnvironment`: one per branch or pull request, written by previewd's webhook intake
+//! (or by hand). Its spec is the durable record of what should run; its status says what does.
+
+use std::collections::BTreeMap;
+
+use chrono::{DateTime, Utc};
+use kube::CustomResource;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// One preview environment: a branch or pull request of a repository, deployed from a template.
+#[derive(CustomResource, Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
+#[kube(
+    group = "previewd.dev",
+    version = "v1alpha1",
+    kind = "PreviewEnvironment",
+    namespaced,
+    status = "PreviewEnvironmentStatus",
+    shortname = "penv",
+    category = "previewd",
+    printcolumn = r#"{"name":"Branch","type":"string","jsonPath":".spec.source.branch"}"#,
+    printcolumn = r#"{"name":"PR","type":"integer","jsonPath":".spec.source.pullRequest"}"#,
+    printcolumn = r#"{"name":"Phase","type":"string","jsonPath":".status.phase"}"#,
+    printcolumn = r#"{"name":"URL","type":"string","jsonPath":".status.url"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+)]
+#[serde(rename_all = "camelCase")]
+pub struct PreviewEnvironmentSpec {
+    /// Name of the `PreviewTemplate` (same namespace).
+    pub template: String,
+    /// What is deployed.
+    pub source: Source,
+    /// Last push or command; the idle timeout counts from here.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_activity: Option<DateTime<Utc>>,
+    /// Desired sleep: workloads scaled to zero.
+    #[serde(default)]
+    pub sleep: bool,
+    /// `/preview extend`: neither the idle timeout nor the maximum age removes (or puts to
+    /// sleep) the environment before this time.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub keep_until: Option<DateTime<Utc>>,
+    /// For a fork pull request under `forkPolicy: RequireApproval`: the head commit a
+    /// maintainer approved with `/preview approve`. Only that commit is deployed; a new push
+    /// from the fork waits for a new approval.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub approved_sha: Option<String>,
+    /// Set by `/preview deploy`: a new value restarts every Deployment and StatefulSet
+    /// (their pod template carries it as an annotation).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub redeploy: Option<String>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct Source {
+    /// Repository as the template names it.
+    pub repository: String,
+    /// The branch (the PR's head branch for a PR).
+    pub branch: String,
+    /// Pull/merge request number; absent for a plain branch.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pull_request: Option<u64>,
+    /// The commit to deploy.
+    pub head_sha: String,
+    /// Who pushed or opened the PR.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub author: Option<String>,
+    /// The PR comes from a fork.
+    #[serde(default)]
+    pub fork: bool,
+    /// When the forge says this source last changed (`pull_request.updated_at`, the push's
+    /// time). A delivery older than this is not applied: deliveries can arrive out of order.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub changed_at: Option<DateTime<Utc>>,
+}
+
+impl Source {
+    /// Whether this describes an earlier state than `current`, by the forge's own timestamps.
+    /// Without a timestamp on either side nothing can be told (the newer delivery wins by
+    /// arriving). Two changes within the same second (GitHub's resolution) are taken in
+    /// arrival order.
+    pub fn is_older_than(&self, current: &Source) -> bool {
+        matches!((self.changed_at, current.changed_at), (Some(w), Some(c)) if w < c)
+    }
+}
+
+/// Where an environment stands. Serialized as the plain word `kubectl` shows.
+#[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq, Eq, Hash)]
+pub enum Phase {
+    #[default]
+    Pending,
+    Queued,
+    Deploying,
+    Seeding,
+    Ready,
+    Degraded,
+    Sleeping,
+    Terminating,
+}
+
+impl Phase {
+    pub const ALL: [Phase; 8] = [
+        Phase::Pending,
+        Phase::Queued,
+        Phase::Deploying,
+        Phase::Seeding,
+        Phase::Ready,
+        Phase::Degraded,
+        Phase::Sleeping,
+        Phase::Terminating,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Phase::Pending => "Pending",
+            Phase::Queued => "Queued",
+            Phase::Deploying => "Deploying",
+            Phase::Seeding => "Seeding",
+            Phase::Ready => "Ready",
+            Phase::Degraded => "Degraded",
+            Phase::Sleeping => "Sleeping",
+            Phase::Terminating => "Terminating",
+        }
+    }
+}
+
+#[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct PreviewEnvironmentStatus {
+    #[serde(default)]
+    pub phase: Phase,
+    /// The namespace the environment runs in.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
+    /// Where developers open it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub url: Option<String>,
+    /// The head SHA that is deployed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deployed_sha: Option<String>,
+    /// The generation of the spec this status describes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// One entry per applied object.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub resources: Vec<ResourceStatus>,
+    /// One entry per seed job.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub seeds: Vec<SeedStatus>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+    /// When the current head SHA was requested, and when it became Ready.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timings: Option<Timings>,
+    /// What previewd last reported to the forge (the PR comment, deployment, commit status).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub forge: Option<ForgeReport>,
+    /// While `Queued`: the place in the template's queue (1 = next to start).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub queue_position: Option<u32>,
+    /// Replica counts of Deployments and StatefulSets (`Kind/name`) from before the last sleep;
+    /// waking restores them.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub replicas_before_sleep: BTreeMap<String, i32>,
+}
+
+/// What previewd last told the forge, so that an unchanged environment makes no forge call and
+/// a restart never makes a second comment.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct ForgeReport {
+    /// Id of the one comment previewd keeps on the pull/merge request.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub comment_id: Option<u64>,
+    /// SHA-256 of the comment's last text.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub comment_sha: Option<String>,
+    /// GitHub Deployment of the head SHA (GitHub only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deployment_id: Option<u64>,
+    /// The head SHA that Deployment is for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deployment_sha: Option<String>,
+    /// SHA-256 of the last commit/deployment status sent (state, head SHA, URL).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status_sha: Option<String>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct ResourceStatus {
+    pub api_version: String,
+    pub kind: String,
+    pub name: String,
+    #[serde(default)]
+    pub wave: i32,
+    /// `Applied`, `Ready`, `Progressing` or `Failed`.
+    pub state: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct SeedStatus {
+    pub name: String,
+    /// The Job's name (content-hashed).
+    pub job: String,
+    /// `Running`, `Succeeded` or `Failed`.
+    pub state: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+}
+
+/// A condition in the usual Kubernetes shape.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct Condition {
+    #[serde(rename = "type")]
+    pub type_: String,
+    /// `True`, `False` or `Unknown`.
+    pub status: String,
+    pub reason: String,
+    pub message: String,
+    pub last_transition_time: DateTime<Utc>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct Timings {
+    /// The head SHA these timings are for.
+    pub sha: String,
+    pub requested_at: DateTime<Utc>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ready_at: Option<DateTime<Utc>>,
+    /// Seconds from request to Ready.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seconds_to_ready: Option<f64>,
+}

@@ -1,0 +1,262 @@
+//! `PreviewTemplate`: one per repository, written by a platform engineer. It says which forge
+//! events create environments and what an environment consists of.
+
+use std::collections::BTreeMap;
+
+use kube::CustomResource;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use super::{default_true, free_form_object};
+
+/// How to build preview environments for one repository.
+#[derive(CustomResource, Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
+#[kube(
+    group = "previewd.dev",
+    version = "v1alpha1",
+    kind = "PreviewTemplate",
+    namespaced,
+    shortname = "ptmpl",
+    category = "previewd",
+    printcolumn = r#"{"name":"Forge","type":"string","jsonPath":".spec.forge.kind"}"#,
+    printcolumn = r#"{"name":"Repository","type":"string","jsonPath":".spec.forge.repository"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+)]
+#[serde(rename_all = "camelCase")]
+pub struct PreviewTemplateSpec {
+    /// Which forge and repository this template serves, and how to talk to it.
+    pub forge: ForgeSpec,
+    /// Which forge events create, update and remove environments.
+    #[serde(default)]
+    pub triggers: Triggers,
+    /// How each environment's namespace is named and fenced in.
+    #[serde(default)]
+    pub namespace: NamespaceSpec,
+    /// How the environment's URL is formed.
+    #[serde(default)]
+    pub url: UrlSpec,
+    /// When environments are removed or put to sleep, and how many may run at once.
+    #[serde(default)]
+    pub lifecycle: Lifecycle,
+    /// The application's manifests, as minijinja templates.
+    pub manifests: ManifestSource,
+    /// Jobs that load test data; the environment waits for them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub seeds: Vec<SeedSpec>,
+    /// Extra values available to the manifests as `values`.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(schema_with = "free_form_object")]
+    pub values: BTreeMap<String, serde_json::Value>,
+}
+
+/// The forge a template's repository lives on.
+#[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq, Eq, Hash)]
+#[serde(rename_all = "lowercase")]
+pub enum ForgeKind {
+    #[default]
+    Github,
+    Gitlab,
+}
+
+#[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct ForgeSpec {
+    /// `github` or `gitlab`.
+    pub kind: ForgeKind,
+    /// `owner/name` on GitHub, the full project path (`group/sub/project`) on GitLab.
+    pub repository: String,
+    /// API base URL for self-hosted forges (GitHub Enterprise, self-managed GitLab). Tokens are
+    /// only ever sent here. Defaults to the public forge's API.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub api_url: Option<String>,
+    /// Secret key holding the API token used for comments and statuses.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token_secret_ref: Option<SecretKeyRef>,
+    /// Secret key holding the webhook secret (GitHub) or token (GitLab).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub webhook_secret_ref: Option<SecretKeyRef>,
+}
+
+/// A key of a Secret in the template's namespace.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
+pub struct SecretKeyRef {
+    pub name: String,
+    pub key: String,
+}
+
+/// What to do with pull requests from forks.
+#[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq, Eq)]
+pub enum ForkPolicy {
+    /// Never deploy fork PRs.
+    #[default]
+    Deny,
+    /// Deploy fork PRs once a maintainer comments `/preview approve`.
+    RequireApproval,
+    /// Deploy fork PRs like any other.
+    Allow,
+}
+
+#[derive(Clone, Debug, Deserialize, Serialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct Triggers {
+    /// Create an environment for every open pull/merge request.
+    #[serde(default = "default_true")]
+    pub pull_requests: bool,
+    /// Also create environments for pushes to branches matching these globs (`feature/*`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub branches: Vec<String>,
+    /// Only PRs carrying this label get an environment.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub required_label: Option<String>,
+    /// Deploy draft PRs too.
+    #[serde(default)]
+    pub draft_pull_requests: bool,
+    /// Pull requests from forks.
+    #[serde(default)]
+    pub fork_policy: ForkPolicy,
+}
+
+impl Default for Triggers {
+    fn default() -> Self {
+        Self {
+            pull_requests: true,
+            branches: Vec::new(),
+            required_label: None,
+            draft_pull_requests: false,
+            fork_policy: ForkPolicy::Deny,
+        }
+    }
+}
+
+#[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct NamespaceSpec {
+    /// Prefix of every environment namespace (default `preview`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prefix: Option<String>,
+    /// Extra labels on the namespace.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, String>,
+    /// `hard` limits of a ResourceQuota created in every environment namespace.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resource_quota: Option<BTreeMap<String, String>>,
+    /// Container defaults of a LimitRange created in every environment namespace.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limit_range: Option<LimitRangeSpec>,
+    /// The default-deny NetworkPolicy and its exceptions.
+    #[serde(default)]
+    pub network_policy: NetworkPolicySpec,
+}
+
+#[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct LimitRangeSpec {
+    /// Default limits for containers that set none (`cpu`, `memory`).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub default: BTreeMap<String, String>,
+    /// Default requests for containers that set none.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub default_request: BTreeMap<String, String>,
+    /// Per-container maximum.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub max: BTreeMap<String, String>,
+}
+
+#[derive(Clone, Debug, Deserialize, Serialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct NetworkPolicySpec {
+    /// Deny ingress from outside the namespace (default on).
+    #[serde(default = "default_true")]
+    pub default_deny: bool,
+    /// Namespace of the ingress controller, whose traffic is let in.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ingress_namespace: Option<String>,
+}
+
+impl Default for NetworkPolicySpec {
+    fn default() -> Self {
+        Self {
+            default_deny: true,
+            ingress_namespace: None,
+        }
+    }
+}
+
+#[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct UrlSpec {
+    /// minijinja template of the host, e.g. `{{ slug }}.preview.example.com`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host: Option<String>,
+    /// `https` (default) or `http`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scheme: Option<String>,
+}
+
+/// What happens to an environment that has been idle too long.
+#[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq, Eq)]
+pub enum IdleAction {
+    #[default]
+    Delete,
+    Sleep,
+}
+
+#[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct Lifecycle {
+    /// Idle time (no push, no command) after which `idleAction` applies, e.g. `72h`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idle_timeout: Option<String>,
+    /// Age after which an environment is deleted whatever happens, e.g. `14d`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_age: Option<String>,
+    /// How many environments of this template may run at once; the rest are queued.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_environments: Option<u32>,
+    /// `Delete` (default) or `Sleep`.
+    #[serde(default)]
+    pub idle_action: IdleAction,
+}
+
+/// Where the manifests come from. Exactly one source should be set.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct ManifestSource {
+    /// Manifests written into the template itself.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub inline: Vec<InlineManifest>,
+    /// Manifests kept in a ConfigMap of the template's namespace: every key is one manifest file.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub config_map: Option<ConfigMapSource>,
+    /// Manifests read from the repository at the head commit (cached by commit SHA).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub repository_path: Option<String>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct InlineManifest {
+    /// A name for error messages (`web.yaml`).
+    pub name: String,
+    /// The minijinja template; may hold several YAML documents.
+    pub template: String,
+}
+
+#[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct ConfigMapSource {
+    pub name: String,
+}
+
+#[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct SeedSpec {
+    /// The seed's name, unique within the template.
+    pub name: String,
+    /// The wave it runs in: after every object of lower waves is healthy.
+    #[serde(default)]
+    pub wave: i32,
+    /// minijinja template of a `batch/v1` Job (YAML). Its name is replaced by one derived from
+    /// a hash of its rendered content, so it runs once per content.
+    pub job: String,
+}
