@@ -18,6 +18,18 @@ pub const WRITE_OPERATIONS: [&str; 9] = [
     "sleep",
 ];
 
+/// One layer's metrics: what it exports, and (given) how it registers them.
+pub trait MetricSet {
+    /// Every collector of the set, for registration and for listing the names.
+    fn collectors(&self) -> Vec<Box<dyn Collector>>;
+
+    fn register(&self, registry: &Registry) -> prometheus::Result<()> {
+        self.collectors()
+            .into_iter()
+            .try_for_each(|c| registry.register(c))
+    }
+}
+
 #[derive(Clone)]
 pub struct ClusterMetrics {
     /// Server-side applies sent, and skipped because nothing changed.
@@ -32,6 +44,16 @@ pub struct ClusterMetrics {
 impl Default for ClusterMetrics {
     fn default() -> Self {
         Self::new()
+    }
+}
+
+impl MetricSet for ClusterMetrics {
+    fn collectors(&self) -> Vec<Box<dyn Collector>> {
+        vec![
+            Box::new(self.applies.clone()),
+            Box::new(self.writes.clone()),
+            Box::new(self.write_results.clone()),
+        ]
     }
 }
 
@@ -63,19 +85,6 @@ impl ClusterMetrics {
             )
             .expect("valid metric"),
         }
-    }
-
-    pub fn collectors(&self) -> Vec<Box<dyn Collector>> {
-        vec![
-            Box::new(self.applies.clone()),
-            Box::new(self.writes.clone()),
-        ]
-    }
-
-    pub fn register(&self, registry: &Registry) -> prometheus::Result<()> {
-        self.collectors()
-            .into_iter()
-            .try_for_each(|c| registry.register(c))
     }
 
     /// Counts one write request of `operation` (one of [`WRITE_OPERATIONS`]).

@@ -2,7 +2,9 @@
 //! budget the forge reports.
 
 use prometheus::core::Collector;
-use prometheus::{IntCounterVec, IntGaugeVec, Opts, Registry};
+use prometheus::{IntCounterVec, IntGaugeVec, Opts};
+
+use crate::cluster::metrics::MetricSet;
 
 #[derive(Clone)]
 pub struct ForgeMetrics {
@@ -15,6 +17,15 @@ pub struct ForgeMetrics {
 impl Default for ForgeMetrics {
     fn default() -> Self {
         Self::new()
+    }
+}
+
+impl MetricSet for ForgeMetrics {
+    fn collectors(&self) -> Vec<Box<dyn Collector>> {
+        vec![
+            Box::new(self.requests.clone()),
+            Box::new(self.rate_limit_remaining.clone()),
+        ]
     }
 }
 
@@ -35,18 +46,5 @@ impl ForgeMetrics {
             )
             .expect("valid metric"),
         }
-    }
-
-    pub fn collectors(&self) -> Vec<Box<dyn Collector>> {
-        vec![
-            Box::new(self.requests.clone()),
-            Box::new(self.rate_limit_remaining.clone()),
-        ]
-    }
-
-    pub fn register(&self, registry: &Registry) -> prometheus::Result<()> {
-        self.collectors()
-            .into_iter()
-            .try_for_each(|c| registry.register(c))
     }
 }

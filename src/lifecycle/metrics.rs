@@ -1,7 +1,9 @@
 //! The sweep's metrics: what it removed (by reason) and what it put to sleep.
 
 use prometheus::core::Collector;
-use prometheus::{IntCounter, IntCounterVec, Opts, Registry};
+use prometheus::{IntCounter, IntCounterVec, Opts};
+
+use crate::cluster::metrics::MetricSet;
 
 #[derive(Clone)]
 pub struct SweepMetrics {
@@ -14,6 +16,15 @@ pub struct SweepMetrics {
 impl Default for SweepMetrics {
     fn default() -> Self {
         Self::new()
+    }
+}
+
+impl MetricSet for SweepMetrics {
+    fn collectors(&self) -> Vec<Box<dyn Collector>> {
+        vec![
+            Box::new(self.deletions.clone()),
+            Box::new(self.sleeps.clone()),
+        ]
     }
 }
 
@@ -34,18 +45,5 @@ impl SweepMetrics {
             )
             .expect("valid metric"),
         }
-    }
-
-    pub fn collectors(&self) -> Vec<Box<dyn Collector>> {
-        vec![
-            Box::new(self.deletions.clone()),
-            Box::new(self.sleeps.clone()),
-        ]
-    }
-
-    pub fn register(&self, registry: &Registry) -> prometheus::Result<()> {
-        self.collectors()
-            .into_iter()
-            .try_for_each(|c| registry.register(c))
     }
 }

@@ -4,11 +4,10 @@
 use std::time::Instant;
 
 use prometheus::core::Collector;
-use prometheus::{
-    Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, Opts, Registry,
-};
+use prometheus::{Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, Opts};
 
 use super::context::Memory;
+use crate::cluster::metrics::MetricSet;
 use crate::model::crd::PreviewEnvironmentStatus;
 
 #[derive(Clone)]
@@ -32,6 +31,18 @@ impl Default for ReconcileMetrics {
 fn histogram(name: &str, help: &str, buckets: &[f64]) -> Histogram {
     Histogram::with_opts(HistogramOpts::new(name, help).buckets(buckets.to_vec()))
         .expect("valid metric")
+}
+
+impl MetricSet for ReconcileMetrics {
+    fn collectors(&self) -> Vec<Box<dyn Collector>> {
+        vec![
+            Box::new(self.reconcile_duration.clone()),
+            Box::new(self.reconcile_errors.clone()),
+            Box::new(self.time_to_ready.clone()),
+            Box::new(self.seed_duration.clone()),
+            Box::new(self.seed_failures.clone()),
+        ]
+    }
 }
 
 impl ReconcileMetrics {
@@ -73,22 +84,6 @@ impl ReconcileMetrics {
             seed_failures: IntCounter::new("previewd_seed_failures_total", "Seed Jobs that failed")
                 .expect("valid metric"),
         }
-    }
-
-    pub fn collectors(&self) -> Vec<Box<dyn Collector>> {
-        vec![
-            Box::new(self.reconcile_duration.clone()),
-            Box::new(self.reconcile_errors.clone()),
-            Box::new(self.time_to_ready.clone()),
-            Box::new(self.seed_duration.clone()),
-            Box::new(self.seed_failures.clone()),
-        ]
-    }
-
-    pub fn register(&self, registry: &Registry) -> prometheus::Result<()> {
-        self.collectors()
-            .into_iter()
-            .try_for_each(|c| registry.register(c))
     }
 }
 

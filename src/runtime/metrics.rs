@@ -6,7 +6,7 @@
 use prometheus::core::Collector;
 use prometheus::{Encoder, IntGauge, Registry, TextEncoder};
 
-use crate::cluster::metrics::ClusterMetrics;
+use crate::cluster::metrics::{ClusterMetrics, MetricSet};
 use crate::forge::metrics::ForgeMetrics;
 use crate::lifecycle::metrics::SweepMetrics;
 use crate::reconcile::ControllerMetrics;

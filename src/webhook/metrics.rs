@@ -2,8 +2,9 @@
 //! and the environments by phase (set from the cache at each scrape).
 
 use prometheus::core::Collector;
-use prometheus::{HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry};
+use prometheus::{HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts};
 
+use crate::cluster::metrics::MetricSet;
 use crate::model::crd::{Phase, PreviewEnvironment};
 
 #[derive(Clone)]
@@ -20,6 +21,16 @@ pub struct WebhookMetrics {
 impl Default for WebhookMetrics {
     fn default() -> Self {
         Self::new()
+    }
+}
+
+impl MetricSet for WebhookMetrics {
+    fn collectors(&self) -> Vec<Box<dyn Collector>> {
+        vec![
+            Box::new(self.deliveries.clone()),
+            Box::new(self.duration.clone()),
+            Box::new(self.environments.clone()),
+        ]
     }
 }
 
@@ -51,20 +62,6 @@ impl WebhookMetrics {
             )
             .expect("valid metric"),
         }
-    }
-
-    pub fn collectors(&self) -> Vec<Box<dyn Collector>> {
-        vec![
-            Box::new(self.deliveries.clone()),
-            Box::new(self.duration.clone()),
-            Box::new(self.environments.clone()),
-        ]
-    }
-
-    pub fn register(&self, registry: &Registry) -> prometheus::Result<()> {
-        self.collectors()
-            .into_iter()
-            .try_for_each(|c| registry.register(c))
     }
 
     /// Sets the environments-by-phase gauge from the environments the cache holds.

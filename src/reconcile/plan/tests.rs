@@ -2,15 +2,36 @@
 
 use serde_json::Value;
 
-use super::plan;
+use super::{Plan, plan};
 use crate::model::crd::InlineManifest;
+use crate::model::crd::PreviewEnvironment;
+use crate::reconcile::error::Refusal;
 use crate::reconcile::test_support::{WEB_ENVIRONMENT, WEB_TEMPLATE, environment, template};
 
 const NAMESPACE: &str = "preview-team-a-web-pr-2-abc123";
 
-fn manifests_of(template: &crate::model::crd::PreviewTemplate) -> Vec<InlineManifest> {
-    template.spec.manifests.inline.clone()
+/// Plans the environment of [`WEB_ENVIRONMENT`] (adjusted by `adjust`) from `template_yaml`.
+fn plan_web(
+    template_yaml: &str,
+    max_objects: usize,
+    adjust: impl FnOnce(&mut PreviewEnvironment),
+    live_replicas: impl Fn(&Value) -> Option<i32>,
+) -> Result<Plan, Refusal> {
+    let template = template(template_yaml);
+    let mut environment = environment(WEB_ENVIRONMENT);
+    adjust(&mut environment);
+    let manifests: Vec<InlineManifest> = template.spec.manifests.inline.clone();
+    plan(
+        &environment,
+        &template,
+        &manifests,
+        NAMESPACE,
+        max_objects,
+        live_replicas,
+    )
 }
+
+fn awake(_: &mut PreviewEnvironment) {}
 
 fn no_live_replicas(_: &Value) -> Option<i32> {
     None
@@ -18,16 +39,8 @@ fn no_live_replicas(_: &Value) -> Option<i32> {
 
 #[test]
 fn a_template_becomes_labelled_objects_in_the_environments_namespace() {
-    let (template, environment) = (template(WEB_TEMPLATE), environment(WEB_ENVIRONMENT));
-    let plan = plan(
-        &environment,
-        &template,
-        &manifests_of(&template),
-        NAMESPACE,
-        500,
-        no_live_replicas,
-    )
-    .expect("the web template plans");
+    let plan =
+        plan_web(WEB_TEMPLATE, 500, awake, no_live_replicas).expect("the web template plans");
     assert_eq!(plan.url, "https://feature-login.preview.example.com");
     let names: Vec<(&str, &str, i32)> = plan
         .objects
@@ -57,16 +70,8 @@ fn a_template_becomes_labelled_objects_in_the_environments_namespace() {
 #[test]
 fn a_render_error_is_refused_with_the_manifest_and_line() {
     let broken = WEB_TEMPLATE.replace("{{ short_sha }}\", url", "{{ no_such_value }}\", url");
-    let (template, environment) = (template(&broken), environment(WEB_ENVIRONMENT));
-    let refusal = plan(
-        &environment,
-        &template,
-        &manifests_of(&template),
-        NAMESPACE,
-        500,
-        no_live_replicas,
-    )
-    .expect_err("an undefined value is refused");
+    let refusal =
+        plan_web(&broken, 500, awake, no_live_replicas).expect_err("an undefined value is refused");
     assert_eq!(refusal.reason, "RenderFailed");
     assert!(
         refusal.message.starts_with("web.yaml line 4: "),
@@ -77,16 +82,8 @@ fn a_render_error_is_refused_with_the_manifest_and_line() {
 
 #[test]
 fn more_objects_than_the_limit_are_refused_and_nothing_is_planned() {
-    let (template, environment) = (template(WEB_TEMPLATE), environment(WEB_ENVIRONMENT));
-    let refusal = plan(
-        &environment,
-        &template,
-        &manifests_of(&template),
-        NAMESPACE,
-        1,
-        no_live_replicas,
-    )
-    .expect_err("two objects are over a limit of one");
+    let refusal = plan_web(WEB_TEMPLATE, 1, awake, no_live_replicas)
+        .expect_err("two objects are over a limit of one");
     assert_eq!(refusal.reason, "TooManyObjects");
     assert!(
         refusal
@@ -101,16 +98,8 @@ fn the_guard_refuses_a_cluster_scoped_object_and_names_it() {
         "          ---\n          apiVersion: apps/v1",
         "          ---\n          apiVersion: rbac.authorization.k8s.io/v1\n          kind: ClusterRoleBinding\n          metadata: {name: take-over}\n          roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: cluster-admin}\n          subjects: [{kind: ServiceAccount, name: default, namespace: team-a}]\n          ---\n          apiVersion: apps/v1",
     );
-    let (template, environment) = (template(&hostile), environment(WEB_ENVIRONMENT));
-    let refusal = plan(
-        &environment,
-        &template,
-        &manifests_of(&template),
-        NAMESPACE,
-        500,
-        no_live_replicas,
-    )
-    .expect_err("a ClusterRoleBinding is refused");
+    let refusal = plan_web(&hostile, 500, awake, no_live_replicas)
+        .expect_err("a ClusterRoleBinding is refused");
     assert_eq!(refusal.reason, "GuardRejected");
     assert!(
         refusal
@@ -123,19 +112,9 @@ fn the_guard_refuses_a_cluster_scoped_object_and_names_it() {
 
 #[test]
 fn a_sleeping_environment_plans_zero_replicas_and_remembers_the_live_count() {
-    let template = template(WEB_TEMPLATE);
-    let mut environment = environment(WEB_ENVIRONMENT);
-    environment.spec.sleep = true;
+    let asleep = |environment: &mut PreviewEnvironment| environment.spec.sleep = true;
     let live = |object: &Value| (object["kind"] == "Deployment").then_some(3);
-    let plan = plan(
-        &environment,
-        &template,
-        &manifests_of(&template),
-        NAMESPACE,
-        500,
-        live,
-    )
-    .expect("plans");
+    let plan = plan_web(WEB_TEMPLATE, 500, asleep, live).expect("plans");
     assert_eq!(plan.objects[1].object["spec"]["replicas"], 0);
     assert_eq!(plan.replicas_before_sleep["Deployment/web"], 3);
 }
