@@ -124,18 +124,28 @@ fn folder_imports() -> BTreeMap<String, BTreeMap<String, Vec<String>>> {
     graph
 }
 
+/// The entries directly in `src/`: (name, is a folder).
+fn top_of_src() -> Vec<(String, bool)> {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    std::fs::read_dir(&src)
+        .expect("read src")
+        .map(|entry| {
+            let path = entry.expect("dir entry").path();
+            let name = path
+                .file_name()
+                .expect("a name")
+                .to_string_lossy()
+                .to_string();
+            (name, path.is_dir())
+        })
+        .collect()
+}
+
 #[test]
 fn src_holds_only_the_crate_root_the_cli_and_layer_folders() {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
-    for entry in std::fs::read_dir(&src).expect("read src") {
-        let path = entry.expect("dir entry").path();
-        let name = path
-            .file_name()
-            .expect("a name")
-            .to_string_lossy()
-            .to_string();
+    for (name, is_dir) in top_of_src() {
         assert!(
-            path.is_dir() || name == "lib.rs" || name == "main.rs",
+            is_dir || name == "lib.rs" || name == "main.rs",
             "src/{name} is a module outside every layer: put it in the folder of its layer"
         );
     }
@@ -143,17 +153,7 @@ fn src_holds_only_the_crate_root_the_cli_and_layer_folders() {
 
 #[test]
 fn every_folder_of_src_is_a_placed_layer() {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
-    for entry in std::fs::read_dir(&src).expect("read src") {
-        let path = entry.expect("dir entry").path();
-        if !path.is_dir() {
-            continue;
-        }
-        let name = path
-            .file_name()
-            .expect("a name")
-            .to_string_lossy()
-            .to_string();
+    for (name, _) in top_of_src().into_iter().filter(|(_, is_dir)| *is_dir) {
         assert!(
             name == "bin" || rank(&name).is_some(),
             "src/{name}/ is not in the layer list of tests/architecture.rs (and docs/architecture.md)"

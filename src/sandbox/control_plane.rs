@@ -87,27 +87,7 @@ impl ControlPlane {
         let etcd = ManagedProcess::spawn(
             "etcd",
             &binaries.etcd,
-            &[
-                format!("--data-dir={}", dir.join("etcd").display()),
-                format!(
-                    "--listen-client-urls=http://127.0.0.1:{}",
-                    ports.etcd_client
-                ),
-                format!(
-                    "--advertise-client-urls=http://127.0.0.1:{}",
-                    ports.etcd_client
-                ),
-                format!("--listen-peer-urls=http://127.0.0.1:{}", ports.etcd_peer),
-                format!(
-                    "--initial-advertise-peer-urls=http://127.0.0.1:{}",
-                    ports.etcd_peer
-                ),
-                format!(
-                    "--initial-cluster=default=http://127.0.0.1:{}",
-                    ports.etcd_peer
-                ),
-                "--log-level=warn".into(),
-            ],
+            &etcd_args(&dir, &ports),
             &dir.join("etcd.log"),
         )?;
         processes.insert(0, etcd);
@@ -142,39 +122,14 @@ impl ControlPlane {
         let controller_manager = ManagedProcess::spawn(
             "kube-controller-manager",
             &binaries.path("kube-controller-manager"),
-            &[
-                format!("--kubeconfig={}", kubeconfig_path.display()),
-                "--leader-elect=false".into(),
-                "--port=0".into(),
-                format!("--secure-port={}", ports.controller_manager),
-                "--bind-address=127.0.0.1".into(),
-                format!(
-                    "--service-account-private-key-file={}",
-                    dir.join("sa.key").display()
-                ),
-                format!(
-                    "--root-ca-file={}",
-                    dir.join("certs/apiserver.crt").display()
-                ),
-                "--use-service-account-credentials=false".into(),
-                // No cloud, no kubelet: keep the node lifecycle controller's defaults but let a
-                // test's namespace deletion and GC happen quickly.
-                "--concurrent-namespace-syncs=10".into(),
-                "--concurrent-gc-syncs=20".into(),
-            ],
+            &controller_manager_args(&dir, &kubeconfig_path, &ports),
             &dir.join("controller-manager.log"),
         )?;
         plane.processes.insert(0, controller_manager);
         let scheduler = ManagedProcess::spawn(
             "kube-scheduler",
             &binaries.path("kube-scheduler"),
-            &[
-                format!("--kubeconfig={}", kubeconfig_path.display()),
-                "--leader-elect=false".into(),
-                "--port=0".into(),
-                format!("--secure-port={}", ports.scheduler),
-                "--bind-address=127.0.0.1".into(),
-            ],
+            &scheduler_args(&kubeconfig_path, &ports),
             &dir.join("scheduler.log"),
         )?;
         plane.processes.insert(0, scheduler);
@@ -341,6 +296,63 @@ async fn client_from_kubeconfig(kubeconfig: Kubeconfig) -> Result<kube::Client, 
     crate::cluster::client::from_kubeconfig(kubeconfig)
         .await
         .map_err(|e| SandboxError::Process(e.to_string()))
+}
+
+fn etcd_args(dir: &Path, ports: &Ports) -> Vec<String> {
+    vec![
+        format!("--data-dir={}", dir.join("etcd").display()),
+        format!(
+            "--listen-client-urls=http://127.0.0.1:{}",
+            ports.etcd_client
+        ),
+        format!(
+            "--advertise-client-urls=http://127.0.0.1:{}",
+            ports.etcd_client
+        ),
+        format!("--listen-peer-urls=http://127.0.0.1:{}", ports.etcd_peer),
+        format!(
+            "--initial-advertise-peer-urls=http://127.0.0.1:{}",
+            ports.etcd_peer
+        ),
+        format!(
+            "--initial-cluster=default=http://127.0.0.1:{}",
+            ports.etcd_peer
+        ),
+        "--log-level=warn".into(),
+    ]
+}
+
+fn controller_manager_args(dir: &Path, kubeconfig_path: &Path, ports: &Ports) -> Vec<String> {
+    vec![
+        format!("--kubeconfig={}", kubeconfig_path.display()),
+        "--leader-elect=false".into(),
+        "--port=0".into(),
+        format!("--secure-port={}", ports.controller_manager),
+        "--bind-address=127.0.0.1".into(),
+        format!(
+            "--service-account-private-key-file={}",
+            dir.join("sa.key").display()
+        ),
+        format!(
+            "--root-ca-file={}",
+            dir.join("certs/apiserver.crt").display()
+        ),
+        "--use-service-account-credentials=false".into(),
+        // No cloud, no kubelet: keep the node lifecycle controller's defaults but let a
+        // test's namespace deletion and GC happen quickly.
+        "--concurrent-namespace-syncs=10".into(),
+        "--concurrent-gc-syncs=20".into(),
+    ]
+}
+
+fn scheduler_args(kubeconfig_path: &Path, ports: &Ports) -> Vec<String> {
+    vec![
+        format!("--kubeconfig={}", kubeconfig_path.display()),
+        "--leader-elect=false".into(),
+        "--port=0".into(),
+        format!("--secure-port={}", ports.scheduler),
+        "--bind-address=127.0.0.1".into(),
+    ]
 }
 
 fn apiserver_args(dir: &Path, ports: &Ports) -> Vec<String> {

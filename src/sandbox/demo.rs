@@ -61,106 +61,136 @@ pub async fn play(
     playground: &Playground,
     webhook_base: &str,
 ) -> Result<DemoTimings, SandboxError> {
-    let narrator = Narrator {
-        started: Instant::now(),
-        last_state: Default::default(),
-    };
-    let mut forge_events = playground.forge.subscribe();
-    let http = reqwest::Client::new();
-    let environments: Api<PreviewEnvironment> = Api::namespaced(client.clone(), NAMESPACE);
-    let body = |index: usize| DELIVERIES[index].1.as_bytes().to_vec();
-
-    narrator.say(
-        "pull_request opened: PR #2 (branch `changes`) of Codertocat/Hello-World, head ec26c3e",
-    );
-    let sent = Instant::now();
-    send(
-        &http,
-        playground,
-        webhook_base,
-        "demo-opened",
-        &body(0),
-        &narrator,
-    )
-    .await?;
-    let name = follow(&environments, None, &narrator, &mut forge_events, |e| {
-        ready_at(e, "ec26c3e")
-    })
-    .await?;
-    let opened_to_ready = sent.elapsed();
-    narrator.say(&format!(
-        "READY: {name} in {:.1} s",
-        opened_to_ready.as_secs_f64()
-    ));
-
-    let mut synchronize: serde_json::Value = serde_json::from_slice(&body(1))
-        .map_err(|e| SandboxError::Process(format!("the synchronize delivery: {e}")))?;
-    synchronize["pull_request"]["head"]["sha"] = NEW_HEAD.into();
-    synchronize["before"] = "ec26c3e57ca3a959ca5aad62de7213c562f8c821".into();
-    synchronize["after"] = NEW_HEAD.into();
-    narrator.say(&format!(
-        "pull_request synchronize: a new commit {} (the fixture's copy with a new head SHA)",
-        &NEW_HEAD[..7]
-    ));
-    let sent = Instant::now();
-    send(
-        &http,
-        playground,
-        webhook_base,
-        "demo-synchronize",
-        synchronize.to_string().as_bytes(),
-        &narrator,
-    )
-    .await?;
-    follow(
-        &environments,
-        Some(&name),
-        &narrator,
-        &mut forge_events,
-        |e| ready_at(e, &NEW_HEAD[..7]),
-    )
-    .await?;
-    let synchronize_to_ready = sent.elapsed();
-    narrator.say(&format!(
-        "UPDATED: {name} Ready at {} in {:.1} s",
-        &NEW_HEAD[..7],
-        synchronize_to_ready.as_secs_f64()
-    ));
-
-    narrator.say("pull_request closed: PR #2 closed without merging");
-    let sent = Instant::now();
-    send(
-        &http,
-        playground,
-        webhook_base,
-        "demo-closed",
-        &body(2),
-        &narrator,
-    )
-    .await?;
-    let namespace = environments
-        .get_opt(&name)
-        .await?
-        .and_then(|e| e.status.and_then(|s| s.namespace));
-    wait_gone(
+    let mut demo = Demo {
         client,
-        &environments,
-        &name,
-        namespace.as_deref(),
-        &narrator,
-        &mut forge_events,
-    )
-    .await?;
-    let closed_to_gone = sent.elapsed();
-    narrator.say(&format!(
-        "DESTROYED: {name} and its namespace deleted in {:.1} s",
-        closed_to_gone.as_secs_f64()
-    ));
+        playground,
+        webhook_base,
+        narrator: Narrator {
+            started: Instant::now(),
+            last_state: Default::default(),
+        },
+        forge_events: playground.forge.subscribe(),
+        http: reqwest::Client::new(),
+        environments: Api::namespaced(client.clone(), NAMESPACE),
+    };
+    let (name, opened_to_ready) = demo.opened().await?;
+    let synchronize_to_ready = demo.synchronized(&name).await?;
+    let closed_to_gone = demo.closed(&name).await?;
     Ok(DemoTimings {
         opened_to_ready,
         synchronize_to_ready,
         closed_to_gone,
     })
+}
+
+/// What the three acts of the demo share.
+struct Demo<'a> {
+    client: &'a kube::Client,
+    playground: &'a Playground,
+    webhook_base: &'a str,
+    narrator: Narrator,
+    forge_events: tokio::sync::broadcast::Receiver<Received>,
+    http: reqwest::Client,
+    environments: Api<PreviewEnvironment>,
+}
+
+impl Demo<'_> {
+    fn delivery(index: usize) -> Vec<u8> {
+        DELIVERIES[index].1.as_bytes().to_vec()
+    }
+
+    async fn send(&self, delivery: &str, body: &[u8]) -> Result<(), SandboxError> {
+        let (http, playground) = (&self.http, self.playground);
+        send(
+            http,
+            playground,
+            self.webhook_base,
+            delivery,
+            body,
+            &self.narrator,
+        )
+        .await
+    }
+
+    /// Act 1: the PR is opened; returns the environment's name and how long Ready took.
+    async fn opened(&mut self) -> Result<(String, Duration), SandboxError> {
+        self.narrator.say(
+            "pull_request opened: PR #2 (branch `changes`) of Codertocat/Hello-World, head ec26c3e",
+        );
+        let sent = Instant::now();
+        self.send("demo-opened", &Self::delivery(0)).await?;
+        let name = follow(
+            &self.environments,
+            None,
+            &self.narrator,
+            &mut self.forge_events,
+            |e| ready_at(e, "ec26c3e"),
+        )
+        .await?;
+        let took = sent.elapsed();
+        self.narrator
+            .say(&format!("READY: {name} in {:.1} s", took.as_secs_f64()));
+        Ok((name, took))
+    }
+
+    /// Act 2: a new commit (the fixture's synchronize with a new head SHA, as a push would).
+    async fn synchronized(&mut self, name: &str) -> Result<Duration, SandboxError> {
+        let mut synchronize: serde_json::Value = serde_json::from_slice(&Self::delivery(1))
+            .map_err(|e| SandboxError::Process(format!("the synchronize delivery: {e}")))?;
+        synchronize["pull_request"]["head"]["sha"] = NEW_HEAD.into();
+        synchronize["before"] = "ec26c3e57ca3a959ca5aad62de7213c562f8c821".into();
+        synchronize["after"] = NEW_HEAD.into();
+        self.narrator.say(&format!(
+            "pull_request synchronize: a new commit {} (the fixture's copy with a new head SHA)",
+            &NEW_HEAD[..7]
+        ));
+        let sent = Instant::now();
+        self.send("demo-synchronize", synchronize.to_string().as_bytes())
+            .await?;
+        follow(
+            &self.environments,
+            Some(name),
+            &self.narrator,
+            &mut self.forge_events,
+            |e| ready_at(e, &NEW_HEAD[..7]),
+        )
+        .await?;
+        let took = sent.elapsed();
+        self.narrator.say(&format!(
+            "UPDATED: {name} Ready at {} in {:.1} s",
+            &NEW_HEAD[..7],
+            took.as_secs_f64()
+        ));
+        Ok(took)
+    }
+
+    /// Act 3: the PR is closed; the environment and its namespace go.
+    async fn closed(&mut self, name: &str) -> Result<Duration, SandboxError> {
+        self.narrator
+            .say("pull_request closed: PR #2 closed without merging");
+        let sent = Instant::now();
+        self.send("demo-closed", &Self::delivery(2)).await?;
+        let namespace = self
+            .environments
+            .get_opt(name)
+            .await?
+            .and_then(|e| e.status.and_then(|s| s.namespace));
+        wait_gone(
+            self.client,
+            &self.environments,
+            name,
+            namespace.as_deref(),
+            &self.narrator,
+            &mut self.forge_events,
+        )
+        .await?;
+        let took = sent.elapsed();
+        self.narrator.say(&format!(
+            "DESTROYED: {name} and its namespace deleted in {:.1} s",
+            took.as_secs_f64()
+        ));
+        Ok(took)
+    }
 }
 
 async fn send(

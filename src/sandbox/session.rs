@@ -11,17 +11,10 @@ use super::{Sandbox, SandboxError, StderrProgress, demo, provision};
 /// `previewd sandbox`: starts the control plane, previewd and the playground; plays the demo
 /// or waits for Ctrl-C; stops everything it started.
 pub async fn run(args: SandboxArgs) -> Result<(), SandboxError> {
-    let progress = Arc::new(StderrProgress);
     if args.provision_only {
-        let cache_dir = args.cache_dir.clone();
-        let binaries = tokio::task::spawn_blocking(move || {
-            provision::ensure_binaries(&cache_dir, &StderrProgress)
-        })
-        .await
-        .map_err(|e| SandboxError::Provision(format!("provisioning task: {e}")))??;
-        println!("control-plane binaries ready in {}", binaries.dir.display());
-        return Ok(());
+        return provision_only(&args).await;
     }
+    let progress = Arc::new(StderrProgress);
     let started = std::time::Instant::now();
     let sandbox = Sandbox::start(args.options(), progress).await?;
     let client = sandbox.control_plane().client().await?;
@@ -58,30 +51,9 @@ pub async fn run(args: SandboxArgs) -> Result<(), SandboxError> {
         std::fs::write(path, format!("{info}\n")).map_err(|e| SandboxError::io(path, e))?;
     }
     let outcome = if args.demo {
-        let outcome = demo::play(&client, &playground, &webhook_base).await;
-        if let Ok(timings) = &outcome {
-            println!(
-                "demo done: opened → Ready {:.1} s, synchronize → Ready {:.1} s, closed → deleted {:.1} s; the forge stand-in received {} comments and statuses",
-                timings.opened_to_ready.as_secs_f64(),
-                timings.synchronize_to_ready.as_secs_f64(),
-                timings.closed_to_gone.as_secs_f64(),
-                playground.forge.received().len()
-            );
-        }
-        outcome.map(|_| ())
+        play_demo(&client, &playground, &webhook_base).await
     } else {
-        let mut forge_events = playground.forge.subscribe();
-        let mut signals = crate::runtime::service::shutdown_on_signals();
-        loop {
-            tokio::select! {
-                received = forge_events.recv() => match received {
-                    Ok(received) => println!("[forge] {}", received.to_string().trim_end()),
-                    Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
-                    Err(_) => break,
-                },
-                _ = signals.wait_for(|stop| *stop) => break,
-            }
-        }
+        show_forge_until_stopped(&playground).await;
         Ok(())
     };
     eprintln!("[sandbox] stopping");
@@ -90,6 +62,51 @@ pub async fn run(args: SandboxArgs) -> Result<(), SandboxError> {
     drop(playground);
     drop(sandbox);
     outcome
+}
+
+/// `--provision-only`: installs and builds what the sandbox needs (cached), then stops.
+async fn provision_only(args: &SandboxArgs) -> Result<(), SandboxError> {
+    let cache_dir = args.cache_dir.clone();
+    let binaries = tokio::task::spawn_blocking(move || {
+        provision::ensure_binaries(&cache_dir, &StderrProgress)
+    })
+    .await
+    .map_err(|e| SandboxError::Provision(format!("provisioning task: {e}")))??;
+    println!("control-plane binaries ready in {}", binaries.dir.display());
+    Ok(())
+}
+
+/// `--demo`: a pull request's life, then the timings in one line.
+async fn play_demo(
+    client: &kube::Client,
+    playground: &Playground,
+    webhook_base: &str,
+) -> Result<(), SandboxError> {
+    let timings = demo::play(client, playground, webhook_base).await?;
+    println!(
+        "demo done: opened → Ready {:.1} s, synchronize → Ready {:.1} s, closed → deleted {:.1} s; the forge stand-in received {} comments and statuses",
+        timings.opened_to_ready.as_secs_f64(),
+        timings.synchronize_to_ready.as_secs_f64(),
+        timings.closed_to_gone.as_secs_f64(),
+        playground.forge.received().len()
+    );
+    Ok(())
+}
+
+/// Without `--demo`: prints what previewd sends the forge stand-in until Ctrl-C or SIGTERM.
+async fn show_forge_until_stopped(playground: &Playground) {
+    let mut forge_events = playground.forge.subscribe();
+    let mut signals = crate::runtime::service::shutdown_on_signals();
+    loop {
+        tokio::select! {
+            received = forge_events.recv() => match received {
+                Ok(received) => println!("[forge] {}", received.to_string().trim_end()),
+                Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
+                Err(_) => break,
+            },
+            _ = signals.wait_for(|stop| *stop) => break,
+        }
+    }
 }
 
 /// Waits until previewd's /readyz answers 200 (its caches are synced).
