@@ -330,13 +330,14 @@ fn the_printed_curl_lines_create_environments_that_kubectl_shows_ready() {
     }
     // The info file is written after the block is printed: the curl lines are there to read.
     let lines = stdout_lines(&mut run.child);
-    let github_curl = line_where(&lines, "GitHub curl line", |l| {
-        l.trim_start().starts_with("curl ") && l.contains("/webhooks/github")
-    });
-    let gitlab_curl = line_where(&lines, "GitLab curl line", |l| {
-        l.trim_start().starts_with("curl ") && l.contains("/webhooks/gitlab")
-    });
-    assert!(github_curl.contains(info["github_webhook_url"].as_str().unwrap()));
+    // The curl lines send to the printed webhook URLs (the forge stand-in, which passes the
+    // deliveries on to previewd).
+    let curl_to = |key: &str| {
+        let url = format!("{} ", info[key].as_str().unwrap());
+        move |l: &str| l.trim_start().starts_with("curl ") && l.contains(&url)
+    };
+    let github_curl = line_where(&lines, "GitHub curl line", curl_to("github_webhook_url"));
+    let gitlab_curl = line_where(&lines, "GitLab curl line", curl_to("gitlab_webhook_url"));
 
     let answer = run_curl(github_curl.trim());
     assert_eq!(answer["outcome"], "accepted", "{answer}");
@@ -403,6 +404,21 @@ fn the_demo_plays_a_pull_request_and_exits_0() {
     for step in ["READY: ", "UPDATED: ", "DESTROYED: ", "demo done"] {
         assert!(stdout.contains(step), "no {step:?} in:\n{stdout}");
     }
+    // Nothing is wrong in the demo, so nothing may say so (the sweep at start-up asks the
+    // stand-in for open PRs and branches, and must get an answer).
+    let complaints: Vec<&str> = stdout
+        .lines()
+        .chain(stderr.lines())
+        .filter(|line| {
+            let plain = without_colours(line);
+            plain.contains(" WARN ") || plain.contains(" ERROR ")
+        })
+        .collect();
+    assert!(
+        complaints.is_empty(),
+        "the demo logged warnings or errors:\n{}",
+        complaints.join("\n")
+    );
     // The PR comment as it changed: created deploying, edited to ready, then destroyed.
     for text in [
         "PR comment created",
@@ -426,4 +442,19 @@ fn the_demo_plays_a_pull_request_and_exits_0() {
             .filter(|l| l.starts_with("demo done"))
             .collect::<String>()
     );
+}
+
+/// `line` without the terminal colour codes the log writer may add.
+fn without_colours(line: &str) -> String {
+    let mut plain = String::with_capacity(line.len());
+    let mut in_escape = false;
+    for c in line.chars() {
+        match (in_escape, c) {
+            (false, '\u{1b}') => in_escape = true,
+            (true, 'm') => in_escape = false,
+            (true, _) => {}
+            (false, c) => plain.push(c),
+        }
+    }
+    plain
 }

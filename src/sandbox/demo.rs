@@ -55,16 +55,15 @@ impl Narrator {
     }
 }
 
-/// Plays the PR's life against previewd at `webhook_base`; returns the timings.
+/// Plays the PR's life, its deliveries sent as a forge would (through the stand-in, to
+/// previewd); returns the timings.
 pub async fn play(
     client: &kube::Client,
     playground: &Playground,
-    webhook_base: &str,
 ) -> Result<DemoTimings, SandboxError> {
     let mut demo = Demo {
         client,
         playground,
-        webhook_base,
         narrator: Narrator {
             started: Instant::now(),
             last_state: Default::default(),
@@ -87,7 +86,6 @@ pub async fn play(
 struct Demo<'a> {
     client: &'a kube::Client,
     playground: &'a Playground,
-    webhook_base: &'a str,
     narrator: Narrator,
     forge_events: tokio::sync::broadcast::Receiver<Received>,
     http: reqwest::Client,
@@ -100,16 +98,7 @@ impl Demo<'_> {
     }
 
     async fn send(&self, delivery: &str, body: &[u8]) -> Result<(), SandboxError> {
-        let (http, playground) = (&self.http, self.playground);
-        send(
-            http,
-            playground,
-            self.webhook_base,
-            delivery,
-            body,
-            &self.narrator,
-        )
-        .await
+        send(&self.http, self.playground, delivery, body, &self.narrator).await
     }
 
     /// Act 1: the PR is opened; returns the environment's name and how long Ready took.
@@ -196,7 +185,6 @@ impl Demo<'_> {
 async fn send(
     http: &reqwest::Client,
     playground: &Playground,
-    webhook_base: &str,
     delivery: &str,
     body: &[u8],
     narrator: &Narrator,
@@ -204,7 +192,7 @@ async fn send(
     let signature =
         crate::forge::github::sign(playground.facts.github_webhook_secret.as_bytes(), body);
     let response = http
-        .post(format!("{webhook_base}/webhooks/github"))
+        .post(&playground.facts.github_webhook_url)
         .header("Content-Type", "application/json")
         .header("X-GitHub-Event", "pull_request")
         .header("X-GitHub-Delivery", delivery)

@@ -6,10 +6,10 @@
 //! GitHub paths (`/repos/...`) and GitLab paths (`/api/v4/...`) do not overlap, so one server
 //! on one port serves both; a template's `forge.apiUrl` points at it.
 //!
-//! What it does not do: it has no idea which pull requests are open or which branches exist,
-//! so it answers those lists with 503. previewd's sweep never deletes on a forge error, so in
-//! the sandbox environments go away only when a `closed` delivery (or `/preview destroy`)
-//! says so. Repository contents are 404 (the sandbox templates carry their manifests inline).
+//! Deliveries can reach previewd through it ([`super::forge_relay`]); then it knows which pull
+//! requests are open and which branches exist, and answers the sweep's lists of the
+//! repositories it tracks from that (others: 503, so the sweep removes nothing for them).
+//! Repository contents are 404 (the sandbox templates carry their manifests inline).
 //! Every caller has write access, so anyone may use comment commands in the sandbox.
 
 use std::collections::BTreeMap;
@@ -18,12 +18,15 @@ use std::sync::{Arc, Mutex};
 
 use axum::Router;
 use axum::body::Bytes;
-use axum::extract::State;
-use axum::http::{Method, StatusCode, Uri};
+use axum::extract::{DefaultBodyLimit, Path, State};
+use axum::http::{HeaderMap, Method, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
+use axum::routing::post;
 use serde_json::{Value, json};
 
 use super::SandboxError;
+use super::forge_relay::{self, KnownState};
+use crate::forge::ForgeKind::{self, Github, Gitlab};
 
 /// One thing previewd sent to the forge.
 #[derive(Clone, Debug, PartialEq)]
@@ -99,12 +102,17 @@ struct Records {
     /// Comment id → (forge, repository, PR/MR number, body).
     comments: BTreeMap<u64, (&'static str, String, u64, String)>,
     received: Vec<Received>,
+    /// Open PRs/MRs and branches, as the relayed deliveries told.
+    known: KnownState,
 }
 
 struct Shared {
     records: Mutex<Records>,
     /// Every `Received`, to whoever listens (the sandbox prints, the demo renders).
     events: tokio::sync::broadcast::Sender<Received>,
+    /// previewd's HTTP address, where deliveries are relayed (none: no relay).
+    previewd: Option<String>,
+    http: reqwest::Client,
 }
 
 /// The running stand-in. Stops when dropped.
@@ -121,8 +129,18 @@ impl Drop for ForgeStandIn {
 }
 
 impl ForgeStandIn {
-    /// Listens on a free loopback port.
+    /// Listens on a free loopback port, relaying no deliveries and tracking no repository.
     pub async fn start() -> Result<Self, SandboxError> {
+        Self::listen(None).await
+    }
+
+    /// Listens on a free loopback port and relays deliveries to previewd at `previewd_base`
+    /// (`http://host:port`).
+    pub async fn relaying_to(previewd_base: &str) -> Result<Self, SandboxError> {
+        Self::listen(Some(previewd_base.to_string())).await
+    }
+
+    async fn listen(previewd: Option<String>) -> Result<Self, SandboxError> {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
             .map_err(|e| SandboxError::Process(format!("forge stand-in: {e}")))?;
@@ -136,8 +154,15 @@ impl ForgeStandIn {
                 ..Default::default()
             }),
             events,
+            previewd,
+            http: reqwest::Client::new(),
         });
-        let app = Router::new().fallback(answer).with_state(shared.clone());
+        let app = Router::new()
+            .route("/hooks/{forge}", post(relay))
+            // previewd's own body limit decides, not the relay's.
+            .layer(DefaultBodyLimit::disable())
+            .fallback(answer)
+            .with_state(shared.clone());
         let task = tokio::spawn(async move {
             let _ = axum::serve(listener, app).await;
         });
@@ -151,6 +176,22 @@ impl ForgeStandIn {
     /// The URL to put in a template's `forge.apiUrl` (GitHub and GitLab alike).
     pub fn url(&self) -> String {
         format!("http://{}", self.address)
+    }
+
+    /// Where the forge named `forge` (`github`, `gitlab`) sends its deliveries: relayed to
+    /// previewd's `/webhooks/{forge}`.
+    pub fn hook_url(&self, forge: &str) -> String {
+        format!("{}/hooks/{forge}", self.url())
+    }
+
+    /// Answers the lists of open PRs and branches of `repository` from the deliveries relayed.
+    pub fn track(&self, forge: ForgeKind, repository: &str) {
+        self.shared
+            .records
+            .lock()
+            .expect("stand-in records")
+            .known
+            .track(forge, repository);
     }
 
     /// Everything received from now on.
@@ -193,6 +234,34 @@ fn field(body: &[u8], name: &str) -> String {
         .unwrap_or_default()
 }
 
+/// `POST /hooks/{forge}`: learns what the delivery says, then passes it on to previewd.
+async fn relay(
+    State(shared): State<Arc<Shared>>,
+    Path(name): Path<String>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let (forge, Some(previewd)) = (
+        match name.as_str() {
+            "github" => Github,
+            "gitlab" => Gitlab,
+            _ => return json_answer(StatusCode::NOT_FOUND, json!({"message": "Not Found"})),
+        },
+        &shared.previewd,
+    ) else {
+        return json_answer(StatusCode::NOT_FOUND, json!({"message": "no relay"}));
+    };
+    let event_type = forge_relay::event_type(forge, &headers);
+    shared
+        .records
+        .lock()
+        .expect("stand-in records")
+        .known
+        .learn(forge, &event_type, &body);
+    let url = format!("{previewd}/webhooks/{name}");
+    forge_relay::pass_on(&shared.http, &url, &headers, body).await
+}
+
 async fn answer(
     State(shared): State<Arc<Shared>>,
     method: Method,
@@ -213,8 +282,9 @@ async fn answer(
         })
         .collect();
     let segments: Vec<&str> = segments.iter().map(String::as_str).collect();
+    let page = forge_relay::requested_page(uri.query());
     let mut records = shared.records.lock().expect("stand-in records");
-    let (status, answer, received) = route(&mut records, &method, &segments, &body);
+    let (status, answer, received) = route(&mut records, &method, &segments, page, &body);
     if let Some(received) = received {
         records.received.push(received.clone());
         let _ = shared.events.send(received);
@@ -224,12 +294,13 @@ async fn answer(
 
 type Routed = (StatusCode, Value, Option<Received>);
 
-fn route(records: &mut Records, method: &Method, path: &[&str], body: &[u8]) -> Routed {
+fn route(records: &mut Records, method: &Method, path: &[&str], page: u64, body: &[u8]) -> Routed {
     match path {
         ["repos", owner, name, rest @ ..] => {
-            github(records, method, &format!("{owner}/{name}"), rest, body)
+            let repository = format!("{owner}/{name}");
+            github(records, method, &repository, rest, page, body)
         }
-        ["api", "v4", rest @ ..] => gitlab(records, method, rest, body),
+        ["api", "v4", rest @ ..] => gitlab(records, method, rest, page, body),
         _ => not_found(),
     }
 }
@@ -238,12 +309,16 @@ fn not_found() -> Routed {
     (StatusCode::NOT_FOUND, json!({"message": "Not Found"}), None)
 }
 
-fn unknown_lists() -> Routed {
-    (
-        StatusCode::SERVICE_UNAVAILABLE,
-        json!({"message": "the sandbox forge stand-in does not track pull requests or branches"}),
-        None,
-    )
+/// A list the stand-in keeps (a tracked repository), or 503 for one it does not.
+fn listed(list: Option<Value>) -> Routed {
+    match list {
+        Some(list) => (StatusCode::OK, list, None),
+        None => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            json!({"message": "the sandbox forge stand-in does not track this repository's pull requests or branches"}),
+            None,
+        ),
+    }
 }
 
 fn comments_of(records: &Records, forge: &str, repository: &str, number: u64) -> Value {
@@ -307,6 +382,7 @@ fn github(
     method: &Method,
     repository: &str,
     rest: &[&str],
+    page: u64,
     body: &[u8],
 ) -> Routed {
     let number = |text: &str| text.parse::<u64>().ok();
@@ -356,12 +432,13 @@ fn github(
             json!({"permission": "admin", "role_name": "admin"}),
             None,
         ),
-        ("GET", ["pulls"] | ["branches"]) => unknown_lists(),
+        ("GET", ["pulls"]) => listed(records.known.open_list(Github, repository, page)),
+        ("GET", ["branches"]) => listed(records.known.branch_list(Github, repository, page)),
         _ => not_found(),
     }
 }
 
-fn gitlab(records: &mut Records, method: &Method, rest: &[&str], body: &[u8]) -> Routed {
+fn gitlab(records: &mut Records, method: &Method, rest: &[&str], page: u64, body: &[u8]) -> Routed {
     let number = |text: &str| text.parse::<u64>().ok();
     match (method.as_str(), rest) {
         ("GET", ["user"]) => (
@@ -401,8 +478,11 @@ fn gitlab(records: &mut Records, method: &Method, rest: &[&str], body: &[u8]) ->
             json!({"id": 1, "username": "anyone", "access_level": 40}),
             None,
         ),
-        ("GET", ["projects", _, "merge_requests"] | ["projects", _, "repository", "branches"]) => {
-            unknown_lists()
+        ("GET", ["projects", project, "merge_requests"]) => {
+            listed(records.known.open_list(Gitlab, project, page))
+        }
+        ("GET", ["projects", project, "repository", "branches"]) => {
+            listed(records.known.branch_list(Gitlab, project, page))
         }
         _ => not_found(),
     }
@@ -414,7 +494,7 @@ mod tests {
 
     fn call(records: &mut Records, method: Method, path: &str, body: &str) -> Routed {
         let segments: Vec<&str> = path.trim_matches('/').split('/').collect();
-        route(records, &method, &segments, body.as_bytes())
+        route(records, &method, &segments, 1, body.as_bytes())
     }
 
     #[test]
@@ -459,7 +539,7 @@ mod tests {
     }
 
     #[test]
-    fn gitlab_notes_take_form_bodies_and_lists_are_unavailable() {
+    fn gitlab_notes_take_form_bodies_and_lists_hold_what_deliveries_said() {
         let mut records = Records::default();
         let (status, _, received) = call(
             &mut records,
@@ -483,6 +563,7 @@ mod tests {
             &mut records,
             &Method::POST,
             &segments,
+            1,
             b"body=Preview+ready",
         );
         assert_eq!(status, StatusCode::CREATED);
@@ -490,6 +571,21 @@ mod tests {
             matches!(received, Some(Received::Comment { ref body, .. }) if body == "Preview ready")
         );
         let (status, _, _) = call(&mut records, Method::GET, "/repos/o/r/pulls", "");
-        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "not tracked");
+        records.known.track(Gitlab, "gitlabhq/gitlab-test");
+        records.known.learn(
+            Gitlab,
+            "Merge Request Hook",
+            include_bytes!("deliveries/gitlab.merge_request.json"),
+        );
+        let listed = [
+            "api",
+            "v4",
+            "projects",
+            "gitlabhq/gitlab-test",
+            "merge_requests",
+        ];
+        let (status, open, _) = route(&mut records, &Method::GET, &listed, 1, b"");
+        assert_eq!((status, open), (StatusCode::OK, json!([{"iid": 1}])));
     }
 }

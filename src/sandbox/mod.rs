@@ -18,6 +18,7 @@ pub mod compat;
 pub mod control_plane;
 pub mod demo;
 pub mod example_templates;
+mod forge_relay;
 pub mod forge_standin;
 pub mod node_simulator;
 pub mod playground;

@@ -11,7 +11,7 @@ use serde_json::{Value, json};
 
 use super::SandboxError;
 use super::forge_standin::ForgeStandIn;
-use crate::model::crd::PreviewTemplate;
+use crate::model::crd::{ForgeKind, PreviewTemplate};
 
 /// Where the sandbox's templates, their Secret and the environments live.
 pub const NAMESPACE: &str = "default";
@@ -72,12 +72,16 @@ impl Playground {
         data_dir: &Path,
         webhook_base: &str,
     ) -> Result<Self, SandboxError> {
-        let forge = ForgeStandIn::start().await?;
+        let forge = ForgeStandIn::relaying_to(webhook_base).await?;
+        forge.track(ForgeKind::Github, GITHUB_REPOSITORY);
+        forge.track(ForgeKind::Gitlab, GITLAB_REPOSITORY);
+        // Deliveries go through the stand-in, as they come from a forge: it learns which PRs
+        // are open and answers the sweep's lists from that (see `forge_relay`).
         let facts = Facts {
             kubeconfig: kubeconfig.display().to_string(),
-            github_webhook_url: format!("{webhook_base}/webhooks/github"),
+            github_webhook_url: forge.hook_url("github"),
             github_webhook_secret: random_hex(16)?,
-            gitlab_webhook_url: format!("{webhook_base}/webhooks/gitlab"),
+            gitlab_webhook_url: forge.hook_url("gitlab"),
             gitlab_webhook_token: random_hex(16)?,
             forge_api_url: forge.url(),
         };

@@ -51,7 +51,7 @@ pub async fn run(args: SandboxArgs) -> Result<(), SandboxError> {
         std::fs::write(path, format!("{info}\n")).map_err(|e| SandboxError::io(path, e))?;
     }
     let outcome = if args.demo {
-        play_demo(&client, &playground, &webhook_base).await
+        play_demo(&client, &playground).await
     } else {
         show_forge_until_stopped(&playground).await;
         Ok(())
@@ -77,12 +77,8 @@ async fn provision_only(args: &SandboxArgs) -> Result<(), SandboxError> {
 }
 
 /// `--demo`: a pull request's life, then the timings in one line.
-async fn play_demo(
-    client: &kube::Client,
-    playground: &Playground,
-    webhook_base: &str,
-) -> Result<(), SandboxError> {
-    let timings = demo::play(client, playground, webhook_base).await?;
+async fn play_demo(client: &kube::Client, playground: &Playground) -> Result<(), SandboxError> {
+    let timings = demo::play(client, playground).await?;
     println!(
         "demo done: opened → Ready {:.1} s, synchronize → Ready {:.1} s, closed → deleted {:.1} s; the forge stand-in received {} comments and statuses",
         timings.opened_to_ready.as_secs_f64(),
