@@ -463,7 +463,7 @@ async fn a_fork_pull_request_waits_for_approval_of_each_commit() {
         comment_says(
             &forge,
             &name,
-            "a maintainer must comment `/preview approve` to deploy commit `1111111`",
+            "comment `/preview approve 1111111` to deploy commit `1111111`",
         )
         .await;
         let namespaces: Api<Namespace> = Api::all(client.clone());
@@ -478,10 +478,15 @@ async fn a_fork_pull_request_waits_for_approval_of_each_commit() {
             .signed(
                 "issue_comment",
                 "approve-1",
-                &comment_on(2, "stranger", "/preview approve"),
+                &comment_on(2, "stranger", "/preview approve 1111111"),
             )
             .await;
-        comment_says(&forge, &name, "`/preview approve` by @stranger: refused").await;
+        comment_says(
+            &forge,
+            &name,
+            "`/preview approve 1111111` by @stranger: refused",
+        )
+        .await;
         assert_eq!(
             harness
                 .environments
@@ -498,7 +503,7 @@ async fn a_fork_pull_request_waits_for_approval_of_each_commit() {
             .signed(
                 "issue_comment",
                 "approve-2",
-                &comment_on(2, "maintainer", "/preview approve"),
+                &comment_on(2, "maintainer", "/preview approve 1111111"),
             )
             .await;
         wait_ready_with_sha(&harness.environments, &name, first_sha).await;
@@ -521,6 +526,23 @@ async fn a_fork_pull_request_waits_for_approval_of_each_commit() {
             Some(first_sha)
         );
         comment_says(&forge, &name, "to deploy commit `2222222`").await;
+
+        // An approval of the commit reviewed before the push does not approve the new head.
+        harness
+            .signed(
+                "issue_comment",
+                "approve-3",
+                &comment_on(2, "maintainer", "/preview approve 1111111"),
+            )
+            .await;
+        comment_says(
+            &forge,
+            &name,
+            "`1111111` is not the head of this pull request",
+        )
+        .await;
+        let environment = harness.environments.get(&name).await.unwrap();
+        assert_eq!(environment.spec.approved_sha.as_deref(), Some(first_sha));
     })
     .await;
 }

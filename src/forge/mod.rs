@@ -106,6 +106,14 @@ pub struct Comment {
     pub body: String,
 }
 
+/// A delivery's body as the type of its `event` (the event named in the error).
+fn from_json<T: serde::de::DeserializeOwned>(event: &str, body: &[u8]) -> Result<T, ParseError> {
+    serde_json::from_slice(body).map_err(|source| ParseError::Json {
+        event: event.to_string(),
+        source,
+    })
+}
+
 /// Why a delivery could not be parsed (answered with 400).
 #[derive(Debug, thiserror::Error)]
 pub enum ParseError {

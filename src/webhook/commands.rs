@@ -26,7 +26,10 @@ use crate::model::metadata::{
 /// The longest `/preview extend` accepted.
 pub const MAX_EXTENSION: TimeDelta = TimeDelta::days(30);
 
-const USAGE: &str = "use `/preview deploy`, `extend <duration>` (e.g. `3d`), `sleep`, `wake`, `destroy` or `approve`";
+const USAGE: &str = "use `/preview deploy`, `extend <duration>` (e.g. `3d`), `sleep`, `wake`, `destroy` or `approve <commit>`";
+
+/// The shortest commit prefix `/preview approve` accepts (as short as GitHub shows one).
+pub const MIN_APPROVED_PREFIX: usize = 7;
 
 #[derive(Clone, Debug, PartialEq)]
 pub enum CommentCommand {
@@ -36,7 +39,9 @@ pub enum CommentCommand {
     Sleep,
     Wake,
     Destroy,
-    Approve,
+    /// Approve the fork's head commit, named by a prefix of its SHA (lower case): a push that
+    /// lands between the reviewer's reading and approving is not approved by accident.
+    Approve(String),
 }
 
 impl std::fmt::Display for CommentCommand {
@@ -47,7 +52,7 @@ impl std::fmt::Display for CommentCommand {
             CommentCommand::Sleep => write!(f, "/preview sleep"),
             CommentCommand::Wake => write!(f, "/preview wake"),
             CommentCommand::Destroy => write!(f, "/preview destroy"),
-            CommentCommand::Approve => write!(f, "/preview approve"),
+            CommentCommand::Approve(commit) => write!(f, "/preview approve {commit}"),
         }
     }
 }
@@ -68,6 +73,10 @@ pub fn parse(body: &str) -> Option<Result<CommentCommand, String>> {
             extension(text).map(|delta| CommentCommand::Extend(quote_user_text(text), delta))
         }
         ("extend", None) => Err("`/preview extend` needs a duration, e.g. `3d`".to_string()),
+        ("approve", Some(commit)) => approved_commit(commit).map(CommentCommand::Approve),
+        ("approve", None) => Err(format!(
+            "`/preview approve` needs the commit you reviewed: `/preview approve <sha>` (at least {MIN_APPROVED_PREFIX} characters)"
+        )),
         (_, Some(argument)) => Err(format!(
             "`/preview {}` takes no argument (got `{}`)",
             quote_user_text(verb),
@@ -77,7 +86,6 @@ pub fn parse(body: &str) -> Option<Result<CommentCommand, String>> {
         ("sleep", None) => Ok(CommentCommand::Sleep),
         ("wake", None) => Ok(CommentCommand::Wake),
         ("destroy", None) => Ok(CommentCommand::Destroy),
-        ("approve", None) => Ok(CommentCommand::Approve),
         (other, None) => Err(format!(
             "unknown command `{}`: {USAGE}",
             quote_user_text(other)
@@ -90,6 +98,19 @@ pub fn parse(body: &str) -> Option<Result<CommentCommand, String>> {
         )),
         (result, _) => result,
     })
+}
+
+/// A commit prefix as `/preview approve` takes it: 7 to 40 hexadecimal digits, lower-cased.
+fn approved_commit(text: &str) -> Result<String, String> {
+    let hex = text.chars().all(|c| c.is_ascii_hexdigit());
+    if hex && (MIN_APPROVED_PREFIX..=40).contains(&text.len()) {
+        Ok(text.to_ascii_lowercase())
+    } else {
+        Err(format!(
+            "`{}` is not a commit: write its SHA, at least {MIN_APPROVED_PREFIX} characters",
+            quote_user_text(text)
+        ))
+    }
 }
 
 fn extension(text: &str) -> Result<TimeDelta, String> {
@@ -184,16 +205,20 @@ pub fn effect(
             json!({"sleep": false, "lastActivity": active}),
             "waking up: the replicas from before the sleep come back".to_string(),
         ),
-        CommentCommand::Approve if !spec.source.fork => (
+        CommentCommand::Approve(_) if !spec.source.fork => (
             json!({}),
             "nothing to approve: the pull request does not come from a fork".to_string(),
         ),
-        CommentCommand::Approve if template.spec.triggers.fork_policy != ForkPolicy::RequireApproval => (
+        CommentCommand::Approve(_) if template.spec.triggers.fork_policy != ForkPolicy::RequireApproval => (
             json!({}),
             "the template does not deploy fork pull requests on approval (forkPolicy is not RequireApproval)"
                 .to_string(),
         ),
-        CommentCommand::Approve => (
+        CommentCommand::Approve(commit) if !spec.source.head_sha.to_ascii_lowercase().starts_with(commit.as_str()) => (
+            json!({}),
+            format!("`{commit}` is not the head of this pull request (`{short_sha}`): nothing approved; review the new commits, then approve the head"),
+        ),
+        CommentCommand::Approve(_) => (
             json!({"approvedSha": spec.source.head_sha, "lastActivity": active}),
             format!("approved commit `{short_sha}` of the fork; a new push needs a new approval"),
         ),
@@ -322,7 +347,10 @@ mod tests {
         assert_eq!(parse("/preview sleep"), Some(Ok(CommentCommand::Sleep)));
         assert_eq!(parse("/preview wake"), Some(Ok(CommentCommand::Wake)));
         assert_eq!(parse("/preview destroy"), Some(Ok(CommentCommand::Destroy)));
-        assert_eq!(parse("/preview approve"), Some(Ok(CommentCommand::Approve)));
+        assert_eq!(
+            parse("/preview approve EC26C3E"),
+            Some(Ok(CommentCommand::Approve("ec26c3e".into())))
+        );
         assert_eq!(
             parse("/preview extend 3d"),
             Some(Ok(CommentCommand::Extend("3d".into(), TimeDelta::days(3))))
@@ -333,6 +361,10 @@ mod tests {
     fn bad_commands_get_an_answer_that_says_why() {
         let answer = |text: &str| parse(text).unwrap().unwrap_err();
         assert!(answer("/preview").contains("which command"));
+        // An approval names the commit reviewed, long enough to be that commit.
+        assert!(answer("/preview approve").contains("needs the commit you reviewed"));
+        assert!(answer("/preview approve ec26c3").contains("is not a commit"));
+        assert!(answer("/preview approve main").contains("is not a commit"));
         assert!(answer("/preview frobnicate").contains("unknown command `frobnicate`"));
         assert!(answer("/preview extend").contains("needs a duration"));
         assert!(answer("/preview extend forever").contains("`forever` is not a duration"));
@@ -390,27 +422,29 @@ mod tests {
         let mut fork = environment();
         fork.spec.source.fork = true;
         let approving = template(ForkPolicy::RequireApproval);
-        let approved = spec_of(effect(
-            &CommentCommand::Approve,
+        let head: String = fork.spec.source.head_sha.chars().take(7).collect();
+        let approve = CommentCommand::Approve(head);
+        let approved = spec_of(effect(&approve, &fork, &approving, "maintainer", now()));
+        assert_eq!(approved["approvedSha"], fork.spec.source.head_sha.as_str());
+        // A commit that is not the head (a push landed after the review): nothing approved.
+        let Effect::Patch(stale) = effect(
+            &CommentCommand::Approve("0123456".into()),
             &fork,
             &approving,
             "maintainer",
             now(),
-        ));
-        assert_eq!(approved["approvedSha"], fork.spec.source.head_sha.as_str());
+        ) else {
+            panic!("an answer, not a deletion");
+        };
+        assert_eq!(stale.get("spec").map(|s| s.get("approvedSha")), None);
+        assert!(stale.to_string().contains("is not the head"), "{stale}");
         // Not a fork, or a template that does not approve: only an answer.
         for (env, t) in [
             (environment(), approving.clone()),
             (fork.clone(), template(ForkPolicy::Deny)),
         ] {
             assert_eq!(
-                spec_of(effect(
-                    &CommentCommand::Approve,
-                    &env,
-                    &t,
-                    "maintainer",
-                    now()
-                )),
+                spec_of(effect(&approve, &env, &t, "maintainer", now())),
                 Value::Null
             );
         }

@@ -8,7 +8,8 @@
 //! 2. a body that is not JSON: 400;
 //! 3. no `PreviewTemplate` for the delivery's repository: 202, ignored (logged);
 //! 4. a missing or wrong signature (checked against the webhook secret of each template of that
-//!    repository, in constant time): 401;
+//!    repository, in constant time): 401. The delivery then acts only for the templates whose
+//!    own secret verified it;
 //! 5. a delivery id already handled: 200, nothing written again;
 //! 6. otherwise the event is parsed (400 if it does not fit its type), decided on and written:
 //!    202 with what was done. An unknown event type is 202, ignored.
@@ -31,7 +32,7 @@ use crate::cluster::caches::Caches;
 use crate::cluster::metrics::ClusterMetrics;
 use crate::cluster::secrets::{SecretError, SecretReader};
 use crate::forge::report::Reporter;
-use crate::forge::{self, EventKind, ForgeEvent, SignatureError, github, gitlab};
+use crate::forge::{self, EventKind, ForgeEvent, github, gitlab};
 use crate::model::crd::{ForgeKind, PreviewTemplate};
 use crate::webhook::deliveries::DeliveryLog;
 use crate::webhook::intake::{self, Decision};
@@ -291,7 +292,7 @@ async fn checked_event(
             format!("no PreviewTemplate serves repository {repository:?}"),
         ));
     }
-    verify(state, forge, headers, &body, &templates).await?;
+    let templates = verify(state, forge, headers, &body, &templates).await?;
     let event = match forge {
         ForgeKind::Github => github::parse(event_type, &body),
         ForgeKind::Gitlab => gitlab::parse(event_type, &body),
@@ -373,60 +374,92 @@ async fn act_once(
     }
 }
 
-/// Accepts the delivery if it verifies against the webhook secret of any template of its
-/// repository.
+/// The templates whose own webhook secret (GitHub) or token (GitLab) verifies the delivery:
+/// it acts for those only. Two teams may serve one repository with two templates; one team's
+/// secret must not let it close, approve or redeploy the other's environments.
+///
+/// None verifies: 401, or 503 if a secret could not be read from the API server (an outage,
+/// not a missing Secret: the forge redelivers). A template whose secret cannot be read while
+/// another's verifies misses the delivery (logged): one team's broken Secret must not hold
+/// another team's deliveries.
 async fn verify(
     state: &ServerState,
     forge: ForgeKind,
     headers: &HeaderMap,
     body: &[u8],
     templates: &[Arc<PreviewTemplate>],
-) -> Result<(), DeliveryAnswer> {
+) -> Result<Vec<Arc<PreviewTemplate>>, DeliveryAnswer> {
     let mut last_error =
         String::from("no PreviewTemplate of this repository names a webhookSecretRef");
-    let mut unavailable = false;
+    let mut unavailable = None;
+    let mut verified = Vec::new();
     for template in templates {
-        let Some(reference) = &template.spec.forge.webhook_secret_ref else {
-            continue;
-        };
-        let namespace = template.namespace().unwrap_or_default();
-        let secret = match state.secrets.get(&namespace, reference).await {
-            Ok(secret) => secret,
-            Err(e) => {
-                unavailable |= matches!(e, SecretError::Api { .. });
-                last_error = format!("PreviewTemplate {namespace}/{}: {e}", template.name_any());
-                continue;
-            }
-        };
-        let verified = match forge {
-            ForgeKind::Github => {
-                github::verify(&secret, body, header(headers, github::SIGNATURE_HEADER))
-            }
-            ForgeKind::Gitlab => gitlab::verify(&secret, header(headers, gitlab::TOKEN_HEADER)),
-        };
-        match verified {
-            Ok(()) => return Ok(()),
-            Err(
-                e @ (SignatureError::Missing(_)
-                | SignatureError::Malformed(_)
-                | SignatureError::Mismatch),
-            ) => {
-                last_error = e.to_string();
-            }
+        match verify_for(state, forge, headers, body, template).await {
+            Ok(true) => verified.push(template.clone()),
+            Ok(false) => {}
+            Err(VerifyError::Unavailable(e)) => unavailable = Some(e),
+            Err(VerifyError::Refused(e)) => last_error = e,
         }
     }
-    if unavailable {
-        return Err(DeliveryAnswer::new(
+    match (verified.is_empty(), unavailable) {
+        (false, None) => Ok(verified),
+        (false, Some(error)) => {
+            tracing::warn!("a template misses this delivery: {error}");
+            Ok(verified)
+        }
+        (true, Some(error)) => Err(DeliveryAnswer::new(
             StatusCode::SERVICE_UNAVAILABLE,
             "error",
+            error,
+        )),
+        (true, None) => Err(DeliveryAnswer::new(
+            StatusCode::UNAUTHORIZED,
+            "unauthorized",
             last_error,
-        ));
+        )),
     }
-    Err(DeliveryAnswer::new(
-        StatusCode::UNAUTHORIZED,
-        "unauthorized",
-        last_error,
-    ))
+}
+
+/// Why a template did not verify a delivery.
+enum VerifyError {
+    /// Its secret could not be read from the API server (transient).
+    Unavailable(String),
+    /// Its secret is missing or does not match the signature or token.
+    Refused(String),
+}
+
+/// Whether `template`'s own secret verifies the delivery (`Ok(false)`: it names none).
+async fn verify_for(
+    state: &ServerState,
+    forge: ForgeKind,
+    headers: &HeaderMap,
+    body: &[u8],
+    template: &PreviewTemplate,
+) -> Result<bool, VerifyError> {
+    let Some(reference) = &template.spec.forge.webhook_secret_ref else {
+        return Ok(false);
+    };
+    let namespace = template.namespace().unwrap_or_default();
+    let secret = state
+        .secrets
+        .get(&namespace, reference)
+        .await
+        .map_err(|e| {
+            let message = format!("PreviewTemplate {namespace}/{}: {e}", template.name_any());
+            match e {
+                SecretError::Api { .. } => VerifyError::Unavailable(message),
+                _ => VerifyError::Refused(message),
+            }
+        })?;
+    let verified = match forge {
+        ForgeKind::Github => {
+            github::verify(&secret, body, header(headers, github::SIGNATURE_HEADER))
+        }
+        ForgeKind::Gitlab => gitlab::verify(&secret, header(headers, gitlab::TOKEN_HEADER)),
+    };
+    verified
+        .map(|()| true)
+        .map_err(|e| VerifyError::Refused(e.to_string()))
 }
 
 /// Decides and writes; returns one line per environment written.

@@ -3,12 +3,11 @@
 
 use hmac::{Hmac, Mac};
 use serde::Deserialize;
-use serde::de::DeserializeOwned;
 use sha2::Sha256;
 
 use crate::forge::{
     ChangeRequest, Comment, EventKind, ForgeEvent, ForgeKind, ParseError, Push, SignatureError,
-    branch_of_ref, is_null_sha,
+    branch_of_ref, from_json, is_null_sha,
 };
 
 pub const SIGNATURE_HEADER: &str = "x-hub-signature-256";
@@ -148,13 +147,6 @@ struct IssueCommentEvent {
 struct AnyEvent {
     #[serde(default)]
     repository: Option<Repository>,
-}
-
-fn from_json<T: DeserializeOwned>(event: &str, body: &[u8]) -> Result<T, ParseError> {
-    serde_json::from_slice(body).map_err(|source| ParseError::Json {
-        event: event.to_string(),
-        source,
-    })
 }
 
 fn event(repository: Repository, kind: EventKind) -> ForgeEvent {

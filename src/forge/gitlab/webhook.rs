@@ -1,11 +1,10 @@
 //! GitLab webhook deliveries: `X-Gitlab-Token` verification and parsing by `X-Gitlab-Event`.
 
 use serde::Deserialize;
-use serde::de::DeserializeOwned;
 
 use crate::forge::{
     ChangeRequest, Comment, EventKind, ForgeEvent, ForgeKind, ParseError, Push, SignatureError,
-    branch_of_ref, is_null_sha, secrets_equal,
+    branch_of_ref, from_json, is_null_sha, secrets_equal,
 };
 
 pub const TOKEN_HEADER: &str = "x-gitlab-token";
@@ -112,13 +111,6 @@ struct NoteEvent {
 struct AnyEvent {
     #[serde(default)]
     project: Option<Project>,
-}
-
-fn from_json<T: DeserializeOwned>(event: &str, body: &[u8]) -> Result<T, ParseError> {
-    serde_json::from_slice(body).map_err(|source| ParseError::Json {
-        event: event.to_string(),
-        source,
-    })
 }
 
 fn event(project: Project, kind: EventKind) -> ForgeEvent {
