@@ -6,12 +6,22 @@
 
 mod support;
 
+use std::time::Duration;
+
+use chrono::{TimeDelta, Utc};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
+use kube::ResourceExt;
 use kube::api::{Api, PostParams};
 use previewd::forge::github;
+use previewd::lifecycle::sweeper::Sweeper;
 use previewd::model::crd::PreviewTemplate;
+use previewd::model::metadata::{
+    LABEL_ENVIRONMENT, LABEL_ENVIRONMENT_NAMESPACE, LABEL_ENVIRONMENT_UID, LABEL_MANAGED_BY,
+};
+use previewd::model::naming;
 use serde_json::json;
-use support::in_namespace;
 use support::webhooks::*;
+use support::{eventually, in_namespace};
 
 const REPOSITORY: &str = "Codertocat/Hello-World";
 
@@ -146,6 +156,135 @@ async fn a_gitlab_token_acts_only_for_its_own_template() {
         assert_eq!(status, 202, "{answer}");
         assert_eq!(environments_of(&harness, "team-a").await.len(), 1);
         assert!(environments_of(&harness, "team-b").await.is_empty());
+    })
+    .await;
+}
+
+/// A namespace as another team (or the cluster admin) made it: nothing of previewd's, or
+/// previewd's labels copied by hand, with a ConfigMap of its own.
+async fn foreign_namespace(client: &kube::Client, name: &str, labels: serde_json::Value) {
+    let namespace: Namespace = serde_json::from_value(json!({
+        "metadata": {"name": name, "labels": labels}
+    }))
+    .unwrap();
+    Api::<Namespace>::all(client.clone())
+        .create(&PostParams::default(), &namespace)
+        .await
+        .unwrap();
+    let data: ConfigMap = serde_json::from_value(json!({
+        "metadata": {"name": "their-data"}, "data": {"owner": "another team"}
+    }))
+    .unwrap();
+    Api::<ConfigMap>::namespaced(client.clone(), name)
+        .create(&PostParams::default(), &data)
+        .await
+        .unwrap();
+}
+
+async fn assert_untouched(client: &kube::Client, name: &str) {
+    let namespace = Api::<Namespace>::all(client.clone())
+        .get(name)
+        .await
+        .unwrap();
+    assert!(
+        namespace.metadata.deletion_timestamp.is_none(),
+        "{name} is not being deleted"
+    );
+    assert!(
+        !namespace.labels().contains_key(LABEL_ENVIRONMENT_UID),
+        "{name} was not adopted: {:?}",
+        namespace.labels()
+    );
+    let configmaps = Api::<ConfigMap>::namespaced(client.clone(), name);
+    assert!(configmaps.get_opt("their-data").await.unwrap().is_some());
+    assert!(
+        configmaps.get_opt("app").await.unwrap().is_none(),
+        "nothing of the environment was applied in {name}"
+    );
+}
+
+/// The environment's namespace name already exists and previewd did not create it: the
+/// environment says `NamespaceConflict`, nothing is applied there, and deleting the environment
+/// (or an orphan sweep) leaves that namespace alone. Before the fix, previewd force-applied the
+/// namespace, adopted it, and deleted it on cleanup.
+#[tokio::test]
+async fn a_namespace_previewd_did_not_create_is_never_adopted_or_deleted() {
+    in_namespace("security-foreign-ns", |client, ns| async move {
+        team_template(&client, &ns, "github", "team-a").await;
+        let environment = naming::environment_name("team-a", "changes", Some(2));
+        let target = naming::namespace_name("preview", &ns, &environment);
+        // Someone made it first, even with previewd's environment labels copied onto it.
+        let copied = json!({
+            LABEL_MANAGED_BY: "previewd",
+            LABEL_ENVIRONMENT: environment,
+            LABEL_ENVIRONMENT_NAMESPACE: ns,
+        });
+        foreign_namespace(&client, &target, copied).await;
+        // And one that looks like an orphan of previewd's (labels, no UID): the sweep's case.
+        let lookalike = format!("{ns}-lookalike");
+        let labels = json!({LABEL_MANAGED_BY: "previewd", LABEL_ENVIRONMENT: "gone",
+                            LABEL_ENVIRONMENT_NAMESPACE: ns});
+        foreign_namespace(&client, &lookalike, labels).await;
+
+        let harness = Harness::start(&client, &ns, 2 << 20).await;
+        let opened = github_fixture("pull_request.opened.json");
+        let signature = Some(github::sign(b"team-a-secret", &opened));
+        let (status, answer) = harness
+            .github("pull_request", "opened", &opened, signature)
+            .await;
+        assert_eq!(status, 202, "{answer}");
+        let conflict = eventually("NamespaceConflict", Duration::from_secs(30), || {
+            let environments = harness.environments.clone();
+            let name = environment.clone();
+            async move {
+                let status = environments.get(&name).await.ok()?.status?;
+                let condition = status.conditions.first()?.clone();
+                (condition.reason == "NamespaceConflict").then_some(condition)
+            }
+        })
+        .await;
+        assert!(conflict.message.contains(&target), "{}", conflict.message);
+        assert_untouched(&client, &target).await;
+
+        let sweeper = Sweeper {
+            client: client.clone(),
+            caches: harness.context.caches.clone(),
+            metrics: harness.metrics.sweep.clone(),
+            writes: harness.metrics.cluster.clone(),
+            watch_namespace: Some(ns.clone()),
+        };
+        let report = sweeper
+            .sweep(&harness.context.reporter, Utc::now() + TimeDelta::hours(1))
+            .await
+            .unwrap();
+        assert!(report.orphans.is_empty(), "{report:?}");
+
+        // The PR closes: the environment goes, the namespace it never owned stays.
+        let closed = github_fixture("pull_request.closed.json");
+        let signature = Some(github::sign(b"team-a-secret", &closed));
+        let (status, answer) = harness
+            .github("pull_request", "closed", &closed, signature)
+            .await;
+        assert_eq!(status, 202, "{answer}");
+        eventually("the environment to go", Duration::from_secs(30), || {
+            let environments = harness.environments.clone();
+            let name = environment.clone();
+            async move {
+                environments
+                    .get_opt(&name)
+                    .await
+                    .ok()?
+                    .is_none()
+                    .then_some(())
+            }
+        })
+        .await;
+        for name in [&target, &lookalike] {
+            assert_untouched(&client, name).await;
+            let _ = Api::<Namespace>::all(client.clone())
+                .delete(name, &Default::default())
+                .await;
+        }
     })
     .await;
 }

@@ -7,7 +7,7 @@
 //! the watch last saw (projected the same way) differs from what the apply returned: drift. A
 //! periodic full resync bypasses the cache.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 
 use futures::{StreamExt, TryStreamExt};
@@ -271,6 +271,12 @@ impl Applier {
             .get(key)
             .map(|o| o.health)
             .unwrap_or_else(|| Health::Progressing("not observed yet".into()))
+    }
+
+    /// The labels of an object as the watch store holds it (not seen: `None`).
+    pub fn observed_labels(&self, key: &ObjectKey) -> Option<BTreeMap<String, String>> {
+        let observed = self.store.get(key)?;
+        serde_json::from_value(observed.content["metadata"]["labels"].clone()).ok()
     }
 
     /// The replica count the API server holds for a workload (from the watch store).

@@ -6,8 +6,9 @@ use prometheus::core::Collector;
 use prometheus::{IntCounterVec, Opts, Registry};
 
 /// The write operations counted under `previewd_write_requests_total{operation}`.
-pub const WRITE_OPERATIONS: [&str; 9] = [
+pub const WRITE_OPERATIONS: [&str; 10] = [
     "apply",
+    "create",
     "delete",
     "status",
     "finalizer",

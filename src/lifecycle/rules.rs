@@ -9,11 +9,12 @@
 use std::collections::{BTreeMap, HashSet};
 
 use chrono::{DateTime, TimeDelta, Utc};
-use kube::ResourceExt;
 
 use crate::model::crd::{IdleAction, PreviewEnvironment, PreviewTemplate};
 use crate::model::durations::template_duration;
-use crate::model::metadata::{LABEL_ENVIRONMENT, LABEL_ENVIRONMENT_NAMESPACE, LABEL_MANAGED_BY};
+use crate::model::metadata::{
+    LABEL_ENVIRONMENT_NAMESPACE, LABEL_ENVIRONMENT_UID, LABEL_MANAGED_BY,
+};
 
 /// A forge fact younger than this may not know about a PR or branch yet.
 pub const FORGE_GRACE: TimeDelta = TimeDelta::minutes(5);
@@ -150,8 +151,9 @@ pub struct LabelledNamespace {
     pub terminating: bool,
 }
 
-/// Namespaces previewd made whose environment no longer exists. Only namespaces carrying all
-/// of previewd's labels qualify: an unrelated namespace is never touched. With `scope` (a
+/// Namespaces previewd made whose environment no longer exists. Only namespaces previewd
+/// created qualify (labelled managed-by previewd, with the UID of the environment they were
+/// created for): an unrelated namespace, or one from before the UID label, is never touched. With `scope` (a
 /// previewd watching one namespace), only environments of that namespace are known, so only
 /// their namespaces are considered.
 pub fn orphaned_namespaces(
@@ -160,9 +162,9 @@ pub fn orphaned_namespaces(
     scope: Option<&str>,
     now: DateTime<Utc>,
 ) -> Vec<String> {
-    let existing: HashSet<(String, String)> = environments
+    let existing: HashSet<&str> = environments
         .iter()
-        .map(|e| (e.namespace().unwrap_or_default(), e.name_any()))
+        .filter_map(|e| e.metadata.uid.as_deref())
         .collect();
     namespaces
         .iter()
@@ -178,11 +180,8 @@ pub fn orphaned_namespaces(
             })
         })
         .filter_map(|ns| {
-            let owner = (
-                ns.labels.get(LABEL_ENVIRONMENT_NAMESPACE)?.clone(),
-                ns.labels.get(LABEL_ENVIRONMENT)?.clone(),
-            );
-            (!existing.contains(&owner)).then(|| ns.name.clone())
+            let owner = ns.labels.get(LABEL_ENVIRONMENT_UID)?;
+            (!owner.is_empty() && !existing.contains(owner.as_str())).then(|| ns.name.clone())
         })
         .collect()
 }
@@ -191,6 +190,7 @@ pub fn orphaned_namespaces(
 mod tests {
     use super::*;
     use crate::model::crd::{PreviewEnvironmentSpec, PreviewTemplateSpec, Source};
+    use crate::model::metadata::LABEL_ENVIRONMENT;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
     fn now() -> DateTime<Utc> {
@@ -330,7 +330,7 @@ mod tests {
     }
 
     #[test]
-    fn only_labelled_namespaces_without_their_environment_are_orphans() {
+    fn only_namespaces_previewd_created_without_their_environment_are_orphans() {
         let labels = |env: &str| -> BTreeMap<String, String> {
             [
                 (LABEL_MANAGED_BY.to_string(), "previewd".to_string()),
@@ -339,9 +339,12 @@ mod tests {
                     LABEL_ENVIRONMENT_NAMESPACE.to_string(),
                     "previews".to_string(),
                 ),
+                (LABEL_ENVIRONMENT_UID.to_string(), format!("uid-{env}")),
             ]
             .into()
         };
+        let mut without_uid = labels("gone");
+        without_uid.remove(LABEL_ENVIRONMENT_UID);
         let old = Some(now() - TimeDelta::hours(1));
         let namespaces = vec![
             LabelledNamespace {
@@ -368,8 +371,16 @@ mod tests {
                 created: old,
                 terminating: false,
             },
+            // previewd's labels but no UID: made by hand, or before the UID label existed.
+            LabelledNamespace {
+                name: "not-proven-ours".into(),
+                labels: without_uid,
+                created: old,
+                terminating: false,
+            },
         ];
-        let alive = environment(Some(2), "changes", 1, 1);
+        let mut alive = environment(Some(2), "changes", 1, 1);
+        alive.metadata.uid = Some("uid-web-x".into());
         assert_eq!(
             orphaned_namespaces(&namespaces, &[&alive], None, now()),
             vec!["preview-orphan".to_string()]

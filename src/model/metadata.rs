@@ -20,6 +20,10 @@ pub const FINALIZER: &str = "previewd.dev/cleanup";
 pub const LABEL_ENVIRONMENT: &str = "previewd.dev/environment";
 /// Label on every object previewd creates: the namespace of that `PreviewEnvironment`.
 pub const LABEL_ENVIRONMENT_NAMESPACE: &str = "previewd.dev/environment-namespace";
+/// Label on the namespaces previewd creates: the UID of the `PreviewEnvironment` it created
+/// the namespace for. Only a namespace with its environment's UID is used, cleaned up or swept
+/// as an orphan: previewd never adopts or deletes a namespace it did not create.
+pub const LABEL_ENVIRONMENT_UID: &str = "previewd.dev/environment-uid";
 /// Label on every object previewd creates: the `PreviewTemplate` it was rendered from.
 pub const LABEL_TEMPLATE: &str = "previewd.dev/template";
 /// Label that marks objects as managed by previewd (value `previewd`).

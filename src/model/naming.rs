@@ -1,6 +1,14 @@
 //! Deterministic DNS-1123 names for environments and their namespaces, whatever the branch is
-//! called: lower-case, only `[a-z0-9-]`, truncated, and with a short hash of the original
-//! input so that two branches that differ only in characters we drop never collide.
+//! called: lower-case, only `[a-z0-9-]`, truncated, and ending in a hash of every input that
+//! decides the name.
+//!
+//! The hash is what keeps names apart, and names are what keep environments apart: two
+//! environments with one name would share one record, and two with one namespace name one
+//! namespace. Branch names are chosen by whoever pushes, so the hash is long enough (64 bits)
+//! that a deliberate collision is out of reach, and it covers every input (template, whether it
+//! is a branch or a pull request, the namespace prefix), each length-prefixed so that no two
+//! different inputs hash the same text: a branch named `pr-5` and PR #5 never share an
+//! environment, and no template can pick a prefix that yields another's namespace.
 
 use kube::ResourceExt;
 use sha2::{Digest, Sha256};
@@ -9,7 +17,8 @@ use super::crd::{PreviewEnvironment, PreviewTemplateSpec};
 
 /// The longest DNS-1123 label.
 pub const MAX_LABEL: usize = 63;
-const HASH_LEN: usize = 6;
+/// Hex digits of the hash at the end of every name (64 bits).
+const HASH_LEN: usize = 16;
 
 /// `text` reduced to `[a-z0-9-]` (runs of anything else become one `-`), trimmed of `-`.
 pub fn slug(text: &str) -> String {
@@ -24,25 +33,24 @@ pub fn slug(text: &str) -> String {
     out.trim_matches('-').to_string()
 }
 
-/// First `HASH_LEN` hex digits of SHA-256 of `text`.
-pub fn short_hash(text: &str) -> String {
-    hex::encode(Sha256::digest(text.as_bytes()))[..HASH_LEN].to_string()
+/// The first `HASH_LEN` hex digits of SHA-256 over `identity`, each part length-prefixed.
+fn identity_hash(identity: &[&str]) -> String {
+    let mut hasher = Sha256::new();
+    for part in identity {
+        hasher.update(part.len().to_le_bytes());
+        hasher.update(part.as_bytes());
+    }
+    let mut hash = hex::encode(hasher.finalize());
+    hash.truncate(HASH_LEN);
+    hash
 }
 
-/// A DNS-1123 label `<prefix>-<slug of parts>-<hash>` of at most `max` characters. The hash
-/// covers every part exactly as given, so distinct inputs give distinct names.
-pub fn label(prefix: &str, parts: &[&str], max: usize) -> String {
-    let hash = short_hash(&parts.join("\u{0}"));
-    let body = slug(&parts.join("-"));
-    let prefix = slug(prefix);
+/// A DNS-1123 label `<slug of readable>-<hash of identity>` of at most `max` characters. The
+/// readable part is for people (truncated as needed); the hash alone tells names apart.
+fn label(readable: &[&str], identity: &[&str], max: usize) -> String {
+    let hash = identity_hash(identity);
     let room = max.min(MAX_LABEL) - HASH_LEN - 1;
-    let mut name = if prefix.is_empty() {
-        body
-    } else if body.is_empty() {
-        prefix
-    } else {
-        format!("{prefix}-{body}")
-    };
+    let mut name = slug(&readable.join("-"));
     name.truncate(room);
     let name = name.trim_end_matches('-');
     if name.is_empty() {
@@ -55,14 +63,30 @@ pub fn label(prefix: &str, parts: &[&str], max: usize) -> String {
 /// Name of the `PreviewEnvironment` for a branch or pull request of a template.
 pub fn environment_name(template: &str, branch: &str, pull_request: Option<u64>) -> String {
     match pull_request {
-        Some(number) => label(template, &[&format!("pr-{number}")], MAX_LABEL),
-        None => label(template, &[branch], MAX_LABEL),
+        Some(number) => {
+            let number = number.to_string();
+            label(
+                &[template, "pr", &number],
+                &["environment", template, "pull-request", &number],
+                MAX_LABEL,
+            )
+        }
+        None => label(
+            &[template, branch],
+            &["environment", template, "branch", branch],
+            MAX_LABEL,
+        ),
     }
 }
 
-/// Namespace of an environment: `<prefix>-<environment namespace>-<environment name>-<hash>`.
+/// Namespace of an environment: `<prefix>-<environment namespace>-<environment name>-<hash>`,
+/// the hash over all three.
 pub fn namespace_name(prefix: &str, environment_namespace: &str, environment: &str) -> String {
-    label(prefix, &[environment_namespace, environment], MAX_LABEL)
+    label(
+        &[prefix, environment_namespace, environment],
+        &["namespace", prefix, environment_namespace, environment],
+        MAX_LABEL,
+    )
 }
 
 /// The namespace of `environment` deployed from `template`: deterministic, so that a restarted
@@ -123,6 +147,28 @@ mod tests {
             environment_name("web", &format!("{long}1"), None),
             environment_name("web", &format!("{long}2"), None)
         );
+    }
+
+    #[test]
+    fn a_branch_named_like_a_pull_request_is_another_environment() {
+        assert_ne!(
+            environment_name("web", "pr-5", None),
+            environment_name("web", "x", Some(5))
+        );
+        // Template and branch split differently give other names too.
+        assert_ne!(
+            environment_name("web-pr", "5", None),
+            environment_name("web", "pr-5", None)
+        );
+    }
+
+    #[test]
+    fn the_prefix_is_part_of_the_namespace_hash() {
+        // Same readable text, split differently between prefix and namespace: other names.
+        let a = namespace_name("preview-team", "a", "web-pr-1");
+        let b = namespace_name("preview", "team-a", "web-pr-1");
+        assert_ne!(a, b);
+        assert_eq!(a.len() - a.rfind('-').unwrap() - 1, HASH_LEN);
     }
 
     #[test]

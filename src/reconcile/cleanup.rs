@@ -12,13 +12,14 @@ use kube::runtime::events::EventType;
 use kube::runtime::reflector::ObjectRef;
 use kube::{Api, ResourceExt};
 
+use super::claim::{Ownership, ownership};
 use super::context::Context;
 use super::error::ReconcileError;
 use super::hold::start_queued;
 use super::status::held_status;
 use super::write::{publish, write_status_only};
 use crate::model::crd::{Phase, PreviewEnvironment};
-use crate::model::metadata::{LABEL_ENVIRONMENT, deletion_reason};
+use crate::model::metadata::deletion_reason;
 use crate::model::naming::environment_namespace;
 
 pub async fn cleanup(
@@ -40,8 +41,8 @@ pub async fn cleanup(
         return Ok(Action::await_change());
     };
     // Never delete a namespace previewd did not create for this environment.
-    if existing.labels().get(LABEL_ENVIRONMENT) != Some(&environment.name_any()) {
-        tracing::warn!(namespace = %namespace, "namespace is not labelled as this environment's; leaving it");
+    if ownership(existing.labels(), environment) != Ownership::Ours {
+        tracing::warn!(namespace = %namespace, "previewd did not create this namespace for this environment; leaving it");
         return Ok(Action::await_change());
     }
     if existing.metadata.deletion_timestamp.is_none() {

@@ -16,6 +16,8 @@ use crate::forge::report::ReportError;
 pub enum ReconcileError {
     #[error("applying: {0}")]
     Apply(#[source] ApplyError),
+    #[error("claiming the namespace: {0}")]
+    Claim(#[source] kube::Error),
     #[error("pruning: {0}")]
     Prune(#[source] kube::Error),
     #[error("writing status: {0}")]
@@ -35,7 +37,7 @@ impl ReconcileError {
     /// A static category for the `previewd_reconcile_errors_total` label.
     pub fn metric_label(&self) -> &'static str {
         match self {
-            ReconcileError::Apply(_) => "apply",
+            ReconcileError::Apply(_) | ReconcileError::Claim(_) => "apply",
             ReconcileError::Prune(_) => "prune",
             ReconcileError::Status(_) => "status",
             ReconcileError::Cleanup(_) | ReconcileError::NamespaceTerminating(_) => "cleanup",

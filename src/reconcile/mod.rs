@@ -8,6 +8,7 @@
 //! the status writer, Events and the finalizer write to the API server, and none of them writes
 //! when nothing changed.
 
+mod claim;
 mod cleanup;
 pub mod config;
 mod context;

@@ -6,20 +6,31 @@ use std::collections::BTreeMap;
 use serde_json::{Value, json};
 
 use crate::model::crd::PreviewTemplateSpec;
+use crate::model::metadata::LABEL_ENVIRONMENT_UID;
 
 pub const QUOTA_NAME: &str = "previewd-quota";
 pub const LIMITS_NAME: &str = "previewd-limits";
 pub const NETWORK_POLICY_NAME: &str = "previewd-default-deny";
 
-/// The Namespace object.
-pub fn namespace_object(
-    name: &str,
+/// The labels of the environment's namespace: the template's own, then previewd's (which win),
+/// and the environment's UID, which marks the namespace as created for it.
+pub fn namespace_labels(
     template: &PreviewTemplateSpec,
     labels: &BTreeMap<String, String>,
-) -> Value {
+    environment_uid: &str,
+) -> BTreeMap<String, String> {
     let mut all_labels = template.namespace.labels.clone();
     all_labels.extend(labels.clone());
-    json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": all_labels}})
+    all_labels.insert(
+        LABEL_ENVIRONMENT_UID.to_string(),
+        environment_uid.to_string(),
+    );
+    all_labels
+}
+
+/// The Namespace object.
+pub fn namespace_object(name: &str, labels: &BTreeMap<String, String>) -> Value {
+    json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": labels}})
 }
 
 /// ResourceQuota, LimitRange and NetworkPolicy, as the template asks for them.

@@ -1,8 +1,8 @@
 //! One reconcile of a live `PreviewEnvironment`, as a list of named steps:
 //!
 //! resolve the template → hold (fork approval, queue) → resolve the manifests → plan (render,
-//! object limit, guard, workloads; no client required) → apply the namespace, guard rails and
-//! waves → prune → status (no client required) → write (forge report, status, Events).
+//! object limit, guard, workloads; no client required) → claim the namespace (created for this
+//! environment, or refused) → apply the namespace, guard rails and waves → prune → status (no client required) → write (forge report, status, Events).
 //!
 //! A step that refuses returns a [`Refusal`]; [`refuse`] is the one place that writes it on the
 //! environment. Errors go back to the controller, which retries with backoff.
@@ -22,7 +22,7 @@ use super::status::{
     Placement, Progress, ReadyCondition, condition, progress_status, refused_status,
 };
 use super::write::write_status;
-use super::{prune, resolve, waves};
+use super::{claim, namespace, prune, resolve, waves};
 use crate::cluster::observed::ObjectKey;
 use crate::model::crd::{Phase, PreviewEnvironment, PreviewEnvironmentStatus, PreviewTemplate};
 use crate::model::naming::environment_namespace;
@@ -66,9 +66,13 @@ async fn deploy(
         context.config.max_objects,
         |object| context.applier.live_replicas(&ObjectKey::of(object)),
     )?;
+    let uid = environment.metadata.uid.as_deref().unwrap_or_default();
+    let namespace_labels = namespace::namespace_labels(&template.spec, &plan.labels, uid);
+    claim::claim_namespace(environment, namespace, &namespace_labels, context).await?;
     let key = ObjectRef::from_obj(environment);
     let bypass_cache = reapply_due(context, &key);
-    let progress = waves::apply_plan(&plan, template, context, bypass_cache).await?;
+    let progress =
+        waves::apply_plan(&plan, template, &namespace_labels, context, bypass_cache).await?;
     prune::prune(environment, &plan.objects, context).await?;
     if bypass_cache {
         context

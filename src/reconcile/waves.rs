@@ -3,7 +3,7 @@
 //! only when every object of the earlier waves is healthy. Unchanged objects are skipped by the
 //! applier's cache, so a reconcile of an unchanged environment sends nothing.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use serde_json::Value;
 
@@ -18,15 +18,16 @@ use crate::cluster::health::Health;
 use crate::cluster::observed::ObjectKey;
 use crate::model::crd::PreviewTemplate;
 
-/// Applies the plan: namespace, guard rails, then the waves; returns how far it got.
+/// Applies the plan: namespace (already claimed, with `namespace_labels`), guard rails, then
+/// the waves; returns how far it got.
 pub async fn apply_plan(
     plan: &Plan,
     template: &PreviewTemplate,
+    namespace_labels: &BTreeMap<String, String>,
     context: &Context,
     bypass_cache: bool,
 ) -> Result<Progress, Stop> {
-    let namespace_object =
-        namespace::namespace_object(&plan.namespace, &template.spec, &plan.labels);
+    let namespace_object = namespace::namespace_object(&plan.namespace, namespace_labels);
     apply(context, &[&namespace_object], bypass_cache).await?;
     let guard_rails = namespace::guard_rails(&plan.namespace, &template.spec, &plan.labels);
     apply(
