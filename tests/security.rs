@@ -288,3 +288,133 @@ async fn a_namespace_previewd_did_not_create_is_never_adopted_or_deleted() {
     })
     .await;
 }
+
+/// A forge (or whatever answers at its address) asks previewd to wait 2^64 − 1 seconds. That
+/// overflowed the clock and panicked inside the reconcile; now a rate limit waits an hour at
+/// most, and the controller goes on deploying: both PRs get Ready.
+#[tokio::test]
+async fn a_retry_after_of_u64_max_does_not_take_the_controller_down() {
+    in_namespace("security-retry-after", |client, ns| async move {
+        let forge = wiremock::MockServer::start().await;
+        wiremock::Mock::given(wiremock::matchers::any())
+            .respond_with(
+                wiremock::ResponseTemplate::new(429)
+                    .insert_header("retry-after", "18446744073709551615")
+                    .set_body_json(json!({"message": "slow down"})),
+            )
+            .mount(&forge)
+            .await;
+        install_template(&client, &ns, "github", REPOSITORY, Some(&forge.uri())).await;
+        let harness = Harness::start(&client, &ns, 2 << 20).await;
+        for number in [2, 3] {
+            let sha = format!("{number}{}", "0".repeat(39));
+            let (status, answer) = harness
+                .signed(
+                    "pull_request",
+                    &format!("open-{number}"),
+                    &opened_for(number, &sha),
+                )
+                .await;
+            assert_eq!(status, 202, "{answer}");
+            let name = environment_of_pr(&harness.environments, number).await;
+            wait_ready_with_sha(&harness.environments, &name, &sha).await;
+        }
+        assert!(
+            !forge
+                .received_requests()
+                .await
+                .unwrap_or_default()
+                .is_empty(),
+            "previewd asked the forge and was told to wait"
+        );
+    })
+    .await;
+}
+
+/// A manifest that reaches for the node or out of the namespace (the kind a pull request can
+/// write with `manifests.repositoryPath`): a privileged pod with the node's filesystem, a
+/// LoadBalancer, an Ingress for another team's host, a binding to cluster-admin. Each is
+/// refused by name under the default policy, and nothing of the render is applied (the other
+/// integration tests deploy ordinary apps under the same default policy).
+#[tokio::test]
+async fn the_default_policy_refuses_what_reaches_outside_the_namespace() {
+    const HOSTILE: &str = r#"apiVersion: apps/v1
+kind: Deployment
+metadata: {name: miner}
+spec:
+  selector: {matchLabels: {app: miner}}
+  template:
+    metadata: {labels: {app: miner}}
+    spec:
+      hostPID: true
+      volumes: [{name: root, hostPath: {path: /}}]
+      containers:
+      - name: miner
+        image: busybox
+        securityContext: {privileged: true}
+        volumeMounts: [{name: root, mountPath: /host}]
+---
+apiVersion: v1
+kind: Service
+metadata: {name: open}
+spec: {type: LoadBalancer, selector: {app: miner}, ports: [{port: 80, protocol: TCP}]}
+---
+apiVersion: networking.k8s.io/v1
+kind: Ingress
+metadata: {name: login}
+spec:
+  rules:
+  - host: login.bank.example.org
+    http: {paths: [{path: /, pathType: Prefix, backend: {service: {name: open, port: {number: 80}}}}]}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: RoleBinding
+metadata: {name: admin}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: cluster-admin}
+subjects: [{kind: ServiceAccount, name: default, namespace: kube-system}]
+"#;
+    in_namespace("security-policy", |client, ns| async move {
+        install_template_with(&client, &ns, "github", REPOSITORY, None, json!({}), HOSTILE).await;
+        let harness = Harness::start(&client, &ns, 2 << 20).await;
+        let (status, answer) = harness
+            .signed(
+                "pull_request",
+                "opened",
+                &github_fixture("pull_request.opened.json"),
+            )
+            .await;
+        assert_eq!(status, 202, "{answer}");
+        let name = environment_of_pr(&harness.environments, 2).await;
+        let refused = eventually("PolicyRejected", Duration::from_secs(30), || {
+            let environments = harness.environments.clone();
+            let name = name.clone();
+            async move {
+                let status = environments.get(&name).await.ok()?.status?;
+                let condition = status.conditions.first()?.clone();
+                (condition.reason == "PolicyRejected").then_some(condition.message)
+            }
+        })
+        .await;
+        for named in [
+            "Deployment/miner (from app.yaml): spec.template.spec.hostPID",
+            "spec.template.spec.volumes[0] mounts hostPath",
+            "containers[0].securityContext.privileged",
+            "Service/open (from app.yaml): spec.type is LoadBalancer",
+            "Ingress/login (from app.yaml): host \"login.bank.example.org\"",
+            "RoleBinding/admin (from app.yaml): roleRef is ClusterRole \"cluster-admin\"",
+            "subjects[0] is ServiceAccount \"default\" in \"kube-system\"",
+        ] {
+            assert!(refused.contains(named), "{named:?} not in: {refused}");
+        }
+        let target = naming::namespace_name("preview", &ns, &name);
+        let namespace = Api::<Namespace>::all(client.clone())
+            .get_opt(&target)
+            .await
+            .unwrap();
+        assert!(
+            namespace.is_none(),
+            "nothing applied, not even the namespace"
+        );
+    })
+    .await;
+}

@@ -224,12 +224,19 @@ async fn idle_environments_and_orphaned_namespaces_go_unrelated_ones_stay() {
         install(&client, &ns, &forge.uri(), json!({"idleTimeout": "72h"})).await;
         let (context, sweeper) = start(&client, &ns).await;
         environment(&client, &ns, 2).await;
-        // An orphan: labelled as previewd's, for an environment that does not exist.
+        // An orphan: created by previewd (its labels, with the UID of an environment) for an
+        // environment that no longer exists. A lookalike with the same labels but no UID was not
+        // shown to be previewd's (made by hand, or before the UID label): it stays.
         let namespaces: Api<Namespace> = Api::all(client.clone());
         let orphan = format!("{ns}-orphan");
         let unrelated = format!("{ns}-unrelated");
+        let lookalike = format!("{ns}-lookalike");
+        let previewds = json!({"app.kubernetes.io/managed-by": "previewd", "previewd.dev/environment": "gone", "previewd.dev/environment-namespace": ns});
+        let mut created_by_previewd = previewds.clone();
+        created_by_previewd["previewd.dev/environment-uid"] = json!("uid-of-a-deleted-environment");
         for (name, labels) in [
-            (&orphan, json!({"app.kubernetes.io/managed-by": "previewd", "previewd.dev/environment": "gone", "previewd.dev/environment-namespace": ns})),
+            (&orphan, created_by_previewd),
+            (&lookalike, previewds),
             (&unrelated, json!({"team": "payments"})),
         ] {
             let namespace: Namespace = serde_json::from_value(json!({"metadata": {"name": name, "labels": labels}})).unwrap();
@@ -240,7 +247,9 @@ async fn idle_environments_and_orphaned_namespaces_go_unrelated_ones_stay() {
         let report = sweeper.sweep(&context.reporter, Utc::now() + TimeDelta::hours(48)).await.unwrap();
         assert!(report.deleted.is_empty(), "{report:?}");
         assert_eq!(report.orphans, vec![orphan.clone()]);
-        assert!(namespaces.get_opt(&unrelated).await.unwrap().is_some_and(|n| n.metadata.deletion_timestamp.is_none()), "unrelated namespace untouched");
+        for kept in [&unrelated, &lookalike] {
+            assert!(namespaces.get_opt(kept).await.unwrap().is_some_and(|n| n.metadata.deletion_timestamp.is_none()), "{kept} untouched");
+        }
 
         // Four days on: the environment was idle more than 72 h.
         let report = sweeper.sweep(&context.reporter, Utc::now() + TimeDelta::hours(96)).await.unwrap();
@@ -252,6 +261,7 @@ async fn idle_environments_and_orphaned_namespaces_go_unrelated_ones_stay() {
             assert_eq!(metric_value(&text, series), Some(1.0), "{series} in:\n{text}");
         }
         let _ = namespaces.delete(&unrelated, &Default::default()).await;
+        let _ = namespaces.delete(&lookalike, &Default::default()).await;
     })
     .await;
 }

@@ -102,7 +102,7 @@ impl Gate {
 
     pub(crate) fn rate_limited(&self, wait: Duration) {
         let mut state = self.lock();
-        state.not_before = Some(Instant::now() + wait);
+        state.not_before = Instant::now().checked_add(wait.min(MAX_RATE_LIMIT_WAIT));
         state.rate_limited = true;
     }
 }
@@ -111,18 +111,25 @@ fn header_u64(headers: &HeaderMap, name: &str) -> Option<u64> {
     headers.get(name)?.to_str().ok()?.trim().parse().ok()
 }
 
+/// The longest a rate limit can make previewd wait: GitHub's and GitLab's limits reset within
+/// the hour. A forge (or a man in the middle) asking for longer gets an hour; a wait of 2^64
+/// seconds would overflow the clock and panic.
+pub const MAX_RATE_LIMIT_WAIT: Duration = Duration::from_secs(3_600);
+
 /// How long a rate-limited answer asks us to wait: `Retry-After`, else until
-/// `X-RateLimit-Reset` (epoch seconds), else a minute.
+/// `X-RateLimit-Reset` (epoch seconds), else a minute; at most [`MAX_RATE_LIMIT_WAIT`].
 pub(crate) fn rate_limit_wait(headers: &HeaderMap) -> Duration {
-    if let Some(seconds) = header_u64(headers, "retry-after") {
-        return Duration::from_secs(seconds);
-    }
-    let reset = header_u64(headers, "x-ratelimit-reset").or(header_u64(headers, "ratelimit-reset"));
-    if let Some(reset) = reset {
-        let now = chrono::Utc::now().timestamp().max(0) as u64;
-        return Duration::from_secs(reset.saturating_sub(now).max(1));
-    }
-    Duration::from_secs(60)
+    let asked = if let Some(seconds) = header_u64(headers, "retry-after") {
+        Duration::from_secs(seconds)
+    } else if let Some(reset) =
+        header_u64(headers, "x-ratelimit-reset").or(header_u64(headers, "ratelimit-reset"))
+    {
+        let now = u64::try_from(chrono::Utc::now().timestamp()).unwrap_or(0);
+        Duration::from_secs(reset.saturating_sub(now).max(1))
+    } else {
+        Duration::from_secs(60)
+    };
+    asked.min(MAX_RATE_LIMIT_WAIT)
 }
 
 /// Reads the budget headers of any answer; true if the answer is a rate-limit refusal.
@@ -215,5 +222,32 @@ mod tests {
             &gate
         ));
         assert!(gate.check("x").is_ok());
+    }
+
+    #[test]
+    fn a_huge_or_garbled_retry_after_waits_an_hour_at_most() {
+        let metrics = ForgeMetrics::new();
+        for value in ["18446744073709551615", "99999999999", "-1", "soon"] {
+            let mut headers = HeaderMap::new();
+            headers.insert("retry-after", value.parse().unwrap());
+            assert!(rate_limit_wait(&headers) <= MAX_RATE_LIMIT_WAIT, "{value}");
+            let gate = Gate::default();
+            observe_rate_limit(
+                "github",
+                StatusCode::TOO_MANY_REQUESTS,
+                &headers,
+                &metrics,
+                &gate,
+            );
+            match gate.check("x") {
+                Err(ForgeApiError::RateLimited { wait, .. }) => {
+                    assert!(wait <= MAX_RATE_LIMIT_WAIT, "{value}: {wait:?}")
+                }
+                other => panic!("{value}: not rate limited: {other:?}"),
+            }
+        }
+        let mut headers = HeaderMap::new();
+        headers.insert("x-ratelimit-reset", "18446744073709551615".parse().unwrap());
+        assert_eq!(rate_limit_wait(&headers), MAX_RATE_LIMIT_WAIT);
     }
 }

@@ -13,7 +13,8 @@ pub const LIMITS_NAME: &str = "previewd-limits";
 pub const NETWORK_POLICY_NAME: &str = "previewd-default-deny";
 
 /// The labels of the environment's namespace: the template's own, then previewd's (which win),
-/// and the environment's UID, which marks the namespace as created for it.
+/// the environment's UID, which marks the namespace as created for it, and the Pod Security
+/// level the template's policy asks for.
 pub fn namespace_labels(
     template: &PreviewTemplateSpec,
     labels: &BTreeMap<String, String>,
@@ -24,6 +25,12 @@ pub fn namespace_labels(
     all_labels.insert(
         LABEL_ENVIRONMENT_UID.to_string(),
         environment_uid.to_string(),
+    );
+    // Clusters from 1.23 enforce the template's level themselves (older ones ignore the label;
+    // previewd's own check in `plan::policy` holds either way).
+    all_labels.insert(
+        "pod-security.kubernetes.io/enforce".to_string(),
+        template.policy.pod_security.label().to_string(),
     );
     all_labels
 }

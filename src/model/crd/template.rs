@@ -43,10 +43,58 @@ pub struct PreviewTemplateSpec {
     /// Jobs that load test data; the environment waits for them.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub seeds: Vec<SeedSpec>,
+    /// What the rendered objects may do beyond their namespace (pod security, exposure, RBAC).
+    /// The defaults are safe for manifests from pull requests; each exception is explicit.
+    #[serde(default)]
+    pub policy: PolicySpec,
     /// Extra values available to the manifests as `values`.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     #[schemars(schema_with = "free_form_object")]
     pub values: BTreeMap<String, serde_json::Value>,
+}
+
+/// The content policy every rendered object is checked against before anything is applied.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct PolicySpec {
+    /// The Kubernetes Pod Security Standard every pod template must meet (`Baseline` by
+    /// default; `Restricted` is stricter, `Privileged` checks nothing). The environment's
+    /// namespace carries the matching `pod-security.kubernetes.io/enforce` label.
+    #[serde(default)]
+    pub pod_security: PodSecurityLevel,
+    /// Service types allowed besides `ClusterIP` (`NodePort`, `LoadBalancer`, `ExternalName`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub allowed_service_types: Vec<String>,
+    /// Allow `spec.externalIPs` on Services.
+    #[serde(default)]
+    pub allow_external_ips: bool,
+    /// Ingress hosts allowed besides the environment's URL host and the names of its domain.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub allowed_ingress_hosts: Vec<String>,
+    /// ClusterRoles a RoleBinding may refer to (by name); by default RoleBindings may refer to
+    /// Roles of the environment's namespace only.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub allowed_cluster_roles: Vec<String>,
+}
+
+/// A Kubernetes Pod Security Standard level.
+#[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq, Eq)]
+pub enum PodSecurityLevel {
+    Privileged,
+    #[default]
+    Baseline,
+    Restricted,
+}
+
+impl PodSecurityLevel {
+    /// The value of the `pod-security.kubernetes.io/enforce` label.
+    pub fn label(self) -> &'static str {
+        match self {
+            PodSecurityLevel::Privileged => "privileged",
+            PodSecurityLevel::Baseline => "baseline",
+            PodSecurityLevel::Restricted => "restricted",
+        }
+    }
 }
 
 /// The forge a template's repository lives on.

@@ -7,6 +7,7 @@
 //! guard ([`guard`]), and the workload adjustments for sleep and redeploy ([`workloads`]).
 
 pub mod guard;
+pub mod policy;
 pub mod render;
 pub mod values;
 pub mod workloads;
@@ -18,6 +19,7 @@ use serde_json::Value;
 use super::error::Refusal;
 use crate::model::crd::{InlineManifest, PreviewEnvironment, PreviewTemplate};
 use crate::model::metadata::environment_labels;
+use guard::Violation;
 use render::RenderedObject;
 
 /// What a reconcile will apply, in the environment's namespace.
@@ -47,20 +49,15 @@ pub fn plan(
     let rendered =
         values::render_context(environment, &template.spec, namespace).and_then(|values| {
             render::render(manifests, &template.spec.seeds, &values, &labels)
-                .map(|objects| (values.url, objects))
+                .map(|objects| (values.url, values.host, objects))
         });
     // A broken template is not retried until it changes (or the slow resync).
-    let (url, mut objects) = rendered.map_err(|e| Refusal::new("RenderFailed", e.to_string()))?;
+    let (url, host, mut objects) =
+        rendered.map_err(|e| Refusal::new("RenderFailed", e.to_string()))?;
     check_object_limit(objects.len(), max_objects)?;
-    let violations = guard::check(&objects, namespace);
-    if !violations.is_empty() {
-        let message = violations
-            .iter()
-            .map(ToString::to_string)
-            .collect::<Vec<_>>()
-            .join("; ");
-        return Err(Refusal::new("GuardRejected", message));
-    }
+    refuse_violations("GuardRejected", guard::check(&objects, namespace))?;
+    let policy = policy::check(&objects, &template.spec.policy, namespace, &host);
+    refuse_violations("PolicyRejected", policy)?;
     let previous = environment.status.clone().unwrap_or_default();
     let replicas_before_sleep = workloads::prepare(
         &mut objects,
@@ -76,6 +73,19 @@ pub fn plan(
         objects,
         replicas_before_sleep,
     })
+}
+
+/// Any violation refuses the whole render, with every violation in the message.
+fn refuse_violations(reason: &'static str, violations: Vec<Violation>) -> Result<(), Refusal> {
+    if violations.is_empty() {
+        return Ok(());
+    }
+    let message = violations
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join("; ");
+    Err(Refusal::new(reason, message))
 }
 
 /// A runaway loop in a template, or a hostile one, must not flood the API server.
