@@ -418,3 +418,35 @@ subjects: [{kind: ServiceAccount, name: default, namespace: kube-system}]
     })
     .await;
 }
+
+/// A client that sends headers and part of a body, then stalls (slowloris): it gets 408 once
+/// its 10 s are up, and a delivery sent meanwhile is handled at once.
+#[tokio::test]
+async fn a_stalled_client_holds_a_turn_for_ten_seconds_at_most() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    in_namespace("security-slow-client", |client, ns| async move {
+        install_template(&client, &ns, "github", REPOSITORY, None).await;
+        let harness = Harness::start(&client, &ns, 2 << 20).await;
+        let address = harness.base.trim_start_matches("http://").to_string();
+        let mut stalled = tokio::net::TcpStream::connect(&address).await.unwrap();
+        let head = format!(
+            "POST /webhooks/github HTTP/1.1\r\nhost: {address}\r\nx-github-event: pull_request\r\ncontent-type: application/json\r\ncontent-length: 100000\r\n\r\n{{\"action\":"
+        );
+        stalled.write_all(head.as_bytes()).await.unwrap();
+
+        let (status, answer) = harness
+            .signed("pull_request", "meanwhile", &github_fixture("pull_request.opened.json"))
+            .await;
+        assert_eq!(status, 202, "a delivery is not held up by the stalled one: {answer}");
+
+        let mut reply = vec![0u8; 4096];
+        let read = tokio::time::timeout(Duration::from_secs(60), stalled.read(&mut reply))
+            .await
+            .expect("the stalled client is answered")
+            .unwrap();
+        let reply = String::from_utf8_lossy(&reply[..read]);
+        assert!(reply.starts_with("HTTP/1.1 408"), "{reply}");
+        assert!(reply.contains("too_slow"), "{reply}");
+    })
+    .await;
+}

@@ -265,3 +265,37 @@ async fn idle_environments_and_orphaned_namespaces_go_unrelated_ones_stay() {
     })
     .await;
 }
+
+/// A repository with more open PRs than previewd reads: the list is not cut off and acted on
+/// (PR 2 is not on the pages read, so a cut-off list would delete its live environment); the
+/// forge counts as unavailable for that sweep and nothing is removed.
+#[tokio::test]
+async fn a_list_longer_than_previewd_reads_removes_nothing() {
+    in_namespace("sweep-long-list", |client, ns| async move {
+        let forge = MockServer::start().await;
+        let full_page: Vec<Value> = (1000..1100u64).map(|n| json!({"number": n})).collect();
+        Mock::given(method("GET"))
+            .and(path_regex(r"/pulls$"))
+            .respond_with(ResponseTemplate::new(200).set_body_json(full_page))
+            .mount(&forge)
+            .await;
+        Mock::given(wiremock::matchers::any())
+            .respond_with(ResponseTemplate::new(200).set_body_json(json!([])))
+            .mount(&forge)
+            .await;
+        install(&client, &ns, &forge.uri(), json!({})).await;
+        let (context, sweeper) = start(&client, &ns).await;
+        environment(&client, &ns, 2).await;
+        let report = sweeper
+            .sweep(&context.reporter, Utc::now() + TimeDelta::minutes(10))
+            .await
+            .unwrap();
+        assert!(report.deleted.is_empty(), "{report:?}");
+        assert_eq!(
+            report.forge_unavailable,
+            vec!["Codertocat/Hello-World".to_string()]
+        );
+        assert_eq!(names(&client, &ns).await, vec!["app-pr-2".to_string()]);
+    })
+    .await;
+}

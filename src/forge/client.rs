@@ -199,6 +199,9 @@ impl ForgeClients {
         if let Some(client) = clients.get(&key) {
             return Ok(client.clone());
         }
+        if let Some(api_url) = api_url {
+            super::transport::check_api_url(api_url)?;
+        }
         let token = String::from_utf8_lossy(token).into_owned();
         let client = Arc::new(match kind {
             ForgeKind::Github => {

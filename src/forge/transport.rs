@@ -39,6 +39,38 @@ pub enum ForgeApiError {
     },
     #[error("the forge API URL {0:?} is not a valid URL")]
     BadUrl(String),
+    /// Plain HTTP to another machine would send the token in clear text.
+    #[error(
+        "the forge API URL {0:?} is plain HTTP to another machine: the token is only sent over https (or http to this machine)"
+    )]
+    InsecureUrl(String),
+    /// A list longer than previewd reads: acting on part of it (say, deleting every
+    /// environment whose PR is not on the first pages) would be wrong.
+    #[error(
+        "{operation}: the list has more than {pages} pages; previewd does not act on part of a list"
+    )]
+    Incomplete {
+        operation: &'static str,
+        pages: usize,
+    },
+}
+
+/// Whether the token may be sent to `api_url`: https, or http to this machine only (a local
+/// test forge or a port-forward). Anything else would put the token on the wire in clear text.
+pub(crate) fn check_api_url(api_url: &str) -> Result<(), ForgeApiError> {
+    let url = url::Url::parse(api_url).map_err(|_| ForgeApiError::BadUrl(api_url.to_string()))?;
+    let local = match url.host() {
+        Some(url::Host::Domain(name)) => name.eq_ignore_ascii_case("localhost"),
+        Some(url::Host::Ipv4(ip)) => ip.is_loopback(),
+        Some(url::Host::Ipv6(ip)) => ip.is_loopback(),
+        None => return Err(ForgeApiError::BadUrl(api_url.to_string())),
+    };
+    match url.scheme() {
+        "https" => Ok(()),
+        "http" if local => Ok(()),
+        "http" => Err(ForgeApiError::InsecureUrl(api_url.to_string())),
+        _ => Err(ForgeApiError::BadUrl(api_url.to_string())),
+    }
 }
 
 /// Refuses calls while a rate limit or a failure backoff is running.
@@ -249,5 +281,31 @@ mod tests {
         let mut headers = HeaderMap::new();
         headers.insert("x-ratelimit-reset", "18446744073709551615".parse().unwrap());
         assert_eq!(rate_limit_wait(&headers), MAX_RATE_LIMIT_WAIT);
+    }
+
+    #[test]
+    fn the_token_goes_over_https_or_to_this_machine_only() {
+        for fine in [
+            "https://api.github.com",
+            "https://gitlab.example.com:8443/",
+            "http://127.0.0.1:8080",
+            "http://localhost:3000",
+            "http://[::1]:9000",
+        ] {
+            assert!(check_api_url(fine).is_ok(), "{fine}");
+        }
+        for insecure in [
+            "http://gitlab.example.com",
+            "http://10.0.0.5",
+            "http://127.0.0.1.evil.com",
+        ] {
+            assert!(
+                matches!(check_api_url(insecure), Err(ForgeApiError::InsecureUrl(_))),
+                "{insecure}"
+            );
+        }
+        for bad in ["ftp://x", "not a url", "file:///etc/passwd"] {
+            assert!(check_api_url(bad).is_err(), "{bad}");
+        }
     }
 }

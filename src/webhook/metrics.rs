@@ -11,7 +11,7 @@ use crate::model::crd::{Phase, PreviewEnvironment};
 pub struct WebhookMetrics {
     /// Webhook deliveries by forge, event (`pull_request`, `push`, `delete`, `comment`, `ping`,
     /// `tag_push`, `other`) and outcome (`accepted`, `unchanged`, `ignored`, `duplicate`, `pong`,
-    /// `unauthorized`, `malformed`, `too_large`, `error`).
+    /// `unauthorized`, `malformed`, `too_large`, `too_slow`, `busy`, `error`).
     pub deliveries: IntCounterVec,
     pub duration: HistogramVec,
     /// Environments by phase, as the cache holds them (set at each scrape).

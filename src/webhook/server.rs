@@ -4,6 +4,9 @@
 //! A delivery is answered as soon as its environments are written (one API call each); the
 //! controller does the deploying. In order:
 //!
+//! 0. more than [`MAX_DELIVERIES_IN_FLIGHT`] deliveries being handled: this one waits up to
+//!    [`SLOW_CLIENT_TIMEOUT`] for its turn, then 503; a body that has not arrived within
+//!    [`SLOW_CLIENT_TIMEOUT`]: 408. A slow or hostile client holds at most one turn, briefly;
 //! 1. a body over the size limit: 413;
 //! 2. a body that is not JSON: 400;
 //! 3. no `PreviewTemplate` for the delivery's repository: 202, ignored (logged);
@@ -49,7 +52,16 @@ pub struct ServerState {
     /// The forge gateway: comment commands ask it who may write.
     pub reporter: Arc<Reporter>,
     deliveries: DeliveryLog,
+    /// Turns for deliveries being handled (body read, checked, written).
+    in_flight: tokio::sync::Semaphore,
 }
+
+/// How many deliveries are handled at once; more wait for a turn. Bounds the memory bodies
+/// take (this many times `--webhook-max-body-bytes`) and the load on the API server.
+pub const MAX_DELIVERIES_IN_FLIGHT: usize = 64;
+
+/// How long a delivery may wait for its turn, and how long its body may take to arrive.
+pub const SLOW_CLIENT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// The metrics the server writes to, and the registry it serves on `/metrics`.
 #[derive(Clone)]
@@ -76,6 +88,7 @@ impl ServerState {
             max_body_bytes,
             reporter,
             deliveries: DeliveryLog::default(),
+            in_flight: tokio::sync::Semaphore::new(MAX_DELIVERIES_IN_FLIGHT),
         })
     }
 }
@@ -248,6 +261,16 @@ async fn answer(
     delivery: Option<&str>,
     body: Body,
 ) -> DeliveryAnswer {
+    let turn = tokio::time::timeout(SLOW_CLIENT_TIMEOUT, state.in_flight.acquire()).await;
+    let Ok(Ok(_turn)) = turn else {
+        return DeliveryAnswer::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "busy",
+            format!(
+                "more than {MAX_DELIVERIES_IN_FLIGHT} deliveries at once for {SLOW_CLIENT_TIMEOUT:?}; redeliver later"
+            ),
+        );
+    };
     match checked_event(state, forge, headers, event_type, body).await {
         Ok((event, templates)) => act_once(state, forge, delivery, &event, &templates).await,
         Err(answer) => answer,
@@ -265,18 +288,7 @@ async fn checked_event(
 ) -> Result<(ForgeEvent, Vec<Arc<PreviewTemplate>>), DeliveryAnswer> {
     let malformed =
         |message: String| DeliveryAnswer::new(StatusCode::BAD_REQUEST, "malformed", message);
-    let body = axum::body::to_bytes(body, state.max_body_bytes)
-        .await
-        .map_err(|_| {
-            DeliveryAnswer::new(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                "too_large",
-                format!(
-                    "the body is over the limit of {} bytes",
-                    state.max_body_bytes
-                ),
-            )
-        })?;
+    let body = read_body(state, body).await?;
     if event_type.is_empty() {
         return Err(malformed("no event type header".into()));
     }
@@ -310,6 +322,27 @@ async fn checked_event(
             "the hook works",
         )),
         _ => Ok((event, templates)),
+    }
+}
+
+/// The body, at most `max_body_bytes`, arrived within [`SLOW_CLIENT_TIMEOUT`].
+async fn read_body(state: &ServerState, body: Body) -> Result<axum::body::Bytes, DeliveryAnswer> {
+    let read = axum::body::to_bytes(body, state.max_body_bytes);
+    match tokio::time::timeout(SLOW_CLIENT_TIMEOUT, read).await {
+        Ok(Ok(body)) => Ok(body),
+        Ok(Err(_)) => Err(DeliveryAnswer::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "too_large",
+            format!(
+                "the body is over the limit of {} bytes",
+                state.max_body_bytes
+            ),
+        )),
+        Err(_) => Err(DeliveryAnswer::new(
+            StatusCode::REQUEST_TIMEOUT,
+            "too_slow",
+            format!("the body did not arrive within {SLOW_CLIENT_TIMEOUT:?}"),
+        )),
     }
 }
 

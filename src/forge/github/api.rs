@@ -16,6 +16,10 @@ use crate::forge::transport::{
     FORGE_CONNECT_TIMEOUT, FORGE_TIMEOUT, ForgeApiError, Gate, observe_rate_limit, rate_limit_wait,
 };
 
+/// The most pages of 100 previewd reads of one list (10,000 open PRs or branches); a longer
+/// list is an error rather than a partial answer.
+pub const MAX_LIST_PAGES: usize = 100;
+
 /// One GitHub answer, past the shared checks.
 struct GithubAnswer {
     not_modified: bool,
@@ -182,14 +186,15 @@ impl GithubApi {
         Ok(answer.json)
     }
 
-    /// Every item of a paginated list (100 per page, conditional requests, at most 50 pages).
+    /// Every item of a paginated list (100 per page, conditional requests). A list longer than
+    /// [`MAX_LIST_PAGES`] is an error, never cut off: the sweep decides from these lists.
     pub(crate) async fn list_all(
         &self,
         operation: &'static str,
         path: &str,
     ) -> Result<Vec<Value>, ForgeApiError> {
         let mut items = Vec::new();
-        for page in 1..=50 {
+        for page in 1..=MAX_LIST_PAGES {
             let separator = if path.contains('?') { '&' } else { '?' };
             let answer = self
                 .get_conditional(
@@ -201,10 +206,13 @@ impl GithubApi {
             let full = batch.len() == 100;
             items.extend(batch);
             if !full {
-                break;
+                return Ok(items);
             }
         }
-        Ok(items)
+        Err(ForgeApiError::Incomplete {
+            operation,
+            pages: MAX_LIST_PAGES,
+        })
     }
 
     pub(crate) async fn find_comment(
