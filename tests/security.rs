@@ -450,3 +450,46 @@ async fn a_stalled_client_holds_a_turn_for_ten_seconds_at_most() {
     })
     .await;
 }
+
+/// A reconcile that panics must not leave a replica holding the Lease with nobody reconciling:
+/// the elector sees its work end, releases the Lease for a standby and returns the reason (the
+/// service then turns `/readyz` red, drains and exits 1). Before, the work task died quietly
+/// and the replica went on renewing the Lease.
+#[tokio::test]
+async fn a_panicking_controller_gives_up_the_lease_and_stops() {
+    use k8s_openapi::api::coordination::v1::Lease;
+    use previewd::runtime::leader::{LeaderElector, LeaseSettings};
+    in_namespace("security-panic", |client, ns| async move {
+        let settings = LeaseSettings::with_duration(
+            ns.clone(),
+            "previewd".into(),
+            "replica-1".into(),
+            Duration::from_secs(4),
+        );
+        let metrics = std::sync::Arc::new(previewd::runtime::metrics::Metrics::new());
+        let (_shutdown, shutdown) = tokio::sync::watch::channel(false);
+        let elector = LeaderElector::new(client.clone(), settings);
+        let work = || async { panic!("a reconcile met input it did not expect") };
+        let outcome = tokio::time::timeout(
+            Duration::from_secs(60),
+            elector.run(metrics.clone(), shutdown, work),
+        )
+        .await
+        .expect("the elector returns instead of leading on");
+        let stopped = outcome.expect_err("the work's end is an error");
+        assert!(
+            stopped
+                .to_string()
+                .contains("a reconcile met input it did not expect"),
+            "{stopped}"
+        );
+        assert_eq!(metrics.leader.get(), 0, "no longer counted as leader");
+        let lease = Api::<Lease>::namespaced(client.clone(), &ns)
+            .get("previewd")
+            .await
+            .unwrap();
+        let holder = lease.spec.and_then(|s| s.holder_identity);
+        assert_eq!(holder, None, "the Lease is released for a standby");
+    })
+    .await;
+}

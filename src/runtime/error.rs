@@ -9,6 +9,8 @@ pub enum Error {
     Kube(#[from] kube::Error),
     #[error("connecting to Kubernetes: {0}")]
     Client(#[from] crate::cluster::client::ClientError),
+    #[error("{0}; exiting so that the replica is restarted")]
+    ControllerStopped(String),
     #[error("{context}: {source}")]
     Io {
         context: String,
@@ -23,6 +25,7 @@ impl Error {
             Error::Config(_) => "config",
             Error::Kube(_) | Error::Client(_) => "kube",
             Error::Io { .. } => "io",
+            Error::ControllerStopped(_) => "controller",
         }
     }
 }

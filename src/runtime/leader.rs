@@ -204,13 +204,16 @@ impl LeaderElector {
 
     /// Runs `work` whenever this replica leads, until `shutdown` turns true. `work` is started
     /// afresh at each term and dropped (cancelled) when the term ends; on shutdown the Lease is
-    /// released.
+    /// released. If `work` ends by itself while leading (a panic, or the controller's stream
+    /// ending), this replica must not go on holding the Lease with nobody reconciling: it
+    /// releases the Lease and returns the reason, for the process to stop.
     pub async fn run<W, F>(
         mut self,
         metrics: Arc<Metrics>,
         mut shutdown: tokio::sync::watch::Receiver<bool>,
         work: W,
-    ) where
+    ) -> Result<(), WorkStopped>
+    where
         W: Fn() -> F,
         F: Future<Output = ()> + Send + 'static,
     {
@@ -220,7 +223,7 @@ impl LeaderElector {
             // Candidate: try until the Lease is ours.
             loop {
                 if *shutdown.borrow() {
-                    return;
+                    return Ok(());
                 }
                 match self.try_acquire_or_renew().await {
                     Ok(Attempt::Holding) => break,
@@ -242,48 +245,92 @@ impl LeaderElector {
             last_holder = None;
             tracing::info!(identity = %self.settings.identity, lease = %self.settings.name, "leading: reconciling and sweeping");
             metrics.leader.set(1);
-            let term = tokio::spawn(work());
-            let stepped_down = self.lead(&mut shutdown).await;
-            term.abort();
-            let _ = term.await;
-            metrics.leader.set(0);
-            if !stepped_down {
-                match self.release().await {
-                    Ok(()) => tracing::info!("released the leader Lease"),
-                    Err(e) => {
-                        tracing::warn!(error = %e, "releasing the leader Lease failed; it expires on its own")
-                    }
-                }
-                return;
+            let mut term = tokio::spawn(work());
+            let outcome = self.lead(&mut shutdown, &mut term).await;
+            // A handle whose task ended was consumed by `lead`; polling it again would panic.
+            if !matches!(outcome, TermEnd::WorkStopped(_)) {
+                term.abort();
+                let _ = term.await;
             }
+            metrics.leader.set(0);
+            if outcome == TermEnd::LostLease {
+                continue;
+            }
+            match self.release().await {
+                Ok(()) => tracing::info!("released the leader Lease"),
+                Err(e) => {
+                    tracing::warn!(error = %e, "releasing the leader Lease failed; it expires on its own")
+                }
+            }
+            return match outcome {
+                TermEnd::WorkStopped(why) => Err(WorkStopped(why)),
+                _ => Ok(()),
+            };
         }
     }
 
-    /// Renews while leading. Returns true when leadership was lost, false on shutdown.
-    async fn lead(&mut self, shutdown: &mut tokio::sync::watch::Receiver<bool>) -> bool {
+    /// Renews while leading, until shutdown, a lost Lease, or the term's work ending.
+    async fn lead(
+        &mut self,
+        shutdown: &mut tokio::sync::watch::Receiver<bool>,
+        term: &mut tokio::task::JoinHandle<()>,
+    ) -> TermEnd {
         let mut last_renewal = Instant::now();
         loop {
             tokio::select! {
                 _ = tokio::time::sleep(self.settings.retry_period) => {}
                 _ = shutdown.changed() => {}
+                ended = &mut *term => return TermEnd::WorkStopped(work_stopped(ended)),
             }
             if *shutdown.borrow() {
-                return false;
+                return TermEnd::Shutdown;
             }
             match self.try_acquire_or_renew().await {
                 Ok(Attempt::Holding) => last_renewal = Instant::now(),
                 Ok(Attempt::HeldByOther(holder)) => {
                     tracing::warn!(leader = %holder, "lost the leader Lease; stopping reconciles");
-                    return true;
+                    return TermEnd::LostLease;
                 }
                 Err(e) if last_renewal.elapsed() < self.settings.renew_deadline => {
                     tracing::warn!(error = %e, "renewing the leader Lease failed; retrying");
                 }
                 Err(e) => {
                     tracing::error!(error = %e, "could not renew the leader Lease within the renew deadline; stopping reconciles");
-                    return true;
+                    return TermEnd::LostLease;
                 }
             }
         }
     }
+}
+
+/// How a term as leader ended.
+#[derive(Debug, PartialEq, Eq)]
+enum TermEnd {
+    Shutdown,
+    LostLease,
+    WorkStopped(String),
+}
+
+/// The leader's work (reconciling and sweeping) ended by itself: the process must stop.
+#[derive(Debug, thiserror::Error)]
+#[error("the controller stopped: {0}")]
+pub struct WorkStopped(pub String);
+
+/// Says how a work task ended (it never ends on its own when all is well).
+pub fn work_stopped(ended: Result<(), tokio::task::JoinError>) -> String {
+    let why = match ended {
+        Ok(()) => "its loop ended".to_string(),
+        Err(e) if e.is_panic() => {
+            let payload = e.into_panic();
+            let message = payload
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| payload.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "a panic".to_string());
+            format!("it panicked: {message}")
+        }
+        Err(e) => format!("its task failed: {e}"),
+    };
+    tracing::error!("the controller stopped ({why}); giving up leadership and stopping");
+    why
 }

@@ -3,7 +3,7 @@
 
 pub mod config;
 pub mod error;
-mod leader;
+pub mod leader;
 pub mod metrics;
 pub mod service;
 pub mod telemetry;

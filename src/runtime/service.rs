@@ -5,6 +5,11 @@
 //! On shutdown (SIGTERM from the kubelet, Ctrl-C): the controller and the sweep stop, the
 //! Lease is released so that a standby takes over at once, and the webhook server stops
 //! accepting connections but answers the requests in flight (up to the grace period).
+//!
+//! If the controller stops by itself (a panic in a reconcile, its stream ending), the replica
+//! does not stay up with nobody reconciling: `/readyz` turns red at once, the Lease is released
+//! for a standby, the server drains, and [`run`] returns the error (the process exits 1 and
+//! the kubelet restarts it).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -16,7 +21,7 @@ use crate::lifecycle::sweeper::Sweeper;
 use crate::reconcile::ControllerConfig;
 use crate::runtime::config::RunArgs;
 use crate::runtime::error::Error;
-use crate::runtime::leader::{LeaderElector, LeaseSettings};
+use crate::runtime::leader::{LeaderElector, LeaseSettings, WorkStopped, work_stopped};
 use crate::runtime::metrics::Metrics;
 use crate::webhook::server::ServerState;
 
@@ -32,12 +37,13 @@ pub struct ServiceConfig {
     pub shutdown_grace: Duration,
 }
 
-/// Runs until `shutdown` turns true and everything has stopped in order.
+/// Runs until `shutdown` turns true and everything has stopped in order, or until the
+/// controller stops by itself (then the error says why).
 pub async fn run(
     config: ServiceConfig,
     listener: tokio::net::TcpListener,
     shutdown: tokio::sync::watch::Receiver<bool>,
-) {
+) -> Result<(), Error> {
     let metrics = Arc::new(Metrics::new());
     let (caches, cache_watches) = Caches::start(
         config.client.clone(),
@@ -54,10 +60,21 @@ pub async fn run(
         metrics.server(),
         config.max_body_bytes,
     );
+    // The server stops on shutdown, or when the controller has failed.
+    let (stop_server, server_stop) = tokio::sync::watch::channel(false);
+    let server_shutdown = {
+        let shutdown = shutdown.clone();
+        async move {
+            tokio::select! {
+                _ = wait_for(shutdown) => {}
+                _ = wait_for(server_stop) => {}
+            }
+        }
+    };
     let server = tokio::spawn(crate::webhook::server::serve(
-        state,
+        state.clone(),
         listener,
-        wait_for(shutdown.clone()),
+        server_shutdown,
     ));
 
     let client = config.client.clone();
@@ -72,19 +89,17 @@ pub async fn run(
             sweep_interval,
         )
     };
-    match config.lease {
+    let outcome = match config.lease {
         Some(settings) => {
             LeaderElector::new(config.client.clone(), settings)
                 .run(metrics.clone(), shutdown.clone(), term)
                 .await
         }
-        None => {
-            metrics.leader.set(1);
-            let work = tokio::spawn(term());
-            wait_for(shutdown.clone()).await;
-            work.abort();
-            let _ = work.await;
-        }
+        None => run_without_election(&metrics, shutdown.clone(), term).await,
+    };
+    if outcome.is_err() {
+        state.controller_stopped();
+        let _ = stop_server.send(true);
     }
 
     // The controller has stopped (and the Lease is released); let the server drain.
@@ -98,6 +113,33 @@ pub async fn run(
         ),
     }
     drop(cache_watches);
+    outcome.map_err(|stopped| Error::ControllerStopped(stopped.0))
+}
+
+/// Without leader election this replica always leads: the work runs until shutdown, and its
+/// ending earlier is the same failure as under a Lease.
+async fn run_without_election<W, F>(
+    metrics: &Metrics,
+    shutdown: tokio::sync::watch::Receiver<bool>,
+    work: W,
+) -> Result<(), WorkStopped>
+where
+    W: Fn() -> F,
+    F: std::future::Future<Output = ()> + Send + 'static,
+{
+    metrics.leader.set(1);
+    let mut term = tokio::spawn(work());
+    let outcome = tokio::select! {
+        _ = wait_for(shutdown) => Ok(()),
+        ended = &mut term => Err(WorkStopped(work_stopped(ended))),
+    };
+    if outcome.is_ok() {
+        // Still running: cancel it and wait until it has stopped.
+        term.abort();
+        let _ = term.await;
+    }
+    metrics.leader.set(0);
+    outcome
 }
 
 async fn wait_for(mut shutdown: tokio::sync::watch::Receiver<bool>) {
@@ -176,7 +218,7 @@ pub async fn run_controller(args: RunArgs) -> Result<(), Error> {
         lease,
         shutdown_grace: args.shutdown_grace,
     };
-    run(config, listener, shutdown_on_signals()).await;
+    run(config, listener, shutdown_on_signals()).await?;
     tracing::info!("previewd stopped");
     Ok(())
 }

@@ -58,7 +58,9 @@ pub async fn run(args: SandboxArgs) -> Result<(), SandboxError> {
     };
     eprintln!("[sandbox] stopping");
     let _ = stop.send(true);
-    let _ = service.await;
+    if let Ok(Err(e)) = service.await {
+        eprintln!("[sandbox] previewd stopped with an error: {e}");
+    }
     drop(playground);
     drop(sandbox);
     outcome

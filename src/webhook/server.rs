@@ -54,6 +54,8 @@ pub struct ServerState {
     deliveries: DeliveryLog,
     /// Turns for deliveries being handled (body read, checked, written).
     in_flight: tokio::sync::Semaphore,
+    /// Set when the controller of this replica stopped by itself: not ready any more.
+    controller_stopped: std::sync::atomic::AtomicBool,
 }
 
 /// How many deliveries are handled at once; more wait for a turn. Bounds the memory bodies
@@ -89,7 +91,14 @@ impl ServerState {
             reporter,
             deliveries: DeliveryLog::default(),
             in_flight: tokio::sync::Semaphore::new(MAX_DELIVERIES_IN_FLIGHT),
+            controller_stopped: std::sync::atomic::AtomicBool::new(false),
         })
+    }
+
+    /// The controller of this replica stopped by itself: `/readyz` answers 503 from now on.
+    pub fn controller_stopped(&self) {
+        self.controller_stopped
+            .store(true, std::sync::atomic::Ordering::SeqCst);
     }
 }
 
@@ -121,7 +130,12 @@ pub async fn serve(
 }
 
 async fn readyz(State(state): State<Arc<ServerState>>) -> Response {
-    if *state.caches.ready.borrow() {
+    if state
+        .controller_stopped
+        .load(std::sync::atomic::Ordering::SeqCst)
+    {
+        (StatusCode::SERVICE_UNAVAILABLE, "the controller stopped").into_response()
+    } else if *state.caches.ready.borrow() {
         (StatusCode::OK, "ready").into_response()
     } else {
         (StatusCode::SERVICE_UNAVAILABLE, "caches not synced yet").into_response()
