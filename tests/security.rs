@@ -493,3 +493,40 @@ async fn a_panicking_controller_gives_up_the_lease_and_stops() {
     })
     .await;
 }
+
+/// A template whose loops would run for minutes (10^10 iterations) is stopped by the render's
+/// fuel: the environment says `RenderFailed` with the reason, and nothing is applied. Before,
+/// the reconcile worker spun on it.
+#[tokio::test]
+async fn a_template_that_would_render_forever_is_stopped_and_named() {
+    const FOREVER: &str = "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: app\ndata:\n  x: \"{% for a in range(100000) %}{% for b in range(100000) %}x{% endfor %}{% endfor %}\"\n";
+    in_namespace("security-render-fuel", |client, ns| async move {
+        install_template_with(&client, &ns, "github", REPOSITORY, None, json!({}), FOREVER).await;
+        let harness = Harness::start(&client, &ns, 2 << 20).await;
+        let opened = github_fixture("pull_request.opened.json");
+        let (status, answer) = harness.signed("pull_request", "opened", &opened).await;
+        assert_eq!(status, 202, "{answer}");
+        let name = environment_of_pr(&harness.environments, 2).await;
+        let message = eventually("RenderFailed", Duration::from_secs(60), || {
+            let environments = harness.environments.clone();
+            let name = name.clone();
+            async move {
+                let status = environments.get(&name).await.ok()?.status?;
+                let condition = status.conditions.first()?.clone();
+                (condition.reason == "RenderFailed").then_some(condition.message)
+            }
+        })
+        .await;
+        assert!(
+            message.contains("app.yaml") && message.contains("fuel"),
+            "{message}"
+        );
+        let target = naming::namespace_name("preview", &ns, &name);
+        let namespace = Api::<Namespace>::all(client.clone())
+            .get_opt(&target)
+            .await
+            .unwrap();
+        assert!(namespace.is_none(), "nothing applied");
+    })
+    .await;
+}

@@ -65,7 +65,16 @@ pub struct RenderError {
     pub message: String,
 }
 
-/// Renders one string template (used for the URL host too).
+/// How much work one template may do (minijinja's fuel: about one unit per instruction).
+/// The Online Boutique's 35 objects take a few thousand; a loop nested to run for minutes
+/// runs out in milliseconds, so a hostile template cannot hold a reconcile worker.
+pub const RENDER_FUEL: u64 = 2_000_000;
+
+/// The most text one template may render (the API server takes objects up to ~1.5 MiB).
+pub const MAX_RENDERED_BYTES: usize = 4 << 20;
+
+/// Renders one string template (used for the URL host too), within [`RENDER_FUEL`] and
+/// [`MAX_RENDERED_BYTES`].
 pub fn render_string(
     name: &str,
     source: &str,
@@ -73,10 +82,22 @@ pub fn render_string(
 ) -> Result<String, RenderError> {
     let mut env = minijinja::Environment::new();
     env.set_undefined_behavior(minijinja::UndefinedBehavior::Strict);
+    env.set_fuel(Some(RENDER_FUEL));
     env.add_template(name, source)
         .map_err(|e| located(name, &e))?;
     let template = env.get_template(name).map_err(|e| located(name, &e))?;
-    template.render(context).map_err(|e| located(name, &e))
+    let text = template.render(context).map_err(|e| located(name, &e))?;
+    if text.len() > MAX_RENDERED_BYTES {
+        return Err(RenderError {
+            manifest: name.to_string(),
+            line: None,
+            message: format!(
+                "renders {} bytes, more than the limit of {MAX_RENDERED_BYTES}",
+                text.len()
+            ),
+        });
+    }
+    Ok(text)
 }
 
 fn located(name: &str, error: &minijinja::Error) -> RenderError {
@@ -300,6 +321,24 @@ mod tests {
             error.to_string().starts_with("app.yaml line 6: "),
             "{error}"
         );
+    }
+
+    #[test]
+    fn a_template_that_would_run_for_minutes_runs_out_of_fuel() {
+        // 10^10 iterations unbounded; stopped by fuel within a few million instructions.
+        let forever =
+            "{% for a in range(100000) %}{% for b in range(100000) %}x{% endfor %}{% endfor %}";
+        let error = render_string("loop.yaml", forever, &context(None)).unwrap_err();
+        assert_eq!(error.manifest, "loop.yaml");
+        assert!(error.message.contains("fuel"), "{error}");
+        // Large output within the fuel: refused by size.
+        let wide = "{% for i in range(3000) %}{{ big }}{% endfor %}";
+        let big = serde_json::json!({"big": "y".repeat(2048)});
+        let error = render_string("wide.yaml", wide, &big).unwrap_err();
+        assert!(error.message.contains("more than the limit"), "{error}");
+        // The example, rendered whole as one template, fits easily.
+        let example = include_str!("../../../templates/online-boutique/template.yaml");
+        assert!(render_string("example", example, &context(None)).is_ok());
     }
 
     #[test]
