@@ -1,5 +1,6 @@
 //! The environment's namespace and its guard rails (pure): the Namespace itself, and the
-//! template's ResourceQuota, LimitRange and default-deny NetworkPolicy.
+//! template's ResourceQuota (or [`DEFAULT_QUOTA`]), LimitRange and default-deny NetworkPolicy
+//! (ingress and egress).
 
 use std::collections::BTreeMap;
 
@@ -11,6 +12,20 @@ use crate::model::metadata::LABEL_ENVIRONMENT_UID;
 pub const QUOTA_NAME: &str = "previewd-quota";
 pub const LIMITS_NAME: &str = "previewd-limits";
 pub const NETWORK_POLICY_NAME: &str = "previewd-default-deny";
+
+/// The quota of an environment whose template names none: object counts only (a quota on CPU
+/// or memory would refuse every pod without requests), enough for the examples, and no load
+/// balancers or node ports even where the policy allows the Service types.
+pub const DEFAULT_QUOTA: &[(&str, &str)] = &[
+    ("pods", "50"),
+    ("services", "30"),
+    ("services.loadbalancers", "0"),
+    ("services.nodeports", "0"),
+    ("persistentvolumeclaims", "10"),
+    ("requests.storage", "50Gi"),
+    ("secrets", "50"),
+    ("configmaps", "50"),
+];
 
 /// The labels of the environment's namespace: the template's own, then previewd's (which win),
 /// the environment's UID, which marks the namespace as created for it, and the Pod Security
@@ -48,9 +63,14 @@ pub fn guard_rails(
 ) -> Vec<Value> {
     let metadata = |name: &str| json!({"name": name, "namespace": namespace, "labels": labels});
     let mut objects = Vec::new();
-    if let Some(hard) = &template.namespace.resource_quota {
-        objects.push(json!({"apiVersion": "v1", "kind": "ResourceQuota", "metadata": metadata(QUOTA_NAME), "spec": {"hard": hard}}));
-    }
+    let hard: BTreeMap<String, String> = match &template.namespace.resource_quota {
+        Some(hard) => hard.clone(),
+        None => DEFAULT_QUOTA
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+    };
+    objects.push(json!({"apiVersion": "v1", "kind": "ResourceQuota", "metadata": metadata(QUOTA_NAME), "spec": {"hard": hard}}));
     if let Some(limits) = &template.namespace.limit_range {
         let mut item = json!({"type": "Container"});
         for (field, values) in [
@@ -73,10 +93,22 @@ pub fn guard_rails(
         }
         objects.push(json!({
             "apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy", "metadata": metadata(NETWORK_POLICY_NAME),
-            "spec": {"podSelector": {}, "policyTypes": ["Ingress"], "ingress": [{"from": from}]}
+            "spec": {"podSelector": {}, "policyTypes": ["Ingress", "Egress"],
+                     "ingress": [{"from": from}], "egress": egress_rules(&policy.egress)}
         }));
     }
     objects
+}
+
+/// Egress out of a default-deny namespace: DNS (port 53 anywhere), the namespace's own pods,
+/// and what the template lists.
+fn egress_rules(extra: &[Value]) -> Vec<Value> {
+    let dns = json!({"ports": [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}]});
+    let own_pods = json!({"to": [{"podSelector": {}}]});
+    [dns, own_pods]
+        .into_iter()
+        .chain(extra.iter().cloned())
+        .collect()
 }
 
 #[cfg(test)]
@@ -108,9 +140,25 @@ mod tests {
             from[1]["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"],
             "ingress-nginx"
         );
+        // Egress is denied too, but for DNS and the namespace's own pods.
+        let policy = &objects[2]["spec"];
+        assert_eq!(policy["policyTypes"], json!(["Ingress", "Egress"]));
+        assert_eq!(policy["egress"][0]["ports"][0]["port"], 53);
+        assert_eq!(policy["egress"].as_array().map(Vec::len), Some(2));
+        template.namespace.network_policy.egress =
+            vec![json!({"to": [{"ipBlock": {"cidr": "0.0.0.0/0"}}]})];
+        let objects = guard_rails("preview-x", &template, &BTreeMap::new());
+        assert_eq!(
+            objects[2]["spec"]["egress"][2]["to"][0]["ipBlock"]["cidr"],
+            "0.0.0.0/0"
+        );
+        // Without a quota of its own, a namespace gets the default one; nothing else.
         template.namespace.network_policy.default_deny = false;
         template.namespace.resource_quota = None;
         template.namespace.limit_range = None;
-        assert!(guard_rails("preview-x", &template, &BTreeMap::new()).is_empty());
+        let objects = guard_rails("preview-x", &template, &BTreeMap::new());
+        assert_eq!(objects.len(), 1);
+        assert_eq!(objects[0]["spec"]["hard"]["pods"], "50");
+        assert_eq!(objects[0]["spec"]["hard"]["services.loadbalancers"], "0");
     }
 }

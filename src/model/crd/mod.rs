@@ -32,6 +32,14 @@ pub(crate) fn free_form_object(_: &mut schemars::SchemaGenerator) -> schemars::S
     })
 }
 
+/// A list of free-form objects (NetworkPolicy rules and the like, checked by the API server).
+pub(crate) fn free_form_list(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({
+        "type": "array",
+        "items": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}
+    })
+}
+
 /// Both CRDs, in a stable order, as `crdgen` writes them.
 pub fn all_crds()
 -> Vec<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition>

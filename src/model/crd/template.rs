@@ -7,7 +7,7 @@ use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use super::{default_true, free_form_object};
+use super::{default_true, free_form_list, free_form_object};
 
 /// How to build preview environments for one repository.
 #[derive(CustomResource, Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
@@ -213,12 +213,18 @@ pub struct LimitRangeSpec {
 #[derive(Clone, Debug, Deserialize, Serialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct NetworkPolicySpec {
-    /// Deny ingress from outside the namespace (default on).
+    /// Deny ingress from outside the namespace, and egress but for DNS, the namespace's own
+    /// pods and `egress` (default on).
     #[serde(default = "default_true")]
     pub default_deny: bool,
     /// Namespace of the ingress controller, whose traffic is let in.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ingress_namespace: Option<String>,
+    /// Egress allowed besides DNS and the namespace's own pods, as NetworkPolicy egress rules
+    /// (`to`, `ports`), e.g. a shared database or the internet (`ipBlock`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(schema_with = "free_form_list")]
+    pub egress: Vec<serde_json::Value>,
 }
 
 impl Default for NetworkPolicySpec {
@@ -226,6 +232,7 @@ impl Default for NetworkPolicySpec {
         Self {
             default_deny: true,
             ingress_namespace: None,
+            egress: Vec::new(),
         }
     }
 }
