@@ -55,6 +55,25 @@ pub enum ForgeApiError {
     },
 }
 
+/// What of a forge's error answer previewd repeats (in conditions, logs and the public PR
+/// comment): the API's own `message` when the body is the forge's JSON, else the first line of
+/// plain text; never HTML (a proxy's or load balancer's error page can name internal hosts),
+/// never more than 200 characters, no control characters.
+pub(crate) fn error_summary(body: &str) -> String {
+    const MAX: usize = 200;
+    let text = match serde_json::from_str::<serde_json::Value>(body) {
+        Ok(json) => json["message"].as_str().unwrap_or_default().to_string(),
+        Err(_) if body.trim_start().starts_with('<') => String::new(),
+        Err(_) => body.lines().next().unwrap_or_default().to_string(),
+    };
+    let clean: String = text.chars().filter(|c| !c.is_control()).take(MAX).collect();
+    if clean.trim().is_empty() {
+        "(the forge's answer is not shown)".to_string()
+    } else {
+        clean
+    }
+}
+
 /// Whether the token may be sent to `api_url`: https, or http to this machine only (a local
 /// test forge or a port-forward). Anything else would put the token on the wire in clear text.
 pub(crate) fn check_api_url(api_url: &str) -> Result<(), ForgeApiError> {
@@ -307,5 +326,21 @@ mod tests {
         for bad in ["ftp://x", "not a url", "file:///etc/passwd"] {
             assert!(check_api_url(bad).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn forge_error_bodies_are_summarised_never_repeated_whole() {
+        assert_eq!(
+            error_summary(r#"{"message":"Not Found","documentation_url":"x"}"#),
+            "Not Found"
+        );
+        let page = "<html><body>502 from lb-internal-7.corp.example:8443</body></html>";
+        assert_eq!(error_summary(page), "(the forge's answer is not shown)");
+        let long = format!("first line {}\nsecond line", "x".repeat(500));
+        let summary = error_summary(&long);
+        assert_eq!(summary.chars().count(), 200);
+        assert!(!summary.contains("second line"));
+        assert_eq!(error_summary("bad\u{7}bell"), "badbell");
+        assert_eq!(error_summary(""), "(the forge's answer is not shown)");
     }
 }

@@ -13,7 +13,8 @@ use crate::forge::client::{DeploymentState, is_yaml};
 use crate::forge::comment::CommitState;
 use crate::forge::metrics::ForgeMetrics;
 use crate::forge::transport::{
-    FORGE_CONNECT_TIMEOUT, FORGE_TIMEOUT, ForgeApiError, Gate, observe_rate_limit, rate_limit_wait,
+    FORGE_CONNECT_TIMEOUT, FORGE_TIMEOUT, ForgeApiError, Gate, error_summary, observe_rate_limit,
+    rate_limit_wait,
 };
 
 /// The most pages of 100 previewd reads of one list (10,000 open PRs or branches); a longer
@@ -148,7 +149,7 @@ impl GithubApi {
             return Err(ForgeApiError::Http {
                 operation,
                 status: status.as_u16(),
-                message: text.chars().take(300).collect(),
+                message: error_summary(&text),
             });
         }
         self.gate.success();

@@ -21,7 +21,9 @@ use serde::de::DeserializeOwned;
 use crate::forge::client::is_yaml;
 use crate::forge::comment::CommitState;
 use crate::forge::metrics::ForgeMetrics;
-use crate::forge::transport::{FORGE_TIMEOUT, ForgeApiError, Gate, observe_rate_limit};
+use crate::forge::transport::{
+    FORGE_TIMEOUT, ForgeApiError, Gate, error_summary, observe_rate_limit,
+};
 
 /// The gitlab crate's client with previewd's rate-limit accounting around every call.
 struct ObservedGitlab {
@@ -143,7 +145,10 @@ impl GitlabApi {
                 if outcome == "error" {
                     self.gate.failure();
                 }
-                Err(ForgeApiError::Transport { operation, message })
+                Err(ForgeApiError::Transport {
+                    operation,
+                    message: error_summary(&message),
+                })
             }
         }
     }
