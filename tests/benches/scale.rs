@@ -517,7 +517,8 @@ async fn benchmark() {
         "github",
         REPOSITORY,
         Some(&forge.uri()),
-        serde_json::json!({}),
+        // The URL the app's Ingress serves (the content policy keeps Ingress hosts in it).
+        serde_json::json!({"url": {"host": "{{ slug }}.preview.example.com"}}),
         APP,
     )
     .await;
