@@ -57,6 +57,24 @@ async fn team_template(client: &kube::Client, namespace: &str, forge: &str, name
         .unwrap();
 }
 
+/// The environment's `Ready` condition, once its reason is `reason`.
+async fn condition_with_reason(
+    harness: &Harness,
+    name: &str,
+    reason: &str,
+) -> previewd::model::crd::Condition {
+    eventually(reason, Duration::from_secs(60), || {
+        let environments = harness.environments.clone();
+        let name = name.to_string();
+        async move {
+            let status = environments.get(&name).await.ok()?.status?;
+            let condition = status.conditions.first()?.clone();
+            (condition.reason == reason).then_some(condition)
+        }
+    })
+    .await
+}
+
 /// The environments whose name starts with `template`.
 async fn environments_of(harness: &Harness, template: &str) -> Vec<String> {
     let prefix = format!("{template}-");
@@ -233,16 +251,7 @@ async fn a_namespace_previewd_did_not_create_is_never_adopted_or_deleted() {
             .github("pull_request", "opened", &opened, signature)
             .await;
         assert_eq!(status, 202, "{answer}");
-        let conflict = eventually("NamespaceConflict", Duration::from_secs(30), || {
-            let environments = harness.environments.clone();
-            let name = environment.clone();
-            async move {
-                let status = environments.get(&name).await.ok()?.status?;
-                let condition = status.conditions.first()?.clone();
-                (condition.reason == "NamespaceConflict").then_some(condition)
-            }
-        })
-        .await;
+        let conflict = condition_with_reason(&harness, &environment, "NamespaceConflict").await;
         assert!(conflict.message.contains(&target), "{}", conflict.message);
         assert_untouched(&client, &target).await;
 
@@ -385,16 +394,9 @@ subjects: [{kind: ServiceAccount, name: default, namespace: kube-system}]
             .await;
         assert_eq!(status, 202, "{answer}");
         let name = environment_of_pr(&harness.environments, 2).await;
-        let refused = eventually("PolicyRejected", Duration::from_secs(30), || {
-            let environments = harness.environments.clone();
-            let name = name.clone();
-            async move {
-                let status = environments.get(&name).await.ok()?.status?;
-                let condition = status.conditions.first()?.clone();
-                (condition.reason == "PolicyRejected").then_some(condition.message)
-            }
-        })
-        .await;
+        let refused = condition_with_reason(&harness, &name, "PolicyRejected")
+            .await
+            .message;
         for named in [
             "Deployment/miner (from app.yaml): spec.template.spec.hostPID",
             "spec.template.spec.volumes[0] mounts hostPath",
@@ -507,16 +509,9 @@ async fn a_template_that_would_render_forever_is_stopped_and_named() {
         let (status, answer) = harness.signed("pull_request", "opened", &opened).await;
         assert_eq!(status, 202, "{answer}");
         let name = environment_of_pr(&harness.environments, 2).await;
-        let message = eventually("RenderFailed", Duration::from_secs(60), || {
-            let environments = harness.environments.clone();
-            let name = name.clone();
-            async move {
-                let status = environments.get(&name).await.ok()?.status?;
-                let condition = status.conditions.first()?.clone();
-                (condition.reason == "RenderFailed").then_some(condition.message)
-            }
-        })
-        .await;
+        let message = condition_with_reason(&harness, &name, "RenderFailed")
+            .await
+            .message;
         assert!(
             message.contains("app.yaml") && message.contains("fuel"),
             "{message}"
