@@ -19,6 +19,7 @@ use kube::{Resource, ResourceExt};
 
 use super::context::Context;
 use super::error::{ReconcileError, Refusal, Stop};
+use super::namespace::namespace_object;
 use crate::cluster::observed::ObjectKey;
 use crate::model::crd::PreviewEnvironment;
 use crate::model::metadata::LABEL_ENVIRONMENT_UID;
@@ -51,13 +52,8 @@ pub async fn claim_namespace(
     labels: &BTreeMap<String, String>,
     context: &Context,
 ) -> Result<(), Stop> {
-    let key = ObjectKey {
-        api_version: "v1".into(),
-        kind: "Namespace".into(),
-        namespace: String::new(),
-        name: namespace.to_string(),
-    };
-    if let Some(observed) = context.applier.observed_labels(&key)
+    let object = namespace_object(namespace, labels);
+    if let Some(observed) = context.applier.observed_labels(&ObjectKey::of(&object))
         && ownership(&observed, environment) == Ownership::Ours
     {
         return Ok(());
@@ -65,7 +61,7 @@ pub async fn claim_namespace(
     let api: Api<Namespace> = Api::all(context.client.clone());
     let existing = match api.get_opt(namespace).await {
         Ok(Some(existing)) => existing,
-        Ok(None) => return create(&api, namespace, labels, context).await,
+        Ok(None) => return create(&api, namespace, object, context).await,
         Err(e) => return Err(Stop::Failed(ReconcileError::Claim(e))),
     };
     match ownership(existing.labels(), environment) {
@@ -79,14 +75,11 @@ pub async fn claim_namespace(
 async fn create(
     api: &Api<Namespace>,
     namespace: &str,
-    labels: &BTreeMap<String, String>,
+    object: serde_json::Value,
     context: &Context,
 ) -> Result<(), Stop> {
-    let object: Namespace = serde_json::from_value(serde_json::json!({
-        "apiVersion": "v1", "kind": "Namespace",
-        "metadata": {"name": namespace, "labels": labels}
-    }))
-    .map_err(|e| Stop::Failed(ReconcileError::Claim(kube::Error::SerdeError(e))))?;
+    let object: Namespace = serde_json::from_value(object)
+        .map_err(|e| Stop::Failed(ReconcileError::Claim(kube::Error::SerdeError(e))))?;
     let created = context
         .writer
         .write("create", api.create(&PostParams::default(), &object))
