@@ -13,7 +13,8 @@ mod support;
 
 use std::process::Command;
 
-use k8s_openapi::api::core::v1::{Node, Secret};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Node, Secret};
+use k8s_openapi::api::rbac::v1::RoleBinding;
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use previewd::model::crd::{PreviewEnvironment, PreviewTemplate};
 use serde_json::{Value, json};
@@ -71,6 +72,106 @@ fn is_refused(report: &Value) -> Vec<String> {
                 .map(|e| e.to_string()),
         )
         .collect()
+}
+
+/// The status code of a refused call (`None`: it was allowed).
+fn refusal<T: std::fmt::Debug>(result: Result<T, kube::Error>) -> Option<u16> {
+    match result {
+        Ok(_) => None,
+        Err(kube::Error::Api(status)) => Some(status.code),
+        Err(other) => panic!("not an API answer: {other}"),
+    }
+}
+
+/// Acting as the chart's ServiceAccount (`as_chart`): allowed to write in the environment
+/// namespace `target` and to read the template's Secrets in `ns`; refused everywhere else:
+/// `kube-system`, and `bystander`, a namespace previewd did not create (even though its
+/// cluster role lets it create RoleBindings, the API server refuses one to a role it may not
+/// bind). The admin `client` makes the bystander namespace.
+async fn assert_confined_to_environments(
+    client: &kube::Client,
+    as_chart: &kube::Client,
+    ns: &str,
+    target: &str,
+    bystander: &str,
+) {
+    let namespace: Namespace =
+        serde_json::from_value(json!({"metadata": {"name": bystander}})).unwrap();
+    Api::<Namespace>::all(client.clone())
+        .create(&PostParams::default(), &namespace)
+        .await
+        .unwrap();
+    let config_map = |name: &str| -> ConfigMap {
+        serde_json::from_value(json!({"metadata": {"name": name}, "data": {"k": "v"}})).unwrap()
+    };
+    Api::<ConfigMap>::namespaced(client.clone(), bystander)
+        .create(&PostParams::default(), &config_map("theirs"))
+        .await
+        .unwrap();
+    let post = PostParams::default();
+    let in_ns = |namespace: &str| Api::<ConfigMap>::namespaced(as_chart.clone(), namespace);
+
+    // Allowed: its environment's namespace, and the Secret a template names.
+    assert_eq!(
+        refusal(in_ns(target).create(&post, &config_map("probe")).await),
+        None
+    );
+    assert_eq!(
+        refusal(
+            Api::<Secret>::namespaced(as_chart.clone(), ns)
+                .get("webhook")
+                .await
+        ),
+        None
+    );
+    // Refused: writes in kube-system and in the bystander, Secrets anywhere else.
+    for namespace in ["kube-system", bystander] {
+        assert_eq!(
+            refusal(in_ns(namespace).create(&post, &config_map("probe")).await),
+            Some(403),
+            "previewd may create a ConfigMap in {namespace}"
+        );
+        let secrets = Api::<Secret>::namespaced(as_chart.clone(), namespace);
+        assert_eq!(
+            refusal(secrets.list(&ListParams::default()).await),
+            Some(403),
+            "previewd may read Secrets in {namespace}"
+        );
+    }
+    assert_eq!(
+        refusal(
+            in_ns(bystander)
+                .delete("theirs", &DeleteParams::default())
+                .await
+        ),
+        Some(403)
+    );
+    assert_eq!(
+        refusal(
+            Api::<Secret>::all(as_chart.clone())
+                .list(&ListParams::default())
+                .await
+        ),
+        Some(403),
+        "previewd may list Secrets cluster-wide"
+    );
+    let take_over: RoleBinding = serde_json::from_value(json!({
+        "metadata": {"name": "take-over"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "cluster-admin"},
+        "subjects": [{"kind": "ServiceAccount", "name": "default", "namespace": bystander}],
+    }))
+    .unwrap();
+    for namespace in [bystander, target] {
+        assert_eq!(
+            refusal(
+                Api::<RoleBinding>::namespaced(as_chart.clone(), namespace)
+                    .create(&post, &take_over)
+                    .await
+            ),
+            Some(403),
+            "previewd may bind cluster-admin in {namespace}"
+        );
+    }
 }
 
 #[tokio::test]
@@ -223,6 +324,10 @@ async fn the_chart_lints_renders_applies_and_its_rbac_carries_a_lifecycle() {
         let ready = wait_ready_with_sha(&environments, &name, opened_sha).await;
         let target = ready.status.unwrap().namespace.unwrap();
 
+        // While the environment runs: previewd writes in its namespace, and nowhere else.
+        let bystander = format!("{ns}-bystander");
+        assert_confined_to_environments(&client, &as_chart, &ns, &target, &bystander).await;
+
         let mut synchronize = json_fixture("github/pull_request.synchronize.json");
         let new_sha = "1f2e3d4c5b6a79881726354453627180f9e8d7c6";
         synchronize["pull_request"]["head"]["sha"] = json!(new_sha);
@@ -267,8 +372,13 @@ async fn the_chart_lints_renders_applies_and_its_rbac_carries_a_lifecycle() {
         let _ = Api::<ClusterRoleBinding>::all(client.clone())
             .delete(&role_name, &DeleteParams::default())
             .await;
-        let _ = Api::<ClusterRole>::all(client.clone())
-            .delete(&role_name, &DeleteParams::default())
+        for role in [role_name.clone(), format!("{role_name}-environment")] {
+            let _ = Api::<ClusterRole>::all(client.clone())
+                .delete(&role, &DeleteParams::default())
+                .await;
+        }
+        let _ = Api::<Namespace>::all(client.clone())
+            .delete(&bystander, &DeleteParams::default())
             .await;
     })
     .await;

@@ -23,6 +23,7 @@ use crate::cluster::health::Health;
 use crate::cluster::metrics::ClusterMetrics;
 use crate::cluster::observed::{self, ObjectKey, ObservedStore};
 use crate::cluster::writer::Writer;
+use crate::model::kinds::is_watched;
 use crate::model::metadata::FIELD_MANAGER_RECONCILE;
 
 type Sha = [u8; 32];
@@ -131,7 +132,10 @@ impl Applier {
             &GroupVersionKind::gvk(group, version, kind),
         )
         .await?;
-        self.store.ensure_watch(&resource).await?;
+        // Unwatched kinds (Secrets) are compared with what their apply returned instead.
+        if is_watched(group, kind) {
+            self.store.ensure_watch(&resource).await?;
+        }
         self.resources
             .lock()
             .expect("resources lock")

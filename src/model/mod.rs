@@ -4,5 +4,7 @@
 
 pub mod crd;
 pub mod durations;
+pub mod kinds;
 pub mod metadata;
 pub mod naming;
+pub mod rbac;

@@ -21,6 +21,18 @@ pub struct ControllerConfig {
     /// A template that renders more objects than this is refused (a runaway loop in a
     /// template, or a hostile one, must not flood the API server).
     pub max_objects: usize,
+    /// The role previewd binds to itself in each environment namespace it creates, when its
+    /// RBAC confines writes to those namespaces (the chart); `None` with a kubeconfig that may
+    /// already write everywhere (the sandbox, a developer's cluster).
+    pub environment_access: Option<EnvironmentAccess>,
+}
+
+/// Who previewd is, and which ClusterRole gives it its rights in an environment namespace.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EnvironmentAccess {
+    pub cluster_role: String,
+    pub service_account_namespace: String,
+    pub service_account_name: String,
 }
 
 impl Default for ControllerConfig {
@@ -31,6 +43,7 @@ impl Default for ControllerConfig {
             resync_interval: Duration::from_secs(600),
             reapply_interval: None,
             max_objects: DEFAULT_MAX_OBJECTS,
+            environment_access: None,
         }
     }
 }

@@ -18,6 +18,10 @@ pub enum ReconcileError {
     Apply(#[source] ApplyError),
     #[error("claiming the namespace: {0}")]
     Claim(#[source] kube::Error),
+    #[error("checking previewd's access to the namespace: {0}")]
+    Grant(#[source] kube::Error),
+    #[error("previewd's RoleBinding in namespace {0} is not in force after 10 s")]
+    GrantNotInForce(String),
     #[error("pruning: {0}")]
     Prune(#[source] kube::Error),
     #[error("writing status: {0}")]
@@ -37,7 +41,10 @@ impl ReconcileError {
     /// A static category for the `previewd_reconcile_errors_total` label.
     pub fn metric_label(&self) -> &'static str {
         match self {
-            ReconcileError::Apply(_) | ReconcileError::Claim(_) => "apply",
+            ReconcileError::Apply(_)
+            | ReconcileError::Claim(_)
+            | ReconcileError::Grant(_)
+            | ReconcileError::GrantNotInForce(_) => "apply",
             ReconcileError::Prune(_) => "prune",
             ReconcileError::Status(_) => "status",
             ReconcileError::Cleanup(_) | ReconcileError::NamespaceTerminating(_) => "cleanup",

@@ -8,6 +8,7 @@
 //! the status writer, Events and the finalizer write to the API server, and none of them writes
 //! when nothing changed.
 
+mod access;
 mod claim;
 mod cleanup;
 pub mod config;
@@ -28,7 +29,7 @@ mod test_support;
 mod waves;
 mod write;
 
-pub use config::{ControllerConfig, DEFAULT_MAX_OBJECTS};
+pub use config::{ControllerConfig, DEFAULT_MAX_OBJECTS, EnvironmentAccess};
 pub use context::Context;
 pub use controller::run;
 pub use error::ReconcileError;

@@ -9,10 +9,10 @@ use serde_json::Value;
 
 use super::context::Context;
 use super::error::{ReconcileError, Refusal, Stop};
-use super::namespace;
 use super::plan::Plan;
 use super::plan::render::RenderedObject;
 use super::status::Progress;
+use super::{access, namespace};
 use crate::cluster::applier::ApplyError;
 use crate::cluster::health::Health;
 use crate::cluster::observed::ObjectKey;
@@ -29,6 +29,7 @@ pub async fn apply_plan(
 ) -> Result<Progress, Stop> {
     let namespace_object = namespace::namespace_object(&plan.namespace, namespace_labels);
     apply(context, &[&namespace_object], bypass_cache).await?;
+    access::grant(&plan.namespace, &plan.labels, context, bypass_cache).await?;
     let guard_rails = namespace::guard_rails(&plan.namespace, &template.spec, &plan.labels);
     apply(
         context,
@@ -67,12 +68,16 @@ async fn apply_waves(
     Ok(progress)
 }
 
-/// Applies `manifests`. The API server refusing an object's content is a refusal that names it
-/// (and is retried with backoff, since a template edit or a cluster change may fix it); any
-/// other failure is an error to retry.
-async fn apply(context: &Context, manifests: &[&Value], bypass_cache: bool) -> Result<(), Stop> {
+/// Applies `manifests`; returns how many were sent. The API server refusing an object's content
+/// is a refusal that names it (and is retried with backoff, since a template edit or a cluster
+/// change may fix it); any other failure is an error to retry.
+pub(super) async fn apply(
+    context: &Context,
+    manifests: &[&Value],
+    bypass_cache: bool,
+) -> Result<usize, Stop> {
     match context.applier.apply(manifests, bypass_cache).await {
-        Ok(_) => Ok(()),
+        Ok(stats) => Ok(stats.sent),
         Err(error) if error.is_refused() => Err(Stop::Refused(refused(error))),
         Err(error) => Err(Stop::Failed(ReconcileError::Apply(error))),
     }

@@ -40,11 +40,43 @@ pub struct ControllerArgs {
     /// the condition `TooManyObjects` on the environment.
     #[arg(long, env = "PREVIEWD_MAX_OBJECTS_PER_ENVIRONMENT", default_value_t = crate::reconcile::DEFAULT_MAX_OBJECTS)]
     pub max_objects_per_environment: usize,
+    /// The ClusterRole previewd binds to its own ServiceAccount in each environment namespace
+    /// it creates (the chart's `<release>-environment`). Set it when previewd's RBAC lets it
+    /// write only there; it needs `--service-account` too.
+    #[arg(long, env = "PREVIEWD_ENVIRONMENT_ROLE", requires = "service_account")]
+    pub environment_role: Option<String>,
+    /// previewd's own ServiceAccount, as `namespace/name`: the subject of the environment role's
+    /// bindings.
+    #[arg(long, env = "PREVIEWD_SERVICE_ACCOUNT", value_parser = parse_service_account, requires = "environment_role")]
+    pub service_account: Option<(String, String)>,
+}
+
+/// `namespace/name`, both non-empty.
+fn parse_service_account(text: &str) -> Result<(String, String), String> {
+    match text.split_once('/') {
+        Some((namespace, name))
+            if !namespace.is_empty() && !name.is_empty() && !name.contains('/') =>
+        {
+            Ok((namespace.to_string(), name.to_string()))
+        }
+        _ => Err(format!(
+            "expected the ServiceAccount as namespace/name, got {text:?}"
+        )),
+    }
 }
 
 impl ControllerArgs {
     pub fn controller_config(&self) -> crate::reconcile::ControllerConfig {
+        let environment_access = match (&self.environment_role, &self.service_account) {
+            (Some(role), Some((namespace, name))) => Some(crate::reconcile::EnvironmentAccess {
+                cluster_role: role.clone(),
+                service_account_namespace: namespace.clone(),
+                service_account_name: name.clone(),
+            }),
+            _ => None,
+        };
         crate::reconcile::ControllerConfig {
+            environment_access,
             namespace: self.watch_namespace.clone(),
             apply_concurrency: self.apply_concurrency.max(1),
             resync_interval: self.resync_interval,

@@ -20,6 +20,7 @@ everything_on = {
     "ingress": {"enabled": True, "className": "nginx", "tls": [{"secretName": "t", "hosts": ["previewd.example.com"]}]},
     "serviceMonitor": {"enabled": True},
     "watchNamespace": "apps",
+    "rbac": {"bindableClusterRoles": ["view"], "secretNamespaces": ["apps", "team-b"]},
 }
 lint = {
     "defaults": helm.lint(chart_path, strict=True, namespace=namespace),
@@ -31,7 +32,9 @@ bad_values = {
     "unknown_key": {"replicas": 2},
     "bad_duration": {"controller": {"leaseDuration": "fifteen seconds"}},
     "bad_log_format": {"controller": {"logFormat": "xml"}},
-    "resource_without_group": {"rbac": {"templateResources": [{"resources": ["configmaps"]}]}},
+    # The kinds previewd may write come from its code (model/kinds.rs), not from values.
+    "template_resources": {"rbac": {"templateResources": [{"apiGroup": "", "resources": ["nodes"]}]}},
+    "bad_secret_namespace": {"rbac": {"secretNamespaces": ["Kube System"]}},
 }
 refused = {}
 with helm.Chart.load(chart_path) as chart:

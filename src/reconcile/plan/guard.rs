@@ -1,30 +1,8 @@
 //! Guard (pure): what a template may create. Only namespaced objects of allowed kinds, only in
 //! the environment's own namespace. One violation rejects the whole render: nothing is applied.
 
+use crate::model::kinds::{group_of, template_may_create};
 use crate::reconcile::plan::render::RenderedObject;
-
-/// Kinds a template may create, as `apiVersion` group (empty for core) and kind. All are
-/// namespaced. Cluster-scoped kinds (ClusterRole, ClusterRoleBinding, Namespace, CRDs,
-/// webhooks, PersistentVolumes, …) are refused, and so are ResourceQuota and LimitRange,
-/// which previewd sets itself from the template's guard rails.
-pub const ALLOWED_KINDS: &[(&str, &str)] = &[
-    ("", "ConfigMap"),
-    ("", "Secret"),
-    ("", "Service"),
-    ("", "ServiceAccount"),
-    ("", "PersistentVolumeClaim"),
-    ("", "Pod"),
-    ("apps", "Deployment"),
-    ("apps", "StatefulSet"),
-    ("batch", "Job"),
-    ("batch", "CronJob"),
-    ("networking.k8s.io", "Ingress"),
-    ("networking.k8s.io", "NetworkPolicy"),
-    ("rbac.authorization.k8s.io", "Role"),
-    ("rbac.authorization.k8s.io", "RoleBinding"),
-    ("autoscaling", "HorizontalPodAutoscaler"),
-    ("policy", "PodDisruptionBudget"),
-];
 
 /// Why an object was refused.
 #[derive(Clone, Debug, PartialEq, thiserror::Error)]
@@ -46,15 +24,7 @@ pub fn check(objects: &[RenderedObject], namespace: &str) -> Vec<Violation> {
             name: object.name().to_string(),
             reason,
         };
-        let group = object
-            .api_version()
-            .rsplit_once('/')
-            .map(|(g, _)| g)
-            .unwrap_or("");
-        if !ALLOWED_KINDS
-            .iter()
-            .any(|(g, k)| *g == group && *k == object.kind())
-        {
+        if !template_may_create(group_of(object.api_version()), object.kind()) {
             violations.push(violation(format!(
                 "kind {} ({}) may not be created by a template: only namespaced kinds of the allowed list are",
                 object.kind(),
