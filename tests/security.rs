@@ -529,3 +529,99 @@ async fn a_template_that_would_render_forever_is_stopped_and_named() {
     })
     .await;
 }
+
+/// The repository folder at commit `sha`: its listing, and each file's content.
+async fn mount_repository_folder(
+    forge: &wiremock::MockServer,
+    sha: &str,
+    listing: serde_json::Value,
+    files: &[(&str, &str)],
+) {
+    use base64::Engine;
+    use wiremock::matchers::{method, path, query_param};
+    use wiremock::{Mock, ResponseTemplate};
+    let folder = format!("/repos/{REPOSITORY}/contents/deploy/preview");
+    Mock::given(method("GET"))
+        .and(path(folder.clone()))
+        .and(query_param("ref", sha))
+        .respond_with(ResponseTemplate::new(200).set_body_json(listing))
+        .mount(forge)
+        .await;
+    for (name, text) in files {
+        let body = json!({"type": "file", "name": name, "encoding": "base64",
+            "content": base64::engine::general_purpose::STANDARD.encode(text)});
+        Mock::given(method("GET"))
+            .and(path(format!("{folder}/{name}")))
+            .and(query_param("ref", sha))
+            .respond_with(ResponseTemplate::new(200).set_body_json(body))
+            .mount(forge)
+            .await;
+    }
+}
+
+/// Requests previewd made for commit `sha`.
+async fn requests_at(forge: &wiremock::MockServer, sha: &str) -> usize {
+    let query = format!("ref={sha}");
+    forge
+        .received_requests()
+        .await
+        .unwrap_or_default()
+        .iter()
+        .filter(|r| r.url.query() == Some(query.as_str()))
+        .count()
+}
+
+/// A pull request that puts thousands of manifests, or one huge one, into `repositoryPath` is
+/// refused from the folder's listing (`ManifestsTooLarge`), before any file is downloaded,
+/// and the previous commit keeps running. Before, previewd read every file, whatever the
+/// count and size.
+#[tokio::test]
+async fn a_repository_folder_beyond_the_limits_is_refused_before_it_is_read() {
+    const OPENED: &str = "ec26c3e57ca3a959ca5aad62de7213c562f8c821";
+    const MANY: &str = "1111111111111111111111111111111111111111";
+    const HUGE: &str = "2222222222222222222222222222222222222222";
+    in_namespace("security-repo-limits", |client, ns| async move {
+        let forge = github_forge().await;
+        let file = |name: &str, size: u64| {
+            json!({"type": "file", "name": name, "path": format!("deploy/preview/{name}"), "size": size})
+        };
+        mount_repository_folder(&forge, OPENED, json!([file("app.yaml", 90)]), &[("app.yaml", CONFIG_MAP_APP)]).await;
+        let many: Vec<_> = (0..5_000).map(|i| file(&format!("m{i}.yaml"), 90)).collect();
+        mount_repository_folder(&forge, MANY, json!(many), &[("m0.yaml", CONFIG_MAP_APP)]).await;
+        mount_repository_folder(&forge, HUGE, json!([file("app.yaml", 50 << 20)]), &[("app.yaml", CONFIG_MAP_APP)]).await;
+        let from_repository = json!({"manifests": {"repositoryPath": "deploy/preview"}});
+        install_template_with(&client, &ns, "github", REPOSITORY, Some(&forge.uri()), from_repository, CONFIG_MAP_APP).await;
+        let harness = Harness::start(&client, &ns, 2 << 20).await;
+
+        harness.signed("pull_request", "opened", &github_fixture("pull_request.opened.json")).await;
+        let name = environment_of_pr(&harness.environments, 2).await;
+        let ready = wait_ready_with_sha(&harness.environments, &name, OPENED).await;
+        let target = ready.status.unwrap().namespace.unwrap();
+        let app = || async {
+            let config_maps: Api<ConfigMap> = Api::namespaced(client.clone(), &target);
+            config_maps.get("app").await.unwrap().data.unwrap()["sha"].clone()
+        };
+        assert_eq!(app().await, OPENED);
+
+        for (sha, limit) in [(MANY, "5000 manifest files, more than the limit of 200"), (HUGE, "52428800 bytes, more than the limit of 1048576")] {
+            let mut push = json_fixture("github/pull_request.synchronize.json");
+            push["pull_request"]["head"]["sha"] = json!(sha);
+            let (status, answer) = harness.signed("pull_request", sha, push.to_string().as_bytes()).await;
+            assert_eq!(status, 202, "{answer}");
+            let condition = eventually("the refusal of this commit", Duration::from_secs(60), || {
+                let environments = harness.environments.clone();
+                let name = name.clone();
+                async move {
+                    let status = environments.get(&name).await.ok()?.status?;
+                    let condition = status.conditions.first()?.clone();
+                    (condition.reason == "ManifestsTooLarge" && condition.message.contains(sha)).then_some(condition)
+                }
+            })
+            .await;
+            assert!(condition.message.contains(limit), "{}", condition.message);
+            assert_eq!(requests_at(&forge, sha).await, 1, "only the listing was read at {sha}");
+            assert_eq!(app().await, OPENED, "the previous commit keeps running");
+        }
+    })
+    .await;
+}

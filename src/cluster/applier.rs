@@ -283,12 +283,10 @@ impl Applier {
         serde_json::from_value(observed.content["metadata"]["labels"].clone()).ok()
     }
 
-    /// The replica count the API server holds for a workload (from the watch store).
-    pub fn live_replicas(&self, key: &ObjectKey) -> Option<i32> {
-        let observed = self.store.get(key)?;
-        observed.content["spec"]["replicas"]
-            .as_i64()
-            .and_then(|n| i32::try_from(n).ok())
+    /// The watch store, for readers that must outlive a borrow of the applier (the plan step,
+    /// which runs on a blocking thread).
+    pub fn observed(&self) -> Arc<ObservedStore> {
+        self.store.clone()
     }
 
     /// Drops an object from the cache and the store (its environment is gone).

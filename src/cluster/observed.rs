@@ -289,6 +289,14 @@ impl ObservedStore {
         self.objects.read().expect("store lock").get(key).cloned()
     }
 
+    /// The replica count the API server holds for a workload.
+    pub fn live_replicas(&self, key: &ObjectKey) -> Option<i32> {
+        let objects = self.objects.read().expect("store lock");
+        objects.get(key)?.content["spec"]["replicas"]
+            .as_i64()
+            .and_then(|n| i32::try_from(n).ok())
+    }
+
     pub fn forget(&self, key: &ObjectKey) {
         self.objects.write().expect("store lock").remove(key);
     }

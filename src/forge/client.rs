@@ -15,6 +15,13 @@ use super::metrics::ForgeMetrics;
 pub use super::transport::{FORGE_TIMEOUT, ForgeApiError};
 use crate::model::crd::ForgeKind;
 
+/// The most manifest files previewd reads from one repository folder.
+pub const MAX_MANIFEST_FILES: usize = 200;
+/// The largest manifest file previewd reads (1 MiB).
+pub const MAX_MANIFEST_FILE_BYTES: usize = 1 << 20;
+/// The most manifest text previewd reads for one commit (4 MiB, the render output limit).
+pub const MAX_MANIFEST_BYTES: usize = 4 << 20;
+
 /// A client for one forge API URL and token.
 pub enum ForgeClient {
     Github(GithubApi),
@@ -70,7 +77,10 @@ impl ForgeClient {
     }
 
     /// The YAML files (`.yaml`, `.yml`) directly in folder `path` of the repository at commit
-    /// `sha`, as (file name, text), sorted by name; `path` may also name one file.
+    /// `sha`, as (file name, text), sorted by name; `path` may also name one file. The files are
+    /// code from the pull request: more than [`MAX_MANIFEST_FILES`] files, a file over
+    /// [`MAX_MANIFEST_FILE_BYTES`] or more than [`MAX_MANIFEST_BYTES`] in all are refused
+    /// ([`ForgeApiError::ManifestsTooLarge`]), by the listing where the forge gives sizes.
     pub async fn read_manifests(
         &self,
         repository: &str,
@@ -81,6 +91,7 @@ impl ForgeClient {
             ForgeClient::Github(api) => api.read_manifests(repository, path, sha).await?,
             ForgeClient::Gitlab(api) => api.read_manifests(repository, path, sha).await?,
         };
+        check_manifest_total(path, &files)?;
         files.sort();
         Ok(files)
     }
@@ -160,6 +171,47 @@ impl ForgeClient {
             }
         }
     }
+}
+
+/// Refuses a folder of more than [`MAX_MANIFEST_FILES`] manifests, before any is read.
+pub(crate) fn check_manifest_count(path: &str, count: usize) -> Result<(), ForgeApiError> {
+    if count > MAX_MANIFEST_FILES {
+        return Err(ForgeApiError::ManifestsTooLarge {
+            path: path.to_string(),
+            problem: format!(
+                "{count} manifest files, more than the limit of {MAX_MANIFEST_FILES}; none was read"
+            ),
+        });
+    }
+    Ok(())
+}
+
+/// Refuses a manifest file of more than [`MAX_MANIFEST_FILE_BYTES`] (`size` as the forge
+/// lists it, or as read).
+pub(crate) fn check_manifest_size(path: &str, size: u64) -> Result<(), ForgeApiError> {
+    if size > MAX_MANIFEST_FILE_BYTES as u64 {
+        return Err(ForgeApiError::ManifestsTooLarge {
+            path: path.to_string(),
+            problem: format!(
+                "{size} bytes, more than the limit of {MAX_MANIFEST_FILE_BYTES} per manifest file"
+            ),
+        });
+    }
+    Ok(())
+}
+
+/// Refuses manifests that add up to more than [`MAX_MANIFEST_BYTES`].
+fn check_manifest_total(path: &str, files: &[(String, String)]) -> Result<(), ForgeApiError> {
+    let total: usize = files.iter().map(|(_, text)| text.len()).sum();
+    if total > MAX_MANIFEST_BYTES {
+        return Err(ForgeApiError::ManifestsTooLarge {
+            path: path.to_string(),
+            problem: format!(
+                "{total} bytes of manifests, more than the limit of {MAX_MANIFEST_BYTES}"
+            ),
+        });
+    }
+    Ok(())
 }
 
 /// Whether a repository file is a manifest previewd reads.

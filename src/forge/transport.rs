@@ -53,6 +53,10 @@ pub enum ForgeApiError {
         operation: &'static str,
         pages: usize,
     },
+    /// Repository manifests beyond previewd's limits ([`crate::forge::repository`]): a pull
+    /// request must not make previewd download or hold an unbounded amount.
+    #[error("{path}: {problem}")]
+    ManifestsTooLarge { path: String, problem: String },
 }
 
 /// What of a forge's error answer previewd repeats (in conditions, logs and the public PR

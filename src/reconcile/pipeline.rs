@@ -1,12 +1,15 @@
 //! One reconcile of a live `PreviewEnvironment`, as a list of named steps:
 //!
 //! resolve the template → hold (fork approval, queue) → resolve the manifests → plan (render,
-//! object limit, guard, workloads; no client required) → claim the namespace (created for this
-//! environment, or refused) → apply the namespace, guard rails and waves → prune → status (no client required) → write (forge report, status, Events).
+//! object limit, guard, policy, workloads; no client required, on a blocking thread) → claim
+//! the namespace (created for this environment, or refused) → grant previewd its rights there
+//! → apply the namespace, guard rails and waves → prune → status (no client required) → write
+//! (forge report, status, Events).
 //!
 //! A step that refuses returns a [`Refusal`]; [`refuse`] is the one place that writes it on the
 //! environment. Errors go back to the controller, which retries with backoff.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use chrono::Utc;
@@ -24,7 +27,9 @@ use super::status::{
 use super::write::write_status;
 use super::{claim, namespace, prune, resolve, waves};
 use crate::cluster::observed::ObjectKey;
-use crate::model::crd::{Phase, PreviewEnvironment, PreviewEnvironmentStatus, PreviewTemplate};
+use crate::model::crd::{
+    InlineManifest, Phase, PreviewEnvironment, PreviewEnvironmentStatus, PreviewTemplate,
+};
 use crate::model::naming::environment_namespace;
 
 pub async fn reconcile_environment(
@@ -52,20 +57,13 @@ pub async fn reconcile_environment(
 /// The steps from the manifests to the written status.
 async fn deploy(
     environment: &PreviewEnvironment,
-    template: &PreviewTemplate,
+    template: &Arc<PreviewTemplate>,
     namespace: &str,
     context: &Context,
 ) -> Result<Action, Stop> {
     let head_sha = &environment.spec.source.head_sha;
     let manifests = resolve::manifests(template, head_sha, context).await?;
-    let plan = plan(
-        environment,
-        template,
-        &manifests,
-        namespace,
-        context.config.max_objects,
-        |object| context.applier.live_replicas(&ObjectKey::of(object)),
-    )?;
+    let plan = plan_off_the_runtime(environment, template, manifests, namespace, context).await?;
     let uid = environment.metadata.uid.as_deref().unwrap_or_default();
     let namespace_labels = namespace::namespace_labels(&template.spec, &plan.labels, uid);
     claim::claim_namespace(environment, namespace, &namespace_labels, context).await?;
@@ -82,6 +80,38 @@ async fn deploy(
             .insert(key.clone(), Instant::now());
     }
     Ok(finish(environment, context, &key, plan, progress).await?)
+}
+
+/// The plan step on a blocking thread: a template may take up to its render fuel, and that
+/// time must not stall the runtime's workers (webhooks, watches, other reconciles).
+async fn plan_off_the_runtime(
+    environment: &PreviewEnvironment,
+    template: &Arc<PreviewTemplate>,
+    manifests: Vec<InlineManifest>,
+    namespace: &str,
+    context: &Context,
+) -> Result<Plan, Refusal> {
+    let (environment, template) = (environment.clone(), template.clone());
+    let namespace = namespace.to_string();
+    let max_objects = context.config.max_objects;
+    let observed = context.applier.observed();
+    let planned = tokio::task::spawn_blocking(move || {
+        plan(
+            &environment,
+            &template,
+            &manifests,
+            &namespace,
+            max_objects,
+            |object| observed.live_replicas(&ObjectKey::of(object)),
+        )
+    })
+    .await;
+    planned.unwrap_or_else(|stopped| {
+        Err(Refusal::new(
+            "RenderFailed",
+            format!("rendering stopped unexpectedly, a bug in previewd: {stopped}"),
+        ))
+    })
 }
 
 /// Writes where the environment got to, records its metrics, and says when to look again.

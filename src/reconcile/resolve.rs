@@ -9,6 +9,7 @@ use kube::{Api, ResourceExt};
 
 use super::context::Context;
 use super::error::Refusal;
+use crate::forge::client::ForgeApiError;
 use crate::model::crd::{InlineManifest, ManifestSource, PreviewEnvironment, PreviewTemplate};
 
 /// The environment's template, or the refusal `TemplateNotFound`.
@@ -77,7 +78,14 @@ async fn from_repository(
         .repository_manifests
         .get(&client, &template.spec.forge.repository, path, head_sha)
         .await
-        .map_err(|e| unavailable(format!("reading {path} at {head_sha}: {e}")))?;
+        .map_err(|e| match e {
+            // A commit never changes: nothing to retry until a new push.
+            ForgeApiError::ManifestsTooLarge { .. } => Refusal::new(
+                "ManifestsTooLarge",
+                format!("reading {path} at {head_sha}: {e}; nothing was applied"),
+            ),
+            e => unavailable(format!("reading {path} at {head_sha}: {e}")),
+        })?;
     Ok(files.iter().cloned().collect())
 }
 

@@ -9,7 +9,7 @@ use std::sync::Mutex;
 use http::{HeaderMap, Method, StatusCode};
 use serde_json::{Value, json};
 
-use crate::forge::client::{DeploymentState, is_yaml};
+use crate::forge::client::{DeploymentState, check_manifest_count, check_manifest_size, is_yaml};
 use crate::forge::comment::CommitState;
 use crate::forge::metrics::ForgeMetrics;
 use crate::forge::transport::{
@@ -323,11 +323,18 @@ impl GithubApi {
             Value::Array(entries) => entries,
             file => vec![file],
         };
-        let mut files = Vec::new();
-        for entry in entries
+        let manifests: Vec<&Value> = entries
             .iter()
             .filter(|e| e["type"] == "file" && is_yaml(e["name"].as_str().unwrap_or_default()))
-        {
+            .collect();
+        // The listing gives every file's size: refuse before downloading anything.
+        check_manifest_count(path, manifests.len())?;
+        for entry in &manifests {
+            let name = entry["path"].as_str().unwrap_or(path);
+            check_manifest_size(name, entry["size"].as_u64().unwrap_or(0))?;
+        }
+        let mut files = Vec::new();
+        for entry in manifests {
             let name = entry["name"].as_str().unwrap_or_default().to_string();
             let file = if entry.get("content").is_some() {
                 entry.clone()

@@ -18,7 +18,7 @@ use gitlab::api::projects::repository::files::FileRaw;
 use gitlab::api::{AsyncQuery, Endpoint, Pageable, Pagination};
 use serde::de::DeserializeOwned;
 
-use crate::forge::client::is_yaml;
+use crate::forge::client::{check_manifest_count, check_manifest_size, is_yaml};
 use crate::forge::comment::CommitState;
 use crate::forge::metrics::ForgeMetrics;
 use crate::forge::transport::{
@@ -266,7 +266,9 @@ impl GitlabApi {
         const OPERATION: &str = "read_manifests";
         let path = path.trim_matches('/');
         let mut out = Vec::new();
-        for (name, file_path) in self.manifest_files(project, path, sha).await? {
+        let manifests = self.manifest_files(project, path, sha).await?;
+        check_manifest_count(path, manifests.len())?;
+        for (name, file_path) in manifests {
             let raw = FileRaw::builder()
                 .project(project)
                 .file_path(file_path.as_str())
@@ -281,6 +283,8 @@ impl GitlabApi {
                         .map_err(|e| e.to_string())
                 })
                 .await?;
+            // GitLab's tree gives no sizes: the file is checked once read.
+            check_manifest_size(&file_path, bytes.len() as u64)?;
             out.push((name, String::from_utf8_lossy(&bytes).into_owned()));
         }
         Ok(out)
