@@ -625,3 +625,52 @@ async fn a_repository_folder_beyond_the_limits_is_refused_before_it_is_read() {
     })
     .await;
 }
+
+/// A forge API that redirects (a moved instance, or a hostile `apiUrl`) never gets the token
+/// sent on to where it points: neither client follows the redirect. Before, GitLab's (the
+/// gitlab crate's own HTTP client) followed it with the `PRIVATE-TOKEN` header.
+#[tokio::test]
+async fn the_forge_token_is_never_sent_on_a_redirect() {
+    use previewd::forge::client::ForgeClients;
+    use previewd::model::crd::ForgeKind;
+    use wiremock::{Mock, MockServer, ResponseTemplate, matchers::any};
+
+    let elsewhere = MockServer::start().await;
+    Mock::given(any())
+        .respond_with(ResponseTemplate::new(200).set_body_json(json!([])))
+        .mount(&elsewhere)
+        .await;
+    let redirecting = MockServer::start().await;
+    Mock::given(any())
+        .respond_with(
+            ResponseTemplate::new(302)
+                .insert_header("location", format!("{}/stolen", elsewhere.uri()).as_str()),
+        )
+        .mount(&redirecting)
+        .await;
+    let clients = ForgeClients::new(Default::default());
+    for (kind, repository) in [
+        (ForgeKind::Github, REPOSITORY),
+        (ForgeKind::Gitlab, "gitlabhq/gitlab-test"),
+    ] {
+        let client = clients
+            .get(kind, Some(&redirecting.uri()), b"the-secret-token")
+            .await
+            .unwrap();
+        let listed = client.open_pull_requests(repository).await;
+        assert!(
+            listed.is_err(),
+            "{kind:?}: a redirect is not an answer: {listed:?}"
+        );
+    }
+    assert!(!redirecting.received_requests().await.unwrap().is_empty());
+    let followed = elsewhere.received_requests().await.unwrap();
+    assert!(
+        followed.is_empty(),
+        "the redirect was followed: {:?}",
+        followed
+            .iter()
+            .map(|r| (&r.url, &r.headers))
+            .collect::<Vec<_>>()
+    );
+}

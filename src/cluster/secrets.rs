@@ -87,10 +87,10 @@ impl SecretReader {
                 name: reference.name.clone(),
                 key: reference.key.clone(),
             })?;
-        self.cache
-            .lock()
-            .expect("secret cache")
-            .insert(key, (Instant::now(), value.clone()));
+        let mut cache = self.cache.lock().expect("secret cache");
+        // Secrets of deleted templates must not stay for the life of the process.
+        cache.retain(|_, (read_at, _)| read_at.elapsed() < SECRET_TTL);
+        cache.insert(key, (Instant::now(), value.clone()));
         Ok(value)
     }
 }

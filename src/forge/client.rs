@@ -263,7 +263,50 @@ impl ForgeClients {
                 ForgeClient::Gitlab(GitlabApi::connect(api_url, token, self.metrics.clone()).await?)
             }
         });
+        if clients.len() >= MAX_CLIENTS {
+            // Rotated tokens and edited URLs leave clients nobody asks for again; any one may
+            // go (a client in use stays alive through its Arc, and is rebuilt when asked).
+            if let Some(evicted) = clients.keys().next().cloned() {
+                clients.remove(&evicted);
+            }
+        }
         clients.insert(key, client.clone());
         Ok(client)
+    }
+
+    /// How many clients are kept.
+    pub async fn kept(&self) -> usize {
+        self.clients.lock().await.len()
+    }
+}
+
+/// The most forge clients kept: one per (forge, URL, token) in use, with room for rotations.
+pub const MAX_CLIENTS: usize = 256;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn rotated_tokens_do_not_grow_the_client_map_without_bound() {
+        let clients = ForgeClients::new(ForgeMetrics::default());
+        let mut newest = None;
+        for rotation in 0..(MAX_CLIENTS + 50) {
+            let token = format!("token-{rotation}");
+            newest = Some(
+                clients
+                    .get(ForgeKind::Github, None, token.as_bytes())
+                    .await
+                    .unwrap(),
+            );
+        }
+        assert_eq!(clients.kept().await, MAX_CLIENTS);
+        // The client in use is the one kept: asking again builds nothing new.
+        let token = format!("token-{}", MAX_CLIENTS + 49);
+        let again = clients
+            .get(ForgeKind::Github, None, token.as_bytes())
+            .await
+            .unwrap();
+        assert!(Arc::ptr_eq(&again, &newest.unwrap()));
     }
 }

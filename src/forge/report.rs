@@ -233,16 +233,15 @@ impl Reporter {
         template: &PreviewTemplate,
         reason: &str,
     ) -> Result<(), ReportError> {
+        // Forgotten first, whatever happens next: the map must not keep every environment
+        // that ever lived.
+        let uid = environment.uid().unwrap_or_default();
+        let remembered = self.sent.lock().expect("sent reports").remove(&uid);
         let Some(client) = self.client(template).await? else {
             return Ok(());
         };
         let source = &environment.spec.source;
-        let uid = environment.uid().unwrap_or_default();
-        let mut record = self
-            .sent
-            .lock()
-            .expect("sent reports")
-            .remove(&uid)
+        let mut record = remembered
             .or(environment.status.as_ref().and_then(|s| s.forge.clone()))
             .unwrap_or_default();
         if let Some(number) = source.pull_request {

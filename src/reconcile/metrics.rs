@@ -1,7 +1,7 @@
 //! The reconciler's metrics, and the observations one reconcile adds to them (recorded only
 //! once its status is written, so that a retried write does not count twice).
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use prometheus::core::Collector;
 use prometheus::{Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, Opts};
@@ -9,6 +9,9 @@ use prometheus::{Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterV
 use super::context::Memory;
 use crate::cluster::metrics::MetricSet;
 use crate::model::crd::PreviewEnvironmentStatus;
+
+/// How long the start of a running seed is remembered (for its duration metric).
+const SEED_MEMORY: Duration = Duration::from_secs(24 * 3600);
 
 #[derive(Clone)]
 pub struct ReconcileMetrics {
@@ -127,9 +130,13 @@ impl Observations {
                 .find(|s| s.job == seed.job)
                 .map(|s| s.state.as_str());
             match seed.state.as_str() {
-                "Running" => {
-                    started.entry(key).or_insert_with(Instant::now);
+                // A seed whose environment went before it finished is never removed below:
+                // starts older than a day are forgotten whenever a new one is remembered.
+                "Running" if !started.contains_key(&key) => {
+                    started.retain(|_, at| at.elapsed() < SEED_MEMORY);
+                    started.insert(key, Instant::now());
                 }
+                "Running" => {}
                 "Succeeded" if before != Some("Succeeded") => {
                     if let Some(at) = started.remove(&key) {
                         observations.seed_durations.push(at.elapsed().as_secs_f64());

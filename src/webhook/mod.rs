@@ -7,7 +7,7 @@
 //!
 //! Nothing here deploys: the reconciler picks the records up through the Kubernetes API.
 
-mod commands;
+pub mod commands;
 mod deliveries;
 mod intake;
 pub mod metrics;

@@ -22,24 +22,34 @@ use crate::forge::client::{check_manifest_count, check_manifest_size, is_yaml};
 use crate::forge::comment::CommitState;
 use crate::forge::metrics::ForgeMetrics;
 use crate::forge::transport::{
-    FORGE_TIMEOUT, ForgeApiError, Gate, error_summary, observe_rate_limit,
+    FORGE_CONNECT_TIMEOUT, FORGE_TIMEOUT, ForgeApiError, Gate, error_summary, observe_rate_limit,
 };
 
-/// The gitlab crate's client with previewd's rate-limit accounting around every call.
+/// The transport under the gitlab crate's endpoints: previewd's own HTTP client, so that the
+/// token header is never sent on a redirect (the crate's own client follows redirects with
+/// every header), with a timeout on every call and rate-limit accounting around it.
 struct ObservedGitlab {
-    inner: gitlab::AsyncGitlab,
+    http: reqwest::Client,
+    /// `<apiUrl>/api/v4/`.
+    rest_url: url::Url,
+    token: http::HeaderValue,
     gate: Arc<Gate>,
     metrics: ForgeMetrics,
 }
 
+/// A failed GitLab call, as the gitlab crate's endpoints report it.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct GitlabCallError(String);
+
 impl gitlab::api::RestClient for ObservedGitlab {
-    type Error = gitlab::RestError;
+    type Error = GitlabCallError;
 
     fn rest_endpoint(
         &self,
         endpoint: &str,
     ) -> Result<url::Url, gitlab::api::ApiError<Self::Error>> {
-        self.inner.rest_endpoint(endpoint)
+        Ok(self.rest_url.join(endpoint)?)
     }
 }
 
@@ -47,18 +57,31 @@ impl gitlab::api::RestClient for ObservedGitlab {
 impl gitlab::api::AsyncClient for ObservedGitlab {
     async fn rest_async(
         &self,
-        request: http::request::Builder,
+        mut request: http::request::Builder,
         body: Vec<u8>,
     ) -> Result<http::Response<bytes::Bytes>, gitlab::api::ApiError<Self::Error>> {
-        let response = self.inner.rest_async(request, body).await?;
+        let failed = |e: &dyn std::fmt::Display| {
+            gitlab::api::ApiError::client(GitlabCallError(e.to_string()))
+        };
+        if let Some(headers) = request.headers_mut() {
+            headers.insert("PRIVATE-TOKEN", self.token.clone());
+        }
+        let request = request.body(body).map_err(|e| failed(&e))?;
+        let request = reqwest::Request::try_from(request).map_err(|e| failed(&e))?;
+        let answer = self.http.execute(request).await.map_err(|e| failed(&e))?;
         observe_rate_limit(
             "gitlab",
-            response.status(),
-            response.headers(),
+            answer.status(),
+            answer.headers(),
             &self.metrics,
             &self.gate,
         );
-        Ok(response)
+        let mut response = http::Response::builder().status(answer.status());
+        if let Some(headers) = response.headers_mut() {
+            headers.extend(answer.headers().clone());
+        }
+        let body = answer.bytes().await.map_err(|e| failed(&e))?;
+        response.body(body).map_err(|e| failed(&e))
     }
 }
 
@@ -76,38 +99,42 @@ struct Note {
 }
 
 impl GitlabApi {
-    /// Connects (GitLab's client checks the token with one `GET /user`).
+    /// A client for `api_url` (GitLab.com by default). Makes no call: a wrong token shows on
+    /// the first one.
     pub async fn connect(
         api_url: Option<&str>,
         token: String,
         metrics: ForgeMetrics,
     ) -> Result<Self, ForgeApiError> {
         let api_url = api_url.unwrap_or("https://gitlab.com");
-        let url =
-            url::Url::parse(api_url).map_err(|_| ForgeApiError::BadUrl(api_url.to_string()))?;
-        let host = match (url.host_str(), url.port()) {
-            (Some(host), Some(port)) => format!("{host}:{port}"),
-            (Some(host), None) => host.to_string(),
-            (None, _) => return Err(ForgeApiError::BadUrl(api_url.to_string())),
-        };
-        let mut builder = gitlab::GitlabBuilder::new(host, token);
-        if url.scheme() == "http" {
-            builder.insecure();
+        let bad_url = || ForgeApiError::BadUrl(api_url.to_string());
+        let base = url::Url::parse(api_url).map_err(|_| bad_url())?;
+        if base.host_str().is_none() {
+            return Err(bad_url());
         }
-        let inner = tokio::time::timeout(FORGE_TIMEOUT, builder.build_async())
-            .await
-            .map_err(|_| ForgeApiError::Transport {
-                operation: "connect",
-                message: format!("no answer within {} s", FORGE_TIMEOUT.as_secs()),
-            })?
+        let rest_url = base.join("/api/v4/").map_err(|_| bad_url())?;
+        let mut token =
+            http::HeaderValue::from_str(&token).map_err(|_| ForgeApiError::Transport {
+                operation: "build client",
+                message: "the GitLab token holds characters an HTTP header cannot carry".into(),
+            })?;
+        token.set_sensitive(true);
+        let http = reqwest::Client::builder()
+            .redirect(reqwest::redirect::Policy::none())
+            .connect_timeout(FORGE_CONNECT_TIMEOUT)
+            .timeout(FORGE_TIMEOUT)
+            .user_agent(concat!("previewd/", env!("CARGO_PKG_VERSION")))
+            .build()
             .map_err(|e| ForgeApiError::Transport {
-                operation: "connect",
+                operation: "build client",
                 message: e.to_string(),
             })?;
         let gate = Arc::new(Gate::default());
         Ok(Self {
             client: ObservedGitlab {
-                inner,
+                http,
+                rest_url,
+                token,
                 gate: gate.clone(),
                 metrics: metrics.clone(),
             },
