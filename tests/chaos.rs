@@ -1,7 +1,8 @@
 //! Faults of the platform under previewd, against the real control plane, with previewd as
-//! its own `previewd run` process: the kube-apiserver killed in the middle of an apply and
-//! started again; previewd's connections (its watches) cut while what it watched changed
-//! beyond the API server's watch cache, so that the resumed watches get 410 Gone; previewd
+//! its own `previewd run` process: the kube-apiserver killed between two waves of a deploy (the
+//! seed of wave 1 running, wave 2 not yet sent) and started again; previewd's connections (its
+//! watches) cut while what it watched changed beyond the API server's watch cache (the test's
+//! own watch from the last resourceVersion shows the 410 Gone a resumed watch gets); previewd
 //! itself SIGKILLed at each step of a PR's life. Each ends with every environment correct and
 //! nothing lost or duplicated.
 //!
@@ -111,7 +112,7 @@ async fn assert_seeded_once(client: &Client, target: &str) {
 }
 
 #[tokio::test]
-async fn apiserver_killed_mid_apply_and_restarted_everything_converges_and_nothing_is_lost() {
+async fn apiserver_killed_between_waves_and_restarted_everything_converges_and_nothing_is_lost() {
     let _turn = TURN.lock().await;
     in_namespace("apiserver-killed", |client, ns| async move {
         let forge = ForgeStandIn::start().await.unwrap();

@@ -313,6 +313,7 @@ async fn the_apiserver_survives_two_thousand_applies_and_lists_from_sixteen_clie
     in_namespace("load", |client, ns| async move {
         const CLIENTS: usize = 16;
         const OPERATIONS: usize = 2_000;
+        let before = support::apiserver::request_counts(&client).await;
         let started = Instant::now();
         let mut tasks = Vec::new();
         for worker in 0..CLIENTS {
@@ -321,24 +322,34 @@ async fn the_apiserver_survives_two_thousand_applies_and_lists_from_sixteen_clie
             let ns = ns.clone();
             tasks.push(tokio::spawn(async move { load_worker(client, &ns, worker, OPERATIONS / CLIENTS).await }));
         }
-        let mut applies = 0;
-        let mut lists = 0;
         for task in tasks {
-            let (a, l) = task.await.expect("worker panicked");
-            applies += a;
-            lists += l;
+            task.await.expect("worker panicked");
         }
-        eprintln!("load: {applies} applies + {lists} lists (half pretty-printed) from {CLIENTS} clients in {:.1} s",
-            started.elapsed().as_secs_f64());
-        assert_eq!(applies, OPERATIONS);
-        assert_eq!(lists, OPERATIONS);
+        let elapsed = started.elapsed();
+        // The API server's own count: every apply and list reached it (other tests of this
+        // binary may add to the counter, never take away).
+        let served = support::apiserver::request_counts(&client).await.since(&before);
+        let (applies, lists) = (served.count("APPLY", "configmaps") + served.count("PATCH", "configmaps"), served.count("LIST", "configmaps"));
+        eprintln!("load: {applies} applies + {lists} lists (half pretty-printed) from {CLIENTS} clients in {:.1} s, counted by the API server",
+            elapsed.as_secs_f64());
+        assert!(applies >= OPERATIONS as u64, "the API server served {applies} of {OPERATIONS} applies");
+        assert!(lists >= OPERATIONS as u64, "the API server served {lists} of {OPERATIONS} lists");
 
         if let Some(pid) = support::shared().apiserver_pid {
             assert!(std::path::Path::new(&format!("/proc/{pid}")).exists(), "kube-apiserver (pid {pid}) exited under load");
         }
         let configmaps: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
-        let count = configmaps.list(&ListParams::default().labels("load=true")).await.unwrap().items.len();
-        assert_eq!(count, CLIENTS * 25, "each worker keeps 25 ConfigMaps, re-applied in turn");
+        let kept = configmaps.list(&ListParams::default().labels("load=true")).await.unwrap().items;
+        assert_eq!(kept.len(), CLIENTS * 25, "each worker keeps 25 ConfigMaps, re-applied in turn");
+        // Every ConfigMap holds its worker's last write to it: no update was lost.
+        let per_worker = OPERATIONS / CLIENTS;
+        for configmap in kept {
+            let name = configmap.name_any();
+            let slot: usize = name.rsplit('-').next().and_then(|n| n.parse().ok()).unwrap();
+            let last = (0..per_worker).filter(|i| i % 25 == slot).max().unwrap();
+            let round = configmap.data.unwrap_or_default().remove("round");
+            assert_eq!(round, Some(last.to_string()), "{name} holds its last write");
+        }
     })
     .await;
 }
@@ -346,10 +357,9 @@ async fn the_apiserver_survives_two_thousand_applies_and_lists_from_sixteen_clie
 /// Applies `operations` ConfigMaps (cycling over 25 names, so most are updates with changed data)
 /// and lists them as often, every other list pretty-printed: the encoding path where an
 /// apiserver built with the unsafe reflect2 crashes.
-async fn load_worker(client: Client, ns: &str, worker: usize, operations: usize) -> (usize, usize) {
+async fn load_worker(client: Client, ns: &str, worker: usize, operations: usize) {
     let configmaps: Api<ConfigMap> = Api::namespaced(client.clone(), ns);
     let params = PatchParams::apply("previewd-load-test").force();
-    let (mut applies, mut lists) = (0, 0);
     for i in 0..operations {
         let name = format!("load-{worker}-{}", i % 25);
         let body = json!({"apiVersion": "v1", "kind": "ConfigMap",
@@ -359,7 +369,6 @@ async fn load_worker(client: Client, ns: &str, worker: usize, operations: usize)
             .patch(&name, &params, &Patch::Apply(&body))
             .await
             .unwrap_or_else(|e| panic!("apply {name}: {e}"));
-        applies += 1;
         let pretty = if i % 2 == 0 { "&pretty=true" } else { "" };
         let uri =
             format!("/api/v1/namespaces/{ns}/configmaps?labelSelector=worker%3D{worker}{pretty}");
@@ -369,7 +378,5 @@ async fn load_worker(client: Client, ns: &str, worker: usize, operations: usize)
             .await
             .unwrap_or_else(|e| panic!("list: {e}"));
         assert!(text.contains("\"items\""), "a list came back");
-        lists += 1;
     }
-    (applies, lists)
 }

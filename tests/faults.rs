@@ -99,7 +99,31 @@ async fn a_hundred_deliveries_at_once_with_duplicates_out_of_order_end_at_the_ne
             .iter()
             .filter(|(_, a)| a["message"].as_str().is_some_and(|m| m.contains("out of order")))
             .count();
-        eprintln!("100 deliveries at once: 50 duplicates recognised, {stale} older snapshots not applied, 10 environments at their newest heads");
+        assert!(
+            stale > 0,
+            "the shuffled burst delivered some older snapshot after a newer one"
+        );
+
+        // Deterministically too: an old snapshot of PR 71 sent alone, long after its newest
+        // was applied, is answered "out of order" and leaves the newest head in place.
+        let (id, body) = delivery(71, 1);
+        let (status, answer) = harness
+            .signed("pull_request", &format!("{id}-late"), &body)
+            .await;
+        assert_eq!(status, 202, "{answer}");
+        assert!(
+            answer["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("out of order")),
+            "{answer}"
+        );
+        let name = environment_of_pr(&harness.environments, 71).await;
+        let late = harness.environments.get(&name).await.unwrap();
+        assert_eq!(
+            late.spec.source.head_sha,
+            head(71, CHANGES_PER_PULL_REQUEST - 1)
+        );
+        eprintln!("100 deliveries at once: 50 duplicates recognised, {stale} older snapshots not applied, 10 environments at their newest heads; a late old snapshot answered out of order");
     })
     .await;
 }
@@ -114,7 +138,7 @@ async fn forge_answers(forge: &MockServer, answer: ResponseTemplate) {
 async fn a_forge_that_hangs_then_fails_then_recovers_never_blocks_deploying_and_ends_with_one_comment()
  {
     in_namespace("faults-forge", |client, ns| async move {
-        // First the forge hangs: it would answer after 300 s, far past previewd's 10 s timeout.
+        // First the forge hangs: it would answer after 60 s, six times previewd's 10 s timeout.
         let forge = MockServer::start().await;
         forge_answers(
             &forge,

@@ -17,6 +17,7 @@ use kube::Api;
 use previewd::model::crd::PreviewEnvironment;
 use serde_json::Value;
 use support::process::PreviewdProcess;
+use support::proxy::CuttableProxy;
 use support::webhooks::*;
 use support::{eventually, in_namespace};
 
@@ -27,10 +28,25 @@ const FORGE_TOKEN: &str = "forge-token-for-tests";
 
 /// One `previewd run` replica of the namespace, with a Lease of `LEASE_SECONDS`.
 fn replica(namespace: &str, identity: &str, logs: &Path) -> PreviewdProcess {
+    replica_through(
+        namespace,
+        identity,
+        &support::shared().kubeconfig_path,
+        logs,
+    )
+}
+
+/// [`replica`] reaching the API server through `kubeconfig` (e.g. a cuttable proxy).
+fn replica_through(
+    namespace: &str,
+    identity: &str,
+    kubeconfig: &Path,
+    logs: &Path,
+) -> PreviewdProcess {
     let lease = format!("{LEASE_SECONDS}s");
     PreviewdProcess::start(
         identity,
-        &support::shared().kubeconfig_path,
+        kubeconfig,
         &[
             "--watch-namespace",
             namespace,
@@ -272,6 +288,98 @@ async fn one_leader_reconciles_a_killed_leader_is_replaced_and_sigterm_hands_ove
         )
         .await;
         assert_eq!(names.len(), 4, "exactly one environment per PR: {names:?}");
+    })
+    .await;
+}
+
+/// The `timestamp` of the first JSON log line of `process` that contains `needle`.
+fn logged_at(process: &PreviewdProcess, needle: &str) -> Option<String> {
+    process
+        .log_lines()
+        .iter()
+        .filter(|l| l.contains(needle))
+        .find_map(|line| {
+            let record: Value = serde_json::from_str(line).ok()?;
+            record["timestamp"].as_str().map(str::to_string)
+        })
+}
+
+/// A leader cut off from the API server stops reconciling within the renew deadline, before
+/// the standby can take the Lease (so two never reconcile at once), and once reconnected it
+/// stays a standby: it neither reconciles nor sweeps while the other leads.
+#[tokio::test]
+async fn a_leader_that_cannot_renew_stops_before_the_standby_takes_over_and_stays_standing_by() {
+    in_namespace("ha-cut", |client, ns| async move {
+        let forge = github_forge().await;
+        install_template(&client, &ns, "github", REPOSITORY, Some(&forge.uri())).await;
+        let logs = tempfile::tempdir().unwrap();
+        let http = reqwest::Client::new();
+        let leases: Api<Lease> = Api::namespaced(client.clone(), &ns);
+        let environments: Api<PreviewEnvironment> = Api::namespaced(client.clone(), &ns);
+        let (proxy, through_proxy) =
+            CuttableProxy::in_front_of(&support::shared().kubeconfig_path, logs.path()).await;
+        let a = replica_through(&ns, "replica-a", &through_proxy, logs.path());
+        a.wait_ready(&http).await;
+        assert_eq!(wait_for_holder(&leases, &["replica-a"]).await, "replica-a");
+        let b = replica(&ns, "replica-b", logs.path());
+        b.wait_ready(&http).await;
+        a.send(&http, "pull_request", "open-31", &opened_for(31, &sha(31)))
+            .await;
+        ready_at(&environments, 31, &sha(31)).await;
+
+        // Cut the leader off: it cannot renew; the standby takes the Lease once it runs out.
+        proxy.cut();
+        wait_for_holder(&leases, &["replica-b"]).await;
+        let stopped = eventually(
+            "replica-a to stop reconciling",
+            Duration::from_secs(30),
+            || async {
+                logged_at(
+                    &a,
+                    "could not renew the leader Lease within the renew deadline",
+                )
+            },
+        )
+        .await;
+        let taken =
+            logged_at(&b, "leading: reconciling and sweeping").expect("replica-b logged its term");
+        assert!(
+            stopped < taken,
+            "replica-a stopped at {stopped}, before replica-b took over at {taken}"
+        );
+
+        // Reconnected, replica-a stands by: replica-b deploys a new commit, replica-a reconciles
+        // nothing (its log shows no reconcile after the cut) and says it does not lead.
+        proxy.heal();
+        eventually(
+            "replica-a to see replica-b leading",
+            Duration::from_secs(30),
+            || async {
+                a.log_lines()
+                    .iter()
+                    .any(|l| l.contains("standing by: another replica leads"))
+                    .then_some(())
+            },
+        )
+        .await;
+        let lines_at_heal = a.log_lines().len();
+        b.send(
+            &http,
+            "pull_request",
+            "push-31",
+            &synchronize_for(31, &sha(131)),
+        )
+        .await;
+        ready_at(&environments, 31, &sha(131)).await;
+        assert_eq!(a.metric(&http, "previewd_leader").await, Some(0.0));
+        assert_eq!(b.metric(&http, "previewd_leader").await, Some(1.0));
+        let reconciled_after = a.log_lines()[lines_at_heal..]
+            .iter()
+            .any(|l| l.contains("\"name\":\"reconcile\""));
+        assert!(
+            !reconciled_after,
+            "replica-a reconciled while replica-b led"
+        );
     })
     .await;
 }

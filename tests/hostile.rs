@@ -12,14 +12,18 @@ mod support;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::ConfigMap;
+use kube::ResourceExt;
 use kube::api::{Api, ListParams};
 use previewd::forge::{github, gitlab};
 use previewd::model::crd::{ForgeKind, Phase};
+use previewd::model::metadata::ANNOTATION_LAST_COMMAND;
 use previewd::model::naming;
 use proptest::prelude::*;
 use serde_json::{Value, json};
 use support::webhooks::*;
 use support::{in_namespace, wait_for_phase};
+use wiremock::matchers::{method, path};
+use wiremock::{Mock, ResponseTemplate};
 
 const REPOSITORY: &str = "Codertocat/Hello-World";
 
@@ -247,7 +251,16 @@ async fn hostile_deliveries_are_refused_or_contained() {
             "nothing in kube-system"
         );
 
-        // A comment command with a 100,000-character argument: answered, nothing changed.
+        // A comment command with a 100,000-character argument, from someone allowed to run
+        // commands (so the argument itself is what gets judged): answered with a short refusal
+        // that quotes the argument cut down, and nothing else changed.
+        Mock::given(method("GET"))
+            .and(path(format!(
+                "/repos/{REPOSITORY}/collaborators/Codertocat/permission"
+            )))
+            .respond_with(ResponseTemplate::new(200).set_body_json(json!({"permission": "write"})))
+            .mount(&forge)
+            .await;
         let name = environment_of_pr(&harness.environments, 60).await;
         let before = harness.environments.get(&name).await.unwrap().spec;
         let mut comment = json_fixture("github/issue_comment.created.json");
@@ -262,10 +275,24 @@ async fn hostile_deliveries_are_refused_or_contained() {
                 comment.to_string().as_bytes(),
             )
             .await;
-        assert!(status < 500, "{status} {answer}");
-        let after = harness.environments.get(&name).await.unwrap().spec;
+        assert_eq!(status, 202, "{answer}");
+        let after = harness.environments.get(&name).await.unwrap();
+        let reply = after
+            .annotations()
+            .get(ANNOTATION_LAST_COMMAND)
+            .cloned()
+            .unwrap_or_default();
+        assert!(
+            reply.contains("not understood") && reply.contains("is not a duration"),
+            "the argument was judged, not the author: {reply}"
+        );
+        assert!(
+            reply.len() < 1_000,
+            "the answer quotes the argument cut down ({} bytes)",
+            reply.len()
+        );
         assert_eq!(
-            before.keep_until, after.keep_until,
+            before.keep_until, after.spec.keep_until,
             "the huge extension changed nothing"
         );
     })

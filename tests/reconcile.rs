@@ -46,6 +46,15 @@ fn applies_sent(context: &Running) -> u64 {
         .get()
 }
 
+fn failed_reconciles(context: &Running) -> u64 {
+    context
+        .metrics
+        .reconcile
+        .reconcile_duration
+        .with_label_values(&["error"])
+        .get_sample_count()
+}
+
 fn reconciles(context: &Running) -> u64 {
     ["ok", "error"]
         .iter()
@@ -62,7 +71,7 @@ fn reconciles(context: &Running) -> u64 {
 
 #[tokio::test]
 async fn web_postgres_reaches_ready_seeded_in_order_then_writes_nothing_until_something_changes() {
-    in_namespace("web-postgres", |client, ns| async move {
+    support::in_namespace_with_quiet_windows("web-postgres", |client, ns| async move {
         let context = start_controller(&client, &ns, Duration::from_secs(600)).await;
         let (template, environment) = example("web-postgres");
         Api::<PreviewTemplate>::namespaced(client.clone(), &ns).create(&PostParams::default(), &template).await.unwrap();
@@ -106,16 +115,41 @@ async fn web_postgres_reaches_ready_seeded_in_order_then_writes_nothing_until_so
         assert!(database_available.last_transition_time.unwrap().0 <= job_created, "seed started after the database was Available");
         assert!(job_completed <= web_created, "the web app was created after the seed completed");
 
-        // An unchanged environment: reconciles happen, writes do not.
-        tokio::time::sleep(Duration::from_secs(2)).await;
-        let (writes_before, reconciles_before) = (context.metrics.total_writes(), reconciles(&context));
-        for i in 0..3 {
+        // An unchanged environment: reconciles happen, writes do not, counted by the API server
+        // itself while no other test of this binary runs. Each poke is waited for until the
+        // controller has reconciled it, so a slow controller cannot pass by not having looked.
+        let quiet = support::quiet_window().await;
+        let objects_before = managed_counts(&client, &target).await;
+        let (served_before, reconciles_before) = (support::apiserver::request_counts(&client).await, reconciles(&context));
+        for i in 1..=3 {
             let poke = json!({"metadata": {"annotations": {"test.previewd.dev/poke": i.to_string()}}});
             environments.patch("web-postgres-pr-2", &PatchParams::default(), &Patch::Merge(poke)).await.unwrap();
-            tokio::time::sleep(Duration::from_millis(700)).await;
+            eventually("the poke to be reconciled", Duration::from_secs(30), || {
+                let done = reconciles(&context) >= reconciles_before + i;
+                async move { done.then_some(()) }
+            })
+            .await;
         }
-        assert!(reconciles(&context) >= reconciles_before + 3, "each poke was reconciled");
-        assert_eq!(context.metrics.total_writes(), writes_before, "an unchanged environment sends no write request");
+        let served = support::apiserver::request_counts(&client).await.since(&served_before);
+        drop(quiet);
+        // Not counted: node and Lease heartbeats (the node simulator, the controller manager) and
+        // the namespace controller emptying namespaces that earlier tests left (deletes and
+        // namespace finalize/status writes); previewd deletes nothing here, which the object
+        // counts below show.
+        let others = |r: &support::apiserver::Requests| {
+            matches!(r.resource.as_str(), "leases" | "nodes")
+                || matches!(r.verb.as_str(), "DELETE" | "DELETECOLLECTION")
+                || (r.resource == "namespaces" && !r.subresource.is_empty())
+        };
+        let pokes = served.count("PATCH", "previewenvironments");
+        assert_eq!(pokes, 3, "the API server saw the test's three pokes: {}", served.describe());
+        assert_eq!(
+            served.writes(|r| !others(r)),
+            3,
+            "an unchanged environment sends no write request; the API server served: {}",
+            served.describe()
+        );
+        assert_eq!(managed_counts(&client, &target).await, objects_before, "nothing was deleted");
 
         // A new head SHA re-applies only the object whose render changed (the web Deployment).
         let sent_before = applies_sent(&context);
@@ -217,7 +251,7 @@ async fn unsafe_or_broken_templates_apply_nothing_and_say_why() {
 async fn an_object_the_api_server_refuses_is_named_on_the_environment_until_the_template_is_fixed()
 {
     in_namespace("refused", |client, ns| async move {
-        let _context = start_controller(&client, &ns, Duration::from_secs(600)).await;
+        let context = start_controller(&client, &ns, Duration::from_secs(600)).await;
         let templates: Api<PreviewTemplate> = Api::namespaced(client.clone(), &ns);
         let environments: Api<PreviewEnvironment> = Api::namespaced(client.clone(), &ns);
         // Renders fine, passes the guard rails, and is invalid: a Deployment without a selector.
@@ -239,6 +273,25 @@ async fn an_object_the_api_server_refuses_is_named_on_the_environment_until_the_
             "the condition names the object and the API server's reason: {:?}",
             condition.message
         );
+
+        // Retried with backoff (2 s, 4 s, 8 s, …), never in a loop driven by previewd's own
+        // status writes: the failed reconciles of the next 15 s are counted and their spacing
+        // measured (a slow machine can only make fewer of them).
+        let watched = std::time::Instant::now();
+        let mut failures = Vec::new();
+        let mut last = failed_reconciles(&context);
+        while watched.elapsed() < Duration::from_secs(15) {
+            let now = failed_reconciles(&context);
+            if now > last {
+                failures.push(watched.elapsed());
+                last = now;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert!(!failures.is_empty() && failures.len() <= 4, "failed reconciles in 15 s at {failures:?}: expected the retries at about 2, 6 and 14 s");
+        for pair in failures.windows(2) {
+            assert!(pair[1] - pair[0] >= Duration::from_millis(1_500), "retries {:?} apart: {failures:?}", pair[1] - pair[0]);
+        }
 
         // Fixed: the template watch triggers a reconcile at once, not after the backoff.
         let fixed = "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: fixed\ndata: {ok: \"yes\"}\n";
@@ -271,7 +324,7 @@ fn small_template(config_maps: &[&str], seed_sql: &str) -> PreviewTemplate {
 #[tokio::test]
 async fn template_changes_prune_removed_objects_and_rerun_a_changed_seed_once() {
     in_namespace("prune-seed", |client, ns| async move {
-        let _context = start_controller(&client, &ns, Duration::from_secs(600)).await;
+        let context = start_controller(&client, &ns, Duration::from_secs(600)).await;
         let templates: Api<PreviewTemplate> = Api::namespaced(client.clone(), &ns);
         let environments: Api<PreviewEnvironment> = Api::namespaced(client.clone(), &ns);
         let apply = |template: PreviewTemplate| {
@@ -331,8 +384,22 @@ async fn template_changes_prune_removed_objects_and_rerun_a_changed_seed_once() 
             },
         )
         .await;
-        // The changed seed ran exactly once: one Job, one pod run, and nothing new after a while.
-        tokio::time::sleep(Duration::from_secs(3)).await;
+        // The changed seed ran exactly once: one Job, one pod run, and nothing new after two
+        // more reconciles of the environment (poked, and waited for), not merely after a while.
+        let reconciled = reconciles(&context);
+        for i in 1..=2 {
+            let poke =
+                json!({"metadata": {"annotations": {"test.previewd.dev/poke": i.to_string()}}});
+            environments
+                .patch("pr-7", &PatchParams::default(), &Patch::Merge(poke))
+                .await
+                .unwrap();
+        }
+        eventually("two more reconciles", Duration::from_secs(30), || {
+            let done = reconciles(&context) >= reconciled + 2;
+            async move { done.then_some(()) }
+        })
+        .await;
         let seed_jobs: Vec<String> = jobs
             .list(&ListParams::default())
             .await
@@ -441,17 +508,16 @@ async fn resync_of_an_unchanged_environment_writes_nothing_yet_reverts_a_kubectl
         };
         let (context, target) = ready_small_environment(&client, &ns, config).await;
 
-        // Three resyncs of an environment where nothing changed: reconciled, nothing written.
-        tokio::time::sleep(Duration::from_secs(2)).await;
+        // Three resyncs of an environment where nothing changed: reconciled (waited for, however
+        // long they take), nothing written.
         let (reconciled_before, written_before) =
             (reconciles(&context), context.metrics.total_writes());
-        tokio::time::sleep(Duration::from_secs(7)).await;
-        let reconciled = reconciles(&context) - reconciled_before;
+        eventually("three resyncs", Duration::from_secs(60), || {
+            let done = reconciles(&context) >= reconciled_before + 3;
+            async move { done.then_some(()) }
+        })
+        .await;
         let written = context.metrics.total_writes() - written_before;
-        assert!(
-            reconciled >= 2,
-            "resyncs ran ({reconciled} reconciles in 7 s)"
-        );
         assert_eq!(written, 0, "writes by resyncs of an unchanged environment");
 
         // A managed field edited with kubectl comes back: the watch shows the drift.
@@ -508,12 +574,15 @@ async fn reapply_interval_resends_everything_without_rerunning_the_seed() {
         // Nothing changes, yet every re-apply sends all three objects (two ConfigMaps, the seed
         // Job) again: it does not trust the cache.
         let sent_before = applies_sent(&context);
-        tokio::time::sleep(Duration::from_secs(7)).await;
-        let resent = applies_sent(&context) - sent_before;
-        assert!(
-            resent >= 3,
-            "a re-apply re-sent the environment ({resent} applies in 7 s)"
-        );
+        eventually(
+            "a re-apply of all three objects",
+            Duration::from_secs(60),
+            || {
+                let done = applies_sent(&context) >= sent_before + 3;
+                async move { done.then_some(()) }
+            },
+        )
+        .await;
         // The seed ran once in all this: re-applies send its Job, they do not re-run it.
         let jobs = Api::<Job>::namespaced(client.clone(), &target)
             .list(&ListParams::default())

@@ -206,7 +206,7 @@ fn sandbox_serves_a_cluster_and_stops_everything_on_sigterm() {
     );
     assert!(!data_dir.exists(), "the data folder is removed");
 
-    // A run that had to build says so on stderr; a cached one starts in seconds.
+    // A run that had to build says so on stderr.
     let built = stderr.contains("building kube-apiserver");
     eprintln!(
         "previewd sandbox: control plane ready in {:.1} s ({})",
@@ -217,12 +217,8 @@ fn sandbox_serves_a_cluster_and_stops_everything_on_sigterm() {
             "cached binaries"
         }
     );
-    if !built {
-        assert!(
-            ready_in < Duration::from_secs(15),
-            "with cached binaries the sandbox is ready in under 15 s, took {ready_in:?}"
-        );
-    }
+    // How fast a cached start is belongs to a benchmark, not to a test's pass or fail: a busy
+    // machine must not fail it. The figure above is printed for the reader.
 }
 
 #[test]

@@ -1,6 +1,8 @@
 //! The sweep against a real kube-apiserver, with the forge served by wiremock and the clock
 //! injected: a missed `closed` webhook is repaired; a forge that fails or rate-limits causes no
-//! deletion; idle environments go; orphaned labelled namespaces go, unrelated ones stay.
+//! deletion; idle environments go; orphaned labelled namespaces go, unrelated ones stay; the
+//! lifecycle rules (idle, branch gone, extension, maximum age, template gone) on injected days;
+//! GitLab's paged merge-request list and branches.
 
 mod support;
 
@@ -17,7 +19,7 @@ use previewd::reconcile::Context;
 use serde_json::{Value, json};
 use support::webhooks::metric_value;
 use support::{eventually, in_namespace};
-use wiremock::matchers::{method, path_regex};
+use wiremock::matchers::{header, method, path_regex, query_param};
 use wiremock::{Mock, MockServer, ResponseTemplate};
 
 async fn start(client: &Client, namespace: &str) -> (support::Running, Sweeper) {
@@ -59,6 +61,26 @@ async fn forge_listing(open: &[u64]) -> MockServer {
 }
 
 async fn install(client: &Client, namespace: &str, forge: &str, lifecycle: Value) {
+    install_for(
+        client,
+        namespace,
+        "github",
+        "Codertocat/Hello-World",
+        forge,
+        lifecycle,
+    )
+    .await;
+}
+
+/// The template `app` for `repository` on a forge of `kind` served at `forge`.
+async fn install_for(
+    client: &Client,
+    namespace: &str,
+    kind: &str,
+    repository: &str,
+    forge: &str,
+    lifecycle: Value,
+) {
     let secret: Secret = serde_json::from_value(
         json!({"metadata": {"name": "forge"}, "stringData": {"token": "t"}}),
     )
@@ -69,7 +91,7 @@ async fn install(client: &Client, namespace: &str, forge: &str, lifecycle: Value
         .unwrap();
     let template: PreviewTemplate = serde_json::from_value(json!({
         "apiVersion": "previewd.dev/v1alpha1", "kind": "PreviewTemplate", "metadata": {"name": "app"},
-        "spec": {"forge": {"kind": "github", "repository": "Codertocat/Hello-World", "apiUrl": forge,
+        "spec": {"forge": {"kind": kind, "repository": repository, "apiUrl": forge,
                            "tokenSecretRef": {"name": "forge", "key": "token"}},
                  "lifecycle": lifecycle,
                  "manifests": {"inline": [{"name": "app.yaml", "template": "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: app\n"}]}}
@@ -294,6 +316,317 @@ async fn a_list_longer_than_previewd_reads_removes_nothing() {
         assert_eq!(
             report.forge_unavailable,
             vec!["Codertocat/Hello-World".to_string()]
+        );
+        assert_eq!(names(&client, &ns).await, vec!["app-pr-2".to_string()]);
+    })
+    .await;
+}
+
+/// An environment made by hand (as the intake would) with `source`, waited for until Ready.
+async fn environment_with(client: &Client, namespace: &str, name: &str, source: Value) {
+    let environment: PreviewEnvironment = serde_json::from_value(json!({
+        "apiVersion": "previewd.dev/v1alpha1", "kind": "PreviewEnvironment", "metadata": {"name": name},
+        "spec": {"template": "app", "source": source, "lastActivity": Utc::now().to_rfc3339()}
+    }))
+    .unwrap();
+    let api: Api<PreviewEnvironment> = Api::namespaced(client.clone(), namespace);
+    api.create(&PostParams::default(), &environment)
+        .await
+        .unwrap();
+    support::wait_for_phase(&api, name, Phase::Ready, Duration::from_secs(60)).await;
+}
+
+/// The lifecycle rules end to end, on the clock's injected days: idleness, a branch deleted on
+/// the forge (`BranchGone`), `keepUntil` (what `/preview extend` writes; the command itself is
+/// tested in `tests/lifecycle.rs`) shielding from idleness and from the maximum age until it
+/// runs out, the maximum age, and a deleted template (`TemplateGone`).
+#[tokio::test]
+async fn lifecycle_rules_idle_branch_gone_extend_max_age_and_template_gone() {
+    in_namespace("sweep-rules", |client, ns| async move {
+        let forge = forge_listing(&[2, 3, 4]).await;
+        install(
+            &client,
+            &ns,
+            &forge.uri(),
+            json!({"idleTimeout": "72h", "maxAge": "120h"}),
+        )
+        .await;
+        let (context, sweeper) = start(&client, &ns).await;
+        let idle = environment(&client, &ns, 2).await;
+        let extended = environment(&client, &ns, 3).await;
+        let sha = "ec26c3e57ca3a959ca5aad62de7213c562f8c821";
+        environment_with(
+            &client,
+            &ns,
+            "app-feature-x",
+            json!({"repository": "Codertocat/Hello-World", "branch": "feature-x", "headSha": sha}),
+        )
+        .await;
+        let environments: Api<PreviewEnvironment> = Api::namespaced(client.clone(), &ns);
+        let keep_until = Utc::now() + TimeDelta::days(10);
+        environments
+            .patch(
+                &extended,
+                &Default::default(),
+                &kube::api::Patch::Merge(json!({"spec": {"keepUntil": keep_until.to_rfc3339()}})),
+            )
+            .await
+            .unwrap();
+        eventually(
+            "the extension to reach the cache",
+            Duration::from_secs(10),
+            || async {
+                context
+                    .caches
+                    .environments
+                    .state()
+                    .iter()
+                    .any(|e| e.spec.keep_until.is_some())
+                    .then_some(())
+            },
+        )
+        .await;
+
+        // Four days on: PR 2 was idle more than 72 h; branch feature-x is gone from the forge's
+        // branch list; PR 3 is idle as long, but extended.
+        let report = sweeper
+            .sweep(&context.reporter, Utc::now() + TimeDelta::hours(96))
+            .await
+            .unwrap();
+        let mut deleted = report.deleted.clone();
+        deleted.sort_by(|a, b| a.0.cmp(&b.0));
+        assert_eq!(
+            deleted,
+            vec![
+                (format!("{ns}/app-feature-x"), Reason::BranchGone),
+                (format!("{ns}/{idle}"), Reason::Idle)
+            ],
+            "{report:?}"
+        );
+
+        // Eight days on: past the 120 h maximum age, still extended: kept.
+        let report = sweeper
+            .sweep(&context.reporter, Utc::now() + TimeDelta::days(8))
+            .await
+            .unwrap();
+        assert!(
+            report.deleted.is_empty(),
+            "the extension shields from the maximum age: {report:?}"
+        );
+
+        // Eleven days on: the extension ran out; the maximum age decides (before idleness).
+        let report = sweeper
+            .sweep(&context.reporter, Utc::now() + TimeDelta::days(11))
+            .await
+            .unwrap();
+        assert_eq!(
+            report.deleted,
+            vec![(format!("{ns}/{extended}"), Reason::MaxAge)]
+        );
+        eventually(
+            "the three environments to be gone",
+            Duration::from_secs(60),
+            || {
+                let (client, ns) = (client.clone(), ns.clone());
+                async move { names(&client, &ns).await.is_empty().then_some(()) }
+            },
+        )
+        .await;
+
+        // A new environment, then its template is deleted: the environment goes with it.
+        let orphaned = environment(&client, &ns, 4).await;
+        Api::<PreviewTemplate>::namespaced(client.clone(), &ns)
+            .delete("app", &Default::default())
+            .await
+            .unwrap();
+        eventually(
+            "the template deletion to reach the cache",
+            Duration::from_secs(10),
+            || async { context.caches.templates.state().is_empty().then_some(()) },
+        )
+        .await;
+        let report = sweeper.sweep(&context.reporter, Utc::now()).await.unwrap();
+        assert_eq!(
+            report.deleted,
+            vec![(format!("{ns}/{orphaned}"), Reason::TemplateGone)]
+        );
+        let text = context.metrics.render();
+        for (reason, count) in [
+            ("idle", 1.0),
+            ("branch_gone", 1.0),
+            ("max_age", 1.0),
+            ("template_gone", 1.0),
+        ] {
+            let series = format!(r#"previewd_gc_deletions_total{{reason="{reason}"}}"#);
+            assert_eq!(
+                metric_value(&text, &series),
+                Some(count),
+                "{series} in:\n{text}"
+            );
+        }
+    })
+    .await;
+}
+
+/// The sweep on GitLab: the open merge requests are read over two pages (offset pagination, as
+/// GitLab answers: a full page of 100, then a short one), the branches listed. MR 1 is only on
+/// the second page and keeps its environment; MR 2 was merged with the hook missed, and branch
+/// `feature-x` was deleted: both environments go.
+#[tokio::test]
+async fn on_gitlab_the_sweep_reads_every_page_of_merge_requests_and_the_branches() {
+    in_namespace("sweep-gitlab", |client, ns| async move {
+        let forge = MockServer::start().await;
+        let full_page: Vec<Value> = (1001..=1100u64).map(|iid| json!({"iid": iid})).collect();
+        Mock::given(method("GET"))
+            .and(path_regex(r"/merge_requests$"))
+            .and(query_param("page", "2"))
+            .respond_with(ResponseTemplate::new(200).set_body_json(json!([{"iid": 1}])).insert_header("x-page", "2").insert_header("x-total-pages", "2"))
+            .mount(&forge)
+            .await;
+        Mock::given(method("GET"))
+            .and(path_regex(r"/merge_requests$"))
+            .respond_with(ResponseTemplate::new(200).set_body_json(full_page).insert_header("x-page", "1").insert_header("x-next-page", "2").insert_header("x-total-pages", "2"))
+            .mount(&forge)
+            .await;
+        Mock::given(method("GET"))
+            .and(path_regex(r"/repository/branches$"))
+            .respond_with(ResponseTemplate::new(200).set_body_json(json!([{"name": "main"}, {"name": "mr-1"}, {"name": "mr-2"}])))
+            .mount(&forge)
+            .await;
+        Mock::given(method("GET"))
+            .and(path_regex(r"/notes$"))
+            .respond_with(ResponseTemplate::new(200).set_body_json(json!([])))
+            .mount(&forge)
+            .await;
+        Mock::given(wiremock::matchers::any())
+            .respond_with(ResponseTemplate::new(201).set_body_json(json!({"id": 1, "body": ""})))
+            .mount(&forge)
+            .await;
+        install_for(&client, &ns, "gitlab", "mike/diaspora", &forge.uri(), json!({})).await;
+        let (context, sweeper) = start(&client, &ns).await;
+        let sha = "da1560886d4f094c3e6c9ef40349f7d38b5d27d7";
+        for (name, source) in [
+            ("app-mr-1", json!({"repository": "mike/diaspora", "branch": "mr-1", "pullRequest": 1, "headSha": sha})),
+            ("app-mr-2", json!({"repository": "mike/diaspora", "branch": "mr-2", "pullRequest": 2, "headSha": sha})),
+            ("app-feature-x", json!({"repository": "mike/diaspora", "branch": "feature-x", "headSha": sha})),
+        ] {
+            environment_with(&client, &ns, name, source).await;
+        }
+
+        let report = sweeper.sweep(&context.reporter, Utc::now() + TimeDelta::minutes(10)).await.unwrap();
+        assert!(report.forge_unavailable.is_empty(), "{report:?}");
+        let mut deleted = report.deleted.clone();
+        deleted.sort_by(|a, b| a.0.cmp(&b.0));
+        assert_eq!(
+            deleted,
+            vec![(format!("{ns}/app-feature-x"), Reason::BranchGone), (format!("{ns}/app-mr-2"), Reason::PullRequestClosed)],
+            "{report:?}"
+        );
+        let pages = forge
+            .received_requests()
+            .await
+            .unwrap_or_default()
+            .iter()
+            .filter(|r| r.url.path().ends_with("/merge_requests"))
+            .count();
+        assert_eq!(pages, 2, "both pages of open merge requests were read, once each");
+        eventually("the two environments to be gone", Duration::from_secs(60), || {
+            let (client, ns) = (client.clone(), ns.clone());
+            async move { (names(&client, &ns).await == vec!["app-mr-1".to_string()]).then_some(()) }
+        })
+        .await;
+    })
+    .await;
+}
+
+/// The sweep on GitHub with a list of three pages, answered as GitHub answers them (`Link`
+/// headers, an `ETag` on every page, `304 Not Modified` to a matching `If-None-Match`): PR 2 is
+/// only on the last page and keeps its environment, PR 3 is on none and loses its environment;
+/// the second sweep is answered by 304s and decides the same from the remembered pages.
+#[tokio::test]
+async fn on_github_every_page_is_read_and_unchanged_pages_come_back_304() {
+    in_namespace("sweep-pages", |client, ns| async move {
+        let forge = MockServer::start().await;
+        let base = format!("{}/repos/Codertocat/Hello-World/pulls", forge.uri());
+        let pages: [Vec<u64>; 3] = [(1000..1100).collect(), (2000..2100).collect(), vec![2, 5]];
+        for (index, numbers) in pages.iter().enumerate() {
+            let page = index + 1;
+            let etag = format!("\"pulls-page-{page}\"");
+            let mut link = format!("<{base}?per_page=100&page=3>; rel=\"last\"");
+            if page < 3 {
+                link = format!(
+                    "<{base}?per_page=100&page={}>; rel=\"next\", {link}",
+                    page + 1
+                );
+            }
+            Mock::given(method("GET"))
+                .and(path_regex(r"/pulls$"))
+                .and(query_param("page", page.to_string()))
+                .and(header("if-none-match", etag.as_str()))
+                .respond_with(ResponseTemplate::new(304).insert_header("etag", etag.as_str()))
+                .mount(&forge)
+                .await;
+            let body: Vec<Value> = numbers.iter().map(|n| json!({"number": n})).collect();
+            Mock::given(method("GET"))
+                .and(path_regex(r"/pulls$"))
+                .and(query_param("page", page.to_string()))
+                .respond_with(
+                    ResponseTemplate::new(200)
+                        .set_body_json(body)
+                        .insert_header("etag", etag.as_str())
+                        .insert_header("link", link.as_str()),
+                )
+                .mount(&forge)
+                .await;
+        }
+        Mock::given(method("GET"))
+            .and(path_regex(r"/branches$"))
+            .respond_with(ResponseTemplate::new(200).set_body_json(json!([{"name": "main"}])))
+            .mount(&forge)
+            .await;
+        Mock::given(method("GET"))
+            .and(path_regex(r"/comments$"))
+            .respond_with(ResponseTemplate::new(200).set_body_json(json!([])))
+            .mount(&forge)
+            .await;
+        Mock::given(wiremock::matchers::any())
+            .respond_with(ResponseTemplate::new(201).set_body_json(json!({"id": 1})))
+            .mount(&forge)
+            .await;
+        install(&client, &ns, &forge.uri(), json!({})).await;
+        let (context, sweeper) = start(&client, &ns).await;
+        environment(&client, &ns, 2).await;
+        let closed = environment(&client, &ns, 3).await;
+
+        let later = Utc::now() + TimeDelta::minutes(10);
+        let report = sweeper.sweep(&context.reporter, later).await.unwrap();
+        assert_eq!(
+            report.deleted,
+            vec![(format!("{ns}/{closed}"), Reason::PullRequestClosed)],
+            "{report:?}"
+        );
+        eventually("PR 3's environment to be gone", Duration::from_secs(60), || {
+            let (client, ns) = (client.clone(), ns.clone());
+            async move { (names(&client, &ns).await == vec!["app-pr-2".to_string()]).then_some(()) }
+        })
+        .await;
+
+        // Again: every page is asked for with its ETag, answered 304, and PR 2 still stays.
+        let report = sweeper.sweep(&context.reporter, later).await.unwrap();
+        assert!(
+            report.deleted.is_empty() && report.forge_unavailable.is_empty(),
+            "{report:?}"
+        );
+        let requests = forge.received_requests().await.unwrap_or_default();
+        let list_answers: Vec<bool> = requests
+            .iter()
+            .filter(|r| r.url.path().ends_with("/pulls"))
+            .map(|r| r.headers.contains_key("if-none-match"))
+            .collect();
+        assert_eq!(
+            list_answers,
+            vec![false, false, false, true, true, true],
+            "three pages, then three conditional requests"
         );
         assert_eq!(names(&client, &ns).await, vec!["app-pr-2".to_string()]);
     })

@@ -1,6 +1,7 @@
 //! The webhook server against a real kube-apiserver: signed fixture deliveries create, update
 //! and delete PreviewEnvironments; bad input is refused and changes nothing; redeliveries and
-//! concurrent deliveries never make a second environment.
+//! concurrent deliveries never make a second environment; a failing seed is reported and a
+//! fixed commit recovers.
 //!
 //! Deliveries are the files in `../shared/fixtures/github` and `../shared/fixtures/gitlab`,
 //! signed as the forge signs them. Where a test needs a variant (another head SHA, another PR
@@ -16,7 +17,7 @@ use previewd::forge::github;
 use previewd::model::crd::{Phase, PreviewTemplate};
 use serde_json::json;
 use support::webhooks::*;
-use support::{eventually, fixture, in_namespace};
+use support::{eventually, fixture, in_namespace, wait_for_phase};
 use wiremock::matchers::{method, path_regex};
 use wiremock::{Mock, MockServer, ResponseTemplate};
 
@@ -584,6 +585,355 @@ async fn manifests_from_the_repository_are_read_once_per_commit() {
             .filter(|r| r.url.path().contains("/contents/") && r.url.query() == Some("ref=abcdef0123456789abcdef0123456789abcdef01"))
             .count();
         assert_eq!(at_new_commit, 2, "read at the new head commit");
+    })
+    .await;
+}
+
+/// A seed Job whose pod fails when the commit starts with `bad` (the node simulator fails a
+/// Job's pod that carries its fail annotation), and succeeds for any other commit.
+const SEED_FAILING_ON_BAD_COMMITS: &str = "apiVersion: batch/v1
+kind: Job
+metadata:
+  name: load
+spec:
+  backoffLimit: 0
+  template:
+    metadata:
+      annotations:
+        sandbox.previewd.dev/fail: \"{{ 'true' if sha[:3] == 'bad' else 'false' }}\"
+    spec:
+      restartPolicy: Never
+      containers:
+      - name: load
+        image: registry.example/seed:{{ short_sha }}
+";
+
+#[tokio::test]
+async fn a_failing_seed_degrades_the_environment_names_the_job_and_a_fixed_commit_recovers() {
+    in_namespace("seed-fails", |client, ns| async move {
+        let forge = github_forge().await;
+        install_template_with(
+            &client,
+            &ns,
+            "github",
+            "Codertocat/Hello-World",
+            Some(&forge.uri()),
+            json!({"seeds": [{"name": "load", "wave": 1, "job": SEED_FAILING_ON_BAD_COMMITS}]}),
+            CONFIG_MAP_APP,
+        )
+        .await;
+        let harness = Harness::start(&client, &ns, 2 << 20).await;
+        let failures =
+            |text: &str| metric_value(text, "previewd_seed_failures_total").unwrap_or(0.0);
+        let failures_before = failures(&harness.metrics().await);
+
+        // A commit whose seed fails: Degraded, SeedFailed, the Job named in status and comment.
+        let bad = format!("bad{}", "0".repeat(37));
+        let (status, answer) = harness
+            .signed("pull_request", "seed-bad", &opened_for(2, &bad))
+            .await;
+        assert_eq!(status, 202, "{answer}");
+        let name = environment_of_pr(&harness.environments, 2).await;
+        let degraded = wait_for_phase(
+            &harness.environments,
+            &name,
+            Phase::Degraded,
+            Duration::from_secs(90),
+        )
+        .await;
+        let status = degraded.status.unwrap();
+        let job = status
+            .seeds
+            .first()
+            .map(|s| s.job.clone())
+            .expect("the seed's Job is named in status");
+        let condition = status
+            .conditions
+            .iter()
+            .find(|c| c.type_ == "Ready")
+            .expect("a Ready condition");
+        assert_eq!(condition.reason, "SeedFailed", "{condition:?}");
+        assert!(
+            condition.message.contains(&job),
+            "the condition names Job {job}: {}",
+            condition.message
+        );
+        eventually(
+            "the PR comment to name the failed Job",
+            Duration::from_secs(30),
+            || {
+                let (forge, job) = (&forge, job.clone());
+                async move {
+                    last_comment_text(forge)
+                        .await
+                        .filter(|t| t.contains("What failed") && t.contains(&job))
+                }
+            },
+        )
+        .await;
+        let failed = failures(&harness.metrics().await) - failures_before;
+        assert_eq!(
+            failed, 1.0,
+            "one seed failure counted in previewd_seed_failures_total"
+        );
+
+        // The fix is pushed: the seed runs again for the new commit and the environment recovers.
+        let good = format!("600d{}", "0".repeat(36));
+        let fixed = pull_request_change(2, 1, &good, chrono::Utc::now());
+        let (status, answer) = harness.signed("pull_request", "seed-fixed", &fixed).await;
+        assert_eq!(status, 202, "{answer}");
+        let ready = wait_ready_with_sha(&harness.environments, &name, &good).await;
+        let seed = ready
+            .status
+            .unwrap()
+            .seeds
+            .first()
+            .cloned()
+            .expect("a seed");
+        assert_eq!(seed.state, "Succeeded");
+        assert_ne!(seed.job, job, "the fixed commit's seed ran as a new Job");
+        eventually("the comment to say ready", Duration::from_secs(30), || {
+            let forge = &forge;
+            async move {
+                last_comment_text(forge)
+                    .await
+                    .filter(|t| t.contains("ready") && !t.contains("What failed"))
+            }
+        })
+        .await;
+        assert_eq!(
+            failures(&harness.metrics().await) - failures_before,
+            1.0,
+            "no further failure"
+        );
+
+        // Every metric the operations and forge docs promise is on /metrics after such a life.
+        let text = harness.metrics().await;
+        for doc in ["operations.md", "forges.md"] {
+            let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("docs")
+                .join(doc);
+            for name in documented_metrics(&std::fs::read_to_string(&path).unwrap()) {
+                assert!(
+                    text.contains(&format!("# TYPE {name} ")),
+                    "docs/{doc} promises {name}, /metrics has no such metric:\n{text}"
+                );
+            }
+        }
+    })
+    .await;
+}
+
+/// The `previewd_*` metric names a doc mentions (histogram series names reduced to the metric).
+fn documented_metrics(doc: &str) -> std::collections::BTreeSet<String> {
+    doc.match_indices("previewd_")
+        .map(|(start, _)| {
+            let name: String = doc[start..]
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                .collect();
+            ["_bucket", "_count", "_sum"]
+                .iter()
+                .find_map(|suffix| name.strip_suffix(suffix))
+                .unwrap_or(&name)
+                .to_string()
+        })
+        .collect()
+}
+
+/// `gitlab/push.json` for `branch` at `after` (changed in a copy: `ref`, `after`,
+/// `checkout_sha`; a deleted branch is pushed with `after` all zeros and no checkout).
+fn gitlab_push(branch: &str, after: &str) -> Vec<u8> {
+    let mut delivery = json_fixture("gitlab/push.json");
+    delivery["ref"] = format!("refs/heads/{branch}").into();
+    delivery["after"] = after.into();
+    delivery["checkout_sha"] = if after.bytes().all(|b| b == b'0') {
+        serde_json::Value::Null
+    } else {
+        after.into()
+    };
+    delivery.to_string().into_bytes()
+}
+
+/// GitLab push hooks make branch environments for branches that match the template's globs
+/// (and none for others), redeploy on the next push, and remove the environment when the
+/// branch is deleted.
+#[tokio::test]
+async fn gitlab_pushes_to_matching_branches_deploy_and_a_deleted_branch_removes_its_environment() {
+    in_namespace("webhook-gitlab-push", |client, ns| async move {
+        let forge = gitlab_forge().await;
+        install_template_with(
+            &client,
+            &ns,
+            "gitlab",
+            "mike/diaspora",
+            Some(&forge.uri()),
+            json!({"triggers": {"branches": ["feature/*"]}}),
+            CONFIG_MAP_APP,
+        )
+        .await;
+        let harness = Harness::start(&client, &ns, 2 << 20).await;
+        let first = "da1560886d4f094c3e6c9ef40349f7d38b5d27d7";
+        let second = "0a1b2c3d4e5f60718293a4b5c6d7e8f901234567";
+
+        // A branch outside the globs: answered, nothing made.
+        let (status, answer) = harness
+            .gitlab(
+                "Push Hook",
+                "p-docs",
+                &gitlab_push("docs/readme", first),
+                SECRET,
+            )
+            .await;
+        assert!(status == 202 || status == 200, "{status} {answer}");
+        assert!(
+            harness.environment_names().await.is_empty(),
+            "no environment for docs/readme: {answer}"
+        );
+
+        // A matching branch: an environment at the pushed commit, then at the next push.
+        let (status, answer) = harness
+            .gitlab(
+                "Push Hook",
+                "p-open",
+                &gitlab_push("feature/login", first),
+                SECRET,
+            )
+            .await;
+        assert_eq!(status, 202, "{answer}");
+        let names = harness.environment_names().await;
+        assert_eq!(names.len(), 1, "{names:?}");
+        let name = names[0].clone();
+        let ready = wait_ready_with_sha(&harness.environments, &name, first).await;
+        assert_eq!(ready.spec.source.branch, "feature/login");
+        assert_eq!(ready.spec.source.pull_request, None);
+        let target = ready.status.unwrap().namespace.unwrap();
+        let (status, answer) = harness
+            .gitlab(
+                "Push Hook",
+                "p-next",
+                &gitlab_push("feature/login", second),
+                SECRET,
+            )
+            .await;
+        assert_eq!(status, 202, "{answer}");
+        wait_ready_with_sha(&harness.environments, &name, second).await;
+
+        // The branch is deleted: its environment and namespace go.
+        let deleted = "0".repeat(40);
+        let (status, answer) = harness
+            .gitlab(
+                "Push Hook",
+                "p-delete",
+                &gitlab_push("feature/login", &deleted),
+                SECRET,
+            )
+            .await;
+        assert_eq!(status, 202, "{answer}");
+        wait_gone(&client, &harness.environments, &name, &target).await;
+    })
+    .await;
+}
+
+/// `pull_request.<action>` of PR 2 with `labels` and `draft` (changed in a copy of the
+/// `labeled` fixture: action, labels, draft, `updated_at` a second later each time).
+fn pull_request_state(action: &str, labels: &[&str], draft: bool, step: i64) -> Vec<u8> {
+    let mut delivery = json_fixture("github/pull_request.labeled.json");
+    delivery["action"] = action.into();
+    delivery["pull_request"]["draft"] = draft.into();
+    delivery["pull_request"]["labels"] = labels.iter().map(|l| json!({"name": l})).collect();
+    let changed =
+        chrono::Utc::now() - chrono::TimeDelta::minutes(5) + chrono::TimeDelta::seconds(step);
+    delivery["pull_request"]["updated_at"] =
+        changed.format("%Y-%m-%dT%H:%M:%SZ").to_string().into();
+    delivery.to_string().into_bytes()
+}
+
+/// A template that requires the `preview` label: a PR gets an environment when labelled, loses
+/// it when the label goes or the PR turns draft, and gets it back when ready for review.
+#[tokio::test]
+async fn a_required_label_and_drafts_decide_whether_a_pull_request_has_an_environment() {
+    in_namespace("webhook-labels", |client, ns| async move {
+        let forge = github_forge().await;
+        install_template_with(
+            &client,
+            &ns,
+            "github",
+            "Codertocat/Hello-World",
+            Some(&forge.uri()),
+            json!({"triggers": {"requiredLabel": "preview"}}),
+            CONFIG_MAP_APP,
+        )
+        .await;
+        let harness = Harness::start(&client, &ns, 2 << 20).await;
+        let sha = "ec26c3e57ca3a959ca5aad62de7213c562f8c821";
+        let send = |id: &'static str, body: Vec<u8>| {
+            let harness = &harness;
+            async move {
+                let (status, answer) = harness.signed("pull_request", id, &body).await;
+                assert!(status == 202 || status == 200, "{id}: {status} {answer}");
+                answer
+            }
+        };
+
+        send(
+            "opened-unlabelled",
+            pull_request_state("opened", &["bug"], false, 0),
+        )
+        .await;
+        assert!(
+            harness.environment_names().await.is_empty(),
+            "no label, no environment"
+        );
+
+        send(
+            "labelled",
+            pull_request_state("labeled", &["bug", "preview"], false, 1),
+        )
+        .await;
+        let name = environment_of_pr(&harness.environments, 2).await;
+        let ready = wait_ready_with_sha(&harness.environments, &name, sha).await;
+        let target = ready.status.unwrap().namespace.unwrap();
+
+        let answer = send(
+            "unlabelled",
+            pull_request_state("unlabeled", &["bug"], false, 2),
+        )
+        .await;
+        assert!(
+            answer["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("label")),
+            "{answer}"
+        );
+        wait_gone(&client, &harness.environments, &name, &target).await;
+
+        send(
+            "relabelled",
+            pull_request_state("labeled", &["preview"], false, 3),
+        )
+        .await;
+        let ready = wait_ready_with_sha(&harness.environments, &name, sha).await;
+        let target = ready.status.unwrap().namespace.unwrap();
+        let answer = send(
+            "draft",
+            pull_request_state("converted_to_draft", &["preview"], true, 4),
+        )
+        .await;
+        assert!(
+            answer["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("draft")),
+            "{answer}"
+        );
+        wait_gone(&client, &harness.environments, &name, &target).await;
+
+        send(
+            "ready",
+            pull_request_state("ready_for_review", &["preview"], false, 5),
+        )
+        .await;
+        wait_ready_with_sha(&harness.environments, &name, sha).await;
     })
     .await;
 }

@@ -137,7 +137,8 @@ async fn benchmark() {
         assert_eq!(send(format!("warm-{i}"), same_commit.clone()).await.0, 202);
     }
     println!(
-        "Webhooks: signed pull_request.synchronize deliveries (28 KB) on loopback, {IN_FLIGHT} in flight, real apiserver, controller running:"
+        "Webhooks: signed pull_request.synchronize deliveries ({:.1} KB each) on loopback, {IN_FLIGHT} in flight, real apiserver, controller running:",
+        same_commit.len() as f64 / 1000.0
     );
     let same: Vec<(String, Vec<u8>)> = (0..DELIVERIES)
         .map(|i| (format!("same-{i}"), same_commit.clone()))

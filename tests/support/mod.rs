@@ -15,6 +15,7 @@ use kube::config::Kubeconfig;
 use kube::{Client, ResourceExt};
 use previewd::sandbox::{NodeSimulatorConfig, Sandbox, SandboxOptions, StderrProgress};
 
+pub mod apiserver;
 pub mod apps;
 pub mod helm;
 pub mod process;
@@ -155,6 +156,31 @@ pub async fn client() -> Client {
 /// Runs `test` in a fresh namespace named after it; on failure prints what the namespace
 /// held; deletes the namespace afterwards either way.
 pub async fn in_namespace<F, Fut>(test_name: &str, test: F)
+where
+    F: FnOnce(Client, String) -> Fut,
+    Fut: Future<Output = ()>,
+{
+    let _running = activity().read().await;
+    in_namespace_with_quiet_windows(test_name, test).await;
+}
+
+/// Held for reading by every test of this binary while it runs (`in_namespace`), and for writing
+/// by a test that counts the API server's requests (`quiet_window`): the server's counters have
+/// no namespace label, so a count is only clean while no other test of the binary writes.
+fn activity() -> &'static tokio::sync::RwLock<()> {
+    static ACTIVITY: OnceLock<tokio::sync::RwLock<()>> = OnceLock::new();
+    ACTIVITY.get_or_init(|| tokio::sync::RwLock::new(()))
+}
+
+/// Waits until no other test of this binary runs and holds them off until the guard is dropped.
+/// Only for tests run by `in_namespace_with_quiet_windows` (one run by `in_namespace` would wait
+/// for itself).
+pub async fn quiet_window() -> tokio::sync::RwLockWriteGuard<'static, ()> {
+    activity().write().await
+}
+
+/// `in_namespace` for a test that opens a `quiet_window`.
+pub async fn in_namespace_with_quiet_windows<F, Fut>(test_name: &str, test: F)
 where
     F: FnOnce(Client, String) -> Fut,
     Fut: Future<Output = ()>,

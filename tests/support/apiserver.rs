@@ -1,0 +1,128 @@
+//! The API server's own count of the requests it served (`apiserver_request_total` from its
+//! `/metrics`), so that a test or benchmark counts writes where previewd cannot influence the
+//! figure. The counter covers every client of the API server, so readers compare a before and
+//! an after and look at the resources they care about.
+
+use std::collections::BTreeMap;
+
+use kube::Client;
+
+/// One series of `apiserver_request_total`, without the labels that only split it further.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Requests {
+    /// `GET`, `LIST`, `WATCH`, `POST`, `PUT`, `PATCH`, `APPLY`, `DELETE`, …
+    pub verb: String,
+    /// e.g. `configmaps`, `previewenvironments`, `leases`
+    pub resource: String,
+    /// e.g. `status`, or empty
+    pub subresource: String,
+}
+
+impl Requests {
+    /// Whether the request changes (or tries to change) stored state.
+    pub fn is_write(&self) -> bool {
+        matches!(
+            self.verb.as_str(),
+            "POST"
+                | "PUT"
+                | "PATCH"
+                | "APPLY"
+                | "DELETE"
+                | "DELETECOLLECTION"
+                | "CREATE"
+                | "UPDATE"
+        )
+    }
+}
+
+/// A reading of the counter: requests served so far, per (verb, resource, subresource).
+#[derive(Clone, Debug, Default)]
+pub struct RequestCounts(pub BTreeMap<Requests, u64>);
+
+impl RequestCounts {
+    /// What was served between `earlier` and `self`, series that did not move left out.
+    pub fn since(&self, earlier: &RequestCounts) -> RequestCounts {
+        let mut moved = BTreeMap::new();
+        for (key, count) in &self.0 {
+            let before = earlier.0.get(key).copied().unwrap_or(0);
+            if *count > before {
+                moved.insert(key.clone(), count - before);
+            }
+        }
+        RequestCounts(moved)
+    }
+
+    /// Write requests on the resources `include` accepts.
+    pub fn writes(&self, include: impl Fn(&Requests) -> bool) -> u64 {
+        self.0
+            .iter()
+            .filter(|(key, _)| key.is_write() && include(key))
+            .map(|(_, count)| count)
+            .sum()
+    }
+
+    /// Requests with this verb on this resource (any subresource).
+    pub fn count(&self, verb: &str, resource: &str) -> u64 {
+        self.0
+            .iter()
+            .filter(|(key, _)| key.verb == verb && key.resource == resource)
+            .map(|(_, count)| count)
+            .sum()
+    }
+
+    /// One line per moved series, for a failure message or a report.
+    pub fn describe(&self) -> String {
+        self.0
+            .iter()
+            .map(|(key, count)| {
+                let subresource = if key.subresource.is_empty() {
+                    String::new()
+                } else {
+                    format!("/{}", key.subresource)
+                };
+                format!("{} {}{subresource}: {count}", key.verb, key.resource)
+            })
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+}
+
+/// Reads `apiserver_request_total` from the API server's `/metrics` (the admin identity may).
+pub async fn request_counts(client: &Client) -> RequestCounts {
+    let request = http::Request::get("/metrics")
+        .body(Vec::new())
+        .expect("a GET request");
+    let text = client
+        .request_text(request)
+        .await
+        .expect("the API server's /metrics");
+    parse(&text)
+}
+
+fn parse(text: &str) -> RequestCounts {
+    let mut counts = BTreeMap::new();
+    for line in text.lines() {
+        let Some(rest) = line.strip_prefix("apiserver_request_total{") else {
+            continue;
+        };
+        let Some((labels, value)) = rest.rsplit_once("} ") else {
+            continue;
+        };
+        let label = |name: &str| {
+            labels
+                .split(',')
+                .find_map(|pair| pair.strip_prefix(&format!("{name}=\"")))
+                .and_then(|v| v.strip_suffix('"'))
+                .unwrap_or_default()
+                .to_string()
+        };
+        let key = Requests {
+            verb: label("verb"),
+            resource: label("resource"),
+            subresource: label("subresource"),
+        };
+        let value: f64 = value.trim().parse().unwrap_or(0.0);
+        *counts.entry(key).or_insert(0) += value as u64;
+    }
+    RequestCounts(counts)
+}
