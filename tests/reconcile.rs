@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::{LimitRange, Namespace, ResourceQuota};
+use k8s_openapi::api::core::v1::{ConfigMap, LimitRange, Namespace, ResourceQuota};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
@@ -44,6 +44,27 @@ fn applies_sent(context: &Running) -> u64 {
         .applies
         .with_label_values(&["sent"])
         .get()
+}
+
+/// Every Event about a PreviewEnvironment (name, count, resourceVersion): what previewd records.
+async fn environment_events(client: &Client) -> Vec<(String, i32, String)> {
+    let events: Api<k8s_openapi::api::core::v1::Event> = Api::all(client.clone());
+    let mut listed: Vec<(String, i32, String)> = events
+        .list(&ListParams::default().fields("involvedObject.kind=PreviewEnvironment"))
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .map(|e| {
+            (
+                e.name_any(),
+                e.count.unwrap_or(1),
+                e.resource_version().unwrap_or_default(),
+            )
+        })
+        .collect();
+    listed.sort();
+    listed
 }
 
 fn failed_reconciles(context: &Running) -> u64 {
@@ -96,7 +117,7 @@ async fn web_postgres_reaches_ready_seeded_in_order_then_writes_nothing_until_so
         // Each wave's reconcile re-sends nothing already applied unchanged: the apply cache hits.
         let skipped = support::webhooks::metric_value(&text, r#"previewd_apply_requests_total{outcome="skipped"}"#);
         assert!(skipped.is_some_and(|n| n >= 1.0), "apply cache hits in:\n{text}");
-        assert!(!text.contains("previewd_reconcile_errors_total{"), "no reconcile failed:\n{text}");
+        assert_eq!(support::webhooks::metric_sum(&text, "previewd_reconcile_errors_total"), 0.0, "no reconcile failed:\n{text}");
 
         // Guard rails in the namespace.
         assert!(Api::<ResourceQuota>::namespaced(client.clone(), &target).get_opt("previewd-quota").await.unwrap().is_some());
@@ -120,6 +141,7 @@ async fn web_postgres_reaches_ready_seeded_in_order_then_writes_nothing_until_so
         // controller has reconciled it, so a slow controller cannot pass by not having looked.
         let quiet = support::quiet_window().await;
         let objects_before = managed_counts(&client, &target).await;
+        let events_before = environment_events(&client).await;
         let (served_before, reconciles_before) = (support::apiserver::request_counts(&client).await, reconciles(&context));
         for i in 1..=3 {
             let poke = json!({"metadata": {"annotations": {"test.previewd.dev/poke": i.to_string()}}});
@@ -131,16 +153,20 @@ async fn web_postgres_reaches_ready_seeded_in_order_then_writes_nothing_until_so
             .await;
         }
         let served = support::apiserver::request_counts(&client).await.since(&served_before);
+        let events_after = environment_events(&client).await;
         drop(quiet);
-        // Not counted: node and Lease heartbeats (the node simulator, the controller manager) and
+        // Not counted: node and Lease heartbeats (the node simulator, the controller manager),
         // the namespace controller emptying namespaces that earlier tests left (deletes and
-        // namespace finalize/status writes); previewd deletes nothing here, which the object
-        // counts below show.
+        // namespace finalize/status writes), and Events, which the scheduler and the Job and
+        // Deployment controllers still write about the environment's pods. previewd deletes
+        // nothing here (the object counts below) and records no Event: its Events are about
+        // PreviewEnvironments, compared before and after.
         let others = |r: &support::apiserver::Requests| {
-            matches!(r.resource.as_str(), "leases" | "nodes")
+            matches!(r.resource.as_str(), "leases" | "nodes" | "events")
                 || matches!(r.verb.as_str(), "DELETE" | "DELETECOLLECTION")
                 || (r.resource == "namespaces" && !r.subresource.is_empty())
         };
+        assert_eq!(events_before, events_after, "no Event about a PreviewEnvironment was recorded");
         let pokes = served.count("PATCH", "previewenvironments");
         assert_eq!(pokes, 3, "the API server saw the test's three pokes: {}", served.describe());
         assert_eq!(
@@ -150,6 +176,7 @@ async fn web_postgres_reaches_ready_seeded_in_order_then_writes_nothing_until_so
             served.describe()
         );
         assert_eq!(managed_counts(&client, &target).await, objects_before, "nothing was deleted");
+        eprintln!("web-postgres, three reconciles of an unchanged environment; the API server served: {}", served.describe());
 
         // A new head SHA re-applies only the object whose render changed (the web Deployment).
         let sent_before = applies_sent(&context);
@@ -757,6 +784,44 @@ async fn controller_killed_mid_apply_converges_after_restart_without_rerunning_t
             jobs.get(&seed_job).await.unwrap().status.unwrap().succeeded,
             Some(1)
         );
+    })
+    .await;
+}
+
+/// The ConfigMap manifest source: a template whose ConfigMap is missing says so and applies
+/// nothing; once the ConfigMap exists, the next resync renders every key of it as a manifest.
+#[tokio::test]
+async fn manifests_from_a_configmap_render_and_a_missing_configmap_is_named() {
+    in_namespace("configmap-source", |client, ns| async move {
+        let _context = start_controller(&client, &ns, Duration::from_secs(3)).await;
+        let template: PreviewTemplate = serde_json::from_value(json!({
+            "apiVersion": "previewd.dev/v1alpha1", "kind": "PreviewTemplate", "metadata": {"name": "from-configmap"},
+            "spec": {"forge": {"kind": "github", "repository": "Codertocat/Hello-World"},
+                     "manifests": {"configMap": {"name": "app-manifests"}}}
+        }))
+        .unwrap();
+        Api::<PreviewTemplate>::namespaced(client.clone(), &ns).create(&PostParams::default(), &template).await.unwrap();
+        let environments: Api<PreviewEnvironment> = Api::namespaced(client.clone(), &ns);
+        environments.create(&PostParams::default(), &environment_of("from-configmap")).await.unwrap();
+        let degraded = wait_for_phase(&environments, "pr-7", Phase::Degraded, Duration::from_secs(30)).await;
+        let condition = degraded.status.unwrap().conditions.into_iter().find(|c| c.type_ == "Ready").unwrap();
+        assert_eq!(condition.reason, "ManifestsUnavailable");
+        assert!(condition.message.contains("app-manifests") && condition.message.contains("does not exist"), "{}", condition.message);
+
+        let manifests: ConfigMap = serde_json::from_value(json!({
+            "metadata": {"name": "app-manifests"},
+            "data": {
+                "app.yaml": "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: app\ndata:\n  sha: \"{{ short_sha }}\"\n",
+                "more.yaml": "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: more\ndata:\n  branch: \"{{ branch }}\"\n"
+            }
+        }))
+        .unwrap();
+        Api::<ConfigMap>::namespaced(client.clone(), &ns).create(&PostParams::default(), &manifests).await.unwrap();
+        let ready = wait_for_phase(&environments, "pr-7", Phase::Ready, Duration::from_secs(60)).await;
+        let target = ready.status.unwrap().namespace.unwrap();
+        let applied: Api<ConfigMap> = Api::namespaced(client.clone(), &target);
+        assert_eq!(applied.get("app").await.unwrap().data.unwrap()["sha"], "abc1234");
+        assert_eq!(applied.get("more").await.unwrap().data.unwrap()["branch"], "evil");
     })
     .await;
 }

@@ -726,19 +726,19 @@ async fn a_failing_seed_degrades_the_environment_names_the_job_and_a_fixed_commi
 
 /// The `previewd_*` metric names a doc mentions (histogram series names reduced to the metric).
 fn documented_metrics(doc: &str) -> std::collections::BTreeSet<String> {
-    doc.match_indices("previewd_")
-        .map(|(start, _)| {
-            let name: String = doc[start..]
-                .chars()
-                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
-                .collect();
-            ["_bucket", "_count", "_sum"]
-                .iter()
-                .find_map(|suffix| name.strip_suffix(suffix))
-                .unwrap_or(&name)
-                .to_string()
-        })
-        .collect()
+    let names = doc.match_indices("previewd_").map(|(start, _)| {
+        let name: String = doc[start..]
+            .chars()
+            .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+            .collect();
+        ["_bucket", "_count", "_sum"]
+            .iter()
+            .find_map(|suffix| name.strip_suffix(suffix))
+            .unwrap_or(&name)
+            .to_string()
+    });
+    // `previewd_*` in prose is a pattern, not a metric.
+    names.filter(|name| name != "previewd_").collect()
 }
 
 /// `gitlab/push.json` for `branch` at `after` (changed in a copy: `ref`, `after`,
@@ -934,6 +934,45 @@ async fn a_required_label_and_drafts_decide_whether_a_pull_request_has_an_enviro
         )
         .await;
         wait_ready_with_sha(&harness.environments, &name, sha).await;
+    })
+    .await;
+}
+
+/// previewd's comment already on the PR (made by an earlier previewd whose status write was
+/// lost, so the environment records no comment id) is found by its marker in the forge's list,
+/// among other people's comments, and edited: never a second comment.
+#[tokio::test]
+async fn a_comment_whose_id_was_lost_is_found_by_its_marker_and_edited() {
+    in_namespace("webhook-marker", |client, ns| async move {
+        let forge = MockServer::start().await;
+        let name = previewd::model::naming::environment_name("app-github", "changes", Some(2));
+        let ours = format!("<!-- previewd:environment={ns}/{name} -->\nPreview environment: deploying");
+        // The list as GitHub sends it: other people's comments first, previewd's further on.
+        Mock::given(method("GET"))
+            .and(path_regex(r"^/repos/[^/]+/[^/]+/issues/2/comments$"))
+            .respond_with(
+                ResponseTemplate::new(200)
+                    .set_body_json(json!([
+                        {"id": 101, "body": "Looks good to me", "user": {"login": "octocat", "type": "User"}},
+                        {"id": 4343, "body": ours, "user": {"login": "previewd[bot]", "type": "Bot"}},
+                    ]))
+                    .insert_header("etag", "\"comments-v1\""),
+            )
+            .mount(&forge)
+            .await;
+        mount_github_api(&forge).await;
+        install_template(&client, &ns, "github", "Codertocat/Hello-World", Some(&forge.uri())).await;
+        let harness = Harness::start(&client, &ns, 2 << 20).await;
+        let (status, answer) = harness.signed("pull_request", "marker-open", &github_fixture("pull_request.opened.json")).await;
+        assert_eq!(status, 202, "{answer}");
+        wait_ready_with_sha(&harness.environments, &name, "ec26c3e57ca3a959ca5aad62de7213c562f8c821").await;
+        eventually("previewd's comment 4343 to be edited", Duration::from_secs(30), || {
+            let forge = &forge;
+            async move { (sent(forge, "PATCH", "/issues/comments/4343", "ready").await >= 1).then_some(()) }
+        })
+        .await;
+        assert_eq!(sent(&forge, "POST", "/issues/2/comments", "").await, 0, "no second comment");
+        assert_eq!(sent(&forge, "PATCH", "/issues/comments/101", "").await, 0, "nobody else's comment is touched");
     })
     .await;
 }

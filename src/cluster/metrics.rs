@@ -108,3 +108,13 @@ impl ClusterMetrics {
             .sum()
     }
 }
+
+/// A counter with one label whose values are all known in advance: each starts at 0, so that
+/// `rate()` and alerts see a zero rather than no series before the first increment.
+pub fn counter_at_zero(opts: Opts, label: &str, values: &[&str]) -> IntCounterVec {
+    let counter = IntCounterVec::new(opts, &[label]).expect("valid metric");
+    for value in values {
+        counter.with_label_values(&[*value]);
+    }
+    counter
+}

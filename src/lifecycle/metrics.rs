@@ -3,7 +3,8 @@
 use prometheus::core::Collector;
 use prometheus::{IntCounter, IntCounterVec, Opts};
 
-use crate::cluster::metrics::MetricSet;
+use super::rules::Reason;
+use crate::cluster::metrics::{MetricSet, counter_at_zero};
 
 #[derive(Clone)]
 pub struct SweepMetrics {
@@ -31,14 +32,14 @@ impl MetricSet for SweepMetrics {
 impl SweepMetrics {
     pub fn new() -> Self {
         Self {
-            deletions: IntCounterVec::new(
+            deletions: counter_at_zero(
                 Opts::new(
                     "previewd_gc_deletions_total",
                     "Removals by the sweep, by reason",
                 ),
-                &["reason"],
-            )
-            .expect("valid metric"),
+                "reason",
+                &Reason::ALL.map(Reason::label),
+            ),
             sleeps: IntCounter::new(
                 "previewd_gc_sleeps_total",
                 "Idle environments put to sleep by the sweep",

@@ -34,6 +34,16 @@ pub enum Reason {
 }
 
 impl Reason {
+    /// Every reason (the deletion metric starts each at 0).
+    pub const ALL: [Reason; 6] = [
+        Reason::PullRequestClosed,
+        Reason::BranchGone,
+        Reason::Idle,
+        Reason::MaxAge,
+        Reason::TemplateGone,
+        Reason::OrphanedNamespace,
+    ];
+
     pub fn label(self) -> &'static str {
         match self {
             Reason::PullRequestClosed => "pull_request_closed",

@@ -37,8 +37,14 @@ pub enum ReconcileError {
     Forge(#[source] ReportError),
 }
 
+/// Every value [`ReconcileError::metric_label`] can take: the metric starts each at 0, so that
+/// `rate()` and alerts see a zero rather than no series before the first error.
+pub const ERROR_CATEGORIES: [&str; 6] =
+    ["apply", "prune", "status", "cleanup", "finalizer", "forge"];
+
 impl ReconcileError {
-    /// A static category for the `previewd_reconcile_errors_total` label.
+    /// A static category for the `previewd_reconcile_errors_total` label (one of
+    /// [`ERROR_CATEGORIES`]).
     pub fn metric_label(&self) -> &'static str {
         match self {
             ReconcileError::Apply(_)

@@ -7,7 +7,8 @@ use prometheus::core::Collector;
 use prometheus::{Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, Opts};
 
 use super::context::Memory;
-use crate::cluster::metrics::MetricSet;
+use super::error::ERROR_CATEGORIES;
+use crate::cluster::metrics::{MetricSet, counter_at_zero};
 use crate::model::crd::PreviewEnvironmentStatus;
 
 /// How long the start of a running seed is remembered (for its duration metric).
@@ -62,14 +63,14 @@ impl ReconcileMetrics {
                 &["outcome"],
             )
             .expect("valid metric"),
-            reconcile_errors: IntCounterVec::new(
+            reconcile_errors: counter_at_zero(
                 Opts::new(
                     "previewd_reconcile_errors_total",
                     "Reconcile errors by category",
                 ),
-                &["category"],
-            )
-            .expect("valid metric"),
+                "category",
+                &ERROR_CATEGORIES,
+            ),
             time_to_ready: histogram(
                 "previewd_time_to_ready_seconds",
                 "Time from a commit's push to its environment being Ready",

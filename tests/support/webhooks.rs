@@ -34,9 +34,14 @@ pub async fn mount_github_api(server: &MockServer) {
             .set_body_json(body)
             .insert_header("x-ratelimit-remaining", "4990")
     };
+    // A PR's comments as GitHub lists them: someone else's comment, an ETag, a Link header.
     Mock::given(method("GET"))
         .and(path_regex(r"^/repos/[^/]+/[^/]+/issues/\d+/comments$"))
-        .respond_with(ok(200, json!([])))
+        .respond_with(
+            ok(200, json!([{"id": 101, "body": "Looks good to me", "user": {"login": "octocat", "type": "User"}}]))
+                .insert_header("etag", "\"comments-v1\"")
+                .insert_header("link", "<https://api.github.com/repositories/1/issues/2/comments?page=1>; rel=\"last\""),
+        )
         .mount(server)
         .await;
     Mock::given(method("POST"))
@@ -79,11 +84,16 @@ pub async fn gitlab_forge() -> MockServer {
         .respond_with(ok(200, json!({"id": 1, "username": "previewd"})))
         .mount(&server)
         .await;
+    // An MR's notes as GitLab lists them: someone else's note, with the paging headers.
     Mock::given(method("GET"))
         .and(path_regex(
             r"^/api/v4/projects/[^/]+/merge_requests/\d+/notes$",
         ))
-        .respond_with(ok(200, json!([])))
+        .respond_with(
+            ok(200, json!([{"id": 7, "body": "LGTM", "author": {"id": 5, "username": "reviewer"}, "system": false}]))
+                .insert_header("x-page", "1")
+                .insert_header("x-total-pages", "1"),
+        )
         .mount(&server)
         .await;
     Mock::given(method("POST"))
