@@ -1,5 +1,5 @@
 //! Faults, against the real control plane: deliveries arriving all at once, duplicated and out
-//! of order; a forge that hangs, answers 502 and 429, then recovers. Every environment must end
+//! of order; a forge that hangs, answers 502 and 429, then recovers; the same for GitLab. Every environment must end
 //! correct, with nothing lost or duplicated.
 //!
 //! Deliveries are `github/pull_request.opened.json` and `synchronize.json`, changed in copies:
@@ -213,6 +213,89 @@ async fn a_forge_that_hangs_then_fails_then_recovers_never_blocks_deploying_and_
         )
         .unwrap_or(0.0);
         assert!(errors >= 1.0, "the forge errors were counted:\n{text}");
+    })
+    .await;
+}
+
+/// GitLab failing (502, then 429 with Retry-After) never blocks deploying a merge request; once
+/// GitLab answers again, previewd makes its note, once.
+#[tokio::test]
+async fn a_gitlab_outage_never_blocks_deploying_and_ends_with_one_note() {
+    in_namespace("faults-gitlab", |client, ns| async move {
+        let forge = MockServer::start().await;
+        forge_answers(&forge, ResponseTemplate::new(502)).await;
+        install_template(
+            &client,
+            &ns,
+            "gitlab",
+            "gitlabhq/gitlab-test",
+            Some(&forge.uri()),
+        )
+        .await;
+        let harness = Harness::start(&client, &ns, 2 << 20).await;
+        let opened = json_fixture("gitlab/merge_request.json");
+        let (status, answer) = harness
+            .gitlab(
+                "Merge Request Hook",
+                "gitlab-outage",
+                opened.to_string().as_bytes(),
+                SECRET,
+            )
+            .await;
+        assert_eq!(status, 202, "{answer}");
+        let name = harness
+            .environment_names()
+            .await
+            .pop()
+            .expect("an environment");
+        wait_ready_with_sha(
+            &harness.environments,
+            &name,
+            "da1560886d4f094c3e6c9ef40349f7d38b5d27d7",
+        )
+        .await;
+        forge_answers(
+            &forge,
+            ResponseTemplate::new(429).insert_header("retry-after", "2"),
+        )
+        .await;
+        tokio::time::sleep(Duration::from_secs(3)).await;
+
+        // GitLab is back: one note, and the environment stayed Ready throughout.
+        forge.reset().await;
+        mount_gitlab_api(&forge).await;
+        eventually(
+            "the MR note after GitLab recovered",
+            Duration::from_secs(300),
+            || async {
+                (sent(&forge, "POST", "/merge_requests/1/notes", "").await >= 1).then_some(())
+            },
+        )
+        .await;
+        // The note's id is recorded with the status, so later reports edit it: one note.
+        let recorded = eventually(
+            "the note's id in the status",
+            Duration::from_secs(30),
+            || async {
+                let status = harness.environments.get(&name).await.ok()?.status?;
+                status
+                    .forge
+                    .as_ref()?
+                    .comment_id
+                    .map(|id| (id, status.phase))
+            },
+        )
+        .await;
+        assert_eq!(
+            recorded,
+            (99, Phase::Ready),
+            "the note GitLab made (id 99), the environment Ready throughout"
+        );
+        assert_eq!(
+            sent(&forge, "POST", "/merge_requests/1/notes", "").await,
+            1,
+            "one note"
+        );
     })
     .await;
 }

@@ -1,7 +1,8 @@
 //! Two (then three) real `previewd run` processes against one control plane, with leader
 //! election through a Lease of 4 s: only the holder reconciles, every replica accepts webhooks,
 //! a SIGKILLed leader is replaced and its pending work finished, and a SIGTERMed leader
-//! releases the Lease, answers what is in flight and exits 0. The processes log JSON; the test
+//! releases the Lease, answers what is in flight and exits 0; only the leader sweeps; a leader
+//! cut off from the API server stops before another can take over. The processes log JSON; the test
 //! reads those logs for the per-delivery and per-reconcile spans and for leaked secrets.
 //!
 //! PR deliveries are `github/pull_request.opened.json` and `synchronize.json` changed in copies
@@ -135,6 +136,26 @@ async fn one_leader_reconciles_a_killed_leader_is_replaced_and_sigterm_hands_ove
             !standby_reconciled,
             "the standby reconciled while not leading"
         );
+        // Only the leader sweeps: a term starts with a sweep; the standby's log has none.
+        eventually(
+            "the leader's first sweep",
+            Duration::from_secs(30),
+            || async {
+                leader
+                    .log_lines()
+                    .iter()
+                    .any(|line| line.contains("sweep done"))
+                    .then_some(())
+            },
+        )
+        .await;
+        assert!(
+            !standby
+                .log_lines()
+                .iter()
+                .any(|line| line.contains("sweep done")),
+            "the standby swept while not leading"
+        );
 
         // SIGKILL the leader: no release, the standby must wait the Lease out, then finish
         // what arrived meanwhile.
@@ -159,6 +180,18 @@ async fn one_leader_reconciles_a_killed_leader_is_replaced_and_sigterm_hands_ove
         ready_at(&environments, 23, &sha(23)).await;
         ready_at(&environments, 21, &sha(121)).await;
         assert_eq!(standby.metric(&http, "previewd_leader").await, Some(1.0));
+        eventually(
+            "the new leader's first sweep",
+            Duration::from_secs(30),
+            || async {
+                standby
+                    .log_lines()
+                    .iter()
+                    .any(|line| line.contains("sweep done"))
+                    .then_some(())
+            },
+        )
+        .await;
         let killed_log = leader.log_lines();
         drop(leader);
 

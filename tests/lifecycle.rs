@@ -11,7 +11,7 @@ mod support;
 use std::time::Duration;
 
 use chrono::{TimeDelta, Utc};
-use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
 use k8s_openapi::api::core::v1::Namespace;
 use kube::api::{Api, Patch, PatchParams};
 use previewd::lifecycle::sweeper::Sweeper;
@@ -39,6 +39,39 @@ spec:
       containers:
         - name: web
           image: registry.example/web:{{ short_sha }}
+";
+
+/// [`WEB_APP`] and a StatefulSet: what sleep scales to 0 and a wake brings back.
+const WEB_AND_DB: &str = "apiVersion: apps/v1
+kind: Deployment
+metadata:
+  name: web
+spec:
+  selector:
+    matchLabels: {app: web}
+  template:
+    metadata:
+      labels: {app: web}
+    spec:
+      containers:
+        - name: web
+          image: registry.example/web:{{ short_sha }}
+---
+apiVersion: apps/v1
+kind: StatefulSet
+metadata:
+  name: db
+spec:
+  serviceName: db
+  selector:
+    matchLabels: {app: db}
+  template:
+    metadata:
+      labels: {app: db}
+    spec:
+      containers:
+        - name: db
+          image: registry.example/db:16
 ";
 
 /// Answers the collaborator-permission question: `maintainer` may write, `stranger` may read,
@@ -115,6 +148,17 @@ async fn web_app_ready(
     forge: &MockServer,
     spec_extra: Value,
 ) -> (Harness, String, String) {
+    app_ready(client, namespace, forge, spec_extra, WEB_APP).await
+}
+
+/// [`web_app_ready`] with another application.
+async fn app_ready(
+    client: &kube::Client,
+    namespace: &str,
+    forge: &MockServer,
+    spec_extra: Value,
+    manifest: &str,
+) -> (Harness, String, String) {
     install_template_with(
         client,
         namespace,
@@ -122,7 +166,7 @@ async fn web_app_ready(
         REPOSITORY,
         Some(&forge.uri()),
         spec_extra,
-        WEB_APP,
+        manifest,
     )
     .await;
     let harness = Harness::start(client, namespace, 1 << 20).await;
@@ -553,7 +597,7 @@ async fn idle_environments_sleep_and_a_push_wakes_them() {
         let forge = github_forge().await;
         let lifecycle =
             json!({"lifecycle": {"idleTimeout": "1h", "idleAction": "Sleep", "maxAge": "7d"}});
-        let (harness, name, target) = web_app_ready(&client, &ns, &forge, lifecycle).await;
+        let (harness, name, target) = app_ready(&client, &ns, &forge, lifecycle, WEB_AND_DB).await;
         let context = harness.context.clone();
         let sweeper = Sweeper {
             client: client.clone(),
@@ -587,9 +631,21 @@ async fn idle_environments_sleep_and_a_push_wakes_them() {
         )
         .await;
         let deployments: Api<Deployment> = Api::namespaced(client.clone(), &target);
+        let stateful_sets: Api<StatefulSet> = Api::namespaced(client.clone(), &target);
         assert_eq!(
             deployments.get("web").await.unwrap().spec.unwrap().replicas,
             Some(0)
+        );
+        assert_eq!(
+            stateful_sets
+                .get("db")
+                .await
+                .unwrap()
+                .spec
+                .unwrap()
+                .replicas,
+            Some(0),
+            "the StatefulSet sleeps too"
         );
         assert_eq!(harness.metrics.sweep.sleeps.get(), 1);
 
@@ -605,6 +661,12 @@ async fn idle_environments_sleep_and_a_push_wakes_them() {
         wait_ready_with_sha(&harness.environments, &name, new_sha).await;
         let web = deployments.get("web").await.unwrap();
         assert_eq!(web.spec.unwrap().replicas, Some(1));
+        let db = stateful_sets.get("db").await.unwrap();
+        assert_eq!(
+            db.spec.unwrap().replicas,
+            Some(1),
+            "the StatefulSet wakes with it"
+        );
         assert!(!harness.environments.get(&name).await.unwrap().spec.sleep);
     })
     .await;
@@ -711,6 +773,130 @@ async fn gitlab_note_commands_ask_for_member_access() {
         )
         .await;
         note_says("`/preview sleep` by @root: going to sleep").await;
+        assert_eq!(
+            sent(&forge, "POST", "/merge_requests/1/notes", "").await,
+            1,
+            "one note, edited for every answer"
+        );
+    })
+    .await;
+}
+
+/// A merge request from a fork on GitLab (source and target projects differ) waits for a
+/// Developer's `/preview approve <sha>` note; a non-member's approval is refused; the approved
+/// commit deploys, and every answer is an edit of the one note.
+#[tokio::test]
+async fn a_gitlab_fork_merge_request_waits_for_a_members_approval() {
+    in_namespace("lifecycle-gitlab-fork", |client, ns| async move {
+        let forge = gitlab_forge().await;
+        for (user, status, body) in [
+            (
+                1,
+                200,
+                json!({"id": 1, "username": "root", "access_level": 30}),
+            ),
+            (7, 404, json!({"message": "404 Not found"})),
+        ] {
+            Mock::given(method("GET"))
+                .and(wiremock::matchers::path_regex(format!(
+                    r"^/api/v4/projects/[^/]+/members/all/{user}$"
+                )))
+                .respond_with(ResponseTemplate::new(status).set_body_json(body))
+                .mount(&forge)
+                .await;
+        }
+        install_template_with(
+            &client,
+            &ns,
+            "gitlab",
+            "gitlabhq/gitlab-test",
+            Some(&forge.uri()),
+            json!({"triggers": {"forkPolicy": "RequireApproval"}}),
+            CONFIG_MAP_APP,
+        )
+        .await;
+        let harness = Harness::start(&client, &ns, 1 << 20).await;
+        // The fixture's MR, changed in a copy to come from another project (a fork).
+        let mut opened = json_fixture("gitlab/merge_request.json");
+        opened["object_attributes"]["source_project_id"] = 99.into();
+        let (status, body) = harness
+            .gitlab(
+                "Merge Request Hook",
+                "fork-open",
+                opened.to_string().as_bytes(),
+                SECRET,
+            )
+            .await;
+        assert_eq!(status, 202, "{body}");
+        let name = environment_of(&harness, 1).await;
+        let waiting = wait_for_phase(
+            &harness.environments,
+            &name,
+            Phase::Pending,
+            Duration::from_secs(30),
+        )
+        .await;
+        assert_eq!(
+            waiting.status.unwrap().conditions[0].reason,
+            "AwaitingApproval"
+        );
+
+        let note = |user_id: u64, username: &str, text: &str| {
+            let mut delivery = json_fixture("gitlab/note_merge_request.json");
+            delivery["project"]["path_with_namespace"] = "gitlabhq/gitlab-test".into();
+            delivery["user"]["id"] = user_id.into();
+            delivery["user"]["username"] = username.into();
+            delivery["object_attributes"]["note"] = text.into();
+            delivery.to_string().into_bytes()
+        };
+        let (status, body) = harness
+            .gitlab(
+                "Note Hook",
+                "approve-guest",
+                &note(7, "guest", "/preview approve da15608"),
+                SECRET,
+            )
+            .await;
+        assert_eq!(status, 202, "{body}");
+        eventually(
+            "the refusal in the MR note",
+            Duration::from_secs(30),
+            || {
+                let forge = &forge;
+                async move {
+                    last_comment_text(forge)
+                        .await
+                        .filter(|t| t.contains("`/preview approve da15608` by @guest: refused"))
+                }
+            },
+        )
+        .await;
+        assert_eq!(
+            harness
+                .environments
+                .get(&name)
+                .await
+                .unwrap()
+                .spec
+                .approved_sha,
+            None
+        );
+
+        let (status, body) = harness
+            .gitlab(
+                "Note Hook",
+                "approve-root",
+                &note(1, "root", "/preview approve da15608"),
+                SECRET,
+            )
+            .await;
+        assert_eq!(status, 202, "{body}");
+        wait_ready_with_sha(
+            &harness.environments,
+            &name,
+            "da1560886d4f094c3e6c9ef40349f7d38b5d27d7",
+        )
+        .await;
         assert_eq!(
             sent(&forge, "POST", "/merge_requests/1/notes", "").await,
             1,

@@ -46,9 +46,10 @@ fn applies_sent(context: &Running) -> u64 {
         .get()
 }
 
-/// Every Event about a PreviewEnvironment (name, count, resourceVersion): what previewd records.
-async fn environment_events(client: &Client) -> Vec<(String, i32, String)> {
-    let events: Api<k8s_openapi::api::core::v1::Event> = Api::all(client.clone());
+/// Every Event about a PreviewEnvironment of `namespace` (name, count, resourceVersion): what
+/// previewd records about its environments there.
+async fn environment_events(client: &Client, namespace: &str) -> Vec<(String, i32, String)> {
+    let events: Api<k8s_openapi::api::core::v1::Event> = Api::namespaced(client.clone(), namespace);
     let mut listed: Vec<(String, i32, String)> = events
         .list(&ListParams::default().fields("involvedObject.kind=PreviewEnvironment"))
         .await
@@ -141,7 +142,7 @@ async fn web_postgres_reaches_ready_seeded_in_order_then_writes_nothing_until_so
         // controller has reconciled it, so a slow controller cannot pass by not having looked.
         let quiet = support::quiet_window().await;
         let objects_before = managed_counts(&client, &target).await;
-        let events_before = environment_events(&client).await;
+        let events_before = environment_events(&client, &ns).await;
         let (served_before, reconciles_before) = (support::apiserver::request_counts(&client).await, reconciles(&context));
         for i in 1..=3 {
             let poke = json!({"metadata": {"annotations": {"test.previewd.dev/poke": i.to_string()}}});
@@ -153,24 +154,19 @@ async fn web_postgres_reaches_ready_seeded_in_order_then_writes_nothing_until_so
             .await;
         }
         let served = support::apiserver::request_counts(&client).await.since(&served_before);
-        let events_after = environment_events(&client).await;
+        let events_after = environment_events(&client, &ns).await;
         drop(quiet);
-        // Not counted: node and Lease heartbeats (the node simulator, the controller manager),
-        // the namespace controller emptying namespaces that earlier tests left (deletes and
-        // namespace finalize/status writes), and Events, which the scheduler and the Job and
-        // Deployment controllers still write about the environment's pods. previewd deletes
-        // nothing here (the object counts below) and records no Event: its Events are about
-        // PreviewEnvironments, compared before and after.
-        let others = |r: &support::apiserver::Requests| {
-            matches!(r.resource.as_str(), "leases" | "nodes" | "events")
-                || matches!(r.verb.as_str(), "DELETE" | "DELETECOLLECTION")
-                || (r.resource == "namespaces" && !r.subresource.is_empty())
-        };
+        // The counter covers every client, and the controller manager keeps writing in the
+        // background (creating what a namespace made by an earlier test gets, emptying one
+        // that test left, Events about pods), with POST, PUT and DELETE. previewd's writes
+        // have other shapes (`Requests::is_previewd_shaped`: PATCH or APPLY, and writes to
+        // PreviewEnvironments): the three pokes and nothing else. previewd's Events, about
+        // PreviewEnvironments, are compared before and after; its deletes by the object counts.
         assert_eq!(events_before, events_after, "no Event about a PreviewEnvironment was recorded");
         let pokes = served.count("PATCH", "previewenvironments");
         assert_eq!(pokes, 3, "the API server saw the test's three pokes: {}", served.describe());
         assert_eq!(
-            served.writes(|r| !others(r)),
+            served.writes(support::apiserver::Requests::is_previewd_shaped),
             3,
             "an unchanged environment sends no write request; the API server served: {}",
             served.describe()

@@ -35,6 +35,25 @@ impl Requests {
     }
 }
 
+impl Requests {
+    /// A heartbeat every cluster writes whatever previewd does: Leases (previewd's, the
+    /// controller manager's, the simulated nodes') and node status.
+    pub fn is_heartbeat(&self) -> bool {
+        self.resource == "leases" || self.resource == "nodes"
+    }
+
+    /// A write of the shape previewd's are: server-side applies and merge patches (`PATCH`, or
+    /// `APPLY`), and any write to a PreviewEnvironment but a delete. The controller manager's
+    /// background writes (creating what a new namespace gets, emptying a deleted one, status
+    /// updates) are `POST`, `PUT` and `DELETE`; heartbeats are left out.
+    pub fn is_previewd_shaped(&self) -> bool {
+        let patch = matches!(self.verb.as_str(), "PATCH" | "APPLY") && !self.is_heartbeat();
+        let environment = self.resource == "previewenvironments"
+            && !matches!(self.verb.as_str(), "DELETE" | "DELETECOLLECTION");
+        self.is_write() && (patch || environment)
+    }
+}
+
 /// A reading of the counter: requests served so far, per (verb, resource, subresource).
 #[derive(Clone, Debug, Default)]
 pub struct RequestCounts(pub BTreeMap<Requests, u64>);

@@ -74,6 +74,12 @@ pub async fn mount_github_api(server: &MockServer) {
 /// A GitLab API (v4) that accepts previewd's calls: a new note gets id 99.
 pub async fn gitlab_forge() -> MockServer {
     let server = MockServer::start().await;
+    mount_gitlab_api(&server).await;
+    server
+}
+
+/// Mounts the GitLab API answers of [`gitlab_forge`] on `server`.
+pub async fn mount_gitlab_api(server: &MockServer) {
     let ok = |status: u16, body: Value| {
         ResponseTemplate::new(status)
             .set_body_json(body)
@@ -82,7 +88,7 @@ pub async fn gitlab_forge() -> MockServer {
     Mock::given(method("GET"))
         .and(path_regex(r"^/api/v4/user$"))
         .respond_with(ok(200, json!({"id": 1, "username": "previewd"})))
-        .mount(&server)
+        .mount(server)
         .await;
     // An MR's notes as GitLab lists them: someone else's note, with the paging headers.
     Mock::given(method("GET"))
@@ -94,28 +100,27 @@ pub async fn gitlab_forge() -> MockServer {
                 .insert_header("x-page", "1")
                 .insert_header("x-total-pages", "1"),
         )
-        .mount(&server)
+        .mount(server)
         .await;
     Mock::given(method("POST"))
         .and(path_regex(
             r"^/api/v4/projects/[^/]+/merge_requests/\d+/notes$",
         ))
         .respond_with(ok(201, json!({"id": 99, "body": ""})))
-        .mount(&server)
+        .mount(server)
         .await;
     Mock::given(method("PUT"))
         .and(path_regex(
             r"^/api/v4/projects/[^/]+/merge_requests/\d+/notes/\d+$",
         ))
         .respond_with(ok(200, json!({"id": 99, "body": ""})))
-        .mount(&server)
+        .mount(server)
         .await;
     Mock::given(method("POST"))
         .and(path_regex(r"^/api/v4/projects/[^/]+/statuses/[0-9a-f]+$"))
         .respond_with(ok(201, json!({"id": 1})))
-        .mount(&server)
+        .mount(server)
         .await;
-    server
 }
 
 /// How many `verb` requests the forge received whose path ends with `path_end` and whose body
