@@ -5,7 +5,7 @@
 //! number × unit, and an accepted extension never keeps an environment past its limit.
 #![no_main]
 
-use chrono::{DateTime, TimeDelta, Utc};
+use chrono::{DateTime, Datelike, TimeDelta, Utc};
 use libfuzzer_sys::arbitrary::{self, Arbitrary};
 use libfuzzer_sys::fuzz_target;
 use previewd::lifecycle::rules::{self, ForgeFacts};
@@ -28,7 +28,7 @@ struct Input {
     open: bool,
 }
 
-/// The duration `text` should parse to, computed another way (u128, no overflow possible).
+/// The duration `text` should parse to, in seconds, computed another way (in u128, saturating).
 fn expected_seconds(text: &str) -> Option<u128> {
     let text = text.trim();
     let digits = text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len());
@@ -40,11 +40,14 @@ fn expected_seconds(text: &str) -> Option<u128> {
         "d" => 86_400,
         _ => return None,
     };
-    Some(number * unit)
+    // Beyond u128 is beyond u64 too: any value above u64::MAX says "too large".
+    Some(number.checked_mul(unit).unwrap_or(u128::MAX))
 }
 
+/// A time Kubernetes can hold: the API server accepts RFC 3339 timestamps only, whose year has
+/// four digits (a year like -31783 never reaches previewd).
 fn time(seconds: i64) -> Option<DateTime<Utc>> {
-    DateTime::from_timestamp(seconds, 0)
+    DateTime::from_timestamp(seconds, 0).filter(|t| (1..=9999).contains(&t.year()))
 }
 
 fuzz_target!(|input: Input| {
