@@ -81,6 +81,22 @@ async fn wait_for_holder(leases: &Api<Lease>, among: &[&str]) -> String {
     .await
 }
 
+/// Waits until `process` logged a finished sweep (a leader's term starts with one).
+async fn wait_for_sweep(process: &PreviewdProcess) {
+    eventually(
+        &format!("a sweep by {}", process.name),
+        Duration::from_secs(30),
+        || async {
+            process
+                .log_lines()
+                .iter()
+                .any(|line| line.contains("sweep done"))
+                .then_some(())
+        },
+    )
+    .await;
+}
+
 fn synchronize_for(number: u64, sha: &str) -> Vec<u8> {
     let mut delivery = json_fixture("github/pull_request.synchronize.json");
     delivery["number"] = number.into();
@@ -137,18 +153,7 @@ async fn one_leader_reconciles_a_killed_leader_is_replaced_and_sigterm_hands_ove
             "the standby reconciled while not leading"
         );
         // Only the leader sweeps: a term starts with a sweep; the standby's log has none.
-        eventually(
-            "the leader's first sweep",
-            Duration::from_secs(30),
-            || async {
-                leader
-                    .log_lines()
-                    .iter()
-                    .any(|line| line.contains("sweep done"))
-                    .then_some(())
-            },
-        )
-        .await;
+        wait_for_sweep(&leader).await;
         assert!(
             !standby
                 .log_lines()
@@ -180,18 +185,7 @@ async fn one_leader_reconciles_a_killed_leader_is_replaced_and_sigterm_hands_ove
         ready_at(&environments, 23, &sha(23)).await;
         ready_at(&environments, 21, &sha(121)).await;
         assert_eq!(standby.metric(&http, "previewd_leader").await, Some(1.0));
-        eventually(
-            "the new leader's first sweep",
-            Duration::from_secs(30),
-            || async {
-                standby
-                    .log_lines()
-                    .iter()
-                    .any(|line| line.contains("sweep done"))
-                    .then_some(())
-            },
-        )
-        .await;
+        wait_for_sweep(&standby).await;
         let killed_log = leader.log_lines();
         drop(leader);
 

@@ -189,6 +189,38 @@ async fn app_ready(
     (harness, name, target)
 }
 
+/// GitLab's member lookup: user 1 (`root` in the fixtures) is a Developer; user 7 is not a
+/// member (404).
+async fn gitlab_members(forge: &MockServer) {
+    for (user, status, body) in [
+        (
+            1,
+            200,
+            json!({"id": 1, "username": "root", "access_level": 30}),
+        ),
+        (7, 404, json!({"message": "404 Not found"})),
+    ] {
+        Mock::given(method("GET"))
+            .and(wiremock::matchers::path_regex(format!(
+                r"^/api/v4/projects/[^/]+/members/all/{user}$"
+            )))
+            .respond_with(ResponseTemplate::new(status).set_body_json(body))
+            .mount(forge)
+            .await;
+    }
+}
+
+/// A note by `username` (`user_id`) saying `text`: the fixture note on MR 1, changed in a copy
+/// to be on this template's project (`gitlabhq/gitlab-test`).
+fn gitlab_note(user_id: u64, username: &str, text: &str) -> Vec<u8> {
+    let mut delivery = json_fixture("gitlab/note_merge_request.json");
+    delivery["project"]["path_with_namespace"] = "gitlabhq/gitlab-test".into();
+    delivery["user"]["id"] = user_id.into();
+    delivery["user"]["username"] = username.into();
+    delivery["object_attributes"]["note"] = text.into();
+    delivery.to_string().into_bytes()
+}
+
 async fn comments_created(forge: &MockServer, number: u64) -> usize {
     sent(forge, "POST", &format!("/issues/{number}/comments"), "").await
 }
@@ -676,23 +708,7 @@ async fn idle_environments_sleep_and_a_push_wakes_them() {
 async fn gitlab_note_commands_ask_for_member_access() {
     in_namespace("lifecycle-gitlab", |client, ns| async move {
         let forge = gitlab_forge().await;
-        // Member 1 (`root` in the fixture) is a Developer; user 7 is not a member.
-        for (user, status, body) in [
-            (
-                1,
-                200,
-                json!({"id": 1, "username": "root", "access_level": 30}),
-            ),
-            (7, 404, json!({"message": "404 Not found"})),
-        ] {
-            Mock::given(method("GET"))
-                .and(wiremock::matchers::path_regex(format!(
-                    r"^/api/v4/projects/[^/]+/members/all/{user}$"
-                )))
-                .respond_with(ResponseTemplate::new(status).set_body_json(body))
-                .mount(&forge)
-                .await;
-        }
+        gitlab_members(&forge).await;
         install_template_with(
             &client,
             &ns,
@@ -721,16 +737,6 @@ async fn gitlab_note_commands_ask_for_member_access() {
             Duration::from_secs(60),
         )
         .await;
-        // The fixture note is on MR 1 of gitlab-org/gitlab-test; changed in a copy to be on
-        // this template's project, by the given user.
-        let note = |user_id: u64, username: &str, text: &str| {
-            let mut delivery = json_fixture("gitlab/note_merge_request.json");
-            delivery["project"]["path_with_namespace"] = "gitlabhq/gitlab-test".into();
-            delivery["user"]["id"] = user_id.into();
-            delivery["user"]["username"] = username.into();
-            delivery["object_attributes"]["note"] = text.into();
-            delivery.to_string().into_bytes()
-        };
         let note_says = |needle: &'static str| {
             let forge = &forge;
             async move {
@@ -750,7 +756,7 @@ async fn gitlab_note_commands_ask_for_member_access() {
             .gitlab(
                 "Note Hook",
                 "note-1",
-                &note(7, "guest", "/preview sleep"),
+                &gitlab_note(7, "guest", "/preview sleep"),
                 SECRET,
             )
             .await;
@@ -761,7 +767,7 @@ async fn gitlab_note_commands_ask_for_member_access() {
             .gitlab(
                 "Note Hook",
                 "note-2",
-                &note(1, "root", "/preview sleep"),
+                &gitlab_note(1, "root", "/preview sleep"),
                 SECRET,
             )
             .await;
@@ -789,22 +795,7 @@ async fn gitlab_note_commands_ask_for_member_access() {
 async fn a_gitlab_fork_merge_request_waits_for_a_members_approval() {
     in_namespace("lifecycle-gitlab-fork", |client, ns| async move {
         let forge = gitlab_forge().await;
-        for (user, status, body) in [
-            (
-                1,
-                200,
-                json!({"id": 1, "username": "root", "access_level": 30}),
-            ),
-            (7, 404, json!({"message": "404 Not found"})),
-        ] {
-            Mock::given(method("GET"))
-                .and(wiremock::matchers::path_regex(format!(
-                    r"^/api/v4/projects/[^/]+/members/all/{user}$"
-                )))
-                .respond_with(ResponseTemplate::new(status).set_body_json(body))
-                .mount(&forge)
-                .await;
-        }
+        gitlab_members(&forge).await;
         install_template_with(
             &client,
             &ns,
@@ -841,19 +832,11 @@ async fn a_gitlab_fork_merge_request_waits_for_a_members_approval() {
             "AwaitingApproval"
         );
 
-        let note = |user_id: u64, username: &str, text: &str| {
-            let mut delivery = json_fixture("gitlab/note_merge_request.json");
-            delivery["project"]["path_with_namespace"] = "gitlabhq/gitlab-test".into();
-            delivery["user"]["id"] = user_id.into();
-            delivery["user"]["username"] = username.into();
-            delivery["object_attributes"]["note"] = text.into();
-            delivery.to_string().into_bytes()
-        };
         let (status, body) = harness
             .gitlab(
                 "Note Hook",
                 "approve-guest",
-                &note(7, "guest", "/preview approve da15608"),
+                &gitlab_note(7, "guest", "/preview approve da15608"),
                 SECRET,
             )
             .await;
@@ -886,7 +869,7 @@ async fn a_gitlab_fork_merge_request_waits_for_a_members_approval() {
             .gitlab(
                 "Note Hook",
                 "approve-root",
-                &note(1, "root", "/preview approve da15608"),
+                &gitlab_note(1, "root", "/preview approve da15608"),
                 SECRET,
             )
             .await;

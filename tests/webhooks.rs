@@ -671,7 +671,16 @@ async fn a_failing_seed_degrades_the_environment_names_the_job_and_a_fixed_commi
             },
         )
         .await;
-        let failed = failures(&harness.metrics().await) - failures_before;
+        // The metric is recorded just after the status write the test saw: wait for it.
+        let failed = eventually(
+            "the seed failure to be counted",
+            Duration::from_secs(10),
+            || async {
+                let counted = failures(&harness.metrics().await) - failures_before;
+                (counted > 0.0).then_some(counted)
+            },
+        )
+        .await;
         assert_eq!(
             failed, 1.0,
             "one seed failure counted in previewd_seed_failures_total"
@@ -849,6 +858,16 @@ fn pull_request_state(action: &str, labels: &[&str], draft: bool, step: i64) -> 
     delivery.to_string().into_bytes()
 }
 
+/// One state of a PR: delivery id, action, labels, draft, and `Some(why)` if it removes the
+/// environment (the answer names why) or `None` if the environment is then Ready.
+type LabelStep = (
+    &'static str,
+    &'static str,
+    &'static [&'static str],
+    bool,
+    Option<&'static str>,
+);
+
 /// A template that requires the `preview` label: a PR gets an environment when labelled, loses
 /// it when the label goes or the PR turns draft, and gets it back when ready for review.
 #[tokio::test]
@@ -886,54 +905,41 @@ async fn a_required_label_and_drafts_decide_whether_a_pull_request_has_an_enviro
             "no label, no environment"
         );
 
-        send(
-            "labelled",
-            pull_request_state("labeled", &["bug", "preview"], false, 1),
-        )
-        .await;
-        let name = environment_of_pr(&harness.environments, 2).await;
-        let ready = wait_ready_with_sha(&harness.environments, &name, sha).await;
-        let target = ready.status.unwrap().namespace.unwrap();
-
-        let answer = send(
-            "unlabelled",
-            pull_request_state("unlabeled", &["bug"], false, 2),
-        )
-        .await;
-        assert!(
-            answer["message"]
-                .as_str()
-                .is_some_and(|m| m.contains("label")),
-            "{answer}"
-        );
-        wait_gone(&client, &harness.environments, &name, &target).await;
-
-        send(
-            "relabelled",
-            pull_request_state("labeled", &["preview"], false, 3),
-        )
-        .await;
-        let ready = wait_ready_with_sha(&harness.environments, &name, sha).await;
-        let target = ready.status.unwrap().namespace.unwrap();
-        let answer = send(
-            "draft",
-            pull_request_state("converted_to_draft", &["preview"], true, 4),
-        )
-        .await;
-        assert!(
-            answer["message"]
-                .as_str()
-                .is_some_and(|m| m.contains("draft")),
-            "{answer}"
-        );
-        wait_gone(&client, &harness.environments, &name, &target).await;
-
-        send(
-            "ready",
-            pull_request_state("ready_for_review", &["preview"], false, 5),
-        )
-        .await;
-        wait_ready_with_sha(&harness.environments, &name, sha).await;
+        // Each later state of the PR: (delivery, action, labels, draft, and then either its
+        // environment Ready, or its removal with the answer saying why).
+        let name = previewd::model::naming::environment_name("app-github", "changes", Some(2));
+        let steps: [LabelStep; 5] = [
+            ("labelled", "labeled", &["bug", "preview"], false, None),
+            ("unlabelled", "unlabeled", &["bug"], false, Some("label")),
+            ("relabelled", "labeled", &["preview"], false, None),
+            (
+                "draft",
+                "converted_to_draft",
+                &["preview"],
+                true,
+                Some("draft"),
+            ),
+            ("ready", "ready_for_review", &["preview"], false, None),
+        ];
+        let mut target = String::new();
+        for (step, (id, action, labels, draft, removed_because)) in steps.into_iter().enumerate() {
+            let answer = send(
+                id,
+                pull_request_state(action, labels, draft, step as i64 + 1),
+            )
+            .await;
+            match removed_because {
+                None => {
+                    let ready = wait_ready_with_sha(&harness.environments, &name, sha).await;
+                    target = ready.status.and_then(|s| s.namespace).expect("a namespace");
+                }
+                Some(why) => {
+                    let said = answer["message"].as_str().is_some_and(|m| m.contains(why));
+                    assert!(said, "{id}: {answer}");
+                    wait_gone(&client, &harness.environments, &name, &target).await;
+                }
+            }
+        }
     })
     .await;
 }

@@ -132,19 +132,25 @@ async fn finish(
     let fell_asleep = status.phase == Phase::Sleeping && previous.phase != Phase::Sleeping;
     let mut observations = Observations::between(&previous, &status, &context.memory);
     let ready_timings = status.timings.clone().filter(|t| t.ready_at.is_some());
-    write_status(environment, context, status).await?;
-    // A commit this process already declared Ready is not timed again (the cache had not
-    // caught up with that write).
-    let already_timed = ready_timings.is_some_and(|timings| {
-        let mut remembered = context.memory.ready_timings.lock();
-        let known = remembered.get(key).is_some_and(|t| t.sha == timings.sha);
-        remembered.insert(key.clone(), timings);
-        known
-    });
-    if already_timed {
-        observations.seconds_to_ready = None;
+    let written = write_status(environment, context, status).await;
+    // The metrics go with the status write: a forge report that failed after it (retried
+    // with backoff) must not lose them, since the next reconcile sees the written status as
+    // the previous one and would not count the change again.
+    if !matches!(written, Err(ReconcileError::Status(_))) {
+        // A commit this process already declared Ready is not timed again (the cache had not
+        // caught up with that write).
+        let already_timed = ready_timings.is_some_and(|timings| {
+            let mut remembered = context.memory.ready_timings.lock();
+            let known = remembered.get(key).is_some_and(|t| t.sha == timings.sha);
+            remembered.insert(key.clone(), timings);
+            known
+        });
+        if already_timed {
+            observations.seconds_to_ready = None;
+        }
+        observations.record(&context.metrics);
     }
-    observations.record(&context.metrics);
+    written?;
     if fell_asleep {
         start_queued(environment, context);
     }
