@@ -735,17 +735,27 @@ async fn a_failing_seed_degrades_the_environment_names_the_job_and_a_fixed_commi
 
 /// The `previewd_*` metric names a doc mentions (histogram series names reduced to the metric).
 fn documented_metrics(doc: &str) -> std::collections::BTreeSet<String> {
-    let names = doc.match_indices("previewd_").map(|(start, _)| {
-        let name: String = doc[start..]
+    // A name starts a word: `previewd_` inside a test's name is not a metric.
+    let starts_word = |start: usize| {
+        doc[..start]
             .chars()
-            .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
-            .collect();
-        ["_bucket", "_count", "_sum"]
-            .iter()
-            .find_map(|suffix| name.strip_suffix(suffix))
-            .unwrap_or(&name)
-            .to_string()
-    });
+            .next_back()
+            .is_none_or(|c| !(c.is_ascii_alphanumeric() || c == '_'))
+    };
+    let names = doc
+        .match_indices("previewd_")
+        .filter(|(start, _)| starts_word(*start))
+        .map(|(start, _)| {
+            let name: String = doc[start..]
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                .collect();
+            ["_bucket", "_count", "_sum"]
+                .iter()
+                .find_map(|suffix| name.strip_suffix(suffix))
+                .unwrap_or(&name)
+                .to_string()
+        });
     // `previewd_*` in prose is a pattern, not a metric.
     names.filter(|name| name != "previewd_").collect()
 }
