@@ -33,9 +33,7 @@ impl Requests {
                 | "UPDATE"
         )
     }
-}
 
-impl Requests {
     /// A heartbeat every cluster writes whatever previewd does: Leases (previewd's, the
     /// controller manager's, the simulated nodes') and node status.
     pub fn is_heartbeat(&self) -> bool {
