@@ -323,6 +323,134 @@ async fn beyond_the_cap_a_pull_request_queues_and_a_destroy_starts_it() {
     .await;
 }
 
+/// The queue's own check: when no hand-over comes (an administrator removed a stuck
+/// environment by clearing its finalizer, so previewd never ran its cleanup and never handed
+/// its slot on), the queued environment looks again on its own within 30 s and starts.
+#[tokio::test]
+async fn a_queued_environment_starts_on_its_own_when_no_hand_over_comes() {
+    in_namespace("lifecycle-queue-net", |client, ns| async move {
+        let forge = github_forge().await;
+        install_template_with(
+            &client,
+            &ns,
+            "github",
+            REPOSITORY,
+            Some(&forge.uri()),
+            json!({"lifecycle": {"maxEnvironments": 1}}),
+            CONFIG_MAP_APP,
+        )
+        .await;
+        let harness = Harness::start(&client, &ns, 1 << 20).await;
+        let (status, _) = harness
+            .signed("pull_request", "open-21", &opened_for(21, &"21".repeat(20)))
+            .await;
+        assert_eq!(status, 202);
+        let first = environment_of(&harness, 21).await;
+        let running = wait_for_phase(
+            &harness.environments,
+            &first,
+            Phase::Ready,
+            Duration::from_secs(60),
+        )
+        .await;
+        let first_namespace = running.status.and_then(|s| s.namespace).unwrap();
+        let (status, _) = harness
+            .signed("pull_request", "open-22", &opened_for(22, &"22".repeat(20)))
+            .await;
+        assert_eq!(status, 202);
+        let second = environment_of(&harness, 22).await;
+        wait_for_phase(
+            &harness.environments,
+            &second,
+            Phase::Queued,
+            Duration::from_secs(30),
+        )
+        .await;
+
+        remove_behind_previewds_back(&harness.environments, &first).await;
+        let removed_at = std::time::Instant::now();
+        let started = wait_for_phase(
+            &harness.environments,
+            &second,
+            Phase::Ready,
+            Duration::from_secs(90),
+        )
+        .await;
+        println!(
+            "queued environment Ready {:.1} s after the slot freed without a hand-over",
+            removed_at.elapsed().as_secs_f64()
+        );
+        assert_eq!(started.status.unwrap().queue_position, None);
+        // previewd never saw the first environment go: its namespace was not deleted (the
+        // orphan sweep's job), so the start above came from the queue's own check.
+        let namespace = Api::<Namespace>::all(client.clone())
+            .get(&first_namespace)
+            .await
+            .expect("the first environment's namespace is still there");
+        assert!(namespace.metadata.deletion_timestamp.is_none());
+    })
+    .await;
+}
+
+/// Removes `name` the way an administrator removes a stuck environment (finalizers cleared,
+/// then deleted) without previewd ever seeing it deleted with its finalizer, which would run its
+/// cleanup and hand the slot on. A foreign finalizer holds the object while the delete happens;
+/// the delete is conditional on the object being exactly as left, so previewd cannot have put
+/// its own finalizer back in between (if it did, the round starts again).
+async fn remove_behind_previewds_back(
+    environments: &Api<previewd::model::crd::PreviewEnvironment>,
+    name: &str,
+) {
+    const HOLD: &str = "test.previewd.dev/hold";
+    for _ in 0..10 {
+        let held = environments
+            .patch(
+                name,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"metadata": {"finalizers": [HOLD]}})),
+            )
+            .await
+            .unwrap();
+        let preconditions = kube::api::Preconditions {
+            resource_version: held.metadata.resource_version.clone(),
+            uid: None,
+        };
+        let delete = kube::api::DeleteParams {
+            preconditions: Some(preconditions),
+            ..Default::default()
+        };
+        match environments.delete(name, &delete).await {
+            Ok(_) => {
+                environments
+                    .patch(
+                        name,
+                        &PatchParams::default(),
+                        &Patch::Merge(json!({"metadata": {"finalizers": null}})),
+                    )
+                    .await
+                    .unwrap();
+                eventually(
+                    "the environment is gone",
+                    Duration::from_secs(10),
+                    || async {
+                        environments
+                            .get_opt(name)
+                            .await
+                            .unwrap()
+                            .is_none()
+                            .then_some(())
+                    },
+                )
+                .await;
+                return;
+            }
+            Err(kube::Error::Api(e)) if e.code == 409 => continue,
+            Err(e) => panic!("deleting {name}: {e}"),
+        }
+    }
+    panic!("previewd kept putting its finalizer back on {name}");
+}
+
 #[tokio::test]
 async fn comment_commands_from_writers_act_and_from_others_are_refused() {
     in_namespace("lifecycle-commands", |client, ns| async move {
