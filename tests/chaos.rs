@@ -293,18 +293,144 @@ async fn cut_watches_resume_and_a_410_gone_relists_and_repairs_what_changed_mean
     .await;
 }
 
+/// A step of a pull request's (GitHub) or merge request's (GitLab) life.
+#[derive(Clone, Copy)]
+enum Step {
+    Open,
+    Push,
+    Close,
+}
+
+/// A pull request or merge request, told as the deliveries its forge sends.
+struct ChangeRequest {
+    forge: &'static str,
+    repository: &'static str,
+    number: u64,
+}
+
+impl ChangeRequest {
+    /// The event name and body of `step`: the head is `head(number, 0)` when opened and
+    /// `head(number, 1)` after the push; each step is changed 10 s after the one before.
+    fn delivery(&self, step: Step) -> (&'static str, Vec<u8>) {
+        let change = match step {
+            Step::Open => 0,
+            Step::Push | Step::Close => 1,
+        };
+        let changed = chrono::Utc::now() - chrono::TimeDelta::minutes(10)
+            + chrono::TimeDelta::seconds(step as i64 * 10);
+        let head = head(self.number, change);
+        match self.forge {
+            "gitlab" => (
+                "Merge Request Hook",
+                self.merge_request(step, &head, changed),
+            ),
+            _ => ("pull_request", self.pull_request(step, &head, changed)),
+        }
+    }
+
+    fn pull_request(
+        &self,
+        step: Step,
+        head: &str,
+        changed: chrono::DateTime<chrono::Utc>,
+    ) -> Vec<u8> {
+        let number = self.number;
+        match step {
+            Step::Open => pull_request_change(number, 0, head, changed),
+            Step::Push => pull_request_change(number, 1, head, changed),
+            Step::Close => {
+                let mut closed = json_fixture("github/pull_request.closed.json");
+                closed["number"] = number.into();
+                closed["pull_request"]["number"] = number.into();
+                closed["pull_request"]["head"]["ref"] = format!("pr-{number}").into();
+                closed["pull_request"]["head"]["sha"] = head.into();
+                closed["pull_request"]["updated_at"] = timestamp(changed).into();
+                closed.to_string().into_bytes()
+            }
+        }
+    }
+
+    /// `gitlab/merge_request.json` as merge request `number` of `repository` on branch
+    /// `mr-<number>`, changed in a copy.
+    fn merge_request(
+        &self,
+        step: Step,
+        head: &str,
+        changed: chrono::DateTime<chrono::Utc>,
+    ) -> Vec<u8> {
+        let mut delivery = json_fixture("gitlab/merge_request.json");
+        delivery["project"]["path_with_namespace"] = self.repository.into();
+        let attributes = &mut delivery["object_attributes"];
+        attributes["iid"] = self.number.into();
+        attributes["source_branch"] = format!("mr-{}", self.number).into();
+        attributes["last_commit"]["id"] = head.into();
+        attributes["updated_at"] = timestamp(changed).into();
+        let (action, state) = match step {
+            Step::Open => ("open", "opened"),
+            Step::Push => ("update", "opened"),
+            Step::Close => ("close", "closed"),
+        };
+        attributes["action"] = action.into();
+        attributes["state"] = state.into();
+        delivery.to_string().into_bytes()
+    }
+
+    async fn send(&self, process: &PreviewdProcess, http: &reqwest::Client, step: Step) {
+        let (event, body) = self.delivery(step);
+        let id = format!("{}-{}-{}", self.forge, self.number, step as u8);
+        match self.forge {
+            "gitlab" => process.send_gitlab(http, event, &id, &body).await,
+            _ => process.send(http, event, &id, &body).await,
+        }
+    }
+
+    /// The text of the last comment (GitHub) or note (GitLab) previewd wrote on it.
+    fn last_comment(&self, forge: &ForgeStandIn) -> Option<String> {
+        forge.received().into_iter().rev().find_map(|r| match r {
+            Received::Comment { number, body, .. } if number == self.number => Some(body),
+            _ => None,
+        })
+    }
+}
+
+fn timestamp(at: chrono::DateTime<chrono::Utc>) -> String {
+    at.format("%Y-%m-%dT%H:%M:%SZ").to_string()
+}
+
 #[tokio::test]
 async fn previewd_sigkilled_at_each_step_of_a_pull_request_finishes_it_after_restart() {
+    let github = ChangeRequest {
+        forge: "github",
+        repository: REPOSITORY,
+        number: 51,
+    };
+    killed_at_each_step("previewd-killed", github).await;
+}
+
+#[tokio::test]
+async fn previewd_sigkilled_at_each_step_of_a_merge_request_finishes_it_after_restart() {
+    let gitlab = ChangeRequest {
+        forge: "gitlab",
+        repository: "gitlabhq/gitlab-test",
+        number: 52,
+    };
+    killed_at_each_step("previewd-killed-gitlab", gitlab).await;
+}
+
+/// Opened and killed while the seed runs; pushed and killed right after the answer; closed and
+/// killed right after the answer. Each time a new previewd finishes the job: the new commit
+/// Ready, the seed run once, the environment gone at the end, and one comment for it all.
+async fn killed_at_each_step(test_name: &str, change: ChangeRequest) {
     let _turn = TURN.lock().await;
-    in_namespace("previewd-killed", |client, ns| async move {
+    in_namespace(test_name, |client, ns| async move {
         let forge = ForgeStandIn::start().await.unwrap();
         // A seed that runs 3 s, so that the first kill lands while the environment deploys.
         let seed = "apiVersion: batch/v1\nkind: Job\nmetadata:\n  name: data\nspec:\n  backoffLimit: 0\n  template:\n    metadata:\n      annotations:\n        sandbox.previewd.dev/run-seconds: \"3\"\n    spec:\n      restartPolicy: Never\n      containers:\n      - name: load\n        image: busybox:1.36\n";
         install_template_with(
             &client,
             &ns,
-            "github",
-            REPOSITORY,
+            change.forge,
+            change.repository,
             Some(&forge.url()),
             json!({"seeds": [{"name": "data", "wave": 1, "job": seed}]}),
             CONFIG_MAP_APP,
@@ -321,83 +447,66 @@ async fn previewd_sigkilled_at_each_step_of_a_pull_request_finishes_it_after_res
                 process
             }
         };
+        let number = change.number;
 
         // Opened; killed while the seed runs.
         let first = start(1).await;
-        first
-            .send(&http, "pull_request", "open-51", &change_of(51, 0))
-            .await;
-        let name = environment_of_pr(&environments, 51).await;
+        change.send(&first, &http, Step::Open).await;
+        let name = environment_of_pr(&environments, number).await;
         let target = target_of(&environments, &name).await;
         wait_for_job(&client, &target).await;
         first.signal(libc::SIGKILL);
         let second = start(2).await;
-        wait_ready_with_sha(&environments, &name, &head(51, 0)).await;
+        wait_ready_with_sha(&environments, &name, &head(number, 0)).await;
         assert_seeded_once(&client, &target).await;
         // The comment follows (each new process's start-up sweep gets the stand-in's 503 for
-        // the PR list, and the forge client then waits ~2 s before its next call).
-        eventually("the PR comment", Duration::from_secs(30), || async {
-            (comments_created(&forge, 51) == 1).then_some(())
+        // the list of open requests, and the forge client then waits ~2 s before its next call).
+        eventually("the comment", Duration::from_secs(30), || async {
+            (comments_created(&forge, number) == 1).then_some(())
         })
         .await;
 
         // Pushed; killed right after it answered.
-        second
-            .send(&http, "pull_request", "push-51", &change_of(51, 1))
-            .await;
+        change.send(&second, &http, Step::Push).await;
         second.signal(libc::SIGKILL);
         let third = start(3).await;
-        wait_ready_with_sha(&environments, &name, &head(51, 1)).await;
+        wait_ready_with_sha(&environments, &name, &head(number, 1)).await;
         assert_seeded_once(&client, &target).await;
 
         // Closed; killed right after it answered.
-        let mut closed = json_fixture("github/pull_request.closed.json");
-        closed["number"] = 51.into();
-        closed["pull_request"]["number"] = 51.into();
-        closed["pull_request"]["head"]["ref"] = "pr-51".into();
-        closed["pull_request"]["head"]["sha"] = head(51, 1).into();
-        closed["pull_request"]["updated_at"] = chrono::Utc::now()
-            .format("%Y-%m-%dT%H:%M:%SZ")
-            .to_string()
-            .into();
-        third
-            .send(&http, "pull_request", "close-51", &closed.to_string().into_bytes())
-            .await;
+        change.send(&third, &http, Step::Close).await;
         third.signal(libc::SIGKILL);
         let fourth = start(4).await;
         wait_gone(&client, &environments, &name, &target).await;
 
-        if comments_created(&forge, 51) != 1 {
-            for entry in std::fs::read_dir(logs.path()).unwrap() {
-                let path = entry.unwrap().path();
-                for line in std::fs::read_to_string(&path).unwrap_or_default().lines() {
-                    if line.contains("WARN") || line.contains("ERROR") || line.contains("forge") {
-                        eprintln!("{}: {line}", path.display());
-                    }
-                }
-            }
+        if comments_created(&forge, number) != 1 {
+            print_forge_lines(logs.path());
         }
         assert_eq!(
-            comments_created(&forge, 51),
+            comments_created(&forge, number),
             1,
-            "one comment for the PR's whole life, however often previewd died; the forge saw {:#?}",
+            "one comment for the whole life, however often previewd died; the forge saw {:#?}",
             forge.received()
         );
-        let last_comment = || {
-            forge.received().into_iter().rev().find_map(|r| match r {
-                Received::Comment {
-                    number: 51, body, ..
-                } => Some(body),
-                _ => None,
-            })
-        };
         eventually(
             "the comment to say the environment is gone",
             Duration::from_secs(30),
-            || async { last_comment().filter(|text| text.contains("destroyed")) },
+            || async { change.last_comment(&forge).filter(|text| text.contains("destroyed")) },
         )
         .await;
         drop(fourth);
     })
     .await;
+}
+
+/// previewd's warnings, errors and forge lines from every log under `logs`.
+fn print_forge_lines(logs: &Path) {
+    for entry in std::fs::read_dir(logs).unwrap() {
+        let path = entry.unwrap().path();
+        for line in std::fs::read_to_string(&path).unwrap_or_default().lines() {
+            if line.contains("WARN") || line.contains("ERROR") || line.contains("forge") {
+                eprintln!("{}: {line}", path.display());
+            }
+        }
+    }
 }

@@ -589,6 +589,88 @@ async fn manifests_from_the_repository_are_read_once_per_commit() {
     .await;
 }
 
+/// The same from GitLab: the folder listed with the repository tree API (entries in the shape
+/// GitLab documents for `GET /projects/:id/repository/tree`: id, name, type, path, mode), each
+/// YAML blob read raw at the merge request's last commit, and read again at the next commit only.
+#[tokio::test]
+async fn gitlab_manifests_from_the_repository_are_read_at_the_merge_requests_commit() {
+    in_namespace("webhook-gitlab-repo", |client, ns| async move {
+        let forge = gitlab_forge().await;
+        let tree = json!([
+            {"id": "a1e8f8d745cc87e3a9248358d9352bb7f9a0aeba", "name": "app.yaml", "type": "blob", "path": "deploy/preview/app.yaml", "mode": "100644"},
+            {"id": "4535904260b1082e14f867f7a24fd8c21495bde3", "name": "README.md", "type": "blob", "path": "deploy/preview/README.md", "mode": "100644"},
+            {"id": "b52f7fd9a9e6ba1b1d2e3e5b6a4a0e1b8c6d4f21", "name": "old", "type": "tree", "path": "deploy/preview/old", "mode": "040000"}
+        ]);
+        let manifest = "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: from-repo\ndata:\n  sha: \"{{ short_sha }}\"\n";
+        Mock::given(method("GET"))
+            .and(path_regex(r"^/api/v4/projects/[^/]+/repository/tree$"))
+            .and(wiremock::matchers::query_param("path", "deploy/preview"))
+            .respond_with(ResponseTemplate::new(200).set_body_json(tree))
+            .mount(&forge)
+            .await;
+        Mock::given(method("GET"))
+            .and(path_regex(
+                r"^/api/v4/projects/[^/]+/repository/files/deploy%2Fpreview%2Fapp\.yaml/raw$",
+            ))
+            .respond_with(ResponseTemplate::new(200).set_body_string(manifest))
+            .mount(&forge)
+            .await;
+        install_template(&client, &ns, "gitlab", "gitlabhq/gitlab-test", Some(&forge.uri())).await;
+        let templates: Api<PreviewTemplate> = Api::namespaced(client.clone(), &ns);
+        let from_repository =
+            json!({"spec": {"manifests": {"inline": null, "repositoryPath": "deploy/preview"}}});
+        templates
+            .patch(
+                "app-gitlab",
+                &kube::api::PatchParams::default(),
+                &kube::api::Patch::Merge(from_repository),
+            )
+            .await
+            .unwrap();
+        let harness = Harness::start(&client, &ns, 2 << 20).await;
+        let mut delivery = json_fixture("gitlab/merge_request.json");
+        let first = "da1560886d4f094c3e6c9ef40349f7d38b5d27d7";
+        let (status, answer) = harness
+            .gitlab("Merge Request Hook", "gr-open", delivery.to_string().as_bytes(), SECRET)
+            .await;
+        assert_eq!(status, 202, "{answer}");
+        let name = harness.environment_names().await.pop().unwrap();
+        let ready = wait_ready_with_sha(&harness.environments, &name, first).await;
+        let target = ready.status.unwrap().namespace.unwrap();
+        let config_maps: Api<k8s_openapi::api::core::v1::ConfigMap> =
+            Api::namespaced(client.clone(), &target);
+        let sha_in_cluster = || async {
+            config_maps.get("from-repo").await.unwrap().data.unwrap()["sha"].clone()
+        };
+        assert_eq!(sha_in_cluster().await, "da15608");
+
+        let second = "0a1b2c3d4e5f60718293a4b5c6d7e8f901234567";
+        delivery["object_attributes"]["action"] = "update".into();
+        delivery["object_attributes"]["last_commit"]["id"] = second.into();
+        let (status, _) = harness
+            .gitlab("Merge Request Hook", "gr-update", delivery.to_string().as_bytes(), SECRET)
+            .await;
+        assert_eq!(status, 202);
+        wait_ready_with_sha(&harness.environments, &name, second).await;
+        assert_eq!(sha_in_cluster().await, "0a1b2c3");
+        let requests = forge.received_requests().await.unwrap_or_default();
+        let reads_at = |sha: &str| {
+            let at = format!("ref={sha}");
+            requests
+                .iter()
+                .filter(|r| r.url.path().contains("/repository/"))
+                .filter(|r| r.url.query().is_some_and(|q| q.contains(&at)))
+                .count()
+        };
+        assert_eq!(
+            (reads_at(first), reads_at(second)),
+            (2, 2),
+            "one tree listing and one raw file per commit, README and folder skipped"
+        );
+    })
+    .await;
+}
+
 /// A seed Job whose pod fails when the commit starts with `bad` (the node simulator fails a
 /// Job's pod that carries its fail annotation), and succeeds for any other commit.
 const SEED_FAILING_ON_BAD_COMMITS: &str = "apiVersion: batch/v1

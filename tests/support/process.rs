@@ -70,6 +70,28 @@ impl PreviewdProcess {
         assert_eq!(status, 202, "{} answered {answer}", self.name);
     }
 
+    /// Sends a GitLab delivery with the tests' token; expects 202.
+    pub async fn send_gitlab(
+        &self,
+        http: &reqwest::Client,
+        event: &str,
+        delivery: &str,
+        body: &[u8],
+    ) {
+        let response = http
+            .post(format!("{}/webhooks/gitlab", self.base))
+            .header("X-Gitlab-Event", event)
+            .header("X-Gitlab-Event-UUID", delivery)
+            .header("X-Gitlab-Token", SECRET)
+            .body(body.to_vec())
+            .send()
+            .await
+            .expect("send the delivery");
+        let status = response.status().as_u16();
+        let answer = response.text().await.unwrap_or_default();
+        assert_eq!(status, 202, "{} answered {answer}", self.name);
+    }
+
     /// The value of one series of its `/metrics`.
     pub async fn metric(&self, http: &reqwest::Client, series: &str) -> Option<f64> {
         let text = http

@@ -11,13 +11,13 @@ use gitlab::api::projects::merge_requests::notes::{
     CreateMergeRequestNote, EditMergeRequestNote, MergeRequestNotes,
 };
 use gitlab::api::projects::merge_requests::{MergeRequestState, MergeRequests};
-use gitlab::api::projects::repository::Tree;
 use gitlab::api::projects::repository::branches::Branches;
 use gitlab::api::projects::repository::commits::{CommitStatusState, CreateCommitStatus};
 use gitlab::api::projects::repository::files::FileRaw;
 use gitlab::api::{AsyncQuery, Endpoint, Pageable, Pagination};
 use serde::de::DeserializeOwned;
 
+use super::tree::TreeAt;
 use crate::forge::client::{check_manifest_count, check_manifest_size, is_yaml};
 use crate::forge::comment::CommitState;
 use crate::forge::metrics::ForgeMetrics;
@@ -332,12 +332,7 @@ impl GitlabApi {
             #[serde(rename = "type")]
             kind: String,
         }
-        let tree = Tree::builder()
-            .project(project)
-            .path(path)
-            .ref_(sha)
-            .build();
-        let tree = built("read_manifests", tree)?;
+        let tree = TreeAt { project, path, sha };
         let entries: Vec<Entry> = self
             .list("read_manifests", tree, Pagination::Limit(1000))
             .await?;
