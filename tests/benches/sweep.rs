@@ -1,5 +1,7 @@
 //! Benchmark: one sweep over 500 environments in 5 repositories, against the real control
-//! plane, with the GitHub API served by wiremock.
+//! plane, with the GitHub API and then the GitLab API served by wiremock in the shapes each
+//! documents (GitHub: `Link` pages and ETags; GitLab: offset pages of 100 with its `x-page`
+//! headers, no ETags).
 //!
 //! `cargo bench --bench sweep`. Per repository: 100 environments (PRs 1–100), and an open-PR
 //! list of 251 (PRs 1–90 and 161 others without an environment: 3 pages of 100). PRs 91–100 were closed with their
@@ -28,14 +30,42 @@ use previewd::lifecycle::sweeper::Sweeper;
 use previewd::model::crd::{PreviewEnvironment, PreviewTemplate};
 use previewd::runtime::metrics::Metrics;
 use serde_json::{Value, json};
-use wiremock::matchers::{method, path_regex};
+use wiremock::matchers::{method, path_regex, query_param};
 use wiremock::{Mock, MockServer, Request, ResponseTemplate};
 
 const REPOSITORIES: usize = 5;
 const ENVIRONMENTS_PER_REPOSITORY: u64 = 100;
 
 fn main() {
-    support::run_benchmark(benchmark());
+    support::run_benchmark(async {
+        benchmark(Forge::Github).await;
+        benchmark(Forge::Gitlab).await;
+    });
+}
+
+#[derive(Clone, Copy)]
+enum Forge {
+    Github,
+    Gitlab,
+}
+
+impl Forge {
+    fn kind(self) -> &'static str {
+        match self {
+            Forge::Github => "github",
+            Forge::Gitlab => "gitlab",
+        }
+    }
+
+    /// The open-request list and the branches of every `org/repo-N`, as this forge serves them.
+    async fn serve(self) -> MockServer {
+        let server = MockServer::start().await;
+        match self {
+            Forge::Github => mount_github(&server).await,
+            Forge::Gitlab => mount_gitlab(&server).await,
+        }
+        server
+    }
 }
 
 /// Open PRs of every repository: 1–90 and 340–500 (251 in all), served 100 per page.
@@ -46,18 +76,22 @@ fn open_pull_requests() -> Vec<Value> {
         .collect()
 }
 
-async fn forge() -> MockServer {
-    let server = MockServer::start().await;
+/// The `page` query parameter (1 when absent).
+fn page_of(request: &Request) -> usize {
+    request
+        .url
+        .query_pairs()
+        .find(|(k, _)| k == "page")
+        .and_then(|(_, v)| v.parse().ok())
+        .unwrap_or(1)
+}
+
+async fn mount_github(server: &MockServer) {
     let open = open_pull_requests();
     Mock::given(method("GET"))
         .and(path_regex(r"^/repos/org/repo-\d/pulls$"))
         .respond_with(move |request: &Request| {
-            let page: usize = request
-                .url
-                .query_pairs()
-                .find(|(k, _)| k == "page")
-                .and_then(|(_, v)| v.parse().ok())
-                .unwrap_or(1);
+            let page = page_of(request);
             let etag = format!("\"pulls-page-{page}\"");
             if request
                 .headers
@@ -76,20 +110,65 @@ async fn forge() -> MockServer {
                 .set_body_json(items)
                 .insert_header("etag", etag.as_str())
         })
-        .mount(&server)
+        .mount(server)
         .await;
     Mock::given(method("GET"))
         .and(path_regex(r"^/repos/org/repo-\d/branches$"))
         .respond_with(ResponseTemplate::new(200).set_body_json(json!([{"name": "main"}])))
-        .mount(&server)
+        .mount(server)
         .await;
-    server
 }
 
-async fn benchmark() {
+/// GitLab's offset pagination: `per_page` 100, and the headers GitLab sends with each page.
+async fn mount_gitlab(server: &MockServer) {
+    let open: Vec<Value> = open_pull_requests()
+        .into_iter()
+        .map(|pr| json!({"iid": pr["number"], "state": "opened"}))
+        .collect();
+    Mock::given(method("GET"))
+        .and(path_regex(
+            r"^/api/v4/projects/org%2Frepo-\d/merge_requests$",
+        ))
+        .and(query_param("state", "opened"))
+        .respond_with(move |request: &Request| {
+            let page = page_of(request);
+            let items: Vec<Value> = open
+                .iter()
+                .skip((page - 1) * 100)
+                .take(100)
+                .cloned()
+                .collect();
+            let pages = open.len().div_ceil(100);
+            let next = if page < pages {
+                (page + 1).to_string()
+            } else {
+                String::new()
+            };
+            ResponseTemplate::new(200)
+                .set_body_json(items)
+                .insert_header("x-page", page.to_string().as_str())
+                .insert_header("x-per-page", "100")
+                .insert_header("x-total", open.len().to_string().as_str())
+                .insert_header("x-total-pages", pages.to_string().as_str())
+                .insert_header("x-next-page", next.as_str())
+        })
+        .mount(server)
+        .await;
+    Mock::given(method("GET"))
+        .and(path_regex(
+            r"^/api/v4/projects/org%2Frepo-\d/repository/branches$",
+        ))
+        .respond_with(ResponseTemplate::new(200).set_body_json(json!([{"name": "main"}])))
+        .mount(server)
+        .await;
+}
+
+async fn benchmark(kind: Forge) {
+    println!("{}:", kind.kind());
     let client = support::client().await;
-    let namespace = support::create_namespace(&client, "bench-sweep").await;
-    let forge = forge().await;
+    let namespace =
+        support::create_namespace(&client, &format!("bench-sweep-{}", kind.kind())).await;
+    let forge = kind.serve().await;
     let secret: Secret = serde_json::from_value(
         json!({"metadata": {"name": "forge"}, "stringData": {"token": "t"}}),
     )
@@ -103,7 +182,7 @@ async fn benchmark() {
         let template: PreviewTemplate = serde_json::from_value(json!({
             "apiVersion": "previewd.dev/v1alpha1", "kind": "PreviewTemplate",
             "metadata": {"name": format!("app-{repository}")},
-            "spec": {"forge": {"kind": "github", "repository": format!("org/repo-{repository}"),
+            "spec": {"forge": {"kind": kind.kind(), "repository": format!("org/repo-{repository}"),
                                "apiUrl": forge.uri(), "tokenSecretRef": {"name": "forge", "key": "token"}},
                      "lifecycle": {"idleTimeout": "72h"},
                      "manifests": {"inline": [{"name": "a.yaml", "template": "kind: ConfigMap"}]}}
@@ -239,14 +318,17 @@ async fn benchmark() {
         by_reason[&Reason::Idle],
     );
 
-    // A second sweep: the pages of open PRs are unchanged, and the forge answers 304.
+    // A second sweep: the pages of open PRs are unchanged; GitHub answers 304 (GitLab's lists
+    // carry no ETag, so every page is read again).
     let started = Instant::now();
     let second = sweeper.sweep(&reporter, now).await.expect("the sweep runs");
     let elapsed = started.elapsed();
-    let not_modified = metrics_outcome(&metrics, "not_modified");
+    let not_modified = metrics_outcome(&metrics, kind.kind(), "not_modified");
     assert!(second.deleted.is_empty(), "{second:?}");
+    let second_requests =
+        forge.received_requests().await.unwrap_or_default().len() - requests.len();
     println!(
-        "  second sweep ({} environments left): {:.0} ms, {not_modified} answers 304 Not Modified",
+        "  second sweep ({} environments left): {:.0} ms, {second_requests} forge requests, {not_modified} answered 304 Not Modified",
         expected - report.deleted.len(),
         elapsed.as_secs_f64() * 1000.0,
     );
@@ -255,14 +337,14 @@ async fn benchmark() {
 }
 
 /// Forge requests of the sweep's list calls with `outcome`.
-fn metrics_outcome(metrics: &Metrics, outcome: &str) -> u64 {
+fn metrics_outcome(metrics: &Metrics, forge: &str, outcome: &str) -> u64 {
     ["list_pull_requests", "list_branches"]
         .iter()
         .map(|operation| {
             metrics
                 .forge
                 .requests
-                .with_label_values(&["github", operation, outcome])
+                .with_label_values(&[forge, operation, outcome])
                 .get()
         })
         .sum()
