@@ -280,6 +280,9 @@ async fn gitlab_merge_request_open_update_merge() {
             1,
             "exactly one note was created"
         );
+        // ... and kept up to date by editing it (the id GitLab answered the POST with).
+        assert!(sent(&forge, "PUT", "/merge_requests/1/notes/99", "0a1b2c3").await >= 1);
+        assert!(sent(&forge, "PUT", "/merge_requests/1/notes/99", "destroyed").await >= 1);
     })
     .await;
 }
