@@ -234,7 +234,7 @@ async fn a_gitlab_outage_never_blocks_deploying_and_ends_with_one_note() {
         .await;
         let harness = Harness::start(&client, &ns, 2 << 20).await;
         let opened = json_fixture("gitlab/merge_request.json");
-        let (status, answer) = harness
+        let delivered = harness
             .gitlab(
                 "Merge Request Hook",
                 "gitlab-outage",
@@ -242,18 +242,9 @@ async fn a_gitlab_outage_never_blocks_deploying_and_ends_with_one_note() {
                 SECRET,
             )
             .await;
-        assert_eq!(status, 202, "{answer}");
-        let name = harness
-            .environment_names()
-            .await
-            .pop()
-            .expect("an environment");
-        wait_ready_with_sha(
-            &harness.environments,
-            &name,
-            "da1560886d4f094c3e6c9ef40349f7d38b5d27d7",
-        )
-        .await;
+        let (name, _) = harness
+            .ready_after(delivered, "da1560886d4f094c3e6c9ef40349f7d38b5d27d7")
+            .await;
         forge_answers(
             &forge,
             ResponseTemplate::new(429).insert_header("retry-after", "2"),

@@ -21,6 +21,7 @@ use support::process::PreviewdProcess;
 use support::proxy::CuttableProxy;
 use support::webhooks::*;
 use support::{eventually, in_namespace};
+use wiremock::MockServer;
 
 const REPOSITORY: &str = "Codertocat/Hello-World";
 const LEASE: &str = "previewd-leader";
@@ -115,15 +116,38 @@ fn sha(n: u64) -> String {
     format!("{n:0>40}")
 }
 
+/// What each test here starts from: the GitHub stand-in and a template for it, a folder for
+/// the replicas' logs, and the Leases and environments of the test's namespace.
+struct Setup {
+    forge: MockServer,
+    logs: tempfile::TempDir,
+    http: reqwest::Client,
+    leases: Api<Lease>,
+    environments: Api<PreviewEnvironment>,
+}
+
+async fn setup(client: &kube::Client, namespace: &str) -> Setup {
+    let forge = github_forge().await;
+    install_template(client, namespace, "github", REPOSITORY, Some(&forge.uri())).await;
+    Setup {
+        forge,
+        logs: tempfile::tempdir().unwrap(),
+        http: reqwest::Client::new(),
+        leases: Api::namespaced(client.clone(), namespace),
+        environments: Api::namespaced(client.clone(), namespace),
+    }
+}
+
 #[tokio::test]
 async fn one_leader_reconciles_a_killed_leader_is_replaced_and_sigterm_hands_over() {
     in_namespace("ha", |client, ns| async move {
-        let forge = github_forge().await;
-        install_template(&client, &ns, "github", REPOSITORY, Some(&forge.uri())).await;
-        let logs = tempfile::tempdir().unwrap();
-        let http = reqwest::Client::new();
-        let leases: Api<Lease> = Api::namespaced(client.clone(), &ns);
-        let environments: Api<PreviewEnvironment> = Api::namespaced(client.clone(), &ns);
+        let Setup {
+            forge: _forge,
+            logs,
+            http,
+            leases,
+            environments,
+        } = setup(&client, &ns).await;
 
         let a = replica(&ns, "replica-a", logs.path());
         let b = replica(&ns, "replica-b", logs.path());
@@ -337,12 +361,13 @@ fn logged_at(process: &PreviewdProcess, needle: &str) -> Option<String> {
 #[tokio::test]
 async fn a_leader_that_cannot_renew_stops_before_the_standby_takes_over_and_stays_standing_by() {
     in_namespace("ha-cut", |client, ns| async move {
-        let forge = github_forge().await;
-        install_template(&client, &ns, "github", REPOSITORY, Some(&forge.uri())).await;
-        let logs = tempfile::tempdir().unwrap();
-        let http = reqwest::Client::new();
-        let leases: Api<Lease> = Api::namespaced(client.clone(), &ns);
-        let environments: Api<PreviewEnvironment> = Api::namespaced(client.clone(), &ns);
+        let Setup {
+            forge: _forge,
+            logs,
+            http,
+            leases,
+            environments,
+        } = setup(&client, &ns).await;
         let (proxy, through_proxy) =
             CuttableProxy::in_front_of(&support::shared().kubeconfig_path, logs.path()).await;
         let a = replica_through(&ns, "replica-a", &through_proxy, logs.path());

@@ -41,23 +41,8 @@ spec:
           image: registry.example/web:{{ short_sha }}
 ";
 
-/// [`WEB_APP`] and a StatefulSet: what sleep scales to 0 and a wake brings back.
-const WEB_AND_DB: &str = "apiVersion: apps/v1
-kind: Deployment
-metadata:
-  name: web
-spec:
-  selector:
-    matchLabels: {app: web}
-  template:
-    metadata:
-      labels: {app: web}
-    spec:
-      containers:
-        - name: web
-          image: registry.example/web:{{ short_sha }}
----
-apiVersion: apps/v1
+/// A StatefulSet: with [`WEB_APP`], what sleep scales to 0 and a wake brings back.
+const DB: &str = "apiVersion: apps/v1
 kind: StatefulSet
 metadata:
   name: db
@@ -243,15 +228,11 @@ async fn beyond_the_cap_a_pull_request_queues_and_a_destroy_starts_it() {
         let harness = Harness::start(&client, &ns, 1 << 20).await;
         let mut names = Vec::new();
         for number in [11u64, 12, 13] {
-            let (status, _) = harness
-                .signed(
-                    "pull_request",
-                    &format!("open-{number}"),
-                    &opened_for(number, &format!("{number:0>40}")),
-                )
-                .await;
-            assert_eq!(status, 202);
-            names.push(environment_of(&harness, number).await);
+            names.push(
+                harness
+                    .open_pull_request(number, &format!("{number:0>40}"))
+                    .await,
+            );
             // Creation order decides the queue; keep it unambiguous at 1 s resolution.
             tokio::time::sleep(Duration::from_millis(1100)).await;
         }
@@ -341,11 +322,7 @@ async fn a_queued_environment_starts_on_its_own_when_no_hand_over_comes() {
         )
         .await;
         let harness = Harness::start(&client, &ns, 1 << 20).await;
-        let (status, _) = harness
-            .signed("pull_request", "open-21", &opened_for(21, &"21".repeat(20)))
-            .await;
-        assert_eq!(status, 202);
-        let first = environment_of(&harness, 21).await;
+        let first = harness.open_pull_request(21, &"21".repeat(20)).await;
         let running = wait_for_phase(
             &harness.environments,
             &first,
@@ -354,11 +331,7 @@ async fn a_queued_environment_starts_on_its_own_when_no_hand_over_comes() {
         )
         .await;
         let first_namespace = running.status.and_then(|s| s.namespace).unwrap();
-        let (status, _) = harness
-            .signed("pull_request", "open-22", &opened_for(22, &"22".repeat(20)))
-            .await;
-        assert_eq!(status, 202);
-        let second = environment_of(&harness, 22).await;
+        let second = harness.open_pull_request(22, &"22".repeat(20)).await;
         wait_for_phase(
             &harness.environments,
             &second,
@@ -757,7 +730,14 @@ async fn idle_environments_sleep_and_a_push_wakes_them() {
         let forge = github_forge().await;
         let lifecycle =
             json!({"lifecycle": {"idleTimeout": "1h", "idleAction": "Sleep", "maxAge": "7d"}});
-        let (harness, name, target) = app_ready(&client, &ns, &forge, lifecycle, WEB_AND_DB).await;
+        let (harness, name, target) = app_ready(
+            &client,
+            &ns,
+            &forge,
+            lifecycle,
+            &format!("{WEB_APP}---\n{DB}"),
+        )
+        .await;
         let context = harness.context.clone();
         let sweeper = Sweeper {
             client: client.clone(),

@@ -321,15 +321,7 @@ async fn a_retry_after_of_u64_max_does_not_take_the_controller_down() {
         let harness = Harness::start(&client, &ns, 2 << 20).await;
         for number in [2, 3] {
             let sha = format!("{number}{}", "0".repeat(39));
-            let (status, answer) = harness
-                .signed(
-                    "pull_request",
-                    &format!("open-{number}"),
-                    &opened_for(number, &sha),
-                )
-                .await;
-            assert_eq!(status, 202, "{answer}");
-            let name = environment_of_pr(&harness.environments, number).await;
+            let name = harness.open_pull_request(number, &sha).await;
             wait_ready_with_sha(&harness.environments, &name, &sha).await;
         }
         assert!(

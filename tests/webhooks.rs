@@ -194,7 +194,7 @@ async fn gitlab_merge_request_open_update_merge() {
         .await;
         let harness = Harness::start(&client, &ns, 2 << 20).await;
         let mut delivery = json_fixture("gitlab/merge_request.json");
-        let (status, answer) = harness
+        let delivered = harness
             .gitlab(
                 "Merge Request Hook",
                 "g-open",
@@ -202,18 +202,9 @@ async fn gitlab_merge_request_open_update_merge() {
                 SECRET,
             )
             .await;
-        assert_eq!(status, 202, "{answer}");
-        let name = harness
-            .environment_names()
-            .await
-            .pop()
-            .expect("an environment");
-        let ready = wait_ready_with_sha(
-            &harness.environments,
-            &name,
-            "da1560886d4f094c3e6c9ef40349f7d38b5d27d7",
-        )
-        .await;
+        let (name, ready) = harness
+            .ready_after(delivered, "da1560886d4f094c3e6c9ef40349f7d38b5d27d7")
+            .await;
         let target = ready.status.unwrap().namespace.unwrap();
         eventually("the MR note to say ready", Duration::from_secs(30), || {
             let forge = &forge;
@@ -499,21 +490,16 @@ async fn a_forge_outage_never_blocks_deploying_or_deleting() {
         )
         .await;
         let harness = Harness::start(&client, &ns, 2 << 20).await;
-        let (status, _) = harness
+        let delivered = harness
             .signed(
                 "pull_request",
                 "o-opened",
                 &github_fixture("pull_request.opened.json"),
             )
             .await;
-        assert_eq!(status, 202);
-        let name = harness.environment_names().await.pop().unwrap();
-        let ready = wait_ready_with_sha(
-            &harness.environments,
-            &name,
-            "ec26c3e57ca3a959ca5aad62de7213c562f8c821",
-        )
-        .await;
+        let (name, ready) = harness
+            .ready_after(delivered, "ec26c3e57ca3a959ca5aad62de7213c562f8c821")
+            .await;
         let target = ready.status.unwrap().namespace.unwrap();
         // Retries back off instead of hammering the forge.
         tokio::time::sleep(Duration::from_secs(5)).await;
@@ -560,9 +546,8 @@ async fn manifests_from_the_repository_are_read_once_per_commit() {
         templates.patch("app-github", &kube::api::PatchParams::default(), &kube::api::Patch::Merge(from_repository)).await.unwrap();
         let harness = Harness::start(&client, &ns, 2 << 20).await;
 
-        harness.signed("pull_request", "r-opened", &github_fixture("pull_request.opened.json")).await;
-        let name = harness.environment_names().await.pop().unwrap();
-        let ready = wait_ready_with_sha(&harness.environments, &name, "ec26c3e57ca3a959ca5aad62de7213c562f8c821").await;
+        let delivered = harness.signed("pull_request", "r-opened", &github_fixture("pull_request.opened.json")).await;
+        let (name, ready) = harness.ready_after(delivered, "ec26c3e57ca3a959ca5aad62de7213c562f8c821").await;
         let target = ready.status.unwrap().namespace.unwrap();
         let config_maps: Api<k8s_openapi::api::core::v1::ConfigMap> = Api::namespaced(client.clone(), &target);
         assert_eq!(config_maps.get("from-repo").await.unwrap().data.unwrap()["sha"], "ec26c3e");
@@ -633,12 +618,10 @@ async fn gitlab_manifests_from_the_repository_are_read_at_the_merge_requests_com
         let harness = Harness::start(&client, &ns, 2 << 20).await;
         let mut delivery = json_fixture("gitlab/merge_request.json");
         let first = "da1560886d4f094c3e6c9ef40349f7d38b5d27d7";
-        let (status, answer) = harness
+        let delivered = harness
             .gitlab("Merge Request Hook", "gr-open", delivery.to_string().as_bytes(), SECRET)
             .await;
-        assert_eq!(status, 202, "{answer}");
-        let name = harness.environment_names().await.pop().unwrap();
-        let ready = wait_ready_with_sha(&harness.environments, &name, first).await;
+        let (name, ready) = harness.ready_after(delivered, first).await;
         let target = ready.status.unwrap().namespace.unwrap();
         let config_maps: Api<k8s_openapi::api::core::v1::ConfigMap> =
             Api::namespaced(client.clone(), &target);
@@ -714,11 +697,7 @@ async fn a_failing_seed_degrades_the_environment_names_the_job_and_a_fixed_commi
 
         // A commit whose seed fails: Degraded, SeedFailed, the Job named in status and comment.
         let bad = format!("bad{}", "0".repeat(37));
-        let (status, answer) = harness
-            .signed("pull_request", "seed-bad", &opened_for(2, &bad))
-            .await;
-        assert_eq!(status, 202, "{answer}");
-        let name = environment_of_pr(&harness.environments, 2).await;
+        let name = harness.open_pull_request(2, &bad).await;
         let degraded = wait_for_phase(
             &harness.environments,
             &name,

@@ -6,7 +6,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use super::eventually;
-use super::webhooks::{SECRET, metric_value, post_github};
+use super::webhooks::{SECRET, metric_value, post_github, post_gitlab};
 
 pub struct PreviewdProcess {
     pub name: String,
@@ -78,17 +78,7 @@ impl PreviewdProcess {
         delivery: &str,
         body: &[u8],
     ) {
-        let response = http
-            .post(format!("{}/webhooks/gitlab", self.base))
-            .header("X-Gitlab-Event", event)
-            .header("X-Gitlab-Event-UUID", delivery)
-            .header("X-Gitlab-Token", SECRET)
-            .body(body.to_vec())
-            .send()
-            .await
-            .expect("send the delivery");
-        let status = response.status().as_u16();
-        let answer = response.text().await.unwrap_or_default();
+        let (status, answer) = post_gitlab(http, &self.base, event, delivery, body, SECRET).await;
         assert_eq!(status, 202, "{} answered {answer}", self.name);
     }
 

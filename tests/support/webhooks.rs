@@ -182,6 +182,28 @@ pub async fn post_github(
     (status, response.json().await.unwrap_or(Value::Null))
 }
 
+/// POSTs a GitLab delivery with `token` to the previewd at `base`: (status, JSON answer).
+pub async fn post_gitlab(
+    http: &reqwest::Client,
+    base: &str,
+    event: &str,
+    delivery: &str,
+    body: &[u8],
+    token: &str,
+) -> (u16, Value) {
+    let response = http
+        .post(format!("{base}/webhooks/gitlab"))
+        .header("X-Gitlab-Event", event)
+        .header("X-Gitlab-Event-UUID", delivery)
+        .header("X-Gitlab-Token", token)
+        .body(body.to_vec())
+        .send()
+        .await
+        .expect("send the delivery");
+    let status = response.status().as_u16();
+    (status, response.json().await.unwrap_or(Value::Null))
+}
+
 /// A controller and the webhook server for one test namespace, on a free loopback port.
 pub struct Harness {
     pub base: String,
@@ -255,18 +277,35 @@ impl Harness {
         body: &[u8],
         token: &str,
     ) -> (u16, Value) {
-        let response = self
-            .http
-            .post(format!("{}/webhooks/gitlab", self.base))
-            .header("X-Gitlab-Event", event)
-            .header("X-Gitlab-Event-UUID", delivery)
-            .header("X-Gitlab-Token", token)
-            .body(body.to_vec())
-            .send()
+        post_gitlab(&self.http, &self.base, event, delivery, body, token).await
+    }
+
+    /// Delivers PR `number` opened at head `sha` (signed, see [`opened_for`]), expects 202, and
+    /// returns the name of the environment the intake wrote for it.
+    pub async fn open_pull_request(&self, number: u64, sha: &str) -> String {
+        let body = opened_for(number, sha);
+        let (status, answer) = self
+            .signed("pull_request", &format!("open-{number}-{sha}"), &body)
+            .await;
+        assert_eq!(status, 202, "{answer}");
+        environment_of_pr(&self.environments, number).await
+    }
+
+    /// Given the answer to a delivery that opens the first environment of the test: expects 202,
+    /// and waits until that environment is Ready at `sha`. Returns its name and its state then.
+    pub async fn ready_after(
+        &self,
+        (status, answer): (u16, Value),
+        sha: &str,
+    ) -> (String, PreviewEnvironment) {
+        assert_eq!(status, 202, "{answer}");
+        let name = self
+            .environment_names()
             .await
-            .expect("send the delivery");
-        let status = response.status().as_u16();
-        (status, response.json().await.unwrap_or(Value::Null))
+            .pop()
+            .expect("an environment");
+        let ready = wait_ready_with_sha(&self.environments, &name, sha).await;
+        (name, ready)
     }
 
     /// The text `GET /metrics` answers.
