@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Secret;
-use kube::api::{Api, ListParams, PostParams};
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use previewd::forge::github;
 use previewd::model::crd::{Phase, PreviewEnvironment, PreviewTemplate};
@@ -306,6 +306,26 @@ impl Harness {
             .expect("an environment");
         let ready = wait_ready_with_sha(&self.environments, &name, sha).await;
         (name, ready)
+    }
+
+    /// Patches an annotation of environment `name` and waits until the controller has finished
+    /// a reconcile since: proof that it looked, for checks that something did not happen.
+    pub async fn poke_and_wait_for_a_reconcile(&self, name: &str, poke: u32) {
+        let reconciles =
+            |text: String| metric_sum(&text, "previewd_reconcile_duration_seconds_count");
+        let before = reconciles(self.metrics().await);
+        let annotation =
+            json!({"metadata": {"annotations": {"test.previewd.dev/poke": poke.to_string()}}});
+        self.environments
+            .patch(name, &PatchParams::default(), &Patch::Merge(annotation))
+            .await
+            .expect("poke the environment");
+        eventually(
+            "a reconcile after the poke",
+            Duration::from_secs(30),
+            || async { (reconciles(self.metrics().await) > before).then_some(()) },
+        )
+        .await;
     }
 
     /// The text `GET /metrics` answers.
