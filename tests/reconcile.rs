@@ -296,6 +296,11 @@ async fn an_object_the_api_server_refuses_is_named_on_the_environment_until_the_
             "the condition names the object and the API server's reason: {:?}",
             condition.message
         );
+        assert!(
+            condition.message.contains("(Invalid, HTTP 422)") && !condition.message.contains("Status {"),
+            "the API server's words, not a Rust dump of its Status: {:?}",
+            condition.message
+        );
 
         // Retried with backoff (2 s, 4 s, 8 s, …), never in a loop driven by previewd's own
         // status writes: the failed reconciles of the next 15 s are counted and their spacing

@@ -42,22 +42,27 @@ async fn forge_listing(open: &[u64]) -> MockServer {
         )
         .mount(&server)
         .await;
+    mount_all_but_pulls(&server).await;
+    server
+}
+
+/// Everything but the PR list: one branch (`main`), no comments yet, and 201 for any write
+/// (comments, statuses).
+async fn mount_all_but_pulls(server: &MockServer) {
     Mock::given(method("GET"))
         .and(path_regex(r"/branches$"))
         .respond_with(ResponseTemplate::new(200).set_body_json(json!([{"name": "main"}])))
-        .mount(&server)
+        .mount(server)
         .await;
-    // Comments and statuses: accepted.
     Mock::given(method("GET"))
         .and(path_regex(r"/comments$"))
         .respond_with(ResponseTemplate::new(200).set_body_json(json!([])))
-        .mount(&server)
+        .mount(server)
         .await;
     Mock::given(wiremock::matchers::any())
         .respond_with(ResponseTemplate::new(201).set_body_json(json!({"id": 1})))
-        .mount(&server)
+        .mount(server)
         .await;
-    server
 }
 
 async fn install(client: &Client, namespace: &str, forge: &str, lifecycle: Value) {
@@ -579,20 +584,7 @@ async fn on_github_every_page_is_read_and_unchanged_pages_come_back_304() {
                 .mount(&forge)
                 .await;
         }
-        Mock::given(method("GET"))
-            .and(path_regex(r"/branches$"))
-            .respond_with(ResponseTemplate::new(200).set_body_json(json!([{"name": "main"}])))
-            .mount(&forge)
-            .await;
-        Mock::given(method("GET"))
-            .and(path_regex(r"/comments$"))
-            .respond_with(ResponseTemplate::new(200).set_body_json(json!([])))
-            .mount(&forge)
-            .await;
-        Mock::given(wiremock::matchers::any())
-            .respond_with(ResponseTemplate::new(201).set_body_json(json!({"id": 1})))
-            .mount(&forge)
-            .await;
+        mount_all_but_pulls(&forge).await;
         install(&client, &ns, &forge.uri(), json!({})).await;
         let (context, sweeper) = start(&client, &ns).await;
         environment(&client, &ns, 2).await;

@@ -41,7 +41,7 @@ struct CacheEntry {
 /// An apply that failed, and the object it was for (a user reading a condition needs the
 /// object, not only the API server's words).
 #[derive(Debug, thiserror::Error)]
-#[error("{kind} {name}: {source}")]
+#[error("{kind} {name}: {}", crate::cluster::errors::in_words(.source))]
 pub struct ApplyError {
     pub kind: String,
     pub name: String,

@@ -8,12 +8,14 @@
 //! * [`records`]: creating, waking and deleting `PreviewEnvironment`s (with a reason);
 //! * [`secrets`]: reading the Secrets templates name, cached briefly;
 //! * [`client`]: building a client from a kubeconfig;
+//! * [`errors`]: API errors in words for conditions and comments;
 //! * [`metrics`]: applies and write requests, counted whichever layer writes;
 //! * [`writer`]: the one path of every write, with a timeout and result counters.
 
 pub mod applier;
 pub mod caches;
 pub mod client;
+pub mod errors;
 pub(crate) mod health;
 pub mod metrics;
 pub mod observed;

@@ -9,6 +9,7 @@
 //!   retried with backoff and counted under its [`ReconcileError::metric_label`].
 
 use crate::cluster::applier::ApplyError;
+use crate::cluster::errors::in_words;
 use crate::forge::report::ReportError;
 
 /// Errors of one reconcile, each from its own step.
@@ -16,17 +17,17 @@ use crate::forge::report::ReportError;
 pub enum ReconcileError {
     #[error("applying: {0}")]
     Apply(#[source] ApplyError),
-    #[error("claiming the namespace: {0}")]
+    #[error("claiming the namespace: {}", in_words(.0))]
     Claim(#[source] kube::Error),
-    #[error("checking previewd's access to the namespace: {0}")]
+    #[error("checking previewd's access to the namespace: {}", in_words(.0))]
     Grant(#[source] kube::Error),
     #[error("previewd's RoleBinding in namespace {0} is not in force after 10 s")]
     GrantNotInForce(String),
-    #[error("pruning: {0}")]
+    #[error("pruning: {}", in_words(.0))]
     Prune(#[source] kube::Error),
-    #[error("writing status: {0}")]
+    #[error("writing status: {}", in_words(.0))]
     Status(#[source] kube::Error),
-    #[error("deleting the namespace: {0}")]
+    #[error("deleting the namespace: {}", in_words(.0))]
     Cleanup(#[source] kube::Error),
     #[error("namespace {0} is still terminating")]
     NamespaceTerminating(String),

@@ -9,6 +9,7 @@ use kube::{Api, ResourceExt};
 
 use super::context::Context;
 use super::error::Refusal;
+use crate::cluster::errors::in_words;
 use crate::forge::client::ForgeApiError;
 use crate::model::crd::{InlineManifest, ManifestSource, PreviewEnvironment, PreviewTemplate};
 
@@ -101,7 +102,7 @@ async fn from_config_map(
     let map = api
         .get_opt(name)
         .await
-        .map_err(|e| unavailable(format!("reading ConfigMap {name}: {e}")))?
+        .map_err(|e| unavailable(format!("reading ConfigMap {name}: {}", in_words(&e))))?
         .ok_or_else(|| {
             unavailable(format!(
                 "ConfigMap {name:?} named by the template does not exist"
