@@ -210,22 +210,27 @@ async fn comments_created(forge: &MockServer, number: u64) -> usize {
     sent(forge, "POST", &format!("/issues/{number}/comments"), "").await
 }
 
+/// The ConfigMap app's template, running at most `cap` environments at once, and previewd.
+async fn capped(client: &kube::Client, namespace: &str, forge: &MockServer, cap: u32) -> Harness {
+    install_template_with(
+        client,
+        namespace,
+        "github",
+        REPOSITORY,
+        Some(&forge.uri()),
+        json!({"lifecycle": {"maxEnvironments": cap}}),
+        CONFIG_MAP_APP,
+    )
+    .await;
+    Harness::start(client, namespace, 1 << 20).await
+}
+
 #[tokio::test]
 async fn beyond_the_cap_a_pull_request_queues_and_a_destroy_starts_it() {
     in_namespace("lifecycle-cap", |client, ns| async move {
         let forge = github_forge().await;
         with_permissions(&forge).await;
-        install_template_with(
-            &client,
-            &ns,
-            "github",
-            REPOSITORY,
-            Some(&forge.uri()),
-            json!({"lifecycle": {"maxEnvironments": 2}}),
-            CONFIG_MAP_APP,
-        )
-        .await;
-        let harness = Harness::start(&client, &ns, 1 << 20).await;
+        let harness = capped(&client, &ns, &forge, 2).await;
         let mut names = Vec::new();
         for number in [11u64, 12, 13] {
             names.push(
@@ -311,17 +316,7 @@ async fn beyond_the_cap_a_pull_request_queues_and_a_destroy_starts_it() {
 async fn a_queued_environment_starts_on_its_own_when_no_hand_over_comes() {
     in_namespace("lifecycle-queue-net", |client, ns| async move {
         let forge = github_forge().await;
-        install_template_with(
-            &client,
-            &ns,
-            "github",
-            REPOSITORY,
-            Some(&forge.uri()),
-            json!({"lifecycle": {"maxEnvironments": 1}}),
-            CONFIG_MAP_APP,
-        )
-        .await;
-        let harness = Harness::start(&client, &ns, 1 << 20).await;
+        let harness = capped(&client, &ns, &forge, 1).await;
         let first = harness.open_pull_request(21, &"21".repeat(20)).await;
         let running = wait_for_phase(
             &harness.environments,
