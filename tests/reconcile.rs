@@ -247,6 +247,9 @@ async fn unsafe_or_broken_templates_apply_nothing_and_say_why() {
              "GuardRejected", "ClusterRoleBinding/take-over (from bad.yaml)"),
             ("apiVersion: v1\nkind: Secret\nmetadata:\n  name: steal\n  namespace: kube-system\n", "GuardRejected", "kube-system"),
             ("apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: {{ branch \n", "RenderFailed", "bad.yaml line 4"),
+            // An allowed kind at a version no cluster serves (as a CRD not installed would be).
+            ("apiVersion: autoscaling/v9\nkind: HorizontalPodAutoscaler\nmetadata:\n  name: web\nspec: {scaleTargetRef: {kind: Deployment, name: web}, maxReplicas: 2}\n",
+             "KindNotServed", "does not serve autoscaling/v9 HorizontalPodAutoscaler, which HorizontalPodAutoscaler web (from bad.yaml) uses"),
         ];
         for (manifest, reason, needle) in cases {
             templates.patch("unsafe", &PatchParams::apply("test").force(), &Patch::Apply(template_with(manifest))).await.unwrap();

@@ -50,7 +50,7 @@ pub struct ApplyError {
 }
 
 impl ApplyError {
-    fn of(manifest: &Value, source: kube::Error) -> Self {
+    pub fn of(manifest: &Value, source: kube::Error) -> Self {
         Self {
             kind: manifest["kind"].as_str().unwrap_or("object").to_string(),
             name: manifest["metadata"]["name"]
@@ -80,6 +80,17 @@ impl ApplyError {
             kube::Error::Discovery(_) => true,
             _ => false,
         }
+    }
+}
+
+/// Whether discovering an `apiVersion`/`kind` failed because the cluster does not serve it: a
+/// group/version the API server answers 404 for, or a kind missing from a version it serves
+/// (a CRD not installed, or an apiVersion the cluster's Kubernetes does not have).
+pub fn is_not_served(error: &kube::Error) -> bool {
+    match error {
+        kube::Error::Api(status) => status.code == 404,
+        kube::Error::Discovery(_) => true,
+        _ => false,
     }
 }
 

@@ -1,8 +1,9 @@
 //! One reconcile of a live `PreviewEnvironment`, as a list of named steps:
 //!
 //! resolve the template → hold (fork approval, queue) → resolve the manifests → plan (render,
-//! object limit, guard, policy, workloads; no client required, on a blocking thread) → claim
-//! the namespace (created for this environment, or refused) → grant previewd its rights there
+//! object limit, guard, policy, workloads; no client required, on a blocking thread) → check
+//! the kinds (each served by the cluster, or refused) → claim the namespace (created for this
+//! environment, or refused) → grant previewd its rights there
 //! → apply the namespace, guard rails and waves → prune → status (no client required) → write
 //! (forge report, status, Events).
 //!
@@ -64,6 +65,7 @@ async fn deploy(
     let head_sha = &environment.spec.source.head_sha;
     let manifests = resolve::manifests(template, head_sha, context).await?;
     let plan = plan_off_the_runtime(environment, template, manifests, namespace, context).await?;
+    waves::check_served(&plan, context).await?;
     let uid = environment.metadata.uid.as_deref().unwrap_or_default();
     let namespace_labels = namespace::namespace_labels(&template.spec, &plan.labels, uid);
     claim::claim_namespace(environment, namespace, &namespace_labels, context).await?;

@@ -30,8 +30,10 @@ pub fn awaits_approval(environment: &PreviewEnvironment, template: &PreviewTempl
         && environment.spec.approved_sha.as_deref() != Some(source.head_sha.as_str())
 }
 
-/// Runs (or is being deployed) and so takes one of the template's slots. Sleeping,
-/// queued, pending and deleted environments take none.
+/// Runs (or is being deployed) and so takes one of the template's slots. Sleeping, queued and
+/// deleted environments take none, nor does a pending one that never ran. A fork PR whose new
+/// commit waits for approval (`Pending`, with a namespace) still runs its approved commit, and
+/// keeps its slot.
 pub fn holds_slot(environment: &PreviewEnvironment) -> bool {
     environment.metadata.deletion_timestamp.is_none()
         && !environment.spec.sleep
@@ -39,7 +41,7 @@ pub fn holds_slot(environment: &PreviewEnvironment) -> bool {
             matches!(
                 s.phase,
                 Phase::Deploying | Phase::Seeding | Phase::Ready | Phase::Degraded
-            )
+            ) || (s.phase == Phase::Pending && s.namespace.is_some())
         })
 }
 
@@ -126,6 +128,24 @@ mod tests {
             ..Default::default()
         });
         environment
+    }
+
+    #[test]
+    fn a_fork_whose_new_commit_awaits_approval_keeps_its_slot_while_the_old_one_runs() {
+        let template = template(Some(1));
+        let mut still_running = environment("a", 0, Some(Phase::Pending));
+        still_running.status.as_mut().unwrap().namespace = Some("preview-a".into());
+        let never_ran = environment("b", 1, Some(Phase::Pending));
+        let waiting = environment("c", 2, None);
+        assert!(holds_slot(&still_running));
+        assert!(!holds_slot(&never_ran));
+        assert_eq!(
+            admission(&waiting, &[&still_running, &waiting], &template),
+            Admission::Queued {
+                position: 1,
+                cap: 1
+            }
+        );
     }
 
     #[test]

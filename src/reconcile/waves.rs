@@ -13,7 +13,7 @@ use super::plan::Plan;
 use super::plan::render::RenderedObject;
 use super::status::Progress;
 use super::{access, namespace};
-use crate::cluster::applier::ApplyError;
+use crate::cluster::applier::{ApplyError, is_not_served};
 use crate::cluster::health::Health;
 use crate::cluster::observed::ObjectKey;
 use crate::model::crd::PreviewTemplate;
@@ -66,6 +66,33 @@ async fn apply_waves(
         progress.add_wave(wave, &members, &health);
     }
     Ok(progress)
+}
+
+/// Before anything is applied: every kind the plan uses is one the cluster serves (discovered
+/// once per kind and cached by the applier). A kind it does not serve (a CRD not installed, an
+/// apiVersion this Kubernetes does not have) refuses the plan with `KindNotServed`, naming the
+/// object, before the namespace is created; it is retried with backoff, since installing the
+/// CRD fixes it.
+pub(super) async fn check_served(plan: &Plan, context: &Context) -> Result<(), Stop> {
+    for rendered in &plan.objects {
+        let (api_version, kind) = (rendered.api_version(), rendered.kind());
+        let Err(error) = context.applier.resource(api_version, kind).await else {
+            continue;
+        };
+        let failed = ApplyError::of(&rendered.object, error);
+        if !is_not_served(&failed.source) {
+            return Err(Stop::Failed(ReconcileError::Apply(failed)));
+        }
+        return Err(Stop::Refused(Refusal {
+            reason: "KindNotServed",
+            message: format!(
+                "this cluster does not serve {api_version} {kind}, which {kind} {} (from {}) uses: install the CRD that defines it, or use an apiVersion the cluster serves; nothing was applied",
+                failed.name, rendered.manifest
+            ),
+            retry: Some(Box::new(ReconcileError::Apply(failed))),
+        }));
+    }
+    Ok(())
 }
 
 /// Applies `manifests`; returns how many were sent. The API server refusing an object's content
