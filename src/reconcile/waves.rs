@@ -81,7 +81,11 @@ pub(super) async fn check_served(plan: &Plan, context: &Context) -> Result<(), S
         };
         let failed = ApplyError::of(&rendered.object, error);
         if !is_not_served(&failed.source) {
-            return Err(Stop::Failed(ReconcileError::Apply(failed)));
+            // Discovery or the kind's watch refused (previewd's RBAC): said as an apply would.
+            return Err(match failed.is_refused() {
+                true => Stop::Refused(refused(failed)),
+                false => Stop::Failed(ReconcileError::Apply(failed)),
+            });
         }
         return Err(Stop::Refused(Refusal {
             reason: "KindNotServed",
