@@ -174,6 +174,44 @@ async fn assert_confined_to_environments(
     }
 }
 
+/// The kind the test adds through the chart's `extraTemplateKinds` value: HTTPRoute.
+const ROUTE_GROUP: &str = "gateway.networking.k8s.io";
+const ROUTES: &str = "httproutes";
+
+/// Whether `as_chart` may `verb` HTTPRoutes in `namespace` ("" for cluster-wide), as the API
+/// server's authorizer answers (SelfSubjectAccessReview; the CRD need not be installed).
+async fn may_route(as_chart: &kube::Client, verb: &str, namespace: &str) -> bool {
+    use k8s_openapi::api::authorization::v1::SelfSubjectAccessReview;
+    let review: SelfSubjectAccessReview =
+        serde_json::from_value(json!({"spec": {"resourceAttributes": {
+            "group": ROUTE_GROUP, "resource": ROUTES, "verb": verb, "namespace": namespace,
+        }}}))
+        .unwrap();
+    let answer = Api::<SelfSubjectAccessReview>::all(as_chart.clone())
+        .create(&PostParams::default(), &review)
+        .await
+        .unwrap();
+    answer.status.is_some_and(|s| s.allowed)
+}
+
+/// The operator's extra kind is writable in the environment namespace, watchable cluster-wide
+/// (previewd's watches), and writable nowhere else.
+async fn assert_extra_kind_confined(as_chart: &kube::Client, target: &str, bystander: &str) {
+    for verb in ["create", "patch", "delete"] {
+        assert!(
+            may_route(as_chart, verb, target).await,
+            "{verb} in {target}"
+        );
+        for elsewhere in [bystander, "kube-system", ""] {
+            assert!(
+                !may_route(as_chart, verb, elsewhere).await,
+                "previewd may {verb} HTTPRoutes in {elsewhere:?}"
+            );
+        }
+    }
+    assert!(may_route(as_chart, "watch", "").await, "watch HTTPRoutes");
+}
+
 #[tokio::test]
 async fn the_chart_lints_renders_applies_and_its_rbac_carries_a_lifecycle() {
     in_namespace("chart", |client, ns| async move {
@@ -182,6 +220,8 @@ async fn the_chart_lints_renders_applies_and_its_rbac_carries_a_lifecycle() {
         let values = json!({
             "watchNamespace": ns,
             "controller": {"logLevel": "info"},
+            // A kind a platform adds: previewd's guard and the chart's RBAC both follow it.
+            "extraTemplateKinds": [{"group": ROUTE_GROUP, "kind": "HTTPRoute", "resource": ROUTES}],
             // The sandbox is Kubernetes 1.20, which has no policy/v1 (1.21+); the offline
             // render assumes a current cluster. Lint and render cover the PDB; it is not applied.
             "podDisruptionBudget": {"enabled": false},
@@ -327,6 +367,7 @@ async fn the_chart_lints_renders_applies_and_its_rbac_carries_a_lifecycle() {
         // While the environment runs: previewd writes in its namespace, and nowhere else.
         let bystander = format!("{ns}-bystander");
         assert_confined_to_environments(&client, &as_chart, &ns, &target, &bystander).await;
+        assert_extra_kind_confined(&as_chart, &target, &bystander).await;
 
         let mut synchronize = json_fixture("github/pull_request.synchronize.json");
         let new_sha = "1f2e3d4c5b6a79881726354453627180f9e8d7c6";

@@ -160,7 +160,7 @@ proptest! {
         };
         if let Ok(objects) = previewd::reconcile::plan::render::render(&[manifest], &[], &context, &Default::default()) {
             // Whatever the branch injected, the guard sees every object and its namespace.
-            let violations = previewd::reconcile::plan::guard::check(&objects, "preview-x");
+            let violations = previewd::reconcile::plan::guard::check(&objects, "preview-x", &Default::default());
             for object in &objects {
                 let allowed = object.object["metadata"]["namespace"] == "preview-x";
                 prop_assert!(allowed || !violations.is_empty());

@@ -250,6 +250,8 @@ async fn unsafe_or_broken_templates_apply_nothing_and_say_why() {
             // An allowed kind at a version no cluster serves (as a CRD not installed would be).
             ("apiVersion: autoscaling/v9\nkind: HorizontalPodAutoscaler\nmetadata:\n  name: web\nspec: {scaleTargetRef: {kind: Deployment, name: web}, maxReplicas: 2}\n",
              "KindNotServed", "does not serve autoscaling/v9 HorizontalPodAutoscaler, which HorizontalPodAutoscaler web (from bad.yaml) uses"),
+            // A custom kind the operator did not allow (the guard decides before any discovery).
+            ("apiVersion: example.com/v1\nkind: Widget\nmetadata:\n  name: w\n", "GuardRejected", "kind Widget (example.com/v1) may not be created by a template"),
         ];
         for (manifest, reason, needle) in cases {
             templates.patch("unsafe", &PatchParams::apply("test").force(), &Patch::Apply(template_with(manifest))).await.unwrap();
@@ -827,6 +829,138 @@ async fn manifests_from_a_configmap_render_and_a_missing_configmap_is_named() {
         let applied: Api<ConfigMap> = Api::namespaced(client.clone(), &target);
         assert_eq!(applied.get("app").await.unwrap().data.unwrap()["sha"], "abc1234");
         assert_eq!(applied.get("more").await.unwrap().data.unwrap()["branch"], "evil");
+    })
+    .await;
+}
+
+/// A CustomResourceDefinition of group `example.com` for the custom-kind test: `scope` is
+/// `Namespaced` or `Cluster`; spec and status take any fields, status is a subresource.
+fn test_crd(plural: &str, kind: &str, scope: &str) -> serde_json::Value {
+    json!({
+        "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+        "metadata": {"name": format!("{plural}.example.com")},
+        "spec": {"group": "example.com", "scope": scope,
+                 "names": {"plural": plural, "singular": kind.to_lowercase(), "kind": kind},
+                 "versions": [{"name": "v1", "served": true, "storage": true,
+                               "subresources": {"status": {}},
+                               "schema": {"openAPIV3Schema": {"type": "object", "properties": {
+                                   "spec": {"type": "object", "x-kubernetes-preserve-unknown-fields": true},
+                                   "status": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}}}}}]}
+    })
+}
+
+/// Installs `crds` and waits until discovery serves each kind (Established alone is not enough).
+async fn install_crds(client: &Client, crds: &[serde_json::Value]) {
+    use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
+    let gvk = GroupVersionKind::gvk("apiextensions.k8s.io", "v1", "CustomResourceDefinition");
+    let api: Api<DynamicObject> = Api::all_with(client.clone(), &ApiResource::from_gvk(&gvk));
+    for crd in crds {
+        let name = crd["metadata"]["name"].as_str().unwrap();
+        api.patch(
+            name,
+            &PatchParams::apply("test").force(),
+            &Patch::Apply(crd),
+        )
+        .await
+        .unwrap();
+        let served = GroupVersionKind::gvk(
+            "example.com",
+            "v1",
+            crd["spec"]["names"]["kind"].as_str().unwrap(),
+        );
+        eventually(
+            &format!("{name} to be served"),
+            Duration::from_secs(60),
+            || {
+                let (client, served) = (client.clone(), served.clone());
+                async move { kube::discovery::pinned_kind(&client, &served).await.ok() }
+            },
+        )
+        .await;
+    }
+}
+
+/// The built-in kinds plus `extra` (group example.com), as `--template-kinds` would give them.
+fn template_kinds_with(extra: &[(&str, &str)]) -> previewd::model::kinds::TemplateKinds {
+    let mut kinds = serde_json::to_value(previewd::model::kinds::DEFAULT_TEMPLATE_KINDS).unwrap();
+    for (kind, resource) in extra {
+        kinds
+            .as_array_mut()
+            .unwrap()
+            .push(json!({"group": "example.com", "kind": kind, "resource": resource}));
+    }
+    previewd::model::kinds::TemplateKinds::parse(&kinds.to_string()).unwrap()
+}
+
+#[tokio::test]
+async fn a_custom_kind_the_operator_allows_is_applied_and_followed_by_its_conditions() {
+    in_namespace("custom-kind", |client, ns| async move {
+        use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
+        install_crds(&client, &[test_crd("widgets", "Widget", "Namespaced"), test_crd("clusterwidgets", "ClusterWidget", "Cluster")]).await;
+        // An operator who allowed both, one of them cluster-scoped by mistake.
+        let config = ControllerConfig {
+            namespace: Some(ns.clone()),
+            template_kinds: template_kinds_with(&[("Widget", "widgets"), ("ClusterWidget", "clusterwidgets")]),
+            ..Default::default()
+        };
+        let _context = start_controller_with(&client, config).await;
+        let templates: Api<PreviewTemplate> = Api::namespaced(client.clone(), &ns);
+        let environments: Api<PreviewEnvironment> = Api::namespaced(client.clone(), &ns);
+        let widget = "apiVersion: example.com/v1\nkind: Widget\nmetadata:\n  name: cert\nspec:\n  branch: \"{{ branch }}\"\n---\napiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: after-widget\n  annotations: {previewd.dev/wave: \"1\"}\n";
+        templates.create(&PostParams::default(), &template_with(widget)).await.unwrap();
+        environments.create(&PostParams::default(), &environment_of("unsafe")).await.unwrap();
+        let ready = wait_for_phase(&environments, "pr-7", Phase::Ready, Duration::from_secs(60)).await;
+        let target = ready.status.unwrap().namespace.unwrap();
+        let widgets: Api<DynamicObject> = Api::namespaced_with(
+            client.clone(),
+            &target,
+            &ApiResource::from_gvk(&GroupVersionKind::gvk("example.com", "v1", "Widget")),
+        );
+        let applied = widgets.get("cert").await.unwrap();
+        assert_eq!(applied.data["spec"]["branch"], "evil", "rendered like any other object");
+        assert_eq!(applied.labels().get("previewd.dev/environment").map(String::as_str), Some("pr-7"));
+        Api::<ConfigMap>::namespaced(client.clone(), &target).get("after-widget").await.unwrap();
+
+        // Its controller (the test) says it is not ready: the environment waits and says why.
+        let set_status = |status: serde_json::Value| {
+            let widgets = widgets.clone();
+            async move {
+                widgets.patch_status("cert", &PatchParams::default(), &Patch::Merge(json!({"status": status}))).await.unwrap();
+            }
+        };
+        set_status(json!({"conditions": [{"type": "Ready", "status": "False", "reason": "Issuing", "message": "waiting for the issuer"}]})).await;
+        let waiting = wait_for_phase(&environments, "pr-7", Phase::Deploying, Duration::from_secs(30)).await;
+        let condition = waiting.status.unwrap().conditions.into_iter().find(|c| c.type_ == "Ready").unwrap();
+        assert_eq!(condition.message, "waiting for wave 0: Widget cert (Issuing: waiting for the issuer)");
+        set_status(json!({"conditions": [
+            {"type": "Ready", "status": "False", "reason": "Issuing", "message": "waiting for the issuer"},
+            {"type": "Stalled", "status": "True", "reason": "InvalidIssuer", "message": "no issuer named letsencrypt"}]})).await;
+        let failed = wait_for_phase(&environments, "pr-7", Phase::Degraded, Duration::from_secs(30)).await;
+        let condition = failed.status.unwrap().conditions.into_iter().find(|c| c.type_ == "Ready").unwrap();
+        assert_eq!(condition.reason, "ObjectFailed");
+        assert!(condition.message.contains("Widget cert failed: InvalidIssuer: no issuer named letsencrypt"), "{}", condition.message);
+        set_status(json!({"conditions": [{"type": "Ready", "status": "True"}, {"type": "Stalled", "status": "False"}]})).await;
+        wait_for_phase(&environments, "pr-7", Phase::Ready, Duration::from_secs(30)).await;
+
+        // Allowing a cluster-scoped kind does not let a template create one.
+        let cluster_widget = "apiVersion: example.com/v1\nkind: ClusterWidget\nmetadata:\n  name: everywhere\n";
+        let mut escaping = template_with(cluster_widget);
+        escaping.metadata.name = Some("escaping".into());
+        templates.create(&PostParams::default(), &escaping).await.unwrap();
+        let mut second = environment_of("escaping");
+        second.metadata.name = Some("pr-8".into());
+        environments.create(&PostParams::default(), &second).await.unwrap();
+        let refused = wait_for_phase(&environments, "pr-8", Phase::Degraded, Duration::from_secs(30)).await;
+        let condition = refused.status.unwrap().conditions.into_iter().find(|c| c.type_ == "Ready").unwrap();
+        assert_eq!(condition.reason, "GuardRejected");
+        assert!(condition.message.contains("ClusterWidget/everywhere (from bad.yaml)") && condition.message.contains("cluster-scoped"), "{}", condition.message);
+        let cluster_widgets: Api<DynamicObject> = Api::all_with(
+            client.clone(),
+            &ApiResource::from_gvk(&GroupVersionKind::gvk("example.com", "v1", "ClusterWidget")),
+        );
+        assert!(cluster_widgets.get_opt("everywhere").await.unwrap().is_none(), "nothing cluster-scoped was created");
+        let namespaces = Api::<Namespace>::all(client.clone()).list(&ListParams::default().labels(&format!("previewd.dev/environment=pr-8,previewd.dev/environment-namespace={ns}"))).await.unwrap();
+        assert!(namespaces.items.is_empty(), "not even the namespace");
     })
     .await;
 }

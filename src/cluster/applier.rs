@@ -107,7 +107,15 @@ pub struct Applier {
     writer: Writer,
     concurrency: usize,
     cache: Mutex<HashMap<ObjectKey, CacheEntry>>,
-    resources: Mutex<HashMap<(String, String), ApiResource>>,
+    resources: Mutex<HashMap<(String, String), Discovered>>,
+}
+
+/// A kind as discovery found it.
+#[derive(Clone, Debug)]
+pub struct Discovered {
+    pub resource: ApiResource,
+    /// Whether its objects live in a namespace (a template may create only those).
+    pub namespaced: bool,
 }
 
 impl Applier {
@@ -133,25 +141,34 @@ impl Applier {
         api_version: &str,
         kind: &str,
     ) -> Result<ApiResource, kube::Error> {
+        Ok(self.discover(api_version, kind).await?.resource)
+    }
+
+    /// `apiVersion`/`kind` as the cluster serves it (discovered once), with its watch running.
+    pub async fn discover(&self, api_version: &str, kind: &str) -> Result<Discovered, kube::Error> {
         let key = (api_version.to_string(), kind.to_string());
-        if let Some(resource) = self.resources.lock().expect("resources lock").get(&key) {
-            return Ok(resource.clone());
+        if let Some(found) = self.resources.lock().expect("resources lock").get(&key) {
+            return Ok(found.clone());
         }
         let (group, version) = api_version.rsplit_once('/').unwrap_or(("", api_version));
-        let (resource, _) = kube::discovery::pinned_kind(
+        let (resource, capabilities) = kube::discovery::pinned_kind(
             &self.client,
             &GroupVersionKind::gvk(group, version, kind),
         )
         .await?;
+        let found = Discovered {
+            resource,
+            namespaced: capabilities.scope == kube::discovery::Scope::Namespaced,
+        };
         // Unwatched kinds (Secrets) are compared with what their apply returned instead.
         if is_watched(group, kind) {
-            self.store.ensure_watch(&resource).await?;
+            self.store.ensure_watch(&found.resource).await?;
         }
         self.resources
             .lock()
             .expect("resources lock")
-            .insert(key, resource.clone());
-        Ok(resource)
+            .insert(key, found.clone());
+        Ok(found)
     }
 
     fn api(&self, resource: &ApiResource, namespace: &str) -> Api<DynamicObject> {

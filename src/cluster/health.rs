@@ -3,6 +3,8 @@
 
 use serde_json::Value;
 
+use crate::model::kinds::group_of;
+
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Health {
     Ready,
@@ -26,15 +28,71 @@ impl Health {
     }
 }
 
-/// Health of one object from what the API server holds: Deployments and StatefulSets must be
-/// Available with every replica updated and ready for the current generation, Jobs Complete;
-/// anything else is healthy once it exists.
-pub fn of_object(kind: &str, object: &Value) -> Health {
-    match kind {
-        "Deployment" => deployment(object),
-        "StatefulSet" => stateful_set(object),
-        "Job" => job(object),
-        _ => Health::Ready,
+/// Health of one object from what the API server holds. Workloads by their own rules
+/// (Deployments and StatefulSets Available with every replica updated and ready for the current
+/// generation, DaemonSets scheduled and available everywhere, Jobs Complete), a
+/// PersistentVolumeClaim once Bound, a Pod once Ready or Succeeded, a LoadBalancer Service once it has an address; every other
+/// kind, custom resources included, by the kstatus convention ([`by_conditions`]).
+pub fn of_object(object: &Value) -> Health {
+    let kind = object["kind"].as_str().unwrap_or_default();
+    let group = group_of(object["apiVersion"].as_str().unwrap_or_default());
+    match (group, kind) {
+        ("apps", "Deployment") => deployment(object),
+        ("apps", "StatefulSet") => stateful_set(object),
+        ("apps", "DaemonSet") => daemon_set(object),
+        ("batch", "Job") => job(object),
+        ("", "PersistentVolumeClaim") => claim(object),
+        ("", "Service") => service(object),
+        ("", "Pod") => pod(object),
+        _ => by_conditions(object),
+    }
+}
+
+/// The kstatus convention, which controllers of custom resources (cert-manager, External
+/// Secrets, Gateway implementations, Crossplane, …) follow: an object is still in progress while
+/// its controller has not observed its generation (`status.observedGeneration`, or a `Ready`
+/// condition's own `observedGeneration`), while `Reconciling` is True, or while `Ready` or
+/// `Available` is not True; it failed when `Stalled` is True. An object without any of these
+/// (a ConfigMap, a custom resource without a status) is Ready once it exists.
+pub fn by_conditions(object: &Value) -> Health {
+    if !object["metadata"]["deletionTimestamp"].is_null() {
+        return Health::Progressing("being deleted".into());
+    }
+    let generation = int(&object["metadata"]["generation"]);
+    let observed = &object["status"]["observedGeneration"];
+    if observed.is_i64() && int(observed) < generation {
+        return Health::Progressing(format!(
+            "its controller has not seen generation {generation} yet"
+        ));
+    }
+    if let Some(stalled) = condition(object, "Stalled").filter(|c| c["status"] == "True") {
+        return Health::Failed(said(stalled, "Stalled"));
+    }
+    if let Some(busy) = condition(object, "Reconciling").filter(|c| c["status"] == "True") {
+        return Health::Progressing(said(busy, "Reconciling"));
+    }
+    for type_ in ["Ready", "Available"] {
+        let Some(found) = condition(object, type_) else {
+            continue;
+        };
+        let stale =
+            found["observedGeneration"].is_i64() && int(&found["observedGeneration"]) < generation;
+        if found["status"] != "True" || stale {
+            return Health::Progressing(said(found, &format!("{type_} is not True")));
+        }
+    }
+    Health::Ready
+}
+
+/// A condition as a person reads it: "Reason: message", or `fallback` without either.
+fn said(condition: &Value, fallback: &str) -> String {
+    let reason = condition["reason"].as_str().unwrap_or_default();
+    let message = condition["message"].as_str().unwrap_or_default();
+    match (reason, message) {
+        ("", "") => fallback.to_string(),
+        (reason, "") => reason.to_string(),
+        ("", message) => message.to_string(),
+        (reason, message) => format!("{reason}: {message}"),
     }
 }
 
@@ -111,56 +169,212 @@ fn job(object: &Value) -> Health {
     Health::Progressing("running".into())
 }
 
+fn daemon_set(object: &Value) -> Health {
+    let status = &object["status"];
+    let wanted = int(&status["desiredNumberScheduled"]);
+    let available = int(&status["numberAvailable"]);
+    let updated = int(&status["updatedNumberScheduled"]);
+    if generation_observed(object) && available >= wanted && updated >= wanted {
+        Health::Ready
+    } else {
+        Health::Progressing(format!("{available}/{wanted} nodes run it available"))
+    }
+}
+
+/// A claim is Ready once Bound. One that waits for its first consumer (a storage class with
+/// `WaitForFirstConsumer`) binds only when a pod mounts it: put it in the same wave as that
+/// pod's workload (docs/writing-templates.md).
+fn claim(object: &Value) -> Health {
+    match object["status"]["phase"].as_str() {
+        Some("Bound") => Health::Ready,
+        Some("Lost") => Health::Failed("its PersistentVolume is lost".into()),
+        _ => Health::Progressing("waiting to be bound to a volume".into()),
+    }
+}
+
+/// A Pod that ran to completion is done, not unready.
+fn pod(object: &Value) -> Health {
+    match object["status"]["phase"].as_str() {
+        Some("Succeeded") => Health::Ready,
+        Some("Failed") => Health::Failed(said(&object["status"], "the pod failed")),
+        _ => by_conditions(object),
+    }
+}
+
+/// Services route to whatever is ready (the workloads say so themselves); a LoadBalancer
+/// Service is Ready once the cloud gave it an address.
+fn service(object: &Value) -> Health {
+    let addressed = object["status"]["loadBalancer"]["ingress"]
+        .as_array()
+        .is_some_and(|ingress| !ingress.is_empty());
+    if object["spec"]["type"] != "LoadBalancer" || addressed {
+        Health::Ready
+    } else {
+        Health::Progressing("waiting for a load balancer address".into())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use serde_json::json;
+
+    fn with_kind(object: &Value, api_version: &str, kind: &str) -> Value {
+        let mut object = object.clone();
+        object["apiVersion"] = json!(api_version);
+        object["kind"] = json!(kind);
+        object
+    }
+    fn deploy(object: &Value) -> Value {
+        with_kind(object, "apps/v1", "Deployment")
+    }
+    fn batch(object: &Value) -> Value {
+        with_kind(object, "batch/v1", "Job")
+    }
 
     #[test]
     fn deployment_is_ready_only_when_available_for_the_current_generation() {
         let mut d = json!({"metadata": {"generation": 2}, "spec": {"replicas": 2},
             "status": {"observedGeneration": 2, "replicas": 2, "updatedReplicas": 2, "readyReplicas": 2,
                        "conditions": [{"type": "Available", "status": "True"}]}});
-        assert_eq!(of_object("Deployment", &d), Health::Ready);
+        assert_eq!(of_object(&deploy(&d)), Health::Ready);
         d["status"]["observedGeneration"] = json!(1);
-        assert!(matches!(
-            of_object("Deployment", &d),
-            Health::Progressing(_)
-        ));
+        assert!(matches!(of_object(&deploy(&d)), Health::Progressing(_)));
         d["status"]["observedGeneration"] = json!(2);
         d["status"]["readyReplicas"] = json!(1);
         assert_eq!(
-            of_object("Deployment", &d),
+            of_object(&deploy(&d)),
             Health::Progressing("1/2 replicas ready".into())
         );
         d["status"]["conditions"] = json!([{"type": "Progressing", "status": "False", "reason": "ProgressDeadlineExceeded", "message": "too slow"}]);
-        assert_eq!(
-            of_object("Deployment", &d),
-            Health::Failed("too slow".into())
-        );
+        assert_eq!(of_object(&deploy(&d)), Health::Failed("too slow".into()));
     }
 
     #[test]
     fn job_complete_failed_or_running() {
         let complete = json!({"status": {"conditions": [{"type": "Complete", "status": "True"}]}});
-        assert_eq!(of_object("Job", &complete), Health::Ready);
+        assert_eq!(of_object(&batch(&complete)), Health::Ready);
         let failed = json!({"status": {"conditions": [{"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded", "message": "Job has reached the specified backoff limit"}]}});
         assert_eq!(
-            of_object("Job", &failed),
+            of_object(&batch(&failed)),
             Health::Failed(
                 "BackoffLimitExceeded: Job has reached the specified backoff limit".into()
             )
         );
         assert!(matches!(
-            of_object("Job", &json!({})),
+            of_object(&batch(&json!({}))),
             Health::Progressing(_)
         ));
     }
 
     #[test]
     fn other_kinds_are_ready_when_present() {
-        assert_eq!(of_object("ConfigMap", &json!({})), Health::Ready);
-        let sts = json!({"metadata": {"generation": 1}, "spec": {"replicas": 1}, "status": {"observedGeneration": 1, "readyReplicas": 1, "updatedReplicas": 1}});
-        assert_eq!(of_object("StatefulSet", &sts), Health::Ready);
+        assert_eq!(
+            of_object(&json!({"apiVersion": "v1", "kind": "ConfigMap"})),
+            Health::Ready
+        );
+        let sts = json!({"apiVersion": "apps/v1", "kind": "StatefulSet", "metadata": {"generation": 1}, "spec": {"replicas": 1}, "status": {"observedGeneration": 1, "readyReplicas": 1, "updatedReplicas": 1}});
+        assert_eq!(of_object(&sts), Health::Ready);
+    }
+
+    #[test]
+    fn a_kind_named_like_a_workload_in_another_group_follows_the_conditions() {
+        // A custom "Deployment" (another group) has no replicas to count: it is judged by kstatus.
+        let custom = json!({"apiVersion": "example.com/v1", "kind": "Deployment", "metadata": {"generation": 1}});
+        assert_eq!(of_object(&custom), Health::Ready);
+    }
+
+    #[test]
+    fn custom_resources_follow_the_kstatus_conditions() {
+        let certificate = |status: Value| {
+            json!({"apiVersion": "cert-manager.io/v1", "kind": "Certificate",
+                   "metadata": {"generation": 2}, "status": status})
+        };
+        assert_eq!(of_object(&certificate(json!(null))), Health::Ready);
+        let issuing = certificate(json!({"conditions": [
+            {"type": "Ready", "status": "False", "reason": "Issuing", "message": "Issuing certificate as Secret does not exist"}]}));
+        assert_eq!(
+            of_object(&issuing),
+            Health::Progressing("Issuing: Issuing certificate as Secret does not exist".into())
+        );
+        let ready = certificate(
+            json!({"conditions": [{"type": "Ready", "status": "True", "observedGeneration": 2}]}),
+        );
+        assert_eq!(of_object(&ready), Health::Ready);
+        let stale = certificate(
+            json!({"conditions": [{"type": "Ready", "status": "True", "observedGeneration": 1}]}),
+        );
+        assert!(matches!(of_object(&stale), Health::Progressing(_)));
+        let unseen = certificate(
+            json!({"observedGeneration": 1, "conditions": [{"type": "Ready", "status": "True"}]}),
+        );
+        assert_eq!(
+            of_object(&unseen),
+            Health::Progressing("its controller has not seen generation 2 yet".into())
+        );
+        let stalled = certificate(json!({"conditions": [
+            {"type": "Ready", "status": "False"},
+            {"type": "Stalled", "status": "True", "reason": "InvalidIssuer", "message": "issuer not found"}]}));
+        assert_eq!(
+            of_object(&stalled),
+            Health::Failed("InvalidIssuer: issuer not found".into())
+        );
+        let reconciling =
+            certificate(json!({"conditions": [{"type": "Reconciling", "status": "True"}]}));
+        assert_eq!(
+            of_object(&reconciling),
+            Health::Progressing("Reconciling".into())
+        );
+        let unavailable =
+            certificate(json!({"conditions": [{"type": "Available", "status": "Unknown"}]}));
+        assert_eq!(
+            of_object(&unavailable),
+            Health::Progressing("Available is not True".into())
+        );
+    }
+
+    #[test]
+    fn daemon_sets_claims_and_load_balancers() {
+        let daemon_set = json!({"apiVersion": "apps/v1", "kind": "DaemonSet", "metadata": {"generation": 1},
+            "status": {"observedGeneration": 1, "desiredNumberScheduled": 3, "numberAvailable": 2, "updatedNumberScheduled": 3}});
+        assert_eq!(
+            of_object(&daemon_set),
+            Health::Progressing("2/3 nodes run it available".into())
+        );
+        let mut all = daemon_set.clone();
+        all["status"]["numberAvailable"] = json!(3);
+        assert_eq!(of_object(&all), Health::Ready);
+
+        let claim = |phase: &str| json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim", "status": {"phase": phase}});
+        assert_eq!(of_object(&claim("Bound")), Health::Ready);
+        assert!(matches!(
+            of_object(&claim("Pending")),
+            Health::Progressing(_)
+        ));
+        assert!(matches!(of_object(&claim("Lost")), Health::Failed(_)));
+
+        let service = |type_: &str, status: Value| json!({"apiVersion": "v1", "kind": "Service", "spec": {"type": type_}, "status": status});
+        assert_eq!(of_object(&service("ClusterIP", json!({}))), Health::Ready);
+        assert!(matches!(
+            of_object(&service("LoadBalancer", json!({"loadBalancer": {}}))),
+            Health::Progressing(_)
+        ));
+        let addressed = json!({"loadBalancer": {"ingress": [{"ip": "203.0.113.7"}]}});
+        assert_eq!(
+            of_object(&service("LoadBalancer", addressed)),
+            Health::Ready
+        );
+
+        let pod = |status: Value| json!({"apiVersion": "v1", "kind": "Pod", "status": status});
+        let starting =
+            json!({"phase": "Pending", "conditions": [{"type": "Ready", "status": "False"}]});
+        assert!(matches!(of_object(&pod(starting)), Health::Progressing(_)));
+        let done = json!({"phase": "Succeeded", "conditions": [{"type": "Ready", "status": "False", "reason": "PodCompleted"}]});
+        assert_eq!(of_object(&pod(done)), Health::Ready);
+        let evicted = json!({"phase": "Failed", "reason": "Evicted", "message": "low on memory"});
+        assert_eq!(
+            of_object(&pod(evicted)),
+            Health::Failed("Evicted: low on memory".into())
+        );
     }
 }

@@ -61,10 +61,9 @@ pub struct ObservedObject {
 
 impl ObservedObject {
     pub fn from_server(object: &Value) -> Self {
-        let kind = object["kind"].as_str().unwrap_or_default();
         Self {
             content: strip(object),
-            health: health::of_object(kind, object),
+            health: health::of_object(object),
             resource_version: object["metadata"]["resourceVersion"]
                 .as_str()
                 .and_then(|v| v.parse().ok())

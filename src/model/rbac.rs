@@ -1,6 +1,8 @@
 //! previewd's RBAC, generated from [`crate::model::kinds`]: the exact content of the chart's
 //! `templates/rbac.yaml` (`cargo run --bin rbacgen > charts/previewd/templates/rbac.yaml`; a
-//! test fails when the file differs).
+//! test fails when the file differs). The rules for the kinds templates may create are Helm
+//! loops over the chart's `templateKinds` and `extraTemplateKinds` values, the same list the
+//! chart passes to previewd as `--template-kinds`: the guard and the rights cannot disagree.
 //!
 //! Two roles, so that previewd can write application objects only in namespaces it created:
 //! - the cluster role, bound cluster-wide: read the kinds it watches, create, label and delete
@@ -14,7 +16,7 @@
 
 use serde_json::{Value, json};
 
-use crate::model::kinds::{GUARD_RAIL_KINDS, Kind, TEMPLATE_KINDS, is_watched};
+use crate::model::kinds::{GUARD_RAIL_KINDS, Kind, is_watched};
 
 const READ: &[&str] = &["get", "list", "watch"];
 const WRITE: &[&str] = &[
@@ -26,9 +28,9 @@ fn rules(kinds: &[&Kind], verbs: &[&str]) -> Vec<Value> {
     let mut groups: Vec<(&str, Vec<&str>)> = Vec::new();
     for kind in kinds {
         match groups.iter_mut().find(|(group, _)| *group == kind.group) {
-            Some((_, resources)) if resources.contains(&kind.resource) => {}
-            Some((_, resources)) => resources.push(kind.resource),
-            None => groups.push((kind.group, vec![kind.resource])),
+            Some((_, resources)) if resources.contains(&kind.resource.as_ref()) => {}
+            Some((_, resources)) => resources.push(&kind.resource),
+            None => groups.push((&kind.group, vec![&kind.resource])),
         }
     }
     groups
@@ -37,17 +39,13 @@ fn rules(kinds: &[&Kind], verbs: &[&str]) -> Vec<Value> {
         .collect()
 }
 
-/// Every kind previewd writes in an environment namespace.
-fn environment_kinds() -> Vec<&'static Kind> {
-    TEMPLATE_KINDS.iter().chain(GUARD_RAIL_KINDS).collect()
-}
-
-/// What the cluster-wide role grants about objects in environment namespaces: reading the kinds
-/// previewd watches, and creating the RoleBinding that grants the environment role.
+/// What the cluster-wide role grants about the guard rails in environment namespaces: reading
+/// the ones previewd watches, and creating the RoleBinding that grants the environment role.
+/// (Reading the template kinds is the chart's loop, [`template_kind_rules`].)
 pub fn cluster_object_rules() -> Vec<Value> {
-    let watched: Vec<&Kind> = environment_kinds()
-        .into_iter()
-        .filter(|k| is_watched(k.group, k.kind))
+    let watched: Vec<&Kind> = GUARD_RAIL_KINDS
+        .iter()
+        .filter(|k| is_watched(&k.group, &k.kind))
         .collect();
     let mut rules = rules(&watched, READ);
     rules.push(json!({
@@ -58,9 +56,28 @@ pub fn cluster_object_rules() -> Vec<Value> {
     rules
 }
 
-/// What the environment role grants inside one environment namespace.
+/// What the environment role grants on the guard rails inside one environment namespace.
 pub fn environment_rules() -> Vec<Value> {
-    rules(&environment_kinds(), WRITE)
+    rules(&GUARD_RAIL_KINDS.iter().collect::<Vec<_>>(), WRITE)
+}
+
+/// The rules for the kinds templates may create, one per kind of the chart's list: `verbs` on
+/// each, Secrets left out when `watched_only` (no cluster-wide Secret reads, see
+/// [`is_watched`]).
+fn template_kind_rules(verbs: &[&str], watched_only: bool) -> String {
+    let rule = format!(
+        "  - apiGroups: [{{{{ .group | quote }}}}]\n    resources: [{{{{ .resource }}}}]\n    verbs: [{}]\n",
+        verbs.join(", ")
+    );
+    let rule = match watched_only {
+        true => format!(
+            "{{{{- if not (and (eq .group \"\") (eq .kind \"Secret\")) }}}}\n{rule}{{{{- end }}}}\n"
+        ),
+        false => rule,
+    };
+    format!(
+        "{{{{- range (include \"previewd.templateKinds\" . | fromJsonArray) }}}}\n{rule}{{{{- end }}}}\n"
+    )
 }
 
 /// `rules` as YAML list items in flow style, indented for the chart file.
@@ -94,6 +111,8 @@ fn rules_yaml(rules: &[Value]) -> String {
 /// The chart's `templates/rbac.yaml`.
 pub fn chart_rbac_yaml() -> String {
     CHART_RBAC
+        .replace("@TEMPLATE_KINDS_READ@", &template_kind_rules(READ, true))
+        .replace("@TEMPLATE_KINDS_WRITE@", &template_kind_rules(WRITE, false))
         .replace(
             "@CLUSTER_OBJECT_RULES@",
             &rules_yaml(&cluster_object_rules()),
@@ -153,7 +172,8 @@ rules:
       {{- range .Values.rbac.bindableClusterRoles }}
       - {{ . | quote }}
       {{- end }}
-@CLUSTER_OBJECT_RULES@---
+  # The kinds templates may create (values templateKinds and extraTemplateKinds), to watch.
+@TEMPLATE_KINDS_READ@@CLUSTER_OBJECT_RULES@---
 apiVersion: rbac.authorization.k8s.io/v1
 kind: ClusterRoleBinding
 metadata:
@@ -177,7 +197,8 @@ metadata:
   labels:
     {{- include "previewd.labels" . | nindent 4 }}
 rules:
-@ENVIRONMENT_RULES@---
+  # The kinds templates may create (values templateKinds and extraTemplateKinds).
+@TEMPLATE_KINDS_WRITE@@ENVIRONMENT_RULES@---
 # The leader Lease, in previewd's own namespace.
 apiVersion: rbac.authorization.k8s.io/v1
 kind: Role
@@ -269,18 +290,33 @@ mod tests {
     }
 
     #[test]
-    fn every_template_kind_is_writable_in_environment_namespaces_only() {
+    fn guard_rails_are_writable_in_environment_namespaces_only() {
         let environment = environment_rules();
         let cluster = cluster_object_rules();
-        for kind in TEMPLATE_KINDS.iter().chain(GUARD_RAIL_KINDS) {
-            assert!(grants(&environment, kind.group, kind.resource, "patch"));
-            assert!(grants(&environment, kind.group, kind.resource, "delete"));
-            assert!(!grants(&cluster, kind.group, kind.resource, "delete"));
-            assert!(!grants(&cluster, kind.group, kind.resource, "update"));
+        for kind in GUARD_RAIL_KINDS {
+            assert!(grants(&environment, &kind.group, &kind.resource, "patch"));
+            assert!(grants(&environment, &kind.group, &kind.resource, "delete"));
+            assert!(!grants(&cluster, &kind.group, &kind.resource, "delete"));
+            assert!(!grants(&cluster, &kind.group, &kind.resource, "update"));
         }
         // Cluster-wide, Secrets are not even readable.
         assert!(!grants(&cluster, "", "secrets", "get"));
         assert!(!grants(&cluster, "", "secrets", "list"));
-        assert!(grants(&cluster, "apps", "deployments", "watch"));
+    }
+
+    /// The chart's default list is the built-in one: an operator who leaves the values alone
+    /// gets the RBAC that `--template-kinds`' default needs (the chart test renders and applies
+    /// it with the real Helm engine and checks the rights it grants).
+    #[test]
+    fn the_charts_default_template_kinds_are_previewds_default() {
+        let path = format!("{}/charts/previewd/values.yaml", env!("CARGO_MANIFEST_DIR"));
+        use crate::model::kinds::DEFAULT_TEMPLATE_KINDS;
+        let values: Value =
+            serde_yaml_ng::from_str(&std::fs::read_to_string(path).unwrap_or_default())
+                .unwrap_or_default();
+        let listed: Vec<Kind> =
+            serde_json::from_value(values["templateKinds"].clone()).unwrap_or_default();
+        assert_eq!(listed, DEFAULT_TEMPLATE_KINDS);
+        assert_eq!(values["extraTemplateKinds"], json!([]));
     }
 }

@@ -2,6 +2,8 @@
 
 use std::time::Duration;
 
+use crate::model::kinds::TemplateKinds;
+
 /// The default of `--max-objects-per-environment`: the 35-object Online Boutique fits 14 times.
 pub const DEFAULT_MAX_OBJECTS: usize = 500;
 
@@ -21,6 +23,8 @@ pub struct ControllerConfig {
     /// A template that renders more objects than this is refused (a runaway loop in a
     /// template, or a hostile one, must not flood the API server).
     pub max_objects: usize,
+    /// The kinds templates may create (`--template-kinds`); anything else is refused.
+    pub template_kinds: TemplateKinds,
     /// The role previewd binds to itself in each environment namespace it creates, when its
     /// RBAC confines writes to those namespaces (the chart); `None` with a kubeconfig that may
     /// already write everywhere (the sandbox, a developer's cluster).
@@ -43,6 +47,7 @@ impl Default for ControllerConfig {
             resync_interval: Duration::from_secs(600),
             reapply_interval: None,
             max_objects: DEFAULT_MAX_OBJECTS,
+            template_kinds: TemplateKinds::default(),
             environment_access: None,
         }
     }

@@ -21,7 +21,7 @@ use super::context::{Context, EnvironmentRef};
 use super::error::{ReconcileError, Refusal, Stop};
 use super::hold::{hold, start_queued};
 use super::metrics::Observations;
-use super::plan::{Plan, plan};
+use super::plan::{Limits, Plan, plan};
 use super::status::{
     Placement, Progress, ReadyCondition, condition, progress_status, refused_status,
 };
@@ -95,7 +95,10 @@ async fn plan_off_the_runtime(
 ) -> Result<Plan, Refusal> {
     let (environment, template) = (environment.clone(), template.clone());
     let namespace = namespace.to_string();
-    let max_objects = context.config.max_objects;
+    let limits = Limits {
+        max_objects: context.config.max_objects,
+        kinds: context.config.template_kinds.clone(),
+    };
     let observed = context.applier.observed();
     let planned = tokio::task::spawn_blocking(move || {
         plan(
@@ -103,7 +106,7 @@ async fn plan_off_the_runtime(
             &template,
             &manifests,
             &namespace,
-            max_objects,
+            &limits,
             |object| observed.live_replicas(&ObjectKey::of(object)),
         )
     })

@@ -78,7 +78,8 @@ impl Progress {
                 reason,
                 message: format!("{what} {} failed: {message}", object.name()),
             };
-        } else if let Some((object, _)) = pairs().find(|(_, h)| matches!(h, Health::Progressing(_)))
+        } else if let Some((object, Health::Progressing(why))) =
+            pairs().find(|(_, h)| matches!(h, Health::Progressing(_)))
         {
             let (phase, reason) = match object.seed {
                 Some(_) => (Phase::Seeding, "Seeding"),
@@ -89,7 +90,7 @@ impl Progress {
                 ok: false,
                 reason,
                 message: format!(
-                    "waiting for wave {wave}: {} {}",
+                    "waiting for wave {wave}: {} {} ({why})",
                     object.kind(),
                     object.name()
                 ),

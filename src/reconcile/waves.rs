@@ -69,15 +69,18 @@ async fn apply_waves(
 }
 
 /// Before anything is applied: every kind the plan uses is one the cluster serves (discovered
-/// once per kind and cached by the applier). A kind it does not serve (a CRD not installed, an
-/// apiVersion this Kubernetes does not have) refuses the plan with `KindNotServed`, naming the
-/// object, before the namespace is created; it is retried with backoff, since installing the
-/// CRD fixes it.
+/// once per kind and cached by the applier), and serves as a namespaced kind. A kind it does not
+/// serve (a CRD not installed, an apiVersion this Kubernetes does not have) refuses the plan with
+/// `KindNotServed`, naming the object, before the namespace is created; it is retried with
+/// backoff, since installing the CRD fixes it. A cluster-scoped kind (an operator allowed one by
+/// mistake) is refused by the guard's rule: only namespaced objects, only in the environment.
 pub(super) async fn check_served(plan: &Plan, context: &Context) -> Result<(), Stop> {
     for rendered in &plan.objects {
         let (api_version, kind) = (rendered.api_version(), rendered.kind());
-        let Err(error) = context.applier.resource(api_version, kind).await else {
-            continue;
+        let error = match context.applier.discover(api_version, kind).await {
+            Ok(found) if found.namespaced => continue,
+            Ok(_) => return Err(Stop::Refused(cluster_scoped(rendered))),
+            Err(error) => error,
         };
         let failed = ApplyError::of(&rendered.object, error);
         if !is_not_served(&failed.source) {
@@ -97,6 +100,20 @@ pub(super) async fn check_served(plan: &Plan, context: &Context) -> Result<(), S
         }));
     }
     Ok(())
+}
+
+fn cluster_scoped(rendered: &RenderedObject) -> Refusal {
+    Refusal::new(
+        "GuardRejected",
+        format!(
+            "{}/{} (from {}): {} {} is cluster-scoped in this cluster; templates may create only namespaced objects, in the environment's namespace (remove it from --template-kinds); nothing was applied",
+            rendered.kind(),
+            rendered.name(),
+            rendered.manifest,
+            rendered.api_version(),
+            rendered.kind()
+        ),
+    )
 }
 
 /// Applies `manifests`; returns how many were sent. The API server refusing an object's content

@@ -8,6 +8,7 @@ use std::time::Duration;
 use clap::Args;
 
 use crate::model::durations::parse_duration;
+use crate::model::kinds::TemplateKinds;
 
 #[derive(Clone, Copy, Debug, clap::ValueEnum, PartialEq, Eq)]
 pub enum LogFormat {
@@ -40,6 +41,12 @@ pub struct ControllerArgs {
     /// the condition `TooManyObjects` on the environment.
     #[arg(long, env = "PREVIEWD_MAX_OBJECTS_PER_ENVIRONMENT", default_value_t = crate::reconcile::DEFAULT_MAX_OBJECTS)]
     pub max_objects_per_environment: usize,
+    /// The kinds templates may create, as a JSON list of `{"group", "kind", "resource"}`
+    /// (the chart builds it from its `templateKinds` and `extraTemplateKinds` values, and its
+    /// RBAC from the same list). Default: the built-in list in docs/writing-templates.md. Only
+    /// namespaced kinds; previewd's own, cluster-scoped ones and the guard rails are refused.
+    #[arg(long, env = "PREVIEWD_TEMPLATE_KINDS", value_parser = TemplateKinds::parse)]
+    pub template_kinds: Option<TemplateKinds>,
     /// The ClusterRole previewd binds to its own ServiceAccount in each environment namespace
     /// it creates (the chart's `<release>-environment`). Set it when previewd's RBAC lets it
     /// write only there; it needs `--service-account` too.
@@ -82,6 +89,7 @@ impl ControllerArgs {
             resync_interval: self.resync_interval,
             reapply_interval: self.reapply_interval,
             max_objects: self.max_objects_per_environment.max(1),
+            template_kinds: self.template_kinds.clone().unwrap_or_default(),
         }
     }
 }

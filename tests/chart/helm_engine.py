@@ -32,8 +32,10 @@ bad_values = {
     "unknown_key": {"replicas": 2},
     "bad_duration": {"controller": {"leaseDuration": "fifteen seconds"}},
     "bad_log_format": {"controller": {"logFormat": "xml"}},
-    # The kinds previewd may write come from its code (model/kinds.rs), not from values.
+    # Kinds are listed in templateKinds / extraTemplateKinds, each whole and spelled as the API does.
     "template_resources": {"rbac": {"templateResources": [{"apiGroup": "", "resources": ["nodes"]}]}},
+    "template_kind_wildcard": {"extraTemplateKinds": [{"group": "", "kind": "Node", "resource": "*"}]},
+    "template_kind_without_resource": {"extraTemplateKinds": [{"group": "gateway.networking.k8s.io", "kind": "HTTPRoute"}]},
     "bad_secret_namespace": {"rbac": {"secretNamespaces": ["Kube System"]}},
 }
 refused = {}

@@ -22,3 +22,8 @@ app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 app.kubernetes.io/managed-by: {{ .Release.Service }}
 helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- end -}}
+
+{{/* The kinds templates may create, as JSON: --template-kinds, and the RBAC rules in rbac.yaml. */}}
+{{- define "previewd.templateKinds" -}}
+{{- concat .Values.templateKinds .Values.extraTemplateKinds | toJson -}}
+{{- end -}}

@@ -1,7 +1,9 @@
-//! Guard (pure): what a template may create. Only namespaced objects of allowed kinds, only in
-//! the environment's own namespace. One violation rejects the whole render: nothing is applied.
+//! Guard (pure): what a template may create. Only objects of the kinds the operator allows
+//! (`--template-kinds`), only in the environment's own namespace. One violation rejects the
+//! whole render: nothing is applied. (That an allowed kind is namespaced in this cluster is
+//! checked when the plan's kinds are discovered, before anything is applied.)
 
-use crate::model::kinds::{group_of, template_may_create};
+use crate::model::kinds::{TemplateKinds, group_of};
 use crate::reconcile::plan::render::RenderedObject;
 
 /// Why an object was refused.
@@ -15,7 +17,7 @@ pub struct Violation {
 }
 
 /// Checks every object; returns all violations (empty: everything may be applied).
-pub fn check(objects: &[RenderedObject], namespace: &str) -> Vec<Violation> {
+pub fn check(objects: &[RenderedObject], namespace: &str, kinds: &TemplateKinds) -> Vec<Violation> {
     let mut violations = Vec::new();
     for object in objects {
         let violation = |reason: String| Violation {
@@ -24,9 +26,9 @@ pub fn check(objects: &[RenderedObject], namespace: &str) -> Vec<Violation> {
             name: object.name().to_string(),
             reason,
         };
-        if !template_may_create(group_of(object.api_version()), object.kind()) {
+        if !kinds.allows(group_of(object.api_version()), object.kind()) {
             violations.push(violation(format!(
-                "kind {} ({}) may not be created by a template: only namespaced kinds of the allowed list are",
+                "kind {} ({}) may not be created by a template: it is not one of the kinds this previewd allows (--template-kinds; the chart's templateKinds and extraTemplateKinds)",
                 object.kind(),
                 object.api_version()
             )));
@@ -72,7 +74,7 @@ mod tests {
             object("v1", "Service", None),
             object("batch/v1", "Job", Some("env")),
         ];
-        assert!(check(&objects, "env").is_empty());
+        assert!(check(&objects, "env", &TemplateKinds::default()).is_empty());
     }
 
     #[test]
@@ -81,7 +83,7 @@ mod tests {
             object("v1", "ConfigMap", Some("env")),
             object("rbac.authorization.k8s.io/v1", "ClusterRoleBinding", None),
         ];
-        let violations = check(&objects, "env");
+        let violations = check(&objects, "env", &TemplateKinds::default());
         assert_eq!(violations.len(), 1);
         assert_eq!(violations[0].kind, "ClusterRoleBinding");
         assert!(
@@ -89,17 +91,58 @@ mod tests {
                 .to_string()
                 .contains("ClusterRoleBinding/x (from m.yaml)")
         );
-        assert_eq!(check(&[object("v1", "Namespace", None)], "env").len(), 1);
         assert_eq!(
-            check(&[object("v1", "ResourceQuota", None)], "env").len(),
+            check(
+                &[object("v1", "Namespace", None)],
+                "env",
+                &TemplateKinds::default()
+            )
+            .len(),
+            1
+        );
+        assert_eq!(
+            check(
+                &[object("v1", "ResourceQuota", None)],
+                "env",
+                &TemplateKinds::default()
+            )
+            .len(),
             1
         );
     }
 
     #[test]
     fn another_namespace_is_refused() {
-        let violations = check(&[object("v1", "Secret", Some("kube-system"))], "env");
+        let violations = check(
+            &[object("v1", "Secret", Some("kube-system"))],
+            "env",
+            &TemplateKinds::default(),
+        );
         assert_eq!(violations.len(), 1);
         assert!(violations[0].reason.contains("kube-system"));
+    }
+
+    #[test]
+    fn a_custom_resource_passes_only_when_the_operator_allows_its_kind() {
+        let route = [object("gateway.networking.k8s.io/v1", "HTTPRoute", None)];
+        let refused = check(&route, "env", &TemplateKinds::default());
+        assert_eq!(refused.len(), 1);
+        assert!(
+            refused[0].reason.contains("--template-kinds"),
+            "{}",
+            refused[0]
+        );
+        let allowed = TemplateKinds::parse(
+            r#"[{"group": "gateway.networking.k8s.io", "kind": "HTTPRoute", "resource": "httproutes"}]"#,
+        )
+        .unwrap();
+        assert!(check(&route, "env", &allowed).is_empty());
+        // Allowing a kind does not allow another namespace.
+        let elsewhere = [object(
+            "gateway.networking.k8s.io/v1",
+            "HTTPRoute",
+            Some("kube-system"),
+        )];
+        assert_eq!(check(&elsewhere, "env", &allowed).len(), 1);
     }
 }

@@ -18,6 +18,7 @@ use serde_json::Value;
 
 use super::error::Refusal;
 use crate::model::crd::{InlineManifest, PreviewEnvironment, PreviewTemplate};
+use crate::model::kinds::TemplateKinds;
 use crate::model::metadata::environment_labels;
 use guard::Violation;
 use render::RenderedObject;
@@ -35,6 +36,13 @@ pub struct Plan {
     pub replicas_before_sleep: BTreeMap<String, i32>,
 }
 
+/// What the operator allows every template (`--max-objects-per-environment`, `--template-kinds`).
+#[derive(Clone, Debug)]
+pub struct Limits {
+    pub max_objects: usize,
+    pub kinds: TemplateKinds,
+}
+
 /// Plans `environment` from `template` and `manifests` into `namespace`. `live_replicas` says
 /// how many replicas a workload runs now (from the watch), for the count to restore on waking.
 pub fn plan(
@@ -42,7 +50,7 @@ pub fn plan(
     template: &PreviewTemplate,
     manifests: &[InlineManifest],
     namespace: &str,
-    max_objects: usize,
+    limits: &Limits,
     live_replicas: impl Fn(&Value) -> Option<i32>,
 ) -> Result<Plan, Refusal> {
     let labels = environment_labels(environment, template);
@@ -54,8 +62,9 @@ pub fn plan(
     // A broken template is not retried until it changes (or the slow resync).
     let (url, host, mut objects) =
         rendered.map_err(|e| Refusal::new("RenderFailed", e.to_string()))?;
-    check_object_limit(objects.len(), max_objects)?;
-    refuse_violations("GuardRejected", guard::check(&objects, namespace))?;
+    check_object_limit(objects.len(), limits.max_objects)?;
+    let guarded = guard::check(&objects, namespace, &limits.kinds);
+    refuse_violations("GuardRejected", guarded)?;
     let policy = policy::check(&objects, &template.spec.policy, namespace, &host);
     refuse_violations("PolicyRejected", policy)?;
     let previous = environment.status.clone().unwrap_or_default();

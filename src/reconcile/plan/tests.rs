@@ -2,7 +2,7 @@
 
 use serde_json::Value;
 
-use super::{Plan, plan};
+use super::{Limits, Plan, plan};
 use crate::model::crd::InlineManifest;
 use crate::model::crd::PreviewEnvironment;
 use crate::reconcile::error::Refusal;
@@ -26,7 +26,10 @@ fn plan_web(
         &template,
         &manifests,
         NAMESPACE,
-        max_objects,
+        &Limits {
+            max_objects,
+            kinds: Default::default(),
+        },
         live_replicas,
     )
 }

@@ -61,7 +61,7 @@ fn the_first_object_still_rolling_out_names_its_wave() {
     assert_eq!(progress.phase, Phase::Deploying);
     assert_eq!(
         progress.condition.message,
-        "waiting for wave 1: Deployment web"
+        "waiting for wave 1: Deployment web (1 of 2 ready)"
     );
     assert_eq!(progress.seeds[0].state, "Succeeded");
 }
