@@ -964,3 +964,74 @@ async fn a_custom_kind_the_operator_allows_is_applied_and_followed_by_its_condit
     })
     .await;
 }
+
+/// A template in `ns` that copies `copy` (source name, name in the environment) and generates
+/// the Secret `db` with a password, next to one ConfigMap.
+fn template_with_secrets(name: &str, copy: (&str, &str)) -> PreviewTemplate {
+    let mut template = template_with("apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: app\n");
+    template.metadata.name = Some(name.into());
+    template.spec.secrets = serde_json::from_value(json!({
+        "copy": [{"name": copy.0, "as": copy.1}],
+        "generate": [{"name": "db", "keys": ["password"]}],
+    }))
+    .unwrap();
+    template
+}
+
+#[tokio::test]
+async fn shared_secrets_are_copied_and_followed_generated_ones_stay_and_unshared_ones_are_refused()
+{
+    in_namespace("secrets", |client, ns| async move {
+        use k8s_openapi::api::core::v1::Secret;
+        // A short resync: a changed source is copied at the next reconcile.
+        let _context = start_controller(&client, &ns, Duration::from_secs(3)).await;
+        let secrets: Api<Secret> = Api::namespaced(client.clone(), &ns);
+        let source = |name: &str, value: &str, shared: bool| -> Secret {
+            let annotations = if shared { json!({"previewd.dev/copy-to-templates-in": format!("other-team, {ns}")}) } else { json!({}) };
+            serde_json::from_value(json!({"metadata": {"name": name, "annotations": annotations}, "stringData": {"token": value}})).unwrap()
+        };
+        secrets.create(&PostParams::default(), &source("shared-token", "first", true)).await.unwrap();
+        secrets.create(&PostParams::default(), &source("forge-token", "keep-me-here", false)).await.unwrap();
+        let templates: Api<PreviewTemplate> = Api::namespaced(client.clone(), &ns);
+        let environments: Api<PreviewEnvironment> = Api::namespaced(client.clone(), &ns);
+        templates.create(&PostParams::default(), &template_with_secrets("shares", ("shared-token", "api-token"))).await.unwrap();
+        environments.create(&PostParams::default(), &environment_of("shares")).await.unwrap();
+        let ready = wait_for_phase(&environments, "pr-7", Phase::Ready, Duration::from_secs(60)).await;
+        let target = ready.status.unwrap().namespace.unwrap();
+        let in_environment: Api<Secret> = Api::namespaced(client.clone(), &target);
+        let token = |secret: &Secret, key: &str| String::from_utf8(secret.data.as_ref().unwrap()[key].0.clone()).unwrap();
+        let copy = in_environment.get("api-token").await.unwrap();
+        assert_eq!(token(&copy, "token"), "first");
+        assert!(copy.annotations().is_empty(), "the source's annotations stay with the source");
+        let password = token(&in_environment.get("db").await.unwrap(), "password");
+        assert_eq!(password.len(), 32);
+
+        // The source changes: the copy follows, the generated password does not change.
+        secrets.patch("shared-token", &PatchParams::default(), &Patch::Merge(json!({"stringData": {"token": "rotated"}}))).await.unwrap();
+        eventually("the copy to follow its source", Duration::from_secs(30), || {
+            let in_environment = in_environment.clone();
+            async move { (token(&in_environment.get("api-token").await.ok()?, "token") == "rotated").then_some(()) }
+        })
+        .await;
+        assert_eq!(token(&in_environment.get("db").await.unwrap(), "password"), password, "generated once, kept");
+
+        // A Secret its owner did not share (here the template namespace's own forge token), and
+        // one that does not exist: refused, nothing created.
+        for (template, source, reason, needle) in [
+            ("unshared", "forge-token", "SecretNotShared", "is not shared with templates in namespace"),
+            ("missing", "no-such-secret", "SecretUnavailable", "does not exist"),
+        ] {
+            templates.create(&PostParams::default(), &template_with_secrets(template, (source, "copied"))).await.unwrap();
+            let mut environment = environment_of(template);
+            environment.metadata.name = Some(format!("pr-{template}"));
+            environments.create(&PostParams::default(), &environment).await.unwrap();
+            let refused = wait_for_phase(&environments, &format!("pr-{template}"), Phase::Degraded, Duration::from_secs(30)).await;
+            let condition = refused.status.unwrap().conditions.into_iter().find(|c| c.type_ == "Ready").unwrap();
+            assert_eq!(condition.reason, reason);
+            assert!(condition.message.contains(needle) && condition.message.contains(source), "{}", condition.message);
+            let namespaces = Api::<Namespace>::all(client.clone()).list(&ListParams::default().labels(&format!("previewd.dev/environment=pr-{template},previewd.dev/environment-namespace={ns}"))).await.unwrap();
+            assert!(namespaces.items.is_empty(), "nothing was created for {template}");
+        }
+    })
+    .await;
+}

@@ -23,6 +23,8 @@ pub enum ReconcileError {
     Grant(#[source] kube::Error),
     #[error("previewd's RoleBinding in namespace {0} is not in force after 10 s")]
     GrantNotInForce(String),
+    #[error("reading the environment's secrets: {}", in_words(.0))]
+    Secrets(#[source] kube::Error),
     #[error("pruning: {}", in_words(.0))]
     Prune(#[source] kube::Error),
     #[error("writing status: {}", in_words(.0))]
@@ -51,7 +53,8 @@ impl ReconcileError {
             ReconcileError::Apply(_)
             | ReconcileError::Claim(_)
             | ReconcileError::Grant(_)
-            | ReconcileError::GrantNotInForce(_) => "apply",
+            | ReconcileError::GrantNotInForce(_)
+            | ReconcileError::Secrets(_) => "apply",
             ReconcileError::Prune(_) => "prune",
             ReconcileError::Status(_) => "status",
             ReconcileError::Cleanup(_) | ReconcileError::NamespaceTerminating(_) => "cleanup",

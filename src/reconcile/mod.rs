@@ -23,6 +23,7 @@ pub mod plan;
 mod prune;
 mod queue;
 mod resolve;
+mod secrets;
 pub mod status;
 #[cfg(test)]
 mod test_support;

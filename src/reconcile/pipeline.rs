@@ -2,8 +2,9 @@
 //!
 //! resolve the template → hold (fork approval, queue) → resolve the manifests → plan (render,
 //! object limit, guard, policy, workloads; no client required, on a blocking thread) → check
-//! the kinds (each served by the cluster, or refused) → claim the namespace (created for this
-//! environment, or refused) → grant previewd its rights there
+//! the copied secrets (shared by their owners, or refused) → check the kinds (each served by the
+//! cluster, or refused) → claim the namespace (created for this environment, or refused) → grant
+//! previewd its rights there → the generated secrets (kept once made)
 //! → apply the namespace, guard rails and waves → prune → status (no client required) → write
 //! (forge report, status, Events).
 //!
@@ -26,7 +27,7 @@ use super::status::{
     Placement, Progress, ReadyCondition, condition, progress_status, refused_status,
 };
 use super::write::write_status;
-use super::{claim, namespace, prune, resolve, waves};
+use super::{claim, namespace, prune, resolve, secrets, waves};
 use crate::cluster::observed::ObjectKey;
 use crate::model::crd::{
     InlineManifest, Phase, PreviewEnvironment, PreviewEnvironmentStatus, PreviewTemplate,
@@ -64,15 +65,23 @@ async fn deploy(
 ) -> Result<Action, Stop> {
     let head_sha = &environment.spec.source.head_sha;
     let manifests = resolve::manifests(template, head_sha, context).await?;
-    let plan = plan_off_the_runtime(environment, template, manifests, namespace, context).await?;
+    let mut plan =
+        plan_off_the_runtime(environment, template, manifests, namespace, context).await?;
+    secrets::add_copies(&mut plan, template, context).await?;
     waves::check_served(&plan, context).await?;
     let uid = environment.metadata.uid.as_deref().unwrap_or_default();
     let namespace_labels = namespace::namespace_labels(&template.spec, &plan.labels, uid);
     claim::claim_namespace(environment, namespace, &namespace_labels, context).await?;
     let key = ObjectRef::from_obj(environment);
     let bypass_cache = reapply_due(context, &key);
-    let progress =
-        waves::apply_plan(&plan, template, &namespace_labels, context, bypass_cache).await?;
+    let progress = waves::apply_plan(
+        &mut plan,
+        template,
+        &namespace_labels,
+        context,
+        bypass_cache,
+    )
+    .await?;
     prune::prune(environment, &plan.objects, context).await?;
     if bypass_cache {
         context

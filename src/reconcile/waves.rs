@@ -12,16 +12,16 @@ use super::error::{ReconcileError, Refusal, Stop};
 use super::plan::Plan;
 use super::plan::render::RenderedObject;
 use super::status::Progress;
-use super::{access, namespace};
+use super::{access, namespace, secrets};
 use crate::cluster::applier::{ApplyError, is_not_served};
 use crate::cluster::health::Health;
 use crate::cluster::observed::ObjectKey;
 use crate::model::crd::PreviewTemplate;
 
-/// Applies the plan: namespace (already claimed, with `namespace_labels`), guard rails, then
-/// the waves; returns how far it got.
+/// Applies the plan: namespace (already claimed, with `namespace_labels`), guard rails, the
+/// generated secrets (added to the plan's first wave), then the waves; returns how far it got.
 pub async fn apply_plan(
-    plan: &Plan,
+    plan: &mut Plan,
     template: &PreviewTemplate,
     namespace_labels: &BTreeMap<String, String>,
     context: &Context,
@@ -30,6 +30,8 @@ pub async fn apply_plan(
     let namespace_object = namespace::namespace_object(&plan.namespace, namespace_labels);
     apply(context, &[&namespace_object], bypass_cache).await?;
     access::grant(&plan.namespace, &plan.labels, context, bypass_cache).await?;
+    // Generated secrets are read back in the namespace, which needs the grant.
+    secrets::add_generated(plan, template, context).await?;
     let guard_rails = namespace::guard_rails(&plan.namespace, &template.spec, &plan.labels);
     apply(
         context,

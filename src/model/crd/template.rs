@@ -43,6 +43,10 @@ pub struct PreviewTemplateSpec {
     /// Jobs that load test data; the environment waits for them.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub seeds: Vec<SeedSpec>,
+    /// Secrets previewd puts into every environment: copies of Secrets their owners share,
+    /// and secrets generated once per environment (a database password).
+    #[serde(default, skip_serializing_if = "SecretsSpec::is_empty")]
+    pub secrets: SecretsSpec,
     /// What the rendered objects may do beyond their namespace (pod security, exposure, RBAC).
     /// The defaults are safe for manifests from pull requests; each exception is explicit.
     #[serde(default)]
@@ -51,6 +55,55 @@ pub struct PreviewTemplateSpec {
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     #[schemars(schema_with = "free_form_object")]
     pub values: BTreeMap<String, serde_json::Value>,
+}
+
+/// Secrets for each environment, applied with its first wave.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct SecretsSpec {
+    /// Secrets copied into the environment and kept equal to their source (read at every
+    /// reconcile). The source must say it may be copied: its annotation
+    /// `previewd.dev/copy-to-templates-in` lists the namespaces of the templates that may copy
+    /// it (or `*`), so a template cannot hand out another team's Secret, nor by mistake its own
+    /// webhook secret or forge token.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub copy: Vec<CopiedSecret>,
+    /// Secrets of random values, made once when the environment first needs them and kept
+    /// unchanged for its life.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub generate: Vec<GeneratedSecret>,
+}
+
+impl SecretsSpec {
+    pub fn is_empty(&self) -> bool {
+        self.copy.is_empty() && self.generate.is_empty()
+    }
+}
+
+#[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct CopiedSecret {
+    /// The source Secret's name.
+    pub name: String,
+    /// The source's namespace (default: the template's). previewd must be allowed to read
+    /// Secrets there (the chart's `rbac.secretNamespaces`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
+    /// The name in the environment (default: the source's name).
+    #[serde(default, skip_serializing_if = "Option::is_none", rename = "as")]
+    pub target: Option<String>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct GeneratedSecret {
+    /// The Secret's name in the environment.
+    pub name: String,
+    /// Its keys, each a random value of `length` letters and digits.
+    pub keys: Vec<String>,
+    /// Characters per value (16 to 128; default 32).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub length: Option<u32>,
 }
 
 /// The content policy every rendered object is checked against before anything is applied.
