@@ -8,6 +8,8 @@ use std::borrow::Cow;
 
 use serde::{Deserialize, Serialize};
 
+use crate::model::naming::is_dns1123_label;
+
 /// A namespaced kind, with the resource name RBAC rules use.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Kind {
@@ -23,15 +25,6 @@ const fn kind(group: &'static str, kind: &'static str, resource: &'static str) -
         group: Cow::Borrowed(group),
         kind: Cow::Borrowed(kind),
         resource: Cow::Borrowed(resource),
-    }
-}
-
-impl std::fmt::Display for Kind {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self.group.as_ref() {
-            "" => write!(f, "{}", self.kind),
-            group => write!(f, "{group}/{}", self.kind),
-        }
     }
 }
 
@@ -171,26 +164,14 @@ fn is_kind_name(text: &str) -> bool {
         && text.chars().all(|c| c.is_ascii_alphanumeric())
 }
 
+/// A plural resource name: a DNS-1123 label that starts with a letter (`httproutes`).
 fn is_resource_name(text: &str) -> bool {
-    !text.is_empty()
-        && text.len() <= 63
-        && text.starts_with(|c: char| c.is_ascii_lowercase())
-        && text
-            .chars()
-            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+    is_dns1123_label(text) && text.starts_with(|c: char| c.is_ascii_lowercase())
 }
 
+/// An API group: empty (the core group) or a DNS subdomain (`gateway.networking.k8s.io`).
 fn is_group_name(text: &str) -> bool {
-    text.is_empty()
-        || (text.len() <= 253
-            && text.split('.').all(|label| {
-                !label.is_empty()
-                    && !label.starts_with('-')
-                    && !label.ends_with('-')
-                    && label
-                        .chars()
-                        .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
-            }))
+    text.is_empty() || (text.len() <= 253 && text.split('.').all(is_dns1123_label))
 }
 
 /// Whether previewd watches `kind` across the cluster to see drift and health. Secrets are not

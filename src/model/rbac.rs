@@ -309,8 +309,8 @@ mod tests {
     /// it with the real Helm engine and checks the rights it grants).
     #[test]
     fn the_charts_default_template_kinds_are_previewds_default() {
-        let path = format!("{}/charts/previewd/values.yaml", env!("CARGO_MANIFEST_DIR"));
         use crate::model::kinds::DEFAULT_TEMPLATE_KINDS;
+        let path = format!("{}/charts/previewd/values.yaml", env!("CARGO_MANIFEST_DIR"));
         let values: Value =
             serde_yaml_ng::from_str(&std::fs::read_to_string(path).unwrap_or_default())
                 .unwrap_or_default();
