@@ -204,16 +204,27 @@ async fn reconcile_in_span(
             FinalizerEvent::Cleanup(environment) => cleanup(&environment, &context).await,
         }
     })
-    .await
-    .map_err(|e| match e {
-        kube::runtime::finalizer::Error::ApplyFailed(e)
-        | kube::runtime::finalizer::Error::CleanupFailed(e) => e,
-        other => ReconcileError::Finalizer(Box::new(other)),
-    });
-    if result.is_ok() {
-        // Backoff restarts only when a whole reconcile, forge report included, succeeded.
-        context.memory.failures.lock().remove(&key);
-    }
+    .await;
+    let result = match result {
+        Ok(action) => {
+            // Backoff restarts only when a whole reconcile, forge report included, succeeded.
+            context.memory.failures.lock().remove(&key);
+            Ok(action)
+        }
+        Err(kube::runtime::finalizer::Error::AddFinalizer(e)) if is_stale_read(&e) => {
+            // The cache showed the environment without the finalizer, but the server's copy has
+            // changed since (usually: the previous reconcile added it and the watch has not
+            // brought that yet). Nothing failed and nothing was done: look again once the watch
+            // has caught up, leaving any backoff count as it was.
+            tracing::debug!(error = %e, "the environment changed since the cache read it; looking again");
+            Ok(Action::requeue(STALE_READ_RETRY))
+        }
+        Err(
+            kube::runtime::finalizer::Error::ApplyFailed(e)
+            | kube::runtime::finalizer::Error::CleanupFailed(e),
+        ) => Err(e),
+        Err(other) => Err(ReconcileError::Finalizer(Box::new(other))),
+    };
     let outcome = if result.is_ok() { "ok" } else { "error" };
     context
         .metrics
@@ -221,6 +232,15 @@ async fn reconcile_in_span(
         .with_label_values(&[outcome])
         .observe(started.elapsed().as_secs_f64());
     result
+}
+
+/// How soon a reconcile that read a stale cache looks again.
+const STALE_READ_RETRY: Duration = Duration::from_secs(1);
+
+/// Whether the API server refused the finalizer patch because its `test` of the finalizer list
+/// (which the cache showed) no longer holds: 422 for a failed JSON-patch test, 409 for a conflict.
+fn is_stale_read(error: &kube::Error) -> bool {
+    matches!(error, kube::Error::Api(status) if matches!(status.code, 409 | 422))
 }
 
 fn error_policy(
@@ -241,4 +261,29 @@ fn error_policy(
         .backoff_after_failure(&ObjectRef::from_obj(&*environment));
     tracing::warn!(environment = %environment.name_any(), attempt, error = %error, "reconcile failed; retrying in {delay:?}");
     Action::requeue(delay)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn api_error(code: u16) -> kube::Error {
+        kube::Error::Api(
+            kube::core::Status::failure("the server rejected our request", "Invalid")
+                .with_code(code)
+                .boxed(),
+        )
+    }
+
+    #[test]
+    fn only_a_changed_object_counts_as_a_stale_read() {
+        assert!(is_stale_read(&api_error(422)), "a failed JSON-patch test");
+        assert!(is_stale_read(&api_error(409)), "a conflict");
+        for code in [403, 404, 500, 503] {
+            assert!(
+                !is_stale_read(&api_error(code)),
+                "HTTP {code} is a real failure"
+            );
+        }
+    }
 }
