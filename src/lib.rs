@@ -7,6 +7,8 @@
 //! * [`model`]: the custom resources, names, durations, labels and annotations. No I/O.
 //! * [`cluster`]: talking to the Kubernetes API: the applier and its skip cache, the watches,
 //!   health, secrets, environment records, the one writer every write goes through.
+//! * [`engines`]: the third-party renderers previewd runs as programs (`helm template`), each
+//!   with a time and output limit and a cache of what it printed.
 //! * [`forge`]: GitHub and GitLab: webhook parsing, API calls, the PR comment and statuses.
 //! * [`webhook`]: the HTTP server, verification, delivery dedupe, intake and comment commands.
 //! * [`lifecycle`]: the sweep (which environments go, and why) and its loop.
@@ -19,6 +21,7 @@
 //! [`cluster::caches`].
 
 pub mod cluster;
+pub mod engines;
 pub mod forge;
 pub mod lifecycle;
 pub mod model;

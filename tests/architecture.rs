@@ -13,6 +13,7 @@ use std::path::{Path, PathBuf};
 const LAYERS: &[(&str, u8)] = &[
     ("model", 0),
     ("cluster", 1),
+    ("engines", 1),
     ("forge", 2),
     ("webhook", 3),
     ("lifecycle", 3),

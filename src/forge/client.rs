@@ -96,6 +96,25 @@ impl ForgeClient {
         Ok(files)
     }
 
+    /// Every file under folder `path` (a chart, an overlay) at commit `sha`, as (path relative
+    /// to the folder, bytes), sorted by path, within the same limits as
+    /// [`ForgeClient::read_manifests`] (counting every file, not only YAML).
+    pub async fn read_folder(
+        &self,
+        repository: &str,
+        path: &str,
+        sha: &str,
+    ) -> Result<Vec<(String, Vec<u8>)>, ForgeApiError> {
+        let mut files = match self {
+            ForgeClient::Github(api) => api.read_folder(repository, path, sha).await?,
+            ForgeClient::Gitlab(api) => api.read_folder(repository, path, sha).await?,
+        };
+        let total: usize = files.iter().map(|(_, bytes)| bytes.len()).sum();
+        check_total(path, total)?;
+        files.sort();
+        Ok(files)
+    }
+
     /// Numbers of the open pull/merge requests of `repository` (one list call per page).
     pub async fn open_pull_requests(
         &self,
@@ -202,7 +221,10 @@ pub(crate) fn check_manifest_size(path: &str, size: u64) -> Result<(), ForgeApiE
 
 /// Refuses manifests that add up to more than [`MAX_MANIFEST_BYTES`].
 fn check_manifest_total(path: &str, files: &[(String, String)]) -> Result<(), ForgeApiError> {
-    let total: usize = files.iter().map(|(_, text)| text.len()).sum();
+    check_total(path, files.iter().map(|(_, text)| text.len()).sum())
+}
+
+fn check_total(path: &str, total: usize) -> Result<(), ForgeApiError> {
     if total > MAX_MANIFEST_BYTES {
         return Err(ForgeApiError::ManifestsTooLarge {
             path: path.to_string(),

@@ -1,25 +1,75 @@
-//! Manifests kept in the application's repository (`spec.manifests.repositoryPath`), read
-//! through the forge API at the environment's head commit. A commit never changes, so what was
-//! read for a commit is kept and that commit is never fetched twice (within [`CAPACITY`]
-//! recent commits). A commit refused for its size is kept as refused, for the same reason.
+//! Files kept in the application's repository, read through the forge API at the environment's
+//! head commit: manifest folders (`spec.manifests.repositoryPath`) and chart folders
+//! (`spec.manifests.helm.chart.path`). A commit never changes, so what was read for a commit
+//! is kept and that commit is never fetched twice (within [`CAPACITY`] recent commits). A
+//! commit refused for its size, or whose path is not a folder, is kept as refused, for the
+//! same reason.
 
 use std::collections::VecDeque;
-use std::sync::{Arc, Mutex};
+use std::future::Future;
+use std::sync::{Arc, Mutex, PoisonError};
 
 use super::client::{ForgeApiError, ForgeClient};
 use crate::model::crd::InlineManifest;
 
-/// How many (repository, path, commit) readings are kept.
+/// How many (repository, path, commit) readings are kept, of each kind.
 pub const CAPACITY: usize = 64;
 
 type Key = (String, String, String);
 
-/// What is kept of one reading: the manifests, or (path, problem) of a size refusal.
-type Reading = Result<Arc<Vec<InlineManifest>>, (String, String)>;
+/// A chart or overlay folder: (path relative to the folder, bytes), sorted by path.
+pub type FolderFiles = Vec<(String, Vec<u8>)>;
+
+/// What is kept of one reading: what was read, or the refusal (kept: it cannot change).
+type Reading<T> = Result<Arc<T>, ForgeApiError>;
+
+struct Readings<T> {
+    kept: Mutex<VecDeque<(Key, Reading<T>)>>,
+}
+
+impl<T> Default for Readings<T> {
+    fn default() -> Self {
+        Self {
+            kept: Mutex::new(VecDeque::new()),
+        }
+    }
+}
+
+impl<T> Readings<T> {
+    async fn get<F>(&self, key: Key, read: F) -> Reading<T>
+    where
+        F: Future<Output = Result<T, ForgeApiError>>,
+    {
+        let cached = self
+            .kept
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .iter()
+            .find(|(k, _)| *k == key)
+            .map(|(_, reading)| reading.clone());
+        if let Some(reading) = cached {
+            return reading;
+        }
+        let reading = match read.await {
+            Ok(found) => Ok(Arc::new(found)),
+            Err(refused @ ForgeApiError::ManifestsTooLarge { .. })
+            | Err(refused @ ForgeApiError::NotAFolder { .. }) => Err(refused),
+            // Anything else may pass: not kept.
+            Err(other) => return Err(other),
+        };
+        let mut kept = self.kept.lock().unwrap_or_else(PoisonError::into_inner);
+        kept.push_back((key, reading.clone()));
+        while kept.len() > CAPACITY {
+            kept.pop_front();
+        }
+        reading
+    }
+}
 
 #[derive(Default)]
 pub struct RepositoryManifests {
-    cache: Mutex<VecDeque<(Key, Reading)>>,
+    manifests: Readings<Vec<InlineManifest>>,
+    folders: Readings<FolderFiles>,
 }
 
 impl RepositoryManifests {
@@ -32,35 +82,25 @@ impl RepositoryManifests {
         sha: &str,
     ) -> Result<Arc<Vec<InlineManifest>>, ForgeApiError> {
         let key = (repository.to_string(), path.to_string(), sha.to_string());
-        let cached = self
-            .cache
-            .lock()
-            .expect("manifest cache")
-            .iter()
-            .find(|(k, _)| *k == key)
-            .map(|(_, reading)| reading.clone());
-        let reading = match cached {
-            Some(reading) => reading,
-            None => {
-                let reading = match client.read_manifests(repository, path, sha).await {
-                    Ok(files) => Ok(Arc::new(named(path, files))),
-                    Err(ForgeApiError::ManifestsTooLarge { path, problem }) => Err((path, problem)),
-                    // Anything else may pass: not kept.
-                    Err(other) => return Err(other),
-                };
-                self.keep(key, reading.clone());
-                reading
-            }
+        let read = async {
+            let files = client.read_manifests(repository, path, sha).await?;
+            Ok(named(path, files))
         };
-        reading.map_err(|(path, problem)| ForgeApiError::ManifestsTooLarge { path, problem })
+        self.manifests.get(key, read).await
     }
 
-    fn keep(&self, key: Key, reading: Reading) {
-        let mut cache = self.cache.lock().expect("manifest cache");
-        cache.push_back((key, reading));
-        while cache.len() > CAPACITY {
-            cache.pop_front();
-        }
+    /// Every file of folder `path` of `repository` at commit `sha` (a chart).
+    pub async fn folder(
+        &self,
+        client: &ForgeClient,
+        repository: &str,
+        path: &str,
+        sha: &str,
+    ) -> Result<Arc<FolderFiles>, ForgeApiError> {
+        let key = (repository.to_string(), path.to_string(), sha.to_string());
+        self.folders
+            .get(key, client.read_folder(repository, path, sha))
+            .await
     }
 }
 

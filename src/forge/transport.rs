@@ -14,7 +14,7 @@ use http::{HeaderMap, StatusCode};
 
 use super::metrics::ForgeMetrics;
 
-#[derive(Debug, thiserror::Error)]
+#[derive(Clone, Debug, thiserror::Error)]
 pub enum ForgeApiError {
     #[error("{operation}: the forge answered {status}: {message}")]
     Http {
@@ -57,6 +57,9 @@ pub enum ForgeApiError {
     /// request must not make previewd download or hold an unbounded amount.
     #[error("{path}: {problem}")]
     ManifestsTooLarge { path: String, problem: String },
+    /// A chart `path` names a file, or nothing: a commit never changes, so it is not retried.
+    #[error("{path} is not a folder at this commit (a chart is a folder with Chart.yaml)")]
+    NotAFolder { path: String },
 }
 
 /// What of a forge's error answer previewd repeats (in conditions, logs and the public PR

@@ -2,6 +2,7 @@
 
 use std::time::Duration;
 
+use crate::engines::EngineConfig;
 use crate::model::kinds::TemplateKinds;
 
 /// The default of `--max-objects-per-environment`: the 35-object Online Boutique fits 14 times.
@@ -25,6 +26,8 @@ pub struct ControllerConfig {
     pub max_objects: usize,
     /// The kinds templates may create (`--template-kinds`); anything else is refused.
     pub template_kinds: TemplateKinds,
+    /// The Helm program and the render time limit (`--helm`, `--render-timeout`).
+    pub engines: EngineConfig,
     /// The role previewd binds to itself in each environment namespace it creates, when its
     /// RBAC confines writes to those namespaces (the chart); `None` with a kubeconfig that may
     /// already write everywhere (the sandbox, a developer's cluster).
@@ -48,6 +51,7 @@ impl Default for ControllerConfig {
             reapply_interval: None,
             max_objects: DEFAULT_MAX_OBJECTS,
             template_kinds: TemplateKinds::default(),
+            engines: EngineConfig::default(),
             environment_access: None,
         }
     }

@@ -18,6 +18,7 @@ use super::metrics::ReconcileMetrics;
 use crate::cluster::applier::Applier;
 use crate::cluster::caches::Caches;
 use crate::cluster::writer::Writer;
+use crate::engines::Engines;
 use crate::forge::report::Reporter;
 use crate::forge::repository::RepositoryManifests;
 use crate::model::crd::{PreviewEnvironment, PreviewTemplate, Timings};
@@ -38,6 +39,8 @@ pub struct Context {
     pub reporter: Arc<Reporter>,
     /// Manifests read from repositories, by commit.
     pub repository_manifests: RepositoryManifests,
+    /// Helm, with its render limits and the cache of what it rendered.
+    pub engines: Engines,
     /// Asks for a reconcile of an environment: used to start queued environments as soon as a
     /// slot frees up.
     pub(super) reconcile_trigger: tokio::sync::mpsc::UnboundedSender<EnvironmentRef>,

@@ -24,6 +24,7 @@ use crate::cluster::caches::{Caches, Readiness};
 use crate::cluster::observed::ObservedStore;
 use crate::cluster::secrets::SecretReader;
 use crate::cluster::writer::Writer;
+use crate::engines::Engines;
 use crate::forge::report::Reporter;
 use crate::forge::repository::RepositoryManifests;
 use crate::model::crd::{PreviewEnvironment, PreviewTemplate};
@@ -125,6 +126,7 @@ fn build_context(parts: Parts) -> Context {
         store,
         trigger,
     } = parts;
+    let engines = Engines::new(config.engines.clone());
     Context {
         applier: Applier::new(
             client.clone(),
@@ -149,6 +151,7 @@ fn build_context(parts: Parts) -> Context {
         writer: Writer::new(metrics.cluster),
         caches,
         repository_manifests: RepositoryManifests::default(),
+        engines,
         reconcile_trigger: trigger,
         memory: Memory::default(),
     }

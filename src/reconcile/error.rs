@@ -35,6 +35,9 @@ pub enum ReconcileError {
     NamespaceTerminating(String),
     #[error("finalizer: {0}")]
     Finalizer(#[source] Box<kube::runtime::finalizer::Error<ReconcileError>>),
+    /// A manifest engine (Helm) could not be run: missing, or no room for its folder.
+    #[error("running a manifest engine: {0}")]
+    Engine(String),
     /// The status was written; only the report to the forge failed (retried with backoff).
     #[error("reporting to the forge: {0}")]
     Forge(#[source] ReportError),
@@ -54,7 +57,8 @@ impl ReconcileError {
             | ReconcileError::Claim(_)
             | ReconcileError::Grant(_)
             | ReconcileError::GrantNotInForce(_)
-            | ReconcileError::Secrets(_) => "apply",
+            | ReconcileError::Secrets(_)
+            | ReconcileError::Engine(_) => "apply",
             ReconcileError::Prune(_) => "prune",
             ReconcileError::Status(_) => "status",
             ReconcileError::Cleanup(_) | ReconcileError::NamespaceTerminating(_) => "cleanup",

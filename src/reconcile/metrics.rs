@@ -24,6 +24,8 @@ pub struct ReconcileMetrics {
     pub seed_duration: Histogram,
     /// Seed Jobs that failed.
     pub seed_failures: IntCounter,
+    /// Chart renders by engine and outcome (`rendered`, `cached`: nothing ran, `failed`).
+    pub chart_renders: IntCounterVec,
 }
 
 impl Default for ReconcileMetrics {
@@ -45,6 +47,7 @@ impl MetricSet for ReconcileMetrics {
             Box::new(self.time_to_ready.clone()),
             Box::new(self.seed_duration.clone()),
             Box::new(self.seed_failures.clone()),
+            Box::new(self.chart_renders.clone()),
         ]
     }
 }
@@ -87,6 +90,14 @@ impl ReconcileMetrics {
             ),
             seed_failures: IntCounter::new("previewd_seed_failures_total", "Seed Jobs that failed")
                 .expect("valid metric"),
+            chart_renders: IntCounterVec::new(
+                Opts::new(
+                    "previewd_chart_renders_total",
+                    "Chart renders by engine and outcome (rendered, cached, failed)",
+                ),
+                &["engine", "outcome"],
+            )
+            .expect("valid metric"),
         }
     }
 }

@@ -9,6 +9,7 @@
 //! when nothing changed.
 
 mod access;
+mod charts;
 mod claim;
 mod cleanup;
 pub mod config;

@@ -1,6 +1,7 @@
 //! One reconcile of a live `PreviewEnvironment`, as a list of named steps:
 //!
-//! resolve the template → hold (fork approval, queue) → resolve the manifests → plan (render,
+//! resolve the template → hold (fork approval, queue) → resolve the manifests → render the Helm
+//! chart, if any (`helm template`, cached by input) → plan (render,
 //! object limit, guard, policy, workloads; no client required, on a blocking thread) → check
 //! the copied secrets (shared by their owners, or refused) → check the kinds (each served by the
 //! cluster, or refused) → claim the namespace (created for this environment, or refused) → grant
@@ -22,16 +23,14 @@ use super::context::{Context, EnvironmentRef};
 use super::error::{ReconcileError, Refusal, Stop};
 use super::hold::{hold, start_queued};
 use super::metrics::Observations;
-use super::plan::{Limits, Plan, plan};
+use super::plan::{Limits, Manifests, Plan, plan};
 use super::status::{
     Placement, Progress, ReadyCondition, condition, progress_status, refused_status,
 };
 use super::write::write_status;
-use super::{claim, namespace, prune, resolve, secrets, waves};
+use super::{charts, claim, namespace, prune, resolve, secrets, waves};
 use crate::cluster::observed::ObjectKey;
-use crate::model::crd::{
-    InlineManifest, Phase, PreviewEnvironment, PreviewEnvironmentStatus, PreviewTemplate,
-};
+use crate::model::crd::{Phase, PreviewEnvironment, PreviewEnvironmentStatus, PreviewTemplate};
 use crate::model::naming::environment_namespace;
 
 pub async fn reconcile_environment(
@@ -64,7 +63,10 @@ async fn deploy(
     context: &Context,
 ) -> Result<Action, Stop> {
     let head_sha = &environment.spec.source.head_sha;
-    let manifests = resolve::manifests(template, head_sha, context).await?;
+    let manifests = Manifests {
+        templates: resolve::manifests(template, head_sha, context).await?,
+        rendered: charts::render_chart(environment, template, namespace, context).await?,
+    };
     let mut plan =
         plan_off_the_runtime(environment, template, manifests, namespace, context).await?;
     secrets::add_copies(&mut plan, template, context).await?;
@@ -98,7 +100,7 @@ async fn deploy(
 async fn plan_off_the_runtime(
     environment: &PreviewEnvironment,
     template: &Arc<PreviewTemplate>,
-    manifests: Vec<InlineManifest>,
+    manifests: Manifests,
     namespace: &str,
     context: &Context,
 ) -> Result<Plan, Refusal> {

@@ -10,7 +10,7 @@ use kube::{Api, ResourceExt};
 use super::context::Context;
 use super::error::Refusal;
 use crate::cluster::errors::in_words;
-use crate::forge::client::ForgeApiError;
+use crate::forge::client::{ForgeApiError, ForgeClient};
 use crate::model::crd::{InlineManifest, ManifestSource, PreviewEnvironment, PreviewTemplate};
 
 /// The environment's template, or the refusal `TemplateNotFound`.
@@ -30,8 +30,8 @@ pub fn template(
     })
 }
 
-/// Every manifest of the template, or the refusal `ManifestsUnavailable` saying which source
-/// failed and why.
+/// Every manifest template of the template, or the refusal `ManifestsUnavailable` saying which
+/// source failed and why. (A Helm chart is read and rendered by the `charts` step.)
 pub async fn manifests(
     template: &PreviewTemplate,
     head_sha: &str,
@@ -41,6 +41,7 @@ pub async fn manifests(
         inline,
         config_map,
         repository_path,
+        helm,
     } = &template.spec.manifests;
     let mut all = inline.clone();
     if let Some(path) = repository_path {
@@ -49,7 +50,7 @@ pub async fn manifests(
     if let Some(source) = config_map {
         all.extend(from_config_map(template, &source.name, context).await?);
     }
-    if all.is_empty() {
+    if all.is_empty() && helm.is_none() {
         return Err(unavailable("the template has no manifests"));
     }
     Ok(all)
@@ -65,7 +66,22 @@ async fn from_repository(
     head_sha: &str,
     context: &Context,
 ) -> Result<Vec<InlineManifest>, Refusal> {
-    let client = context
+    let client = forge_client(template, path, context).await?;
+    let files = context
+        .repository_manifests
+        .get(&client, &template.spec.forge.repository, path, head_sha)
+        .await
+        .map_err(|e| repository_refusal(path, head_sha, e))?;
+    Ok(files.iter().cloned().collect())
+}
+
+/// The forge client for reading `path` from the template's repository, or why there is none.
+pub(super) async fn forge_client(
+    template: &PreviewTemplate,
+    path: &str,
+    context: &Context,
+) -> Result<Arc<ForgeClient>, Refusal> {
+    context
         .reporter
         .client(template)
         .await
@@ -74,20 +90,23 @@ async fn from_repository(
             unavailable(format!(
                 "reading {path} from the repository needs forge.tokenSecretRef"
             ))
-        })?;
-    let files = context
-        .repository_manifests
-        .get(&client, &template.spec.forge.repository, path, head_sha)
-        .await
-        .map_err(|e| match e {
-            // A commit never changes: nothing to retry until a new push.
-            ForgeApiError::ManifestsTooLarge { .. } => Refusal::new(
-                "ManifestsTooLarge",
-                format!("reading {path} at {head_sha}: {e}; nothing was applied"),
-            ),
-            e => unavailable(format!("reading {path} at {head_sha}: {e}")),
-        })?;
-    Ok(files.iter().cloned().collect())
+        })
+}
+
+/// What a failed read of `path` at `head_sha` says on the environment.
+pub(super) fn repository_refusal(path: &str, head_sha: &str, error: ForgeApiError) -> Refusal {
+    match error {
+        // A commit never changes: nothing to retry until a new push.
+        ForgeApiError::ManifestsTooLarge { .. } => Refusal::new(
+            "ManifestsTooLarge",
+            format!("reading {path} at {head_sha}: {error}; nothing was applied"),
+        ),
+        ForgeApiError::NotAFolder { .. } => Refusal::new(
+            "ManifestsUnavailable",
+            format!("reading {path} at {head_sha}: {error}; nothing was applied"),
+        ),
+        e => unavailable(format!("reading {path} at {head_sha}: {e}")),
+    }
 }
 
 async fn from_config_map(

@@ -47,6 +47,13 @@ pub struct ControllerArgs {
     /// namespaced kinds; previewd's own, cluster-scoped ones and the guard rails are refused.
     #[arg(long, env = "PREVIEWD_TEMPLATE_KINDS", value_parser = TemplateKinds::parse)]
     pub template_kinds: Option<TemplateKinds>,
+    /// The `helm` program that renders templates' Helm charts (`helm template`); a bare name is
+    /// looked up in previewd's PATH. The container image must carry it (docs/installing.md).
+    #[arg(long, env = "PREVIEWD_HELM", default_value = "helm")]
+    pub helm: PathBuf,
+    /// How long one chart render may take before it is stopped and the environment says so.
+    #[arg(long, env = "PREVIEWD_RENDER_TIMEOUT", default_value = "30s", value_parser = parse_duration)]
+    pub render_timeout: Duration,
     /// The ClusterRole previewd binds to its own ServiceAccount in each environment namespace
     /// it creates (the chart's `<release>-environment`). Set it when previewd's RBAC lets it
     /// write only there; it needs `--service-account` too.
@@ -90,6 +97,10 @@ impl ControllerArgs {
             reapply_interval: self.reapply_interval,
             max_objects: self.max_objects_per_environment.max(1),
             template_kinds: self.template_kinds.clone().unwrap_or_default(),
+            engines: crate::engines::EngineConfig {
+                helm: self.helm.clone(),
+                timeout: self.render_timeout,
+            },
         }
     }
 }

@@ -360,6 +360,69 @@ impl GithubApi {
         Ok(files)
     }
 
+    /// Every file under folder `path` at commit `sha`, as (path relative to the folder, bytes):
+    /// one listing per folder, one read per file whose content the listing does not carry.
+    /// Sizes are checked from the listings before any file is read.
+    pub(crate) async fn read_folder(
+        &self,
+        repository: &str,
+        path: &str,
+        sha: &str,
+    ) -> Result<Vec<(String, Vec<u8>)>, ForgeApiError> {
+        let root = path.trim_matches('/');
+        let mut folders = vec![root.to_string()];
+        let mut entries = Vec::new();
+        while let Some(folder) = folders.pop() {
+            let listing = self.contents(&folder, repository, sha).await?;
+            let Value::Array(listed) = listing else {
+                return Err(not_a_folder(root));
+            };
+            for entry in listed {
+                match entry["type"].as_str() {
+                    Some("dir") => folders.push(entry["path"].as_str().unwrap_or_default().into()),
+                    Some("file") => entries.push(entry),
+                    _ => {}
+                }
+            }
+            check_manifest_count(root, entries.len() + folders.len())?;
+        }
+        for entry in &entries {
+            let name = entry["path"].as_str().unwrap_or(root);
+            check_manifest_size(name, entry["size"].as_u64().unwrap_or(0))?;
+        }
+        let mut files = Vec::new();
+        for entry in entries {
+            let file_path = entry["path"].as_str().unwrap_or_default().to_string();
+            let file = self.contents(&file_path, repository, sha).await?;
+            let bytes = decode_base64_bytes(&file).ok_or(ForgeApiError::Http {
+                operation: "read_manifests",
+                status: 200,
+                message: format!("{file_path}: the file content is not base64"),
+            })?;
+            let relative = file_path
+                .strip_prefix(root)
+                .unwrap_or(&file_path)
+                .trim_start_matches('/');
+            files.push((relative.to_string(), bytes));
+        }
+        Ok(files)
+    }
+
+    async fn contents(
+        &self,
+        path: &str,
+        repository: &str,
+        sha: &str,
+    ) -> Result<Value, ForgeApiError> {
+        self.request(
+            "read_manifests",
+            Method::GET,
+            &format!("/repos/{repository}/contents/{path}?ref={sha}"),
+            None,
+        )
+        .await
+    }
+
     pub(crate) async fn write_access(
         &self,
         repository: &str,
@@ -436,14 +499,23 @@ impl GithubApi {
 
 /// GitHub's contents API returns base64 with line breaks.
 fn decode_base64_content(file: &Value) -> Option<String> {
+    String::from_utf8(decode_base64_bytes(file)?).ok()
+}
+
+fn decode_base64_bytes(file: &Value) -> Option<Vec<u8>> {
     use base64::Engine;
     let content: String = file["content"]
         .as_str()?
         .chars()
         .filter(|c| !c.is_whitespace())
         .collect();
-    let bytes = base64::engine::general_purpose::STANDARD
+    base64::engine::general_purpose::STANDARD
         .decode(content)
-        .ok()?;
-    String::from_utf8(bytes).ok()
+        .ok()
+}
+
+fn not_a_folder(path: &str) -> ForgeApiError {
+    ForgeApiError::NotAFolder {
+        path: path.to_string(),
+    }
 }

@@ -18,7 +18,9 @@ use gitlab::api::{AsyncQuery, Endpoint, Pageable, Pagination};
 use serde::de::DeserializeOwned;
 
 use super::tree::TreeAt;
-use crate::forge::client::{check_manifest_count, check_manifest_size, is_yaml};
+use crate::forge::client::{
+    MAX_MANIFEST_FILES, check_manifest_count, check_manifest_size, is_yaml,
+};
 use crate::forge::comment::CommitState;
 use crate::forge::metrics::ForgeMetrics;
 use crate::forge::transport::{
@@ -332,7 +334,12 @@ impl GitlabApi {
             #[serde(rename = "type")]
             kind: String,
         }
-        let tree = TreeAt { project, path, sha };
+        let tree = TreeAt {
+            project,
+            path,
+            sha,
+            recursive: false,
+        };
         let entries: Vec<Entry> = self
             .list("read_manifests", tree, Pagination::Limit(1000))
             .await?;
@@ -345,6 +352,67 @@ impl GitlabApi {
             .filter(|e| e.kind == "blob" && is_yaml(&e.name))
             .map(|e| (e.name, e.path))
             .collect())
+    }
+
+    /// Every file under folder `path` at commit `sha`, as (path relative to the folder, bytes):
+    /// one recursive tree listing, then one read per file (GitLab's tree gives no sizes, so
+    /// each file is checked as it is read).
+    pub(crate) async fn read_folder(
+        &self,
+        project: &str,
+        path: &str,
+        sha: &str,
+    ) -> Result<Vec<(String, Vec<u8>)>, ForgeApiError> {
+        const OPERATION: &str = "read_manifests";
+        #[derive(serde::Deserialize)]
+        struct Entry {
+            path: String,
+            #[serde(rename = "type")]
+            kind: String,
+        }
+        let root = path.trim_matches('/');
+        let tree = TreeAt {
+            project,
+            path: root,
+            sha,
+            recursive: true,
+        };
+        // Folders count too: a listing cut off at the limit is refused, not read in part.
+        const MOST_ENTRIES: usize = 4 * MAX_MANIFEST_FILES;
+        let entries: Vec<Entry> = self
+            .list(OPERATION, tree, Pagination::Limit(MOST_ENTRIES))
+            .await?;
+        if entries.len() >= MOST_ENTRIES {
+            check_manifest_count(root, entries.len())?;
+        }
+        if entries.is_empty() {
+            return Err(ForgeApiError::NotAFolder {
+                path: root.to_string(),
+            });
+        }
+        let blobs: Vec<Entry> = entries.into_iter().filter(|e| e.kind == "blob").collect();
+        check_manifest_count(root, blobs.len())?;
+        let mut files = Vec::new();
+        for blob in blobs {
+            let raw = FileRaw::builder()
+                .project(project)
+                .file_path(blob.path.as_str())
+                .ref_(sha)
+                .build();
+            let raw = built(OPERATION, raw)?;
+            let bytes: Vec<u8> = self
+                .run(OPERATION, || async {
+                    gitlab::api::raw(raw)
+                        .query_async(&self.client)
+                        .await
+                        .map_err(|e| e.to_string())
+                })
+                .await?;
+            check_manifest_size(&blob.path, bytes.len() as u64)?;
+            let relative = blob.path.strip_prefix(root).unwrap_or(&blob.path);
+            files.push((relative.trim_start_matches('/').to_string(), bytes));
+        }
+        Ok(files)
     }
 
     /// Whether the user with id `user_id` is a Developer (30) or above in the project (or a

@@ -10,11 +10,13 @@ use gitlab::api::common::NameOrId;
 use gitlab::api::{Endpoint, Pageable, QueryParams};
 use http::Method;
 
-/// The entries of folder `path` of `project` at commit `sha` (one level, not recursive).
+/// The entries of folder `path` of `project` at commit `sha` (one level, or every level below
+/// it when `recursive`).
 pub struct TreeAt<'a> {
     pub project: &'a str,
     pub path: &'a str,
     pub sha: &'a str,
+    pub recursive: bool,
 }
 
 impl Endpoint for TreeAt<'_> {
@@ -30,6 +32,9 @@ impl Endpoint for TreeAt<'_> {
     fn parameters(&self) -> QueryParams<'_> {
         let mut params = QueryParams::default();
         params.push("path", self.path).push("ref", self.sha);
+        if self.recursive {
+            params.push("recursive", true);
+        }
         params
     }
 }
@@ -50,6 +55,7 @@ mod tests {
             project: "group/project",
             path: "deploy/preview",
             sha: "da15608",
+            recursive: false,
         };
         assert_eq!(tree.endpoint(), "projects/group%2Fproject/repository/tree");
         let mut url = url::Url::parse("https://gitlab.example/api/v4/").unwrap();

@@ -339,6 +339,47 @@ pub struct ManifestSource {
     /// Manifests read from the repository at the head commit (cached by commit SHA).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub repository_path: Option<String>,
+    /// A Helm chart, rendered by Helm itself (`helm template`) for each environment.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub helm: Option<HelmSource>,
+}
+
+/// A Helm chart and the values it is rendered with.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct HelmSource {
+    /// Where the chart is.
+    pub chart: ChartLocation,
+    /// The release name Helm sees as `.Release.Name` (a template; default: the environment's
+    /// name).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub release_name: Option<String>,
+    /// Values given to the chart (as a values file). Every string in it is a template with the
+    /// environment's facts: `tag: "{{ sha }}"`.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(schema_with = "free_form_object")]
+    pub values: BTreeMap<String, serde_json::Value>,
+}
+
+/// A chart in the application's repository (`path`), or a published one (`repository`,
+/// `name`, `version`). Exactly one of `path` and `repository` is set.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct ChartLocation {
+    /// The chart's folder in the repository, read at the environment's head commit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path: Option<String>,
+    /// A Helm repository URL (`https://charts.example.com`) or an OCI registry
+    /// (`oci://registry.example.com/charts`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub repository: Option<String>,
+    /// The chart's name in `repository`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// The chart's exact version (required with `repository`, so that a new upload cannot
+    /// change running environments unseen).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version: Option<String>,
 }
 
 #[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]

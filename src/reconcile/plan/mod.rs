@@ -7,6 +7,7 @@
 //! guard ([`guard`]), and the workload adjustments for sleep and redeploy ([`workloads`]).
 
 pub mod guard;
+pub mod hooks;
 pub mod policy;
 pub mod render;
 pub mod values;
@@ -36,6 +37,14 @@ pub struct Plan {
     pub replicas_before_sleep: BTreeMap<String, i32>,
 }
 
+/// A template's manifests: templates previewd renders (minijinja), and text an engine already
+/// rendered (a Helm chart's objects), taken as they are.
+#[derive(Clone, Debug, Default)]
+pub struct Manifests {
+    pub templates: Vec<InlineManifest>,
+    pub rendered: Vec<InlineManifest>,
+}
+
 /// What the operator allows every template (`--max-objects-per-environment`, `--template-kinds`).
 #[derive(Clone, Debug)]
 pub struct Limits {
@@ -48,7 +57,7 @@ pub struct Limits {
 pub fn plan(
     environment: &PreviewEnvironment,
     template: &PreviewTemplate,
-    manifests: &[InlineManifest],
+    manifests: &Manifests,
     namespace: &str,
     limits: &Limits,
     live_replicas: impl Fn(&Value) -> Option<i32>,
@@ -56,12 +65,17 @@ pub fn plan(
     let labels = environment_labels(environment, template);
     let rendered =
         values::render_context(environment, &template.spec, namespace).and_then(|values| {
-            render::render(manifests, &template.spec.seeds, &values, &labels)
-                .map(|objects| (values.url, values.host, objects))
+            let mut objects =
+                render::render(&manifests.templates, &template.spec.seeds, &values, &labels)?;
+            let mut from_engines = hooks::place(&manifests.rendered)?;
+            render::stamp(&mut from_engines, namespace, &labels);
+            objects.append(&mut from_engines);
+            Ok((values.url, values.host, objects))
         });
     // A broken template is not retried until it changes (or the slow resync).
     let (url, host, mut objects) =
-        rendered.map_err(|e| Refusal::new("RenderFailed", e.to_string()))?;
+        rendered.map_err(|e: render::RenderError| Refusal::new("RenderFailed", e.to_string()))?;
+    refuse_crds(&objects)?;
     check_object_limit(objects.len(), limits.max_objects)?;
     let guarded = guard::check(&objects, namespace, &limits.kinds);
     refuse_violations("GuardRejected", guarded)?;
@@ -95,6 +109,27 @@ fn refuse_violations(reason: &'static str, violations: Vec<Violation>) -> Result
         .collect::<Vec<_>>()
         .join("; ");
     Err(Refusal::new(reason, message))
+}
+
+/// A CustomResourceDefinition is cluster-wide: it would change the API for every tenant, and
+/// outlive the environment. Charts that carry one (in `crds/` or a template) are refused with
+/// what to do instead, rather than having it dropped silently as `helm template` would.
+fn refuse_crds(objects: &[RenderedObject]) -> Result<(), Refusal> {
+    let crds: Vec<String> = objects
+        .iter()
+        .filter(|o| o.kind() == "CustomResourceDefinition")
+        .map(|o| format!("{} ({})", o.name(), o.manifest))
+        .collect();
+    if crds.is_empty() {
+        return Ok(());
+    }
+    Err(Refusal::new(
+        "CRDsNotInstalled",
+        format!(
+            "the manifests contain CustomResourceDefinition {}: previewd never installs CRDs, which are cluster-wide; ask the cluster's operator to install them and allow their kinds (templateKinds), and leave them out of the preview (for a chart: skip its crds/ folder with a value, or move the CRDs to a chart of their own); nothing was applied",
+            crds.join(", ")
+        ),
+    ))
 }
 
 /// A runaway loop in a template, or a hostile one, must not flood the API server.

@@ -151,15 +151,20 @@ pub fn render(
             object: job,
         });
     }
-    for rendered in &mut objects {
+    stamp(&mut objects, &context.namespace, labels);
+    Ok(objects)
+}
+
+/// Gives every object the environment's namespace (where it names none) and previewd's labels.
+pub fn stamp(objects: &mut [RenderedObject], namespace: &str, labels: &BTreeMap<String, String>) {
+    for rendered in objects {
         if rendered.object["metadata"]["namespace"].is_null() {
-            rendered.object["metadata"]["namespace"] = Value::String(context.namespace.clone());
+            rendered.object["metadata"]["namespace"] = Value::String(namespace.to_string());
         }
         for (key, value) in labels {
             set_label(&mut rendered.object, key, value);
         }
     }
-    Ok(objects)
 }
 
 /// `<seed>-<hash of the Job's content>`: a changed seed is a new Job, an unchanged one never runs twice.
@@ -174,7 +179,7 @@ pub fn seed_job_name(seed: &str, job: &Value) -> String {
     format!("seed-{}-{}", base.trim_end_matches('-'), &digest[..10])
 }
 
-fn set_label(object: &mut Value, key: &str, value: &str) {
+pub(super) fn set_label(object: &mut Value, key: &str, value: &str) {
     let metadata = &mut object["metadata"];
     if !metadata["labels"].is_object() {
         metadata["labels"] = Value::Object(Default::default());
@@ -182,7 +187,7 @@ fn set_label(object: &mut Value, key: &str, value: &str) {
     metadata["labels"][key] = Value::String(value.to_string());
 }
 
-fn parse_documents(manifest: &str, text: &str) -> Result<Vec<Value>, RenderError> {
+pub(super) fn parse_documents(manifest: &str, text: &str) -> Result<Vec<Value>, RenderError> {
     let mut documents = Vec::new();
     for document in serde_yaml_ng::Deserializer::from_str(text) {
         let value = Value::deserialize(document).map_err(|e| RenderError {
@@ -223,7 +228,7 @@ fn parse_documents(manifest: &str, text: &str) -> Result<Vec<Value>, RenderError
     Ok(documents)
 }
 
-fn wave_of(manifest: &str, object: &Value) -> Result<i32, RenderError> {
+pub(super) fn wave_of(manifest: &str, object: &Value) -> Result<i32, RenderError> {
     match &object["metadata"]["annotations"][ANNOTATION_WAVE] {
         Value::Null => Ok(0),
         Value::String(s) => s.trim().parse().map_err(|_| RenderError {

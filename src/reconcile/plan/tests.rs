@@ -2,8 +2,7 @@
 
 use serde_json::Value;
 
-use super::{Limits, Plan, plan};
-use crate::model::crd::InlineManifest;
+use super::{Limits, Manifests, Plan, plan};
 use crate::model::crd::PreviewEnvironment;
 use crate::reconcile::error::Refusal;
 use crate::reconcile::test_support::{WEB_ENVIRONMENT, WEB_TEMPLATE, environment, template};
@@ -20,7 +19,10 @@ fn plan_web(
     let template = template(template_yaml);
     let mut environment = environment(WEB_ENVIRONMENT);
     adjust(&mut environment);
-    let manifests: Vec<InlineManifest> = template.spec.manifests.inline.clone();
+    let manifests = Manifests {
+        templates: template.spec.manifests.inline.clone(),
+        rendered: Vec::new(),
+    };
     plan(
         &environment,
         &template,

@@ -1,0 +1,159 @@
+//! The third-party engines previewd renders manifests with: Helm (`helm template`) and, next,
+//! Kustomize. They are real programs run on input from pull requests, so every run has a time
+//! limit, an output limit and a private folder, and at most [`CONCURRENT_RENDERS`] run at once.
+//! What they print is kept by digest of their input ([`cache`]): an unchanged commit renders
+//! nothing.
+//!
+//! The engines return text; parsing it into objects, mapping Helm hooks to waves and checking
+//! them is the plan step's work (`reconcile::plan`).
+
+pub mod cache;
+pub mod helm;
+pub mod process;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use cache::RenderCache;
+use process::{Run, RunError};
+
+/// How many engine programs run at once (each is a process of its own; the machine previewd
+/// runs on may have two cores).
+pub const CONCURRENT_RENDERS: usize = 2;
+
+/// The most text one render may print (the same bound as a minijinja template's).
+pub const MAX_OUTPUT_BYTES: usize = 4 << 20;
+
+/// Where the engines are and how long they may take (`--helm`, `--render-timeout`).
+#[derive(Clone, Debug)]
+pub struct EngineConfig {
+    pub helm: PathBuf,
+    pub timeout: Duration,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        Self {
+            helm: PathBuf::from("helm"),
+            timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+/// Why an engine rendered nothing.
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    #[error(transparent)]
+    Run(#[from] RunError),
+    #[error("{0:?} is not a plain relative file path; nothing was rendered")]
+    BadPath(String),
+    #[error("preparing the render folder: {0}")]
+    Io(String),
+    #[error("previewd is shutting down")]
+    ShuttingDown,
+}
+
+/// One render's text, and whether it came from the cache.
+pub struct Rendered {
+    pub text: Arc<String>,
+    pub cached: bool,
+}
+
+pub struct Engines {
+    config: EngineConfig,
+    cache: RenderCache,
+    slots: tokio::sync::Semaphore,
+}
+
+impl Engines {
+    pub fn new(config: EngineConfig) -> Self {
+        Self {
+            config,
+            cache: RenderCache::default(),
+            slots: tokio::sync::Semaphore::new(CONCURRENT_RENDERS),
+        }
+    }
+
+    async fn run(
+        &self,
+        program: &Path,
+        args: Vec<String>,
+        folder: &Path,
+        mut env: Vec<(&'static str, String)>,
+    ) -> Result<String, EngineError> {
+        // PATH is previewd's own (so `helm` is found as on the command line); nothing else is.
+        env.push((
+            "PATH",
+            std::env::var("PATH").unwrap_or_else(|_| "/usr/local/bin:/usr/bin:/bin".into()),
+        ));
+        Ok(process::run(Run {
+            program,
+            args,
+            folder,
+            env,
+            timeout: self.config.timeout,
+            max_output: MAX_OUTPUT_BYTES,
+        })
+        .await?)
+    }
+}
+
+/// Writes `files` under `root`. Every path must be plain and relative (no `..`, no absolute
+/// path, no empty part): the names come from the repository of a pull request.
+fn write_files(root: &Path, files: &[(String, Vec<u8>)]) -> Result<(), EngineError> {
+    for (path, bytes) in files {
+        if !is_plain_relative(path) {
+            return Err(EngineError::BadPath(path.clone()));
+        }
+        let target = root.join(path);
+        if let Some(parent) = target.parent() {
+            std::fs::create_dir_all(parent).map_err(|e| EngineError::Io(e.to_string()))?;
+        }
+        std::fs::write(&target, bytes).map_err(|e| EngineError::Io(e.to_string()))?;
+    }
+    Ok(())
+}
+
+fn is_plain_relative(path: &str) -> bool {
+    !path.is_empty()
+        && path.split('/').all(|part| {
+            !part.is_empty() && part != "." && part != ".." && !part.contains(['\\', '\0'])
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_plain_relative_paths_are_written() {
+        for good in [
+            "Chart.yaml",
+            "templates/web.yaml",
+            "charts/db/values.yaml",
+            ".helmignore",
+        ] {
+            assert!(is_plain_relative(good), "{good}");
+        }
+        for bad in [
+            "",
+            "/etc/passwd",
+            "../x",
+            "templates/../../x",
+            "a//b",
+            "./a",
+            "a\\..\\b",
+            "a\0",
+        ] {
+            assert!(!is_plain_relative(bad), "{bad:?}");
+        }
+        let folder = tempfile::tempdir().unwrap();
+        let escape = [("../outside".to_string(), b"x".to_vec())];
+        assert!(matches!(
+            write_files(folder.path(), &escape),
+            Err(EngineError::BadPath(_))
+        ));
+        assert!(!folder.path().parent().unwrap().join("outside").exists());
+    }
+}

@@ -1,0 +1,191 @@
+//! Runs an engine program (`helm`, `kubectl`) the way input from a pull request must be run:
+//! with a time limit, an output limit, no inherited environment (so no operator credentials,
+//! kubeconfig or proxy settings reach it) and killed when previewd stops waiting.
+
+use std::path::Path;
+use std::process::Stdio;
+use std::time::Duration;
+
+use tokio::io::AsyncReadExt;
+use tokio::process::Command;
+
+/// Why a program gave no output previewd can use. The messages speak to the template's
+/// author: they end up in the environment's condition.
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum RunError {
+    #[error("could not start {program}: {reason} (is it installed? see docs/installing.md)")]
+    NotStarted { program: String, reason: String },
+    #[error("{program} took longer than {}s and was stopped", limit.as_secs())]
+    TimedOut { program: String, limit: Duration },
+    #[error("{program} printed more than {limit} bytes and was stopped")]
+    TooMuchOutput { program: String, limit: usize },
+    /// The program's own error message (its standard error, shortened).
+    #[error("{message}")]
+    Failed { message: String },
+}
+
+/// The most of a program's standard error previewd repeats in a condition.
+const MAX_MESSAGE_CHARS: usize = 2_000;
+
+/// A program to run: what, with which arguments, in which folder, with which environment.
+pub struct Run<'a> {
+    pub program: &'a Path,
+    pub args: Vec<String>,
+    pub folder: &'a Path,
+    /// The only environment variables the program gets (besides nothing).
+    pub env: Vec<(&'static str, String)>,
+    pub timeout: Duration,
+    pub max_output: usize,
+}
+
+/// Runs the program and returns its standard output, or why not.
+pub async fn run(run: Run<'_>) -> Result<String, RunError> {
+    let program = run.program.display().to_string();
+    let mut child = Command::new(run.program)
+        .args(&run.args)
+        .current_dir(run.folder)
+        .env_clear()
+        .envs(run.env.iter().map(|(k, v)| (*k, v)))
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .map_err(|e| RunError::NotStarted {
+            program: program.clone(),
+            reason: e.to_string(),
+        })?;
+    let (Some(stdout), Some(stderr)) = (child.stdout.take(), child.stderr.take()) else {
+        return Err(RunError::NotStarted {
+            program,
+            reason: "no pipes".into(),
+        });
+    };
+    let limit = run.max_output;
+    let finished = tokio::time::timeout(run.timeout, async {
+        // One byte over the limit is enough to know: the rest of the output is never read.
+        // Standard error is read to its end (a program blocked on a full pipe would only time
+        // out) but only its beginning is kept.
+        let reading_err = tokio::spawn(read_start(stderr, MAX_MESSAGE_CHARS * 4));
+        let mut out = Vec::new();
+        let read_out = stdout.take(limit as u64 + 1).read_to_end(&mut out).await;
+        if read_out.is_ok_and(|n| n > limit) {
+            reading_err.abort();
+            return Err(RunError::TooMuchOutput {
+                program: program.clone(),
+                limit,
+            });
+        }
+        let status = child.wait().await;
+        let err = reading_err.await.unwrap_or_default();
+        Ok((status, out, err))
+    })
+    .await;
+    let (status, out, err) = match finished {
+        Err(_) => {
+            return Err(RunError::TimedOut {
+                program,
+                limit: run.timeout,
+            });
+        }
+        Ok(outcome) => outcome?,
+    };
+    let succeeded = status.as_ref().is_ok_and(|s| s.success());
+    if !succeeded {
+        return Err(RunError::Failed {
+            message: message_of(&err, status.ok()),
+        });
+    }
+    String::from_utf8(out).map_err(|_| RunError::Failed {
+        message: format!("{program} printed something that is not UTF-8 text"),
+    })
+}
+
+/// Reads `reader` to its end, keeping its first `keep` bytes.
+async fn read_start(mut reader: impl tokio::io::AsyncRead + Unpin, keep: usize) -> Vec<u8> {
+    let mut kept = Vec::new();
+    let mut buffer = [0u8; 8192];
+    while let Ok(read) = reader.read(&mut buffer).await {
+        if read == 0 {
+            break;
+        }
+        let room = keep.saturating_sub(kept.len());
+        kept.extend_from_slice(&buffer[..read.min(room)]);
+    }
+    kept
+}
+
+/// The program's standard error, trimmed and shortened, or its exit status if it said nothing.
+fn message_of(stderr: &[u8], status: Option<std::process::ExitStatus>) -> String {
+    let text = String::from_utf8_lossy(stderr);
+    let text = text.trim();
+    if text.is_empty() {
+        return match status {
+            Some(status) => format!("exited with {status} and said nothing"),
+            None => "could not be waited for".into(),
+        };
+    }
+    let mut message: String = text.chars().take(MAX_MESSAGE_CHARS).collect();
+    if text.chars().count() > MAX_MESSAGE_CHARS {
+        message.push('…');
+    }
+    message
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn shell(script: &str, timeout: Duration, max_output: usize) -> Run<'static> {
+        Run {
+            program: Path::new("/bin/sh"),
+            args: vec!["-c".into(), script.into()],
+            folder: Path::new("/"),
+            env: vec![("PATH", "/usr/bin:/bin".into())],
+            timeout,
+            max_output,
+        }
+    }
+
+    #[tokio::test]
+    async fn output_errors_limits_and_environment() {
+        let ok = run(shell("echo hello", Duration::from_secs(5), 100)).await;
+        assert_eq!(ok, Ok("hello\n".into()));
+        let failed = run(shell(
+            "echo 'Error: no chart' >&2; exit 1",
+            Duration::from_secs(5),
+            100,
+        ))
+        .await;
+        assert_eq!(
+            failed,
+            Err(RunError::Failed {
+                message: "Error: no chart".into()
+            })
+        );
+        let endless = run(shell("yes", Duration::from_secs(5), 1000)).await;
+        assert!(
+            matches!(endless, Err(RunError::TooMuchOutput { limit: 1000, .. })),
+            "{endless:?}"
+        );
+        let slow = run(shell("sleep 5", Duration::from_millis(200), 100)).await;
+        assert!(matches!(slow, Err(RunError::TimedOut { .. })), "{slow:?}");
+        // previewd's own environment (tokens, kubeconfig) never reaches the program.
+        let env = run(shell("env", Duration::from_secs(5), 10_000))
+            .await
+            .unwrap();
+        // (the shell adds PWD itself)
+        let mut seen: Vec<&str> = env.lines().filter(|l| !l.starts_with("PWD=")).collect();
+        seen.sort();
+        assert_eq!(seen, ["PATH=/usr/bin:/bin"], "{env}");
+        let missing = run(Run {
+            program: Path::new("/no/such/helm"),
+            ..shell("", Duration::from_secs(1), 1)
+        })
+        .await;
+        assert!(
+            matches!(missing, Err(RunError::NotStarted { .. })),
+            "{missing:?}"
+        );
+    }
+}

@@ -1,0 +1,244 @@
+//! The chart step: a template's Helm chart (`spec.manifests.helm`) rendered by Helm for one
+//! environment. The chart comes from the repository at the head commit (read once per commit)
+//! or from a chart repository; its values are the template's, with every string rendered as a
+//! template of the environment's facts (`tag: "{{ sha }}"`). The output is split by the file
+//! it came from, so that a later refusal names `web/templates/deployment.yaml`, and goes to
+//! the plan step like any manifest, marked as already rendered.
+
+use serde_json::Value;
+
+use super::context::Context;
+use super::error::{ReconcileError, Refusal};
+use super::plan::render::{self, RenderContext, RenderError};
+use super::plan::values::render_context;
+use super::resolve;
+use crate::engines::helm::{Chart, HelmRender};
+use crate::engines::{EngineError, process::RunError};
+use crate::model::crd::{HelmSource, InlineManifest, PreviewEnvironment, PreviewTemplate};
+
+/// The rendered objects of the template's chart, one manifest per source file; none when the
+/// template has no chart.
+pub async fn render_chart(
+    environment: &PreviewEnvironment,
+    template: &PreviewTemplate,
+    namespace: &str,
+    context: &Context,
+) -> Result<Vec<InlineManifest>, Refusal> {
+    let Some(helm) = &template.spec.manifests.helm else {
+        return Ok(Vec::new());
+    };
+    let (release, values) = chart_values(environment, template, helm, namespace).await?;
+    let head_sha = &environment.spec.source.head_sha;
+    let files;
+    let chart = match (&helm.chart.path, &helm.chart.repository) {
+        (Some(path), None) => {
+            let client = resolve::forge_client(template, path, context).await?;
+            files = context
+                .repository_manifests
+                .folder(&client, &template.spec.forge.repository, path, head_sha)
+                .await
+                .map_err(|e| resolve::repository_refusal(path, head_sha, e))?;
+            Chart::Files(&files)
+        }
+        (None, Some(repository)) => published(repository, helm)?,
+        _ => {
+            return Err(invalid(
+                "set exactly one of helm.chart.path and helm.chart.repository",
+            ));
+        }
+    };
+    let render = HelmRender {
+        chart,
+        release: &release,
+        namespace,
+        values: &values,
+    };
+    let rendered = context.engines.helm_template(&render).await;
+    let outcome = match &rendered {
+        Ok(r) if r.cached => "cached",
+        Ok(_) => "rendered",
+        Err(_) => "failed",
+    };
+    context
+        .metrics
+        .chart_renders
+        .with_label_values(&["helm", outcome])
+        .inc();
+    let rendered = rendered.map_err(engine_refusal)?;
+    Ok(split_by_source(&rendered.text))
+}
+
+fn invalid(message: impl Into<String>) -> Refusal {
+    Refusal::new("ChartInvalid", message)
+}
+
+fn published<'a>(repository: &'a str, helm: &'a HelmSource) -> Result<Chart<'a>, Refusal> {
+    let scheme_ok = ["https://", "http://", "oci://"]
+        .iter()
+        .any(|scheme| repository.starts_with(scheme));
+    if !scheme_ok {
+        return Err(invalid(format!(
+            "helm.chart.repository {repository:?} must be an https://, http:// or oci:// URL"
+        )));
+    }
+    match (&helm.chart.name, &helm.chart.version) {
+        (Some(name), Some(version)) if !name.is_empty() && !version.is_empty() => {
+            Ok(Chart::Published {
+                repository,
+                name,
+                version,
+            })
+        }
+        _ => Err(invalid(
+            "a chart from helm.chart.repository needs its name and exact version (helm.chart.name, helm.chart.version)",
+        )),
+    }
+}
+
+/// The release name and values for this environment: every string rendered with the
+/// environment's facts, on a blocking thread (a template may take up to its render fuel).
+async fn chart_values(
+    environment: &PreviewEnvironment,
+    template: &PreviewTemplate,
+    helm: &HelmSource,
+    namespace: &str,
+) -> Result<(String, Value), Refusal> {
+    let (environment, spec) = (environment.clone(), template.spec.clone());
+    let (helm, namespace) = (helm.clone(), namespace.to_string());
+    let rendered = tokio::task::spawn_blocking(move || {
+        let facts = render_context(&environment, &spec, &namespace)?;
+        let release = match &helm.release_name {
+            Some(name) => render::render_string("helm.releaseName", name, &facts)?,
+            None => facts.name.clone(),
+        };
+        let mut values = Value::Object(helm.values.into_iter().collect());
+        render_strings(&mut values, "helm.values", &facts)?;
+        Ok::<_, RenderError>((release, values))
+    })
+    .await;
+    match rendered {
+        Ok(Ok(done)) => Ok(done),
+        Ok(Err(e)) => Err(Refusal::new("RenderFailed", e.to_string())),
+        Err(stopped) => Err(Refusal::new(
+            "RenderFailed",
+            format!("rendering stopped unexpectedly, a bug in previewd: {stopped}"),
+        )),
+    }
+}
+
+/// Renders every string in `value` as a template; `at` names where it is, for errors.
+fn render_strings(value: &mut Value, at: &str, facts: &RenderContext) -> Result<(), RenderError> {
+    match value {
+        Value::String(text) if text.contains("{{") || text.contains("{%") => {
+            *text = render::render_string(at, text, facts)?;
+        }
+        Value::Array(items) => {
+            for (index, item) in items.iter_mut().enumerate() {
+                render_strings(item, &format!("{at}[{index}]"), facts)?;
+            }
+        }
+        Value::Object(fields) => {
+            for (key, field) in fields.iter_mut() {
+                render_strings(field, &format!("{at}.{key}"), facts)?;
+            }
+        }
+        _ => {}
+    }
+    Ok(())
+}
+
+/// What a failed render says on the environment. A chart that does not render, or renders
+/// too much or too slowly, stays so until the commit or template changes: not retried. Helm
+/// missing or a full disk is previewd's problem, retried with backoff.
+fn engine_refusal(error: EngineError) -> Refusal {
+    let message = format!("helm template: {error}; nothing was applied");
+    match error {
+        EngineError::Run(RunError::NotStarted { .. }) | EngineError::Io(_) => Refusal {
+            retry: Some(Box::new(ReconcileError::Engine(error.to_string()))),
+            ..Refusal::new("RenderFailed", message)
+        },
+        _ => Refusal::new("RenderFailed", message),
+    }
+}
+
+/// Helm's output split into one manifest per `# Source:` file (Helm prints every document
+/// as `---`, `# Source: <chart>/templates/<file>`, then the object).
+fn split_by_source(text: &str) -> Vec<InlineManifest> {
+    let mut manifests: Vec<InlineManifest> = Vec::new();
+    let mut current = InlineManifest {
+        name: "helm template".into(),
+        template: String::new(),
+    };
+    for line in text.lines() {
+        if let Some(source) = line.strip_prefix("# Source: ") {
+            let name = source.trim().to_string();
+            if name != current.name {
+                let done = std::mem::replace(
+                    &mut current,
+                    InlineManifest {
+                        name,
+                        template: String::new(),
+                    },
+                );
+                if has_content(&done.template) {
+                    manifests.push(done);
+                }
+            }
+        }
+        current.template.push_str(line);
+        current.template.push('\n');
+    }
+    if has_content(&current.template) {
+        manifests.push(current);
+    }
+    manifests
+}
+
+/// Whether a piece of a YAML stream holds more than separators and blank lines.
+fn has_content(text: &str) -> bool {
+    text.lines().any(|line| {
+        let line = line.trim();
+        !line.is_empty() && line != "---"
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn helm_output_is_split_by_source_file() {
+        let text = "---\n# Source: web/templates/service.yaml\napiVersion: v1\nkind: Service\nmetadata:\n  name: web\n---\n# Source: web/templates/deployment.yaml\napiVersion: apps/v1\nkind: Deployment\nmetadata:\n  name: web\n";
+        let manifests = split_by_source(text);
+        let names: Vec<&str> = manifests.iter().map(|m| m.name.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "web/templates/service.yaml",
+                "web/templates/deployment.yaml"
+            ]
+        );
+        assert!(manifests[1].template.contains("kind: Deployment"));
+        assert!(!manifests[0].template.contains("Deployment"));
+    }
+
+    #[test]
+    fn a_published_chart_needs_a_url_a_name_and_a_version() {
+        let helm = |name: Option<&str>, version: Option<&str>| HelmSource {
+            chart: crate::model::crd::ChartLocation {
+                name: name.map(String::from),
+                version: version.map(String::from),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let pinned = helm(Some("podinfo"), Some("6.5.0"));
+        assert!(published("https://charts.example.com", &pinned).is_ok());
+        assert!(published("oci://ghcr.io/org/charts", &pinned).is_ok());
+        let refused = published("file:///etc", &pinned).err().map(|r| r.message);
+        assert!(refused.is_some_and(|m| m.contains("https://")));
+        let unpinned = helm(Some("podinfo"), None);
+        let refused = published("https://charts.example.com", &unpinned).err();
+        assert_eq!(refused.map(|r| r.reason), Some("ChartInvalid"));
+    }
+}
