@@ -53,3 +53,54 @@ pub fn python() -> &'static Path {
         python
     })
 }
+
+/// A `helm` command for previewd's `--helm`: a small script that runs `helm_template.py` on
+/// the Helm engine above (previewd runs it with an empty environment, so every path in it is
+/// absolute).
+pub fn template_command() -> PathBuf {
+    static COMMAND: OnceLock<PathBuf> = OnceLock::new();
+    COMMAND
+        .get_or_init(|| {
+            let folder = super::cache_dir().join("helm-template");
+            std::fs::create_dir_all(&folder).expect("create the helm command's folder");
+            let script =
+                Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/support/helm_template.py");
+            let command = folder.join(format!("helm-{}", std::process::id()));
+            let text = format!(
+                "#!/bin/sh\nexec '{}' '{}' \"$@\"\n",
+                python().display(),
+                script.display()
+            );
+            std::fs::write(&command, text).expect("write the helm command");
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(&command, std::fs::Permissions::from_mode(0o755))
+                .expect("make the helm command executable");
+            command
+        })
+        .clone()
+}
+
+/// The objects Helm's install action (client-only dry run: the code path of `helm template`)
+/// makes of the chart in `chart` for `release` in `namespace` with `values`; hooks excluded,
+/// as Helm keeps them apart from the release's manifest.
+pub fn install_manifest(
+    chart: &Path,
+    release: &str,
+    namespace: &str,
+    values: &serde_json::Value,
+) -> Vec<serde_json::Value> {
+    let script =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/support/helm_install_manifest.py");
+    let output = Command::new(python())
+        .arg(script)
+        .arg(chart)
+        .args([release, namespace, &values.to_string()])
+        .output()
+        .expect("run helm_install_manifest.py");
+    assert!(
+        output.status.success(),
+        "Helm's install dry run failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    super::yaml_documents(&String::from_utf8_lossy(&output.stdout))
+}
