@@ -353,6 +353,15 @@ async fn a_helm_chart_from_the_repository_is_deployed_per_commit_with_its_hook_b
         assert!(message.contains("ClusterRole"), "{message}");
         assert_eq!(image_of(&client, &target).await, format!("ghcr.io/codertocat/hello-world:{FIRST}"));
 
+        // A chart that prints more than the render limit: stopped, said, nothing applied.
+        let flood = "6666666666666666666666666666666666666666";
+        let huge = "# {{ range until 300000 }}twenty characters..{{ end }}\n";
+        serve_chart(&forge, flood, &chart_with("templates/flood.yaml", huge)).await;
+        set_head(&client, &ns, &name, flood).await;
+        let message = refused_with(&client, &ns, &name, "RenderFailed").await;
+        assert!(message.contains("printed more than 4194304 bytes"), "{message}");
+        assert_eq!(image_of(&client, &target).await, format!("ghcr.io/codertocat/hello-world:{FIRST}"));
+
         // A good commit again: deployed, its hook run again for its new image.
         let fixed = "5555555555555555555555555555555555555555";
         serve_chart(&forge, fixed, &files_of(&example_chart())).await;
