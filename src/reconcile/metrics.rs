@@ -52,6 +52,22 @@ impl MetricSet for ReconcileMetrics {
     }
 }
 
+/// `previewd_chart_renders_total`, every series at 0 from the start (for `rate()` and alerts).
+fn chart_renders() -> IntCounterVec {
+    let counter = IntCounterVec::new(
+        Opts::new(
+            "previewd_chart_renders_total",
+            "Chart renders by engine and outcome (rendered, cached: nothing ran, failed)",
+        ),
+        &["engine", "outcome"],
+    )
+    .expect("valid metric");
+    for outcome in ["rendered", "cached", "failed"] {
+        counter.with_label_values(&["helm", outcome]);
+    }
+    counter
+}
+
 impl ReconcileMetrics {
     pub fn new() -> Self {
         Self {
@@ -90,14 +106,7 @@ impl ReconcileMetrics {
             ),
             seed_failures: IntCounter::new("previewd_seed_failures_total", "Seed Jobs that failed")
                 .expect("valid metric"),
-            chart_renders: IntCounterVec::new(
-                Opts::new(
-                    "previewd_chart_renders_total",
-                    "Chart renders by engine and outcome (rendered, cached, failed)",
-                ),
-                &["engine", "outcome"],
-            )
-            .expect("valid metric"),
+            chart_renders: chart_renders(),
         }
     }
 }
