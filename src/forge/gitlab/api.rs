@@ -292,31 +292,42 @@ impl GitlabApi {
         path: &str,
         sha: &str,
     ) -> Result<Vec<(String, String)>, ForgeApiError> {
-        const OPERATION: &str = "read_manifests";
         let path = path.trim_matches('/');
         let mut out = Vec::new();
         let manifests = self.manifest_files(project, path, sha).await?;
         check_manifest_count(path, manifests.len())?;
         for (name, file_path) in manifests {
-            let raw = FileRaw::builder()
-                .project(project)
-                .file_path(file_path.as_str())
-                .ref_(sha)
-                .build();
-            let raw = built(OPERATION, raw)?;
-            let bytes: Vec<u8> = self
-                .run(OPERATION, || async {
-                    gitlab::api::raw(raw)
-                        .query_async(&self.client)
-                        .await
-                        .map_err(|e| e.to_string())
-                })
-                .await?;
-            // GitLab's tree gives no sizes: the file is checked once read.
-            check_manifest_size(&file_path, bytes.len() as u64)?;
+            let bytes = self.read_file(project, &file_path, sha).await?;
             out.push((name, String::from_utf8_lossy(&bytes).into_owned()));
         }
         Ok(out)
+    }
+
+    /// One file of `project` at commit `sha`, within the per-file limit (GitLab's tree gives
+    /// no sizes: the file is checked once read).
+    async fn read_file(
+        &self,
+        project: &str,
+        file_path: &str,
+        sha: &str,
+    ) -> Result<Vec<u8>, ForgeApiError> {
+        const OPERATION: &str = "read_manifests";
+        let raw = FileRaw::builder()
+            .project(project)
+            .file_path(file_path)
+            .ref_(sha)
+            .build();
+        let raw = built(OPERATION, raw)?;
+        let bytes: Vec<u8> = self
+            .run(OPERATION, || async {
+                gitlab::api::raw(raw)
+                    .query_async(&self.client)
+                    .await
+                    .map_err(|e| e.to_string())
+            })
+            .await?;
+        check_manifest_size(file_path, bytes.len() as u64)?;
+        Ok(bytes)
     }
 
     /// (file name, path) of the YAML files in the tree at `path`; an empty tree means `path`
@@ -394,21 +405,7 @@ impl GitlabApi {
         check_manifest_count(root, blobs.len())?;
         let mut files = Vec::new();
         for blob in blobs {
-            let raw = FileRaw::builder()
-                .project(project)
-                .file_path(blob.path.as_str())
-                .ref_(sha)
-                .build();
-            let raw = built(OPERATION, raw)?;
-            let bytes: Vec<u8> = self
-                .run(OPERATION, || async {
-                    gitlab::api::raw(raw)
-                        .query_async(&self.client)
-                        .await
-                        .map_err(|e| e.to_string())
-                })
-                .await?;
-            check_manifest_size(&blob.path, bytes.len() as u64)?;
+            let bytes = self.read_file(project, &blob.path, sha).await?;
             let relative = blob.path.strip_prefix(root).unwrap_or(&blob.path);
             files.push((relative.trim_start_matches('/').to_string(), bytes));
         }

@@ -20,6 +20,7 @@ use super::render::{
     LABEL_SEED, RenderError, RenderedObject, parse_documents, seed_job_name, set_label, wave_of,
 };
 use crate::model::crd::InlineManifest;
+use crate::model::naming::slug;
 
 pub const ANNOTATION_HOOK: &str = "helm.sh/hook";
 pub const ANNOTATION_HOOK_WEIGHT: &str = "helm.sh/hook-weight";
@@ -90,8 +91,12 @@ pub fn place(rendered: &[InlineManifest]) -> Result<Vec<RenderedObject>, RenderE
                 .unwrap_or_default()
                 .to_string();
             object["metadata"]["name"] = Value::String(seed_job_name(&name, &object));
-            set_label(&mut object, LABEL_SEED, &name);
-            name
+            // A Job's name may be longer than a label value (63 characters) may be.
+            let mut label = slug(&name);
+            label.truncate(63);
+            let label = label.trim_end_matches('-').to_string();
+            set_label(&mut object, LABEL_SEED, &label);
+            label
         });
         objects.push(RenderedObject {
             manifest,
@@ -173,6 +178,17 @@ mod tests {
             placed[1].name()
         );
         assert_eq!(placed[2].name(), "settings", "only Jobs are renamed");
+        let long_name = "a".repeat(70);
+        let placed = place(&[InlineManifest {
+            name: "x".into(),
+            template: object("Job", &long_name, Some(("pre-install", "0"))),
+        }])
+        .unwrap();
+        assert_eq!(
+            placed[0].seed.as_deref(),
+            Some("a".repeat(63).as_str()),
+            "a valid label value"
+        );
     }
 
     #[test]
