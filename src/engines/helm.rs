@@ -8,7 +8,7 @@ use std::path::Path;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
-use super::{EngineError, Engines, Rendered, write_files};
+use super::{EngineError, Engines, Job, Rendered};
 
 /// Where the chart is.
 pub enum Chart<'a> {
@@ -101,37 +101,21 @@ impl Engines {
     /// The chart's objects as `helm template` prints them (one YAML stream), from the cache
     /// when nothing it depends on changed.
     pub async fn helm_template(&self, render: &HelmRender<'_>) -> Result<Rendered, EngineError> {
-        let key = render.key();
-        if let Some(text) = self.cache.get(&key) {
-            return Ok(Rendered { text, cached: true });
-        }
-        let _slot = self
-            .slots
-            .acquire()
-            .await
-            .map_err(|_| EngineError::ShuttingDown)?;
-        let folder = tempfile::tempdir().map_err(|e| EngineError::Io(e.to_string()))?;
-        if let Chart::Files(files) = &render.chart {
-            write_files(&folder.path().join("chart"), files)?;
-        }
         let values =
             serde_json::to_vec(render.values).map_err(|e| EngineError::Io(e.to_string()))?;
-        std::fs::write(folder.path().join("values.json"), values)
-            .map_err(|e| EngineError::Io(e.to_string()))?;
-        let text = self
-            .run(
-                &self.config.helm,
-                render.args(),
-                folder.path(),
-                helm_env(folder.path()),
-            )
-            .await?;
-        let text = std::sync::Arc::new(text);
-        self.cache.keep(key, text.clone());
-        Ok(Rendered {
-            text,
-            cached: false,
+        let values_file = [("values.json".to_string(), values)];
+        let mut files = vec![("", &values_file[..])];
+        if let Chart::Files(chart) = &render.chart {
+            files.push(("chart", chart));
+        }
+        self.render(Job {
+            key: render.key(),
+            files,
+            program: &self.config.helm,
+            args: render.args(),
+            env: helm_env,
         })
+        .await
     }
 }
 

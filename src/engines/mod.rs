@@ -1,5 +1,5 @@
-//! The third-party engines previewd renders manifests with: Helm (`helm template`) and, next,
-//! Kustomize. They are real programs run on input from pull requests, so every run has a time
+//! The third-party engines previewd renders manifests with: Helm (`helm template`) and
+//! Kustomize (`kubectl kustomize`). They are real programs run on input from pull requests, so every run has a time
 //! limit, an output limit and a private folder, and at most [`CONCURRENT_RENDERS`] run at once.
 //! What they print is kept by digest of their input ([`cache`]): an unchanged commit renders
 //! nothing.
@@ -9,6 +9,7 @@
 
 pub mod cache;
 pub mod helm;
+pub mod kustomize;
 pub mod process;
 
 use std::path::{Path, PathBuf};
@@ -25,10 +26,12 @@ pub const CONCURRENT_RENDERS: usize = 2;
 /// The most text one render may print (the same bound as a minijinja template's).
 pub const MAX_OUTPUT_BYTES: usize = 4 << 20;
 
-/// Where the engines are and how long they may take (`--helm`, `--render-timeout`).
+/// Where the engines are and how long they may take (`--helm`, `--kubectl`,
+/// `--render-timeout`).
 #[derive(Clone, Debug)]
 pub struct EngineConfig {
     pub helm: PathBuf,
+    pub kubectl: PathBuf,
     pub timeout: Duration,
 }
 
@@ -36,6 +39,7 @@ impl Default for EngineConfig {
     fn default() -> Self {
         Self {
             helm: PathBuf::from("helm"),
+            kubectl: PathBuf::from("kubectl"),
             timeout: Duration::from_secs(30),
         }
     }
@@ -50,6 +54,10 @@ pub enum EngineError {
     BadPath(String),
     #[error("preparing the render folder: {0}")]
     Io(String),
+    /// The input asks for something previewd does not let an engine do (a remote base, a
+    /// file outside what was read); said before the engine runs.
+    #[error("{0}")]
+    Refused(String),
     #[error("previewd is shutting down")]
     ShuttingDown,
 }
@@ -75,6 +83,30 @@ impl Engines {
         }
     }
 
+    /// Runs `job` in a fresh private folder, unless the cache has its output (by `job.key`).
+    async fn render(&self, job: Job<'_>) -> Result<Rendered, EngineError> {
+        if let Some(text) = self.cache.get(&job.key) {
+            return Ok(Rendered { text, cached: true });
+        }
+        let _slot = self
+            .slots
+            .acquire()
+            .await
+            .map_err(|_| EngineError::ShuttingDown)?;
+        let folder = tempfile::tempdir().map_err(|e| EngineError::Io(e.to_string()))?;
+        for (under, files) in job.files {
+            write_files(&folder.path().join(under), files)?;
+        }
+        let env = (job.env)(folder.path());
+        let text = self.run(job.program, job.args, folder.path(), env).await?;
+        let text = Arc::new(text);
+        self.cache.keep(job.key, text.clone());
+        Ok(Rendered {
+            text,
+            cached: false,
+        })
+    }
+
     async fn run(
         &self,
         program: &Path,
@@ -97,6 +129,20 @@ impl Engines {
         })
         .await?)
     }
+}
+
+/// Files as (path relative to a folder, bytes): a chart, a repository folder.
+pub type Files = [(String, Vec<u8>)];
+
+/// One engine run: what it depends on (`key`), the files to write into its private folder
+/// (each list under a sub-folder, `""` for the folder itself), and the program to run there.
+struct Job<'a> {
+    key: [u8; 32],
+    files: Vec<(&'a str, &'a Files)>,
+    program: &'a Path,
+    args: Vec<String>,
+    /// The program's environment variables, given its private folder.
+    env: fn(&Path) -> Vec<(&'static str, String)>,
 }
 
 /// Writes `files` under `root`. Every path must be plain and relative (no `..`, no absolute

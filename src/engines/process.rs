@@ -92,9 +92,14 @@ pub async fn run(run: Run<'_>) -> Result<String, RunError> {
     };
     let succeeded = status.as_ref().is_ok_and(|s| s.success());
     if !succeeded {
-        return Err(RunError::Failed {
-            message: message_of(&err, status.ok()),
-        });
+        // The private folder's name means nothing to the template's author: paths are said
+        // relative to it.
+        let mut message = message_of(&err, status.ok());
+        let folder = run.folder.display().to_string();
+        if folder.len() > 1 {
+            message = message.replace(&folder, ".");
+        }
+        return Err(RunError::Failed { message });
     }
     String::from_utf8(out).map_err(|_| RunError::Failed {
         message: format!("{program} printed something that is not UTF-8 text"),

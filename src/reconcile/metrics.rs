@@ -25,7 +25,7 @@ pub struct ReconcileMetrics {
     /// Seed Jobs that failed.
     pub seed_failures: IntCounter,
     /// Chart renders by engine and outcome (`rendered`, `cached`: nothing ran, `failed`).
-    pub chart_renders: IntCounterVec,
+    pub engine_renders: IntCounterVec,
 }
 
 impl Default for ReconcileMetrics {
@@ -47,23 +47,25 @@ impl MetricSet for ReconcileMetrics {
             Box::new(self.time_to_ready.clone()),
             Box::new(self.seed_duration.clone()),
             Box::new(self.seed_failures.clone()),
-            Box::new(self.chart_renders.clone()),
+            Box::new(self.engine_renders.clone()),
         ]
     }
 }
 
-/// `previewd_chart_renders_total`, every series at 0 from the start (for `rate()` and alerts).
-fn chart_renders() -> IntCounterVec {
+/// `previewd_engine_renders_total`, every series at 0 from the start (for `rate()` and alerts).
+fn engine_renders() -> IntCounterVec {
     let counter = IntCounterVec::new(
         Opts::new(
-            "previewd_chart_renders_total",
-            "Chart renders by engine and outcome (rendered, cached: nothing ran, failed)",
+            "previewd_engine_renders_total",
+            "Helm chart renders and Kustomize builds by engine and outcome (rendered, cached: nothing ran, failed)",
         ),
         &["engine", "outcome"],
     )
     .expect("valid metric");
-    for outcome in ["rendered", "cached", "failed"] {
-        counter.with_label_values(&["helm", outcome]);
+    for engine in ["helm", "kustomize"] {
+        for outcome in ["rendered", "cached", "failed"] {
+            counter.with_label_values(&[engine, outcome]);
+        }
     }
     counter
 }
@@ -106,7 +108,7 @@ impl ReconcileMetrics {
             ),
             seed_failures: IntCounter::new("previewd_seed_failures_total", "Seed Jobs that failed")
                 .expect("valid metric"),
-            chart_renders: chart_renders(),
+            engine_renders: engine_renders(),
         }
     }
 }

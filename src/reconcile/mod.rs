@@ -9,7 +9,6 @@
 //! when nothing changed.
 
 mod access;
-mod charts;
 mod claim;
 mod cleanup;
 pub mod config;
@@ -23,6 +22,7 @@ mod pipeline;
 pub mod plan;
 mod prune;
 mod queue;
+mod renders;
 mod resolve;
 mod secrets;
 pub mod status;

@@ -1,7 +1,8 @@
 //! One reconcile of a live `PreviewEnvironment`, as a list of named steps:
 //!
 //! resolve the template → hold (fork approval, queue) → resolve the manifests → render the Helm
-//! chart, if any (`helm template`, cached by input) → plan (render,
+//! chart and build the Kustomize overlay, if any (`helm template`, `kubectl kustomize`, cached
+//! by input) → plan (render,
 //! object limit, guard, policy, workloads; no client required, on a blocking thread) → check
 //! the copied secrets (shared by their owners, or refused) → check the kinds (each served by the
 //! cluster, or refused) → claim the namespace (created for this environment, or refused) → grant
@@ -28,7 +29,7 @@ use super::status::{
     Placement, Progress, ReadyCondition, condition, progress_status, refused_status,
 };
 use super::write::write_status;
-use super::{charts, claim, namespace, prune, resolve, secrets, waves};
+use super::{claim, namespace, prune, renders, resolve, secrets, waves};
 use crate::cluster::observed::ObjectKey;
 use crate::model::crd::{Phase, PreviewEnvironment, PreviewEnvironmentStatus, PreviewTemplate};
 use crate::model::naming::environment_namespace;
@@ -65,7 +66,7 @@ async fn deploy(
     let head_sha = &environment.spec.source.head_sha;
     let manifests = Manifests {
         templates: resolve::manifests(template, head_sha, context).await?,
-        rendered: charts::render_chart(environment, template, namespace, context).await?,
+        rendered: renders::render_engines(environment, template, namespace, context).await?,
     };
     let mut plan =
         plan_off_the_runtime(environment, template, manifests, namespace, context).await?;

@@ -42,6 +42,7 @@ pub async fn manifests(
         config_map,
         repository_path,
         helm,
+        kustomize,
     } = &template.spec.manifests;
     let mut all = inline.clone();
     if let Some(path) = repository_path {
@@ -50,7 +51,7 @@ pub async fn manifests(
     if let Some(source) = config_map {
         all.extend(from_config_map(template, &source.name, context).await?);
     }
-    if all.is_empty() && helm.is_none() {
+    if all.is_empty() && helm.is_none() && kustomize.is_none() {
         return Err(unavailable("the template has no manifests"));
     }
     Ok(all)

@@ -51,7 +51,11 @@ pub struct ControllerArgs {
     /// looked up in previewd's PATH. The container image must carry it (docs/installing.md).
     #[arg(long, env = "PREVIEWD_HELM", default_value = "helm")]
     pub helm: PathBuf,
-    /// How long one chart render may take before it is stopped and the environment says so.
+    /// The `kubectl` program that builds templates' Kustomize overlays (`kubectl kustomize`);
+    /// a bare name is looked up in previewd's PATH (docs/installing.md).
+    #[arg(long, env = "PREVIEWD_KUBECTL", default_value = "kubectl")]
+    pub kubectl: PathBuf,
+    /// How long one chart render or overlay build may take before it is stopped and the environment says so.
     #[arg(long, env = "PREVIEWD_RENDER_TIMEOUT", default_value = "30s", value_parser = parse_duration)]
     pub render_timeout: Duration,
     /// The ClusterRole previewd binds to its own ServiceAccount in each environment namespace
@@ -99,6 +103,7 @@ impl ControllerArgs {
             template_kinds: self.template_kinds.clone().unwrap_or_default(),
             engines: crate::engines::EngineConfig {
                 helm: self.helm.clone(),
+                kubectl: self.kubectl.clone(),
                 timeout: self.render_timeout,
             },
         }

@@ -17,6 +17,7 @@ use previewd::sandbox::{NodeSimulatorConfig, Sandbox, SandboxOptions, StderrProg
 
 pub mod apiserver;
 pub mod apps;
+pub mod contents;
 pub mod helm;
 pub mod process;
 pub mod proxy;

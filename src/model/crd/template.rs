@@ -342,6 +342,73 @@ pub struct ManifestSource {
     /// A Helm chart, rendered by Helm itself (`helm template`) for each environment.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub helm: Option<HelmSource>,
+    /// A Kustomize overlay from the repository, built by Kustomize itself (`kubectl
+    /// kustomize`) for each environment.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kustomize: Option<KustomizeSource>,
+}
+
+/// A Kustomize overlay in the application's repository, and what previewd sets on top of it
+/// (the environment's namespace always; the images and patches given here).
+#[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct KustomizeSource {
+    /// The folder Kustomize builds (it holds `kustomization.yaml`), e.g.
+    /// `deploy/overlays/preview`.
+    pub path: String,
+    /// The folder previewd reads from the repository at the head commit; `path` and every
+    /// base, component and file its kustomizations use must be inside it (e.g. `deploy` for
+    /// an overlay that uses `../../base`). Default: `path`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub root: Option<String>,
+    /// Images to set, as `kustomize edit set image` does. Every string is a template with the
+    /// environment's facts: `newTag: "{{ sha }}"`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub images: Vec<KustomizeImage>,
+    /// Patches applied on top, as a kustomization's `patches`; `patch` is a template.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub patches: Vec<KustomizePatch>,
+}
+
+/// A Kustomize `images:` entry: the image `name` the manifests use, and what replaces it.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct KustomizeImage {
+    pub name: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub new_name: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub new_tag: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub digest: Option<String>,
+}
+
+/// A Kustomize `patches:` entry: a strategic-merge or JSON 6902 patch, and what it applies
+/// to (by default, the object the patch names).
+#[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct KustomizePatch {
+    pub patch: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target: Option<KustomizeTarget>,
+}
+
+/// Which objects a Kustomize patch applies to.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct KustomizeTarget {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub group: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kind: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub label_selector: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub annotation_selector: Option<String>,
 }
 
 /// A Helm chart and the values it is rendered with.

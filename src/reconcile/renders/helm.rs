@@ -1,5 +1,4 @@
-//! The chart step: a template's Helm chart (`spec.manifests.helm`) rendered by Helm for one
-//! environment. The chart comes from the repository at the head commit (read once per commit)
+//! A template's Helm chart (`spec.manifests.helm`) rendered by Helm for one environment. The chart comes from the repository at the head commit (read once per commit)
 //! or from a chart repository; its values are the template's, with every string rendered as a
 //! template of the environment's facts (`tag: "{{ sha }}"`). The output is split by the file
 //! it came from, so that a later refusal names `web/templates/deployment.yaml`, and goes to
@@ -7,14 +6,13 @@
 
 use serde_json::Value;
 
-use super::context::Context;
-use super::error::{ReconcileError, Refusal};
-use super::plan::render::{self, RenderContext, RenderError};
-use super::plan::values::render_context;
-use super::resolve;
+use super::{counted, has_content, render_strings, with_facts};
 use crate::engines::helm::{Chart, HelmRender};
-use crate::engines::{EngineError, process::RunError};
 use crate::model::crd::{HelmSource, InlineManifest, PreviewEnvironment, PreviewTemplate};
+use crate::reconcile::context::Context;
+use crate::reconcile::error::Refusal;
+use crate::reconcile::plan::render;
+use crate::reconcile::resolve;
 
 /// The rendered objects of the template's chart, one manifest per source file; none when the
 /// template has no chart.
@@ -54,17 +52,7 @@ pub async fn render_chart(
         values: &values,
     };
     let rendered = context.engines.helm_template(&render).await;
-    let outcome = match &rendered {
-        Ok(r) if r.cached => "cached",
-        Ok(_) => "rendered",
-        Err(_) => "failed",
-    };
-    context
-        .metrics
-        .chart_renders
-        .with_label_values(&["helm", outcome])
-        .inc();
-    let rendered = rendered.map_err(engine_refusal)?;
+    let rendered = counted(rendered, "helm", "helm template", context)?;
     Ok(split_by_source(&rendered.text))
 }
 
@@ -95,70 +83,25 @@ fn published<'a>(repository: &'a str, helm: &'a HelmSource) -> Result<Chart<'a>,
     }
 }
 
-/// The release name and values for this environment: every string rendered with the
-/// environment's facts, on a blocking thread (a template may take up to its render fuel).
+/// The release name and values for this environment, every string rendered with the
+/// environment's facts.
 async fn chart_values(
     environment: &PreviewEnvironment,
     template: &PreviewTemplate,
     helm: &HelmSource,
     namespace: &str,
 ) -> Result<(String, Value), Refusal> {
-    let (environment, spec) = (environment.clone(), template.spec.clone());
-    let (helm, namespace) = (helm.clone(), namespace.to_string());
-    let rendered = tokio::task::spawn_blocking(move || {
-        let facts = render_context(&environment, &spec, &namespace)?;
+    let helm = helm.clone();
+    with_facts(environment, template, namespace, move |facts| {
         let release = match &helm.release_name {
-            Some(name) => render::render_string("helm.releaseName", name, &facts)?,
+            Some(name) => render::render_string("helm.releaseName", name, facts)?,
             None => facts.name.clone(),
         };
         let mut values = Value::Object(helm.values.into_iter().collect());
-        render_strings(&mut values, "helm.values", &facts)?;
-        Ok::<_, RenderError>((release, values))
+        render_strings(&mut values, "helm.values", facts)?;
+        Ok((release, values))
     })
-    .await;
-    match rendered {
-        Ok(Ok(done)) => Ok(done),
-        Ok(Err(e)) => Err(Refusal::new("RenderFailed", e.to_string())),
-        Err(stopped) => Err(Refusal::new(
-            "RenderFailed",
-            format!("rendering stopped unexpectedly, a bug in previewd: {stopped}"),
-        )),
-    }
-}
-
-/// Renders every string in `value` as a template; `at` names where it is, for errors.
-fn render_strings(value: &mut Value, at: &str, facts: &RenderContext) -> Result<(), RenderError> {
-    match value {
-        Value::String(text) if text.contains("{{") || text.contains("{%") => {
-            *text = render::render_string(at, text, facts)?;
-        }
-        Value::Array(items) => {
-            for (index, item) in items.iter_mut().enumerate() {
-                render_strings(item, &format!("{at}[{index}]"), facts)?;
-            }
-        }
-        Value::Object(fields) => {
-            for (key, field) in fields.iter_mut() {
-                render_strings(field, &format!("{at}.{key}"), facts)?;
-            }
-        }
-        _ => {}
-    }
-    Ok(())
-}
-
-/// What a failed render says on the environment. A chart that does not render, or renders
-/// too much or too slowly, stays so until the commit or template changes: not retried. Helm
-/// missing or a full disk is previewd's problem, retried with backoff.
-fn engine_refusal(error: EngineError) -> Refusal {
-    let message = format!("helm template: {error}; nothing was applied");
-    match error {
-        EngineError::Run(RunError::NotStarted { .. }) | EngineError::Io(_) => Refusal {
-            retry: Some(Box::new(ReconcileError::Engine(error.to_string()))),
-            ..Refusal::new("RenderFailed", message)
-        },
-        _ => Refusal::new("RenderFailed", message),
-    }
+    .await
 }
 
 /// Helm's output split into one manifest per `# Source:` file (Helm prints every document
@@ -192,14 +135,6 @@ fn split_by_source(text: &str) -> Vec<InlineManifest> {
         manifests.push(current);
     }
     manifests
-}
-
-/// Whether a piece of a YAML stream holds more than separators and blank lines.
-fn has_content(text: &str) -> bool {
-    text.lines().any(|line| {
-        let line = line.trim();
-        !line.is_empty() && line != "---"
-    })
 }
 
 #[cfg(test)]

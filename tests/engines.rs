@@ -1,9 +1,14 @@
-//! Helm charts against a real kube-apiserver, rendered by the real Helm engine (see
-//! `support::helm`): the web-chart example is read from the repository at the environment's
-//! commit (a forge double serves the contents API), deployed with its values and per-commit
-//! image tag, its pre-install hook before it and its seed after it; the objects are Helm's own;
-//! a reconcile of the same commit renders nothing; a chart that fails to render, carries CRDs
-//! or a cluster-scoped object leaves the previous commit running and says why.
+//! Third-party engines against a real kube-apiserver, with a forge double serving the
+//! repository's contents API at each commit.
+//!
+//! * Helm, on the real Helm engine (see `support::helm`): the web-chart example deployed with its
+//!   values and per-commit image tag, its pre-install hook before it and its seed after it.
+//! * Kustomize, on the real Kustomize (`kubectl kustomize`): the web-kustomize example's overlay
+//!   built with the commit's image and the environment's host.
+//!
+//! For both: the objects are the engine's own for the same input; a reconcile of the same commit
+//! renders nothing; input that fails to render, asks for something outside the repository's
+//! folder, or carries a cluster-scoped object leaves the previous commit running and says why.
 
 mod support;
 
@@ -14,17 +19,16 @@ use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use k8s_openapi::api::networking::v1::Ingress;
-use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams, PostParams};
-use kube::discovery::Discovery;
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use previewd::engines::EngineConfig;
 use previewd::model::crd::{Phase, PreviewEnvironment, PreviewTemplate};
 use previewd::reconcile::ControllerConfig;
 use serde_json::{Value, json};
 use support::apps::example;
+use support::contents::{assert_live_as_rendered, files_of, serve_folder, with_file};
 use support::{Running, eventually, in_namespace, wait_for_phase};
-use wiremock::matchers::{method, path, query_param};
-use wiremock::{Mock, MockServer, ResponseTemplate};
+use wiremock::MockServer;
 
 const REPOSITORY: &str = "Codertocat/Hello-World";
 const CHART_PATH: &str = "deploy/chart";
@@ -51,77 +55,14 @@ fn example_chart() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("templates/web-chart/chart")
 }
 
-/// Every file under `root`, as (path relative to it, bytes), sorted.
-fn files_of(root: &Path) -> Vec<(String, Vec<u8>)> {
-    let mut files = Vec::new();
-    let mut folders = vec![root.to_path_buf()];
-    while let Some(folder) = folders.pop() {
-        for entry in std::fs::read_dir(&folder).unwrap() {
-            let entry = entry.unwrap().path();
-            if entry.is_dir() {
-                folders.push(entry);
-            } else {
-                let relative = entry.strip_prefix(root).unwrap().display().to_string();
-                files.push((relative, std::fs::read(&entry).unwrap()));
-            }
-        }
-    }
-    files.sort();
-    files
-}
-
-/// Serves `files` as folder [`CHART_PATH`] of the repository at commit `sha`, the way GitHub's
-/// contents API lists folders and returns files.
+/// Serves `files` as the chart folder [`CHART_PATH`] at commit `sha`.
 async fn serve_chart(forge: &MockServer, sha: &str, files: &[(String, Vec<u8>)]) {
-    use base64::Engine;
-    use std::collections::BTreeMap;
-    let mut listings: BTreeMap<String, Vec<Value>> = BTreeMap::new();
-    listings.insert(CHART_PATH.into(), Vec::new());
-    for (relative, bytes) in files {
-        let full = format!("{CHART_PATH}/{relative}");
-        // Each folder on the way lists the next one down.
-        let parts: Vec<&str> = full.split('/').collect();
-        for depth in 2..parts.len() {
-            let folder = parts[..depth].join("/");
-            let child = parts[..=depth].join("/");
-            let entry = if depth + 1 == parts.len() {
-                json!({"type": "file", "name": parts[depth], "path": child, "size": bytes.len()})
-            } else {
-                json!({"type": "dir", "name": parts[depth], "path": child})
-            };
-            let listing = listings.entry(folder).or_default();
-            if !listing.contains(&entry) {
-                listing.push(entry);
-            }
-        }
-        let file = json!({"type": "file", "path": full, "size": bytes.len(), "encoding": "base64",
-            "content": base64::engine::general_purpose::STANDARD.encode(bytes)});
-        Mock::given(method("GET"))
-            .and(path(format!("/repos/{REPOSITORY}/contents/{full}")))
-            .and(query_param("ref", sha))
-            .respond_with(ResponseTemplate::new(200).set_body_json(file))
-            .mount(forge)
-            .await;
-    }
-    for (folder, listing) in listings {
-        Mock::given(method("GET"))
-            .and(path(format!("/repos/{REPOSITORY}/contents/{folder}")))
-            .and(query_param("ref", sha))
-            .respond_with(ResponseTemplate::new(200).set_body_json(listing))
-            .mount(forge)
-            .await;
-    }
+    serve_folder(forge, REPOSITORY, CHART_PATH, sha, files).await;
 }
 
 /// The example's chart with `path` replaced by `text` (or added).
 fn chart_with(path: &str, text: &str) -> Vec<(String, Vec<u8>)> {
-    let mut files: Vec<_> = files_of(&example_chart())
-        .into_iter()
-        .filter(|(p, _)| p != path)
-        .collect();
-    files.push((path.to_string(), text.as_bytes().to_vec()));
-    files.sort();
-    files
+    with_file(&files_of(&example_chart()), path, text)
 }
 
 async fn start_controller(client: &Client, namespace: &str) -> Running {
@@ -132,6 +73,7 @@ async fn start_controller(client: &Client, namespace: &str) -> Running {
             engines: EngineConfig {
                 helm: support::helm::template_command(),
                 timeout: Duration::from_secs(60),
+                ..Default::default()
             },
             ..Default::default()
         },
@@ -139,11 +81,12 @@ async fn start_controller(client: &Client, namespace: &str) -> Running {
     .await
 }
 
-/// The web-chart example in `namespace`, reading its chart from `forge`.
+/// The example `name` in `namespace`, reading the repository from `forge`.
 async fn install_example(
     client: &Client,
     namespace: &str,
     forge: &MockServer,
+    name: &str,
 ) -> PreviewEnvironment {
     let secrets: Api<Secret> = Api::namespaced(client.clone(), namespace);
     let token = json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "forge-token"},
@@ -155,7 +98,7 @@ async fn install_example(
         )
         .await
         .unwrap();
-    let (mut template, environment) = example("web-chart");
+    let (mut template, environment) = example(name);
     template.spec.forge.api_url = Some(forge.uri());
     let templates: Api<PreviewTemplate> = Api::namespaced(client.clone(), namespace);
     templates
@@ -170,31 +113,41 @@ async fn install_example(
 }
 
 fn renders(running: &Running, outcome: &str) -> u64 {
+    renders_by(running, "helm", outcome)
+}
+
+fn renders_by(running: &Running, engine: &str, outcome: &str) -> u64 {
     running
         .metrics
         .reconcile
-        .chart_renders
-        .with_label_values(&["helm", outcome])
+        .engine_renders
+        .with_label_values(&[engine, outcome])
         .get()
 }
 
-/// The first place where `live` lacks something of `expected` (every field Helm rendered must
-/// be in the live object with the same value; the API server adds defaults beside them).
-fn missing_from(live: &Value, expected: &Value, at: &str) -> Option<String> {
-    match (expected, live) {
-        (Value::Object(fields), Value::Object(live_fields)) => {
-            fields.iter().find_map(|(k, v)| match live_fields.get(k) {
-                Some(l) => missing_from(l, v, &format!("{at}.{k}")),
-                None => Some(format!("{at}.{k}")),
-            })
-        }
-        (Value::Array(items), Value::Array(live_items)) if items.len() == live_items.len() => items
-            .iter()
-            .zip(live_items)
-            .enumerate()
-            .find_map(|(i, (e, l))| missing_from(l, e, &format!("{at}[{i}]"))),
-        _ if expected == live => None,
-        _ => Some(format!("{at}: expected {expected}, found {live}")),
+/// Patches an annotation on the environment `times` times, each time waiting for a reconcile
+/// that found the render of `engine` in the cache.
+async fn poke(
+    running: &Running,
+    environments: &Api<PreviewEnvironment>,
+    name: &str,
+    engine: &str,
+    times: u32,
+) {
+    for poke in 0..times {
+        let cached = renders_by(running, engine, "cached");
+        let annotation =
+            json!({"metadata": {"annotations": {"test.previewd.dev/poke": poke.to_string()}}});
+        environments
+            .patch(name, &PatchParams::default(), &Patch::Merge(annotation))
+            .await
+            .unwrap();
+        eventually(
+            "a reconcile after the poke",
+            Duration::from_secs(30),
+            || async { (renders_by(running, engine, "cached") > cached).then_some(()) },
+        )
+        .await;
     }
 }
 
@@ -206,23 +159,7 @@ async fn assert_same_objects_as_helm(client: &Client, target: &str, release: &st
         4,
         "ConfigMap, Deployment, Ingress and Service: {expected:#?}"
     );
-    let discovery = Discovery::new(client.clone()).run().await.unwrap();
-    for object in expected {
-        let (group_version, kind) = (
-            object["apiVersion"].as_str().unwrap(),
-            object["kind"].as_str().unwrap(),
-        );
-        let name = object["metadata"]["name"].as_str().unwrap();
-        let (group, version) = group_version.split_once('/').unwrap_or(("", group_version));
-        let (resource, _) = discovery
-            .resolve_gvk(&kube::api::GroupVersionKind::gvk(group, version, kind))
-            .unwrap();
-        let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), target, &resource);
-        let live = serde_json::to_value(api.get(name).await.unwrap()).unwrap();
-        if let Some(difference) = missing_from(&live, &object, kind) {
-            panic!("{kind} {name} is not as Helm renders it: {difference}");
-        }
-    }
+    assert_live_as_rendered(client, target, &expected, "Helm").await;
 }
 
 async fn set_head(client: &Client, namespace: &str, name: &str, sha: &str) {
@@ -254,8 +191,12 @@ async fn refused_with(client: &Client, namespace: &str, name: &str, reason: &str
 }
 
 async fn image_of(client: &Client, target: &str) -> String {
+    image_of_deployment(client, target, "web-chart-pr-2-web").await
+}
+
+async fn image_of_deployment(client: &Client, target: &str, name: &str) -> String {
     let deployments: Api<Deployment> = Api::namespaced(client.clone(), target);
-    let deployment = deployments.get("web-chart-pr-2-web").await.unwrap();
+    let deployment = deployments.get(name).await.unwrap();
     deployment.spec.unwrap().template.spec.unwrap().containers[0]
         .image
         .clone()
@@ -269,7 +210,7 @@ async fn a_helm_chart_from_the_repository_is_deployed_per_commit_with_its_hook_b
         let forge = MockServer::start().await;
         serve_chart(&forge, FIRST, &files_of(&example_chart())).await;
         let running = start_controller(&client, &ns).await;
-        let environment = install_example(&client, &ns, &forge).await;
+        let environment = install_example(&client, &ns, &forge, "web-chart").await;
         let name = environment.name_any();
         let environments: Api<PreviewEnvironment> = Api::namespaced(client.clone(), &ns);
         let ready = wait_for_phase(&environments, &name, Phase::Ready, Duration::from_secs(120)).await;
@@ -315,15 +256,7 @@ async fn a_helm_chart_from_the_repository_is_deployed_per_commit_with_its_hook_b
         // Reconciles of the same commit run no Helm.
         let rendered = renders(&running, "rendered");
         assert_eq!(rendered, 1, "one render for the commit");
-        for poke in 0..3 {
-            let cached = renders(&running, "cached");
-            let annotation = json!({"metadata": {"annotations": {"test.previewd.dev/poke": poke.to_string()}}});
-            environments.patch(&name, &PatchParams::default(), &Patch::Merge(annotation)).await.unwrap();
-            eventually("a reconcile after the poke", Duration::from_secs(30), || async {
-                (renders(&running, "cached") > cached).then_some(())
-            })
-            .await;
-        }
+        poke(&running, &environments, &name, "helm", 3).await;
         assert_eq!(renders(&running, "rendered"), 1, "the same commit rendered nothing more");
 
         // A commit whose chart does not render: Helm's message, the first commit keeps running.
@@ -369,6 +302,162 @@ async fn a_helm_chart_from_the_repository_is_deployed_per_commit_with_its_hook_b
         eventually("the fixed commit deployed", Duration::from_secs(120), || async {
             let image = image_of(&client, &target).await;
             (image.ends_with(fixed)).then_some(())
+        })
+        .await;
+        wait_for_phase(&environments, &name, Phase::Ready, Duration::from_secs(120)).await;
+    })
+    .await;
+}
+
+const OVERLAY_ROOT: &str = "deploy";
+
+fn example_overlay() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("templates/web-kustomize/deploy")
+}
+
+/// What `kubectl kustomize` builds of the preview overlay in `files` with the namespace, image
+/// tag and Ingress host a person would set by hand in a kustomization of their own.
+fn kustomize_by_hand(
+    files: &[(String, Vec<u8>)],
+    namespace: &str,
+    tag: &str,
+    host: &str,
+) -> Vec<Value> {
+    let folder = tempfile::tempdir().unwrap();
+    for (path, bytes) in files {
+        let target = folder.path().join("repo").join(path);
+        std::fs::create_dir_all(target.parent().unwrap()).unwrap();
+        std::fs::write(target, bytes).unwrap();
+    }
+    let own = format!(
+        "namespace: {namespace}
+resources: [../repo/overlays/preview]
+images:
+- name: ghcr.io/codertocat/hello-world
+  newTag: {tag}
+patches:
+- target: {{kind: Ingress, name: web}}
+  patch: |
+    - op: replace
+      path: /spec/rules/0/host
+      value: {host}
+"
+    );
+    std::fs::create_dir_all(folder.path().join("mine")).unwrap();
+    std::fs::write(folder.path().join("mine/kustomization.yaml"), own).unwrap();
+    let output = std::process::Command::new("kubectl")
+        .args(["kustomize", "mine"])
+        .current_dir(folder.path())
+        .output()
+        .expect("kubectl kustomize");
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let text = String::from_utf8(output.stdout).unwrap();
+    serde_yaml_ng::Deserializer::from_str(&text)
+        .map(|document| serde::Deserialize::deserialize(document).unwrap())
+        .collect()
+}
+
+#[tokio::test]
+async fn a_kustomize_overlay_from_the_repository_is_built_by_kustomize_with_the_commits_image() {
+    in_namespace("kustomize", |client, ns| async move {
+        let forge = MockServer::start().await;
+        let files = files_of(&example_overlay());
+        serve_folder(&forge, REPOSITORY, OVERLAY_ROOT, FIRST, &files).await;
+        let running = start_controller(&client, &ns).await;
+        let environment = install_example(&client, &ns, &forge, "web-kustomize").await;
+        let name = environment.name_any();
+        let environments: Api<PreviewEnvironment> = Api::namespaced(client.clone(), &ns);
+        let ready = wait_for_phase(&environments, &name, Phase::Ready, Duration::from_secs(120)).await;
+        let target = ready.status.unwrap().namespace.unwrap();
+
+        // The overlay's changes, the commit's image and the environment's host, the Kustomize way.
+        let image = image_of_deployment(&client, &target, "web").await;
+        assert_eq!(image, format!("ghcr.io/codertocat/hello-world:{FIRST}"));
+        let deployments: Api<Deployment> = Api::namespaced(client.clone(), &target);
+        let web = deployments.get("web").await.unwrap().spec.unwrap();
+        assert_eq!(web.replicas, Some(1), "the overlay's patch");
+        let settings_name = web.template.spec.unwrap().containers[0].env_from.as_ref().unwrap()[0]
+            .config_map_ref.as_ref().unwrap().name.clone();
+        assert!(settings_name.starts_with("web-settings-"), "the generated name: {settings_name}");
+        let config_maps: Api<ConfigMap> = Api::namespaced(client.clone(), &target);
+        let settings = config_maps.get(&settings_name).await.unwrap();
+        assert_eq!(settings.data.unwrap()["LOG_LEVEL"], "debug");
+        let ingresses: Api<Ingress> = Api::namespaced(client.clone(), &target);
+        let ingress = ingresses.get("web").await.unwrap();
+        let host = ingress.spec.unwrap().rules.unwrap()[0].host.clone();
+        assert_eq!(host.as_deref(), Some("changes.preview.example.com"));
+
+        // Same objects as Kustomize builds for the same input written by hand.
+        let expected = kustomize_by_hand(&files, &target, FIRST, "changes.preview.example.com");
+        assert_eq!(expected.len(), 4, "ConfigMap, Service, Deployment, Ingress: {expected:#?}");
+        assert_live_as_rendered(&client, &target, &expected, "Kustomize").await;
+
+        // Reconciles of the same commit run no Kustomize.
+        poke(&running, &environments, &name, "kustomize", 2).await;
+        assert_eq!(renders_by(&running, "kustomize", "rendered"), 1, "one build for the commit");
+
+        let overlay = "overlays/preview/kustomization.yaml";
+        let overlay_text = String::from_utf8(files.iter().find(|(p, _)| p == overlay).unwrap().1.clone()).unwrap();
+        let running_first = || async { image_of_deployment(&client, &target, "web").await.ends_with(FIRST) };
+
+        // A commit whose overlay asks for a remote base: refused before Kustomize runs (it would
+        // fetch it with git from inside the cluster); the first commit keeps running.
+        let remote = "7777777777777777777777777777777777777777";
+        let hostile = overlay_text.replace("- ingress.yaml", "- ingress.yaml\n- github.com/evil/bases//web?ref=main");
+        serve_folder(&forge, REPOSITORY, OVERLAY_ROOT, remote, &with_file(&files, overlay, &hostile)).await;
+        set_head(&client, &ns, &name, remote).await;
+        let message = refused_with(&client, &ns, &name, "RenderFailed").await;
+        assert!(message.contains("deploy/overlays/preview/kustomization.yaml") && message.contains("github.com/evil/bases"), "{message}");
+        assert!(message.contains("no remote bases"), "said before Kustomize ran: {message}");
+        assert!(running_first().await);
+
+        // A base above the folder read (the controller's own files): refused the same way.
+        let escape = "8888888888888888888888888888888888888888";
+        let hostile = overlay_text.replace("- ../../base", "- ../../base\n- ../../../../../../etc/kubernetes");
+        serve_folder(&forge, REPOSITORY, OVERLAY_ROOT, escape, &with_file(&files, overlay, &hostile)).await;
+        set_head(&client, &ns, &name, escape).await;
+        eventually("the escape refused", Duration::from_secs(60), || async {
+            let message = refused_with(&client, &ns, &name, "RenderFailed").await;
+            (message.contains("etc/kubernetes") && message.contains("nothing above it")).then_some(())
+        })
+        .await;
+
+        // A patch for an object the overlay does not have: Kustomize's own message, with the
+        // repository's paths (not previewd's private folder).
+        let broken = "2222222222222222222222222222222222222222";
+        let stray = "apiVersion: apps/v1\nkind: Deployment\nmetadata:\n  name: nope\nspec:\n  replicas: 1\n";
+        serve_folder(&forge, REPOSITORY, OVERLAY_ROOT, broken, &with_file(&files, "overlays/preview/small.yaml", stray)).await;
+        set_head(&client, &ns, &name, broken).await;
+        eventually("Kustomize's own message", Duration::from_secs(60), || async {
+            let message = refused_with(&client, &ns, &name, "RenderFailed").await;
+            message.contains("nope").then_some(message)
+        })
+        .await;
+        let message = refused_with(&client, &ns, &name, "RenderFailed").await;
+        assert!(message.starts_with("kubectl kustomize: ") && !message.contains("/tmp/"), "{message}");
+        assert!(running_first().await);
+
+        // A cluster-scoped object in the overlay: refused by the guard.
+        let cluster_wide = "4444444444444444444444444444444444444444";
+        let role = "apiVersion: rbac.authorization.k8s.io/v1\nkind: ClusterRole\nmetadata:\n  name: everything\nrules:\n- apiGroups: ['*']\n  resources: ['*']\n  verbs: ['*']\n";
+        let with_role = with_file(&with_file(&files, "overlays/preview/role.yaml", role), overlay,
+            &overlay_text.replace("- ingress.yaml", "- ingress.yaml\n- role.yaml"));
+        serve_folder(&forge, REPOSITORY, OVERLAY_ROOT, cluster_wide, &with_role).await;
+        set_head(&client, &ns, &name, cluster_wide).await;
+        let message = refused_with(&client, &ns, &name, "GuardRejected").await;
+        assert!(message.contains("ClusterRole"), "{message}");
+        assert!(running_first().await);
+
+        // A good commit again: deployed with its own image.
+        let fixed = "5555555555555555555555555555555555555555";
+        serve_folder(&forge, REPOSITORY, OVERLAY_ROOT, fixed, &files).await;
+        set_head(&client, &ns, &name, fixed).await;
+        eventually("the fixed commit deployed", Duration::from_secs(120), || async {
+            image_of_deployment(&client, &target, "web").await.ends_with(fixed).then_some(())
         })
         .await;
         wait_for_phase(&environments, &name, Phase::Ready, Duration::from_secs(120)).await;

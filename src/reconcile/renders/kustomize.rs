@@ -1,0 +1,131 @@
+//! A template's Kustomize overlay (`spec.manifests.kustomize`) built by Kustomize for one
+//! environment. The folder `root` is read from the repository at the head commit (once per
+//! commit); previewd's own kustomization on top sets the namespace, and the template's images
+//! and patches with every string rendered as a template of the environment's facts.
+
+use serde_json::Value;
+
+use super::{counted, render_strings, with_facts};
+use crate::engines::kustomize::KustomizeRender;
+use crate::model::crd::{InlineManifest, KustomizeSource, PreviewEnvironment, PreviewTemplate};
+use crate::reconcile::context::Context;
+use crate::reconcile::error::Refusal;
+use crate::reconcile::resolve;
+
+/// The overlay's objects as one manifest named after it; none when the template has no
+/// overlay.
+pub async fn build_overlay(
+    environment: &PreviewEnvironment,
+    template: &PreviewTemplate,
+    namespace: &str,
+    context: &Context,
+) -> Result<Vec<InlineManifest>, Refusal> {
+    let Some(kustomize) = &template.spec.manifests.kustomize else {
+        return Ok(Vec::new());
+    };
+    let (root, overlay) = folders(kustomize)?;
+    let (images, patches) = on_top(environment, template, kustomize, namespace).await?;
+    let head_sha = &environment.spec.source.head_sha;
+    let client = resolve::forge_client(template, &root, context).await?;
+    let files = context
+        .repository_manifests
+        .folder(&client, &template.spec.forge.repository, &root, head_sha)
+        .await
+        .map_err(|e| resolve::repository_refusal(&root, head_sha, e))?;
+    let render = KustomizeRender {
+        files: &files,
+        root: &root,
+        overlay: &overlay,
+        namespace,
+        images: &images,
+        patches: &patches,
+    };
+    let rendered = context.engines.kustomize_build(&render).await;
+    let rendered = counted(rendered, "kustomize", "kubectl kustomize", context)?;
+    Ok(vec![InlineManifest {
+        name: format!("kustomize {}", kustomize.path.trim_matches('/')),
+        template: rendered.text.to_string(),
+    }])
+}
+
+/// The folder to read (`root`) and the overlay's path inside it.
+fn folders(kustomize: &KustomizeSource) -> Result<(String, String), Refusal> {
+    let path = kustomize.path.trim_matches('/');
+    let root = kustomize.root.as_deref().unwrap_or(path).trim_matches('/');
+    let overlay = if path == root {
+        Some("")
+    } else if root.is_empty() {
+        Some(path)
+    } else {
+        path.strip_prefix(root)
+            .and_then(|rest| rest.strip_prefix('/'))
+    };
+    match overlay {
+        Some(overlay) if !path.is_empty() || kustomize.root.is_some() => {
+            Ok((root.to_string(), overlay.to_string()))
+        }
+        _ => Err(Refusal::new(
+            "ManifestsUnavailable",
+            format!(
+                "kustomize.path {path:?} must be a folder inside kustomize.root {root:?} \
+                 (the folder previewd reads)"
+            ),
+        )),
+    }
+}
+
+/// The template's images and patches as Kustomize entries, every string rendered.
+async fn on_top(
+    environment: &PreviewEnvironment,
+    template: &PreviewTemplate,
+    kustomize: &KustomizeSource,
+    namespace: &str,
+) -> Result<(Vec<Value>, Vec<Value>), Refusal> {
+    let entries = |list: Result<Vec<Value>, serde_json::Error>| {
+        list.map_err(|e| Refusal::new("RenderFailed", format!("kustomize entries: {e}")))
+    };
+    let mut images = entries(kustomize.images.iter().map(serde_json::to_value).collect())?;
+    let mut patches = entries(kustomize.patches.iter().map(serde_json::to_value).collect())?;
+    with_facts(environment, template, namespace, move |facts| {
+        for (at, list) in [("images", &mut images), ("patches", &mut patches)] {
+            for (index, entry) in list.iter_mut().enumerate() {
+                render_strings(entry, &format!("kustomize.{at}[{index}]"), facts)?;
+            }
+        }
+        Ok((images, patches))
+    })
+    .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn source(path: &str, root: Option<&str>) -> KustomizeSource {
+        KustomizeSource {
+            path: path.into(),
+            root: root.map(String::from),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn the_overlay_is_found_inside_the_folder_read() {
+        let found = |path, root| folders(&source(path, root)).map_err(|r| r.message);
+        assert_eq!(
+            found("deploy/overlays/preview", Some("deploy")),
+            Ok(("deploy".into(), "overlays/preview".into()))
+        );
+        assert_eq!(
+            found("deploy/preview/", None),
+            Ok(("deploy/preview".into(), String::new()))
+        );
+        assert_eq!(
+            found("overlays/preview", Some("")),
+            Ok((String::new(), "overlays/preview".into()))
+        );
+        assert!(found("other/preview", Some("deploy")).is_err());
+        assert!(found("deployment/x", Some("deploy")).is_err());
+        assert!(found("", None).is_err());
+    }
+}

@@ -1,0 +1,121 @@
+//! The engine step: the template's manifests that a third-party engine renders, a Helm chart
+//! ([`helm`], `spec.manifests.helm`) and a Kustomize overlay ([`kustomize`],
+//! `spec.manifests.kustomize`). The engine's output goes to the plan step like any manifest,
+//! marked as already rendered (never rendered again as a minijinja template).
+//!
+//! What the template gives an engine (values, images, patches) is rendered first, every string
+//! a template of the environment's facts, on a blocking thread. Engine failures are said the
+//! same way for both ([`engine_refusal`]), and counted in `previewd_engine_renders_total`.
+
+mod helm;
+mod kustomize;
+
+use serde_json::Value;
+
+use super::context::Context;
+use super::error::{ReconcileError, Refusal};
+use super::plan::render::{self, RenderContext, RenderError};
+use super::plan::values::render_context;
+use crate::engines::{EngineError, Rendered, process::RunError};
+use crate::model::crd::{InlineManifest, PreviewEnvironment, PreviewTemplate};
+
+/// The objects the template's engines render for this environment; none when it uses no
+/// engine.
+pub async fn render_engines(
+    environment: &PreviewEnvironment,
+    template: &PreviewTemplate,
+    namespace: &str,
+    context: &Context,
+) -> Result<Vec<InlineManifest>, Refusal> {
+    let mut rendered = helm::render_chart(environment, template, namespace, context).await?;
+    rendered.extend(kustomize::build_overlay(environment, template, namespace, context).await?);
+    Ok(rendered)
+}
+
+/// Runs `render` with the environment's facts on a blocking thread (a template may take up to
+/// its render fuel); a template error is a `RenderFailed` refusal.
+async fn with_facts<T: Send + 'static>(
+    environment: &PreviewEnvironment,
+    template: &PreviewTemplate,
+    namespace: &str,
+    render: impl FnOnce(&RenderContext) -> Result<T, RenderError> + Send + 'static,
+) -> Result<T, Refusal> {
+    let (environment, spec) = (environment.clone(), template.spec.clone());
+    let namespace = namespace.to_string();
+    let rendered = tokio::task::spawn_blocking(move || {
+        let facts = render_context(&environment, &spec, &namespace)?;
+        render(&facts)
+    })
+    .await;
+    match rendered {
+        Ok(Ok(done)) => Ok(done),
+        Ok(Err(e)) => Err(Refusal::new("RenderFailed", e.to_string())),
+        Err(stopped) => Err(Refusal::new(
+            "RenderFailed",
+            format!("rendering stopped unexpectedly, a bug in previewd: {stopped}"),
+        )),
+    }
+}
+
+/// Renders every string in `value` as a template; `at` names where it is, for errors.
+fn render_strings(value: &mut Value, at: &str, facts: &RenderContext) -> Result<(), RenderError> {
+    match value {
+        Value::String(text) if text.contains("{{") || text.contains("{%") => {
+            *text = render::render_string(at, text, facts)?;
+        }
+        Value::Array(items) => {
+            for (index, item) in items.iter_mut().enumerate() {
+                render_strings(item, &format!("{at}[{index}]"), facts)?;
+            }
+        }
+        Value::Object(fields) => {
+            for (key, field) in fields.iter_mut() {
+                render_strings(field, &format!("{at}.{key}"), facts)?;
+            }
+        }
+        _ => {}
+    }
+    Ok(())
+}
+
+/// Counts the render (`previewd_engine_renders_total{engine, outcome}`) and says a failure.
+fn counted(
+    rendered: Result<Rendered, EngineError>,
+    engine: &str,
+    command: &str,
+    context: &Context,
+) -> Result<Rendered, Refusal> {
+    let outcome = match &rendered {
+        Ok(r) if r.cached => "cached",
+        Ok(_) => "rendered",
+        Err(_) => "failed",
+    };
+    context
+        .metrics
+        .engine_renders
+        .with_label_values(&[engine, outcome])
+        .inc();
+    rendered.map_err(|error| engine_refusal(command, error))
+}
+
+/// What a failed render says on the environment. Input that does not render, or renders too
+/// much or too slowly, stays so until the commit or template changes: not retried. The engine
+/// missing or a full disk is previewd's problem, retried with backoff.
+fn engine_refusal(command: &str, error: EngineError) -> Refusal {
+    let message = format!("{command}: {error}; nothing was applied");
+    match error {
+        EngineError::Run(RunError::NotStarted { .. }) | EngineError::Io(_) => Refusal {
+            retry: Some(Box::new(ReconcileError::Engine(error.to_string()))),
+            ..Refusal::new("RenderFailed", message)
+        },
+        _ => Refusal::new("RenderFailed", message),
+    }
+}
+
+/// Whether a piece of a YAML stream holds more than separators and blank lines.
+fn has_content(text: &str) -> bool {
+    text.lines().any(|line| {
+        let line = line.trim();
+        !line.is_empty() && line != "---"
+    })
+}
