@@ -452,7 +452,7 @@ async fn template_changes_prune_removed_objects_and_rerun_a_changed_seed_once() 
 /// Objects previewd manages for one environment, by kind.
 
 #[tokio::test]
-async fn online_boutique_example_reaches_ready_with_all_35_objects() {
+async fn online_boutique_example_reaches_ready_with_its_35_objects_and_its_ingress() {
     in_namespace("boutique", |client, ns| async move {
         let _context = start_controller(&client, &ns, Duration::from_secs(600)).await;
         let (template, environment) = example("online-boutique");
@@ -910,7 +910,10 @@ async fn a_custom_kind_the_operator_allows_is_applied_and_followed_by_its_condit
         templates.create(&PostParams::default(), &template_with(widget)).await.unwrap();
         environments.create(&PostParams::default(), &environment_of("unsafe")).await.unwrap();
         let ready = wait_for_phase(&environments, "pr-7", Phase::Ready, Duration::from_secs(60)).await;
-        let target = ready.status.unwrap().namespace.unwrap();
+        let status = ready.status.unwrap();
+        // Nothing in this template routes the environment's host: no URL to a dead end.
+        assert_eq!(status.url, None, "no Ingress or HTTPRoute, no URL");
+        let target = status.namespace.unwrap();
         let widgets: Api<DynamicObject> = Api::namespaced_with(
             client.clone(),
             &target,

@@ -31,7 +31,8 @@ impl Health {
 /// Health of one object from what the API server holds. Workloads by their own rules
 /// (Deployments and StatefulSets Available with every replica updated and ready for the current
 /// generation, DaemonSets scheduled and available everywhere, Jobs Complete), a
-/// PersistentVolumeClaim once Bound, a Pod once Ready or Succeeded, a LoadBalancer Service once it has an address; every other
+/// PersistentVolumeClaim once Bound, a Pod once Ready or Succeeded, a LoadBalancer Service once it
+/// has an address, a Gateway API route once a Gateway accepted it; every other
 /// kind, custom resources included, by the kstatus convention ([`by_conditions`]).
 pub fn of_object(object: &Value) -> Health {
     let kind = object["kind"].as_str().unwrap_or_default();
@@ -44,7 +45,32 @@ pub fn of_object(object: &Value) -> Health {
         ("", "PersistentVolumeClaim") => claim(object),
         ("", "Service") => service(object),
         ("", "Pod") => pod(object),
+        ("gateway.networking.k8s.io", "HTTPRoute" | "GRPCRoute") => gateway_route(object),
         _ => by_conditions(object),
+    }
+}
+
+/// A Gateway API route reports per Gateway (`status.parents[]`), not in conditions of its own:
+/// it serves once a Gateway has accepted it for the current generation, and it has failed when
+/// every Gateway that answered refused it (`Accepted` False, e.g. `NotAllowedByListeners`).
+fn gateway_route(object: &Value) -> Health {
+    let generation = int(&object["metadata"]["generation"]);
+    let parents = object["status"]["parents"].as_array();
+    let accepted: Vec<&Value> = parents
+        .into_iter()
+        .flatten()
+        .filter_map(|parent| parent["conditions"].as_array())
+        .filter_map(|conditions| conditions.iter().find(|c| c["type"] == "Accepted"))
+        .filter(|c| {
+            !c["observedGeneration"].is_i64() || int(&c["observedGeneration"]) >= generation
+        })
+        .collect();
+    if accepted.iter().any(|c| c["status"] == "True") {
+        return Health::Ready;
+    }
+    match accepted.first() {
+        Some(refused) => Health::Failed(said(refused, "no Gateway accepted it")),
+        None => Health::Progressing("waiting for a Gateway to accept it".into()),
     }
 }
 
@@ -331,6 +357,40 @@ mod tests {
             of_object(&unavailable),
             Health::Progressing("Available is not True".into())
         );
+    }
+
+    #[test]
+    fn gateway_routes_serve_once_a_gateway_accepts_them() {
+        let route = |parents: Value| {
+            json!({"apiVersion": "gateway.networking.k8s.io/v1", "kind": "HTTPRoute",
+                "metadata": {"name": "web", "generation": 2}, "status": {"parents": parents}})
+        };
+        let accepted = |status: &str, generation: i64| {
+            json!({"parentRef": {"name": "shared"}, "conditions": [{"type": "Accepted",
+                "status": status, "reason": "NotAllowedByListeners",
+                "message": "no listener allows this namespace", "observedGeneration": generation}]})
+        };
+        assert_eq!(
+            of_object(&route(json!([accepted("True", 2)]))),
+            Health::Ready
+        );
+        assert_eq!(
+            of_object(&route(json!([]))),
+            Health::Progressing("waiting for a Gateway to accept it".into())
+        );
+        assert!(
+            matches!(
+                of_object(&route(json!([accepted("True", 1)]))),
+                Health::Progressing(_)
+            ),
+            "accepted for an older generation"
+        );
+        assert_eq!(
+            of_object(&route(json!([accepted("False", 2)]))),
+            Health::Failed("NotAllowedByListeners: no listener allows this namespace".into())
+        );
+        let one_of_two = json!([accepted("False", 2), accepted("True", 2)]);
+        assert_eq!(of_object(&route(one_of_two)), Health::Ready);
     }
 
     #[test]

@@ -95,6 +95,13 @@ fn render_headline(out: &mut String, status: &PreviewEnvironmentStatus, short_sh
         (Some(url), _) => {
             let _ = writeln!(out, "Will be at {url} (commit `{short_sha}`)\n");
         }
+        // Every object is healthy, so had one routed the host its URL would be here.
+        (None, Phase::Ready) => {
+            let _ = writeln!(
+                out,
+                "Commit `{short_sha}`. No URL: no Ingress or HTTPRoute of the environment routes its host.\n"
+            );
+        }
         (None, _) => {
             let _ = writeln!(out, "Commit `{short_sha}`\n");
         }
@@ -253,6 +260,14 @@ mod tests {
         assert!(text.contains("| web | Ready |"));
         assert!(text.contains("Seed **load-sql**: Succeeded"));
         assert!(text.contains("Expires 2026-11-25 10:00 UTC"));
+        // Nothing routes the host: no link to nothing, and why.
+        let unrouted = PreviewEnvironmentStatus {
+            url: None,
+            ..status(Phase::Ready)
+        };
+        let text = render(&input(CommentState::Live(&unrouted)));
+        assert!(!text.contains("https://"), "{text}");
+        assert!(text.contains("No URL: no Ingress or HTTPRoute"), "{text}");
     }
 
     #[test]

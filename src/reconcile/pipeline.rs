@@ -188,6 +188,7 @@ fn next_status(
     let placement = Placement {
         namespace: &plan.namespace,
         url: &plan.url,
+        routes: &plan.routes,
     };
     let mut status = progress_status(environment, progress, placement, remembered, now);
     status.replicas_before_sleep = plan.replicas_before_sleep.clone();

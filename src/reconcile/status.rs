@@ -12,6 +12,7 @@ use chrono::{DateTime, Utc};
 use serde_json::Value;
 
 use super::plan::render::RenderedObject;
+use super::plan::routes::Route;
 use crate::cluster::health::Health;
 use crate::model::crd::{
     Condition, Phase, PreviewEnvironment, PreviewEnvironmentStatus, ResourceStatus, SeedStatus,
@@ -168,6 +169,19 @@ pub fn held_status(
 pub struct Placement<'a> {
     pub namespace: &'a str,
     pub url: &'a str,
+    /// The objects that route the URL's host ([`crate::reconcile::plan::routes`]).
+    pub routes: &'a [Route],
+}
+
+/// The URL, once one of the objects that route its host is healthy: a link in the PR comment
+/// must lead somewhere.
+fn routed_url(placement: &Placement<'_>, resources: &[ResourceStatus]) -> Option<String> {
+    let routed = placement.routes.iter().any(|route| {
+        resources
+            .iter()
+            .any(|r| r.kind == route.kind && r.name == route.name && r.state == "Ready")
+    });
+    routed.then(|| placement.url.to_string())
 }
 
 /// The status from the objects' progress. `remembered` is the Ready timings this process last
@@ -186,7 +200,7 @@ pub fn progress_status(
     PreviewEnvironmentStatus {
         phase: progress.phase,
         namespace: Some(placement.namespace.to_string()),
-        url: Some(placement.url.to_string()),
+        url: routed_url(&placement, &progress.resources),
         deployed_sha: if ready {
             Some(sha.clone())
         } else {

@@ -117,9 +117,29 @@ impl Demo<'_> {
         )
         .await?;
         let took = sent.elapsed();
-        self.narrator
-            .say(&format!("READY: {name} in {:.1} s", took.as_secs_f64()));
+        let url = self.url_of(&name).await;
+        self.narrator.say(&format!(
+            "READY: {name} in {:.1} s, {url}",
+            took.as_secs_f64()
+        ));
         Ok((name, took))
+    }
+
+    /// Where the environment is, as its status says (previewd reports a URL only once an
+    /// Ingress or HTTPRoute routes its host; the sandbox runs no ingress controller, so the
+    /// URL is said, not opened).
+    async fn url_of(&self, name: &str) -> String {
+        let url = self
+            .environments
+            .get(name)
+            .await
+            .ok()
+            .and_then(|e| e.status)
+            .and_then(|s| s.url);
+        match url {
+            Some(url) => format!("URL {url} (routed by its Ingress)"),
+            None => "no URL (nothing routes its host)".into(),
+        }
     }
 
     /// Act 2: a new commit (the fixture's synchronize with a new head SHA, as a push would).

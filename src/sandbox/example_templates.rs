@@ -16,8 +16,9 @@ const HEADER: &str = "\
 # from GoogleCloudPlatform/microservices-demo release/kubernetes-manifests.yaml (Apache-2.0):
 # 12 Deployments, 12 Services, 11 ServiceAccounts, adapted for Kubernetes 1.20 (gRPC probes
 # become TCP probes on the same port; every port names its protocol). The `LoadBalancer`
-# Service becomes `ClusterIP`: a preview is reached through its Ingress, and previewd's default
-# policy gives no pull request a load balancer of its own. Do not edit by hand.
+# Service becomes `ClusterIP`: a preview is reached through its Ingress (ingress.yaml, the last
+# manifest), and previewd's default policy gives no pull request a load balancer of its own.
+# Do not edit by hand.
 apiVersion: previewd.dev/v1alpha1
 kind: PreviewTemplate
 metadata:
@@ -39,6 +40,27 @@ spec:
     inline:
     - name: online-boutique.yaml
       template: |
+";
+
+/// The second manifest: the environment's URL routed to the shop's front end (the release's
+/// `frontend-external` Service). previewd reports the URL once this Ingress is in place.
+const INGRESS: &str = "    - name: ingress.yaml
+      template: |
+        apiVersion: networking.k8s.io/v1
+        kind: Ingress
+        metadata:
+          name: frontend
+        spec:
+          rules:
+          - host: \"{{ host }}\"
+            http:
+              paths:
+              - path: /
+                pathType: Prefix
+                backend:
+                  service:
+                    name: frontend-external
+                    port: {number: 80}
 ";
 
 /// Indentation of the manifest text under `template: |`.
@@ -84,6 +106,7 @@ pub fn online_boutique_template(release_manifests: &str) -> Result<String, Examp
         }
         out.push('\n');
     }
+    out.push_str(INGRESS);
     Ok(out)
 }
 
@@ -142,10 +165,21 @@ mod tests {
     }
 
     #[test]
-    fn generated_template_renders_the_35_adapted_objects() {
+    fn generated_template_renders_the_35_adapted_objects_and_an_ingress() {
         let release = repository_file("../shared/fixtures/apps/online-boutique.yaml");
         let objects = render_example(&online_boutique_template(&release).unwrap());
-        assert_eq!(objects.len(), 35);
+        assert_eq!(objects.len(), 36);
+        let ingress = objects.iter().find(|o| o.kind() == "Ingress").unwrap();
+        let rule = &ingress.object["spec"]["rules"][0];
+        assert_eq!(
+            rule["host"],
+            "feature-cart-badge.boutique.preview.example.com"
+        );
+        let backend = &rule["http"]["paths"][0]["backend"]["service"];
+        let routed = objects
+            .iter()
+            .any(|o| o.kind() == "Service" && o.name() == backend["name"]);
+        assert!(routed, "the Ingress routes to a Service of the release");
         let count = |kind: &str| objects.iter().filter(|o| o.kind() == kind).count();
         assert_eq!(
             (

@@ -10,6 +10,7 @@ pub mod guard;
 pub mod hooks;
 pub mod policy;
 pub mod render;
+pub mod routes;
 pub mod values;
 pub mod workloads;
 
@@ -32,6 +33,8 @@ pub struct Plan {
     pub labels: BTreeMap<String, String>,
     /// The environment's URL, as the template's `url` renders it.
     pub url: String,
+    /// The objects that route the URL's host; the URL is reported once one of them is healthy.
+    pub routes: Vec<routes::Route>,
     pub objects: Vec<RenderedObject>,
     /// The replica counts to remember while asleep (`status.replicasBeforeSleep`).
     pub replicas_before_sleep: BTreeMap<String, i32>,
@@ -93,6 +96,7 @@ pub fn plan(
         namespace: namespace.to_string(),
         labels,
         url,
+        routes: routes::routes_to(&objects, &host),
         objects,
         replicas_before_sleep,
     })

@@ -73,6 +73,7 @@ fn becoming_ready_times_the_commit_from_its_push_and_records_the_deployed_sha() 
     let placement = Placement {
         namespace: "preview-team-a-web-pr-2-abc123",
         url: "https://feature-login.preview.example.com",
+        routes: &[],
     };
     let status = progress_status(&environment, Progress::default(), placement, None, now);
     assert_eq!(status.phase, Phase::Ready);
@@ -96,6 +97,7 @@ fn a_commit_already_ready_keeps_its_time_and_its_condition_keeps_its_transition(
     let placement = || Placement {
         namespace: "preview-x",
         url: "https://x",
+        routes: &[],
     };
     environment.status = Some(progress_status(
         &environment,
@@ -113,14 +115,16 @@ fn a_commit_already_ready_keeps_its_time_and_its_condition_keeps_its_transition(
 #[test]
 fn a_refusal_keeps_the_previous_status_and_says_why() {
     let mut environment = environment(WEB_ENVIRONMENT);
+    let routes = [ingress_route()];
     let placement = Placement {
         namespace: "preview-x",
         url: "https://x",
+        routes: &routes,
     };
     let now = at("2026-11-22T10:00:03Z");
     environment.status = Some(progress_status(
         &environment,
-        Progress::default(),
+        progress_with_ingress("Ready"),
         placement,
         None,
         now,
@@ -156,5 +160,54 @@ fn merge_patches_clear_what_the_new_status_leaves_out() {
         merge_patch(&old, &new),
         json!({"phase": "Deploying", "queuePosition": null,
                "timings": {"sha": "b", "readyAt": null}})
+    );
+}
+
+fn ingress_route() -> Route {
+    Route {
+        kind: "Ingress".into(),
+        name: "web".into(),
+    }
+}
+
+fn progress_with_ingress(state: &str) -> Progress {
+    Progress {
+        resources: vec![ResourceStatus {
+            api_version: "networking.k8s.io/v1".into(),
+            kind: "Ingress".into(),
+            name: "web".into(),
+            wave: 0,
+            state: state.into(),
+            message: None,
+        }],
+        ..Progress::default()
+    }
+}
+
+#[test]
+fn the_url_is_reported_only_once_a_healthy_object_routes_its_host() {
+    let environment = environment(WEB_ENVIRONMENT);
+    let now = at("2026-11-22T10:00:04Z");
+    let routes = [ingress_route()];
+    let placement = |routes| Placement {
+        namespace: "preview-x",
+        url: "https://pr-2.preview.example.com",
+        routes,
+    };
+    let status = |progress, routes| {
+        progress_status(&environment, progress, placement(routes), None, now).url
+    };
+    assert_eq!(
+        status(progress_with_ingress("Ready"), &routes[..]),
+        Some("https://pr-2.preview.example.com".into())
+    );
+    assert_eq!(
+        status(progress_with_ingress("Progressing"), &routes[..]),
+        None
+    );
+    assert_eq!(
+        status(progress_with_ingress("Ready"), &[]),
+        None,
+        "nothing routes it"
     );
 }

@@ -7,8 +7,11 @@
 //! * pods meet the template's Pod Security Standard ([`pods`], `Baseline` by default);
 //! * Services are `ClusterIP` without `externalIPs` (no node ports, load balancers or DNS
 //!   aliases to elsewhere);
-//! * Ingress hosts are the environment's URL host or names in its domain (no claiming
-//!   another team's host);
+//! * host names are the environment's URL host or names in its domain (no claiming another
+//!   team's host): an Ingress's rules and TLS hosts, a Gateway API route's `hostnames` (which
+//!   may not be empty: that would take every host of the Gateway's listener), a cert-manager
+//!   Certificate's `dnsNames` and `commonName` (a cluster issuer would otherwise sign another
+//!   team's name);
 //! * RoleBindings refer to Roles of the namespace and to subjects of the namespace (no
 //!   `cluster-admin`, no other namespace's ServiceAccounts, no users or groups).
 //!
@@ -33,11 +36,18 @@ pub fn check(
 ) -> Vec<Violation> {
     let mut violations = Vec::new();
     for object in objects {
-        let reasons = match object.kind() {
-            "Service" => service(&object.object, policy),
-            "Ingress" => ingress(&object.object, policy, url_host),
-            "RoleBinding" => role_binding(&object.object, policy, namespace),
-            kind => pods::pod_spec(kind, &object.object)
+        let group = object.api_version().split_once('/').map(|(group, _)| group);
+        let reasons = match (group, object.kind()) {
+            (_, "Service") => service(&object.object, policy),
+            (_, "Ingress") => ingress(&object.object, policy, url_host),
+            (_, "RoleBinding") => role_binding(&object.object, policy, namespace),
+            (Some("gateway.networking.k8s.io"), "HTTPRoute" | "GRPCRoute" | "TLSRoute") => {
+                gateway_route(&object.object, policy, url_host)
+            }
+            (Some("cert-manager.io"), "Certificate") => {
+                certificate(&object.object, policy, url_host)
+            }
+            (_, kind) => pods::pod_spec(kind, &object.object)
                 .map(|(spec, path)| pods::check(spec, path, policy.pod_security))
                 .unwrap_or_default(),
         };
@@ -84,15 +94,47 @@ fn ingress(object: &Value, policy: &PolicySpec, url_host: &str) -> Vec<String> {
                 .flat_map(|tls| tls["hosts"].as_array().into_iter().flatten())
                 .map(|host| host.as_str().unwrap_or_default()),
         );
-    let mut broken = Vec::new();
-    for host in hosts {
-        if !host_allowed(host, url_host, &policy.allowed_ingress_hosts) {
-            broken.push(format!(
-                "host {host:?} is outside the environment's domain (URL host {url_host:?}): list it in the template's policy.allowedIngressHosts"
-            ));
-        }
+    hosts_outside(hosts, policy, url_host)
+}
+
+fn gateway_route(object: &Value, policy: &PolicySpec, url_host: &str) -> Vec<String> {
+    let hostnames = strings(&object["spec"]["hostnames"]);
+    if hostnames.is_empty() {
+        return vec![format!(
+            "spec.hostnames is empty, so the route would take every host of its Gateway's listener: list the environment's host ({url_host:?})"
+        )];
     }
-    broken
+    hosts_outside(hostnames.into_iter(), policy, url_host)
+}
+
+fn certificate(object: &Value, policy: &PolicySpec, url_host: &str) -> Vec<String> {
+    let spec = &object["spec"];
+    let names = strings(&spec["dnsNames"])
+        .into_iter()
+        .chain(spec["commonName"].as_str());
+    hosts_outside(names, policy, url_host)
+}
+
+fn strings(list: &Value) -> Vec<&str> {
+    list.as_array()
+        .into_iter()
+        .flatten()
+        .map(|entry| entry.as_str().unwrap_or_default())
+        .collect()
+}
+
+/// A violation for each host outside the environment's domain.
+fn hosts_outside<'a>(
+    hosts: impl Iterator<Item = &'a str>,
+    policy: &PolicySpec,
+    url_host: &str,
+) -> Vec<String> {
+    hosts
+        .filter(|host| !host_allowed(host, url_host, &policy.allowed_ingress_hosts))
+        .map(|host| format!(
+            "host {host:?} is outside the environment's domain (URL host {url_host:?}): list it in the template's policy.allowedIngressHosts"
+        ))
+        .collect()
 }
 
 /// Whether an Ingress may claim `host`: the URL host, a name below it, a name in the URL
@@ -197,6 +239,49 @@ mod tests {
         assert!(
             reasons(external, &policy)[0].contains("Service/web (from app.yaml): spec.externalIPs")
         );
+    }
+
+    #[test]
+    fn gateway_routes_and_certificates_stay_in_the_environments_domain() {
+        let policy = PolicySpec::default();
+        let route = |hostnames: Value| {
+            json!({"apiVersion": "gateway.networking.k8s.io/v1", "kind": "HTTPRoute",
+                   "metadata": {"name": "web"}, "spec": {"hostnames": hostnames}})
+        };
+        assert!(reasons(route(json!(["pr-1.preview.example.com"])), &policy).is_empty());
+        let stolen = reasons(
+            route(json!(["pr-1.preview.example.com", "login.bank.com"])),
+            &policy,
+        );
+        assert_eq!(stolen.len(), 1, "{stolen:?}");
+        assert!(
+            stolen[0].contains("\"login.bank.com\" is outside"),
+            "{stolen:?}"
+        );
+        let everything = reasons(route(json!([])), &policy);
+        assert!(
+            everything[0].contains("spec.hostnames is empty"),
+            "{everything:?}"
+        );
+        let certificate = |names: Value, common: &str| {
+            json!({"apiVersion": "cert-manager.io/v1", "kind": "Certificate",
+                   "metadata": {"name": "web-tls"},
+                   "spec": {"dnsNames": names, "commonName": common, "secretName": "web-tls"}})
+        };
+        let own = certificate(
+            json!(["pr-1.preview.example.com"]),
+            "pr-1.preview.example.com",
+        );
+        assert!(reasons(own, &policy).is_empty());
+        let theirs = certificate(
+            json!(["pr-1.preview.example.com", "www.example.com"]),
+            "example.com",
+        );
+        assert_eq!(reasons(theirs, &policy).len(), 2, "dnsNames and commonName");
+        // The same names in another group are not cert-manager's.
+        let other = json!({"apiVersion": "example.com/v1", "kind": "Certificate",
+            "metadata": {"name": "x"}, "spec": {"dnsNames": ["www.example.com"]}});
+        assert!(reasons(other, &policy).is_empty());
     }
 
     #[test]
