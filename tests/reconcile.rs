@@ -836,10 +836,17 @@ async fn manifests_from_a_configmap_render_and_a_missing_configmap_is_named() {
 /// A CustomResourceDefinition of group `example.com` for the custom-kind test: `scope` is
 /// `Namespaced` or `Cluster`; spec and status take any fields, status is a subresource.
 fn test_crd(plural: &str, kind: &str, scope: &str) -> serde_json::Value {
+    crd_in("example.com", plural, kind, scope)
+}
+
+/// A CRD of `group` that keeps any spec and status (with a status subresource).
+fn crd_in(group: &str, plural: &str, kind: &str, scope: &str) -> serde_json::Value {
     json!({
         "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
-        "metadata": {"name": format!("{plural}.example.com")},
-        "spec": {"group": "example.com", "scope": scope,
+        "metadata": {"name": format!("{plural}.{group}"),
+                     // Groups under k8s.io need it; this stands in for the Gateway API's CRD.
+                     "annotations": {"api-approved.kubernetes.io": "unapproved, a test stand-in"}},
+        "spec": {"group": group, "scope": scope,
                  "names": {"plural": plural, "singular": kind.to_lowercase(), "kind": kind},
                  "versions": [{"name": "v1", "served": true, "storage": true,
                                "subresources": {"status": {}},
@@ -864,7 +871,7 @@ async fn install_crds(client: &Client, crds: &[serde_json::Value]) {
         .await
         .unwrap();
         let served = GroupVersionKind::gvk(
-            "example.com",
+            crd["spec"]["group"].as_str().unwrap(),
             "v1",
             crd["spec"]["names"]["kind"].as_str().unwrap(),
         );
@@ -882,12 +889,19 @@ async fn install_crds(client: &Client, crds: &[serde_json::Value]) {
 
 /// The built-in kinds plus `extra` (group example.com), as `--template-kinds` would give them.
 fn template_kinds_with(extra: &[(&str, &str)]) -> previewd::model::kinds::TemplateKinds {
+    let in_example: Vec<(&str, &str, &str)> =
+        extra.iter().map(|(k, r)| ("example.com", *k, *r)).collect();
+    template_kinds_in(&in_example)
+}
+
+/// The built-in kinds plus `extra` as (group, kind, resource).
+fn template_kinds_in(extra: &[(&str, &str, &str)]) -> previewd::model::kinds::TemplateKinds {
     let mut kinds = serde_json::to_value(previewd::model::kinds::DEFAULT_TEMPLATE_KINDS).unwrap();
-    for (kind, resource) in extra {
+    for (group, kind, resource) in extra {
         kinds
             .as_array_mut()
             .unwrap()
-            .push(json!({"group": "example.com", "kind": kind, "resource": resource}));
+            .push(json!({"group": group, "kind": kind, "resource": resource}));
     }
     previewd::model::kinds::TemplateKinds::parse(&kinds.to_string()).unwrap()
 }
@@ -1035,6 +1049,69 @@ async fn shared_secrets_are_copied_and_followed_generated_ones_stay_and_unshared
             let namespaces = Api::<Namespace>::all(client.clone()).list(&ListParams::default().labels(&format!("previewd.dev/environment=pr-{template},previewd.dev/environment-namespace={ns}"))).await.unwrap();
             assert!(namespaces.items.is_empty(), "nothing was created for {template}");
         }
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn the_url_is_reported_once_a_gateway_accepts_the_route_for_its_host() {
+    in_namespace("routed-url", |client, ns| async move {
+        use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
+        let gateway_api = "gateway.networking.k8s.io";
+        install_crds(&client, &[crd_in(gateway_api, "httproutes", "HTTPRoute", "Namespaced")]).await;
+        // The operator allows HTTPRoutes (extraTemplateKinds); the test plays the Gateway.
+        let config = ControllerConfig {
+            namespace: Some(ns.clone()),
+            template_kinds: template_kinds_in(&[(gateway_api, "HTTPRoute", "httproutes")]),
+            ..Default::default()
+        };
+        let _context = start_controller_with(&client, config).await;
+        let templates: Api<PreviewTemplate> = Api::namespaced(client.clone(), &ns);
+        let environments: Api<PreviewEnvironment> = Api::namespaced(client.clone(), &ns);
+        let route = |hostnames: &str| format!(
+            "apiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata:\n  name: web\nspec:\n  parentRefs: [{{name: previews, namespace: gateway-system}}]\n  hostnames: {hostnames}\n  rules: [{{backendRefs: [{{name: web, port: 80}}]}}]\n"
+        );
+        let mut template = template_with(&route("[\"{{ host }}\"]"));
+        template.spec.url.host = Some("{{ slug }}.preview.example.com".into());
+        templates.create(&PostParams::default(), &template).await.unwrap();
+        environments.create(&PostParams::default(), &environment_of("unsafe")).await.unwrap();
+
+        // No Gateway has accepted the route yet: the environment waits, and has no URL.
+        let waiting = eventually("waiting for a Gateway", Duration::from_secs(60), || async {
+            let status = environments.get("pr-7").await.ok()?.status?;
+            let condition = status.conditions.iter().find(|c| c.type_ == "Ready")?;
+            condition.message.contains("waiting for a Gateway to accept it").then_some(status)
+        })
+        .await;
+        assert_eq!(waiting.phase, Phase::Deploying);
+        assert_eq!(waiting.url, None, "nothing routes the host yet");
+
+        // The Gateway accepts it: Ready, and the URL is reported.
+        let routes: Api<DynamicObject> = Api::namespaced_with(
+            client.clone(),
+            waiting.namespace.as_deref().unwrap(),
+            &ApiResource::from_gvk(&GroupVersionKind::gvk(gateway_api, "v1", "HTTPRoute")),
+        );
+        let applied = routes.get("web").await.unwrap();
+        assert_eq!(applied.data["spec"]["hostnames"], json!(["evil.preview.example.com"]));
+        let accepted = json!({"status": {"parents": [{"parentRef": {"name": "previews"}, "controllerName": "example.com/gateway",
+            "conditions": [{"type": "Accepted", "status": "True", "reason": "Accepted", "message": "",
+                "observedGeneration": applied.metadata.generation, "lastTransitionTime": "2026-11-24T10:00:00Z"}]}]}});
+        routes.patch_status("web", &PatchParams::default(), &Patch::Merge(accepted)).await.unwrap();
+        let ready = wait_for_phase(&environments, "pr-7", Phase::Ready, Duration::from_secs(30)).await;
+        assert_eq!(ready.status.unwrap().url.as_deref(), Some("https://evil.preview.example.com"));
+
+        // A route for another team's host: refused by the content policy, nothing applied,
+        // the routed commit keeps running.
+        let mut stealing = template_with(&route("[\"{{ host }}\", \"login.example.org\"]"));
+        stealing.spec.url.host = Some("{{ slug }}.preview.example.com".into());
+        let patch = json!({"spec": {"manifests": stealing.spec.manifests}});
+        templates.patch("unsafe", &PatchParams::default(), &Patch::Merge(patch)).await.unwrap();
+        let refused = wait_for_phase(&environments, "pr-7", Phase::Degraded, Duration::from_secs(30)).await;
+        let condition = refused.status.unwrap().conditions.into_iter().find(|c| c.type_ == "Ready").unwrap();
+        assert_eq!(condition.reason, "PolicyRejected");
+        assert!(condition.message.contains("HTTPRoute/web") && condition.message.contains("login.example.org"), "{}", condition.message);
+        assert_eq!(routes.get("web").await.unwrap().data["spec"]["hostnames"], json!(["evil.preview.example.com"]));
     })
     .await;
 }
