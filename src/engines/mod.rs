@@ -1,6 +1,7 @@
 //! The third-party engines previewd renders manifests with: Helm (`helm template`) and
-//! Kustomize (`kubectl kustomize`). They are real programs run on input from pull requests, so every run has a time
-//! limit, an output limit and a private folder, and at most [`CONCURRENT_RENDERS`] run at once.
+//! Kustomize (`kubectl kustomize`). They are real programs run on input from pull requests, so
+//! every run has a time limit, an output limit and a private folder, and at most
+//! [`CONCURRENT_RENDERS`] run at once.
 //! What they print is kept by digest of their input ([`cache`]): an unchanged commit renders
 //! nothing.
 //!
