@@ -25,12 +25,17 @@ use wiremock::{Mock, MockServer, ResponseTemplate};
 async fn github_pull_request_opened_synchronized_closed() {
     in_namespace("webhook-github", |client, ns| async move {
         let forge = github_forge().await;
-        install_template(
+        // The app and an Ingress for the environment's host: previewd reports the URL once
+        // something routes it.
+        let routed = format!("{CONFIG_MAP_APP}---\n{INGRESS_FOR_HOST}");
+        install_template_with(
             &client,
             &ns,
             "github",
             "Codertocat/Hello-World",
             Some(&forge.uri()),
+            json!({}),
+            &routed,
         )
         .await;
         let harness = Harness::start(&client, &ns, 2 << 20).await;

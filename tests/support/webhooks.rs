@@ -380,6 +380,10 @@ pub async fn install_template(
 pub const CONFIG_MAP_APP: &str =
     "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: app\ndata:\n  sha: \"{{ sha }}\"\n";
 
+/// An Ingress that routes the environment's host to a Service `app` (the URL is reported once
+/// one is in place).
+pub const INGRESS_FOR_HOST: &str = "apiVersion: networking.k8s.io/v1\nkind: Ingress\nmetadata:\n  name: app\nspec:\n  rules:\n  - host: \"{{ host }}\"\n    http:\n      paths:\n      - path: /\n        pathType: Prefix\n        backend:\n          service: {name: app, port: {number: 80}}\n";
+
 /// [`install_template`] with more spec fields (`lifecycle`, `triggers`, merged into the spec)
 /// and another manifest.
 pub async fn install_template_with(
