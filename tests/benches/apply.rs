@@ -110,8 +110,11 @@ fn boutique_objects(namespace: &str) -> Vec<Value> {
             .unwrap();
     let labels: BTreeMap<String, String> =
         previewd::model::metadata::environment_labels(&environment, &template);
+    // The release's 35 objects (the template's first manifest), as every earlier run of this
+    // benchmark measured; the example's Ingress (its second manifest) is left out.
+    let release = &template.spec.manifests.inline[..1];
     let objects = previewd::reconcile::plan::render::render(
-        &template.spec.manifests.inline,
+        release,
         &template.spec.seeds,
         &context,
         &labels,
