@@ -113,13 +113,9 @@ fn boutique_objects(namespace: &str) -> Vec<Value> {
     // The release's 35 objects (the template's first manifest), as every earlier run of this
     // benchmark measured; the example's Ingress (its second manifest) is left out.
     let release = &template.spec.manifests.inline[..1];
-    let objects = previewd::reconcile::plan::render::render(
-        release,
-        &template.spec.seeds,
-        &context,
-        &labels,
-    )
-    .expect("the example renders");
+    let objects =
+        previewd::reconcile::plan::render::render(release, &template.spec.seeds, &context, &labels)
+            .expect("the example renders");
     objects.into_iter().map(|o| o.object).collect()
 }
 
