@@ -1,0 +1,342 @@
+//! Benchmark: a Helm chart and a Kustomize overlay the size of the Online Boutique (its 35
+//! objects, each a file) rendered through previewd's engines, next to running the same engine
+//! by hand on the same input, in one run.
+//!
+//! Run with `cargo bench --bench render` (no cluster needed). It prints figures and fails only
+//! when something breaks, never because a machine is slow.
+//!
+//! For each engine, each round:
+//! - by hand: the engine's command line on a folder already on disk, as a person or a CI job
+//!   runs it (`helm template`, `kubectl kustomize`);
+//! - previewd, new commit: a new image tag, so nothing is cached: previewd writes the files to a
+//!   private folder, runs the engine with its limits, and keeps the output;
+//! - previewd, unchanged push: the same input again, which must run no engine (counted).
+//!
+//! The Helm engine is the tests' (`tests/support/helm_template.py` on Helm's Go SDK, see
+//! `tests/support/helm.rs`); with the `helm` binary the absolute figures differ, while both
+//! sides of the ratio run the same engine.
+
+#[path = "../support/mod.rs"]
+mod support;
+
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use previewd::engines::helm::{Chart, HelmRender};
+use previewd::engines::kustomize::KustomizeRender;
+use previewd::engines::{EngineConfig, Engines};
+use serde_json::{Value, json};
+
+const ROUNDS: usize = 5;
+const OBJECTS: usize = 35;
+const NAMESPACE: &str = "bench";
+
+fn main() {
+    support::run_benchmark(benchmark());
+}
+
+type Files = Vec<(String, Vec<u8>)>;
+
+/// The Online Boutique's objects, from the release manifests in `../shared/fixtures`.
+fn boutique() -> Vec<Value> {
+    let text = std::fs::read_to_string(support::fixture("apps/online-boutique.yaml"))
+        .expect("the Online Boutique fixture");
+    let objects = support::yaml_documents(&text);
+    assert_eq!(objects.len(), OBJECTS, "the release's objects");
+    objects
+}
+
+fn file_name(index: usize, object: &Value) -> String {
+    let kind = object["kind"].as_str().unwrap_or("object").to_lowercase();
+    let name = object["metadata"]["name"].as_str().unwrap_or("unnamed");
+    format!("{index:02}-{kind}-{name}.yaml")
+}
+
+/// Every container image's repository (the part before the tag).
+fn repositories(objects: &[Value]) -> Vec<String> {
+    let mut found: Vec<String> = objects
+        .iter()
+        .filter_map(|o| o["spec"]["template"]["spec"]["containers"].as_array())
+        .flatten()
+        .filter_map(|c| c["image"].as_str())
+        .map(|image| {
+            image
+                .rsplit_once(':')
+                .map_or(image, |(repo, _)| repo)
+                .to_string()
+        })
+        .collect();
+    found.sort();
+    found.dedup();
+    found
+}
+
+/// A chart of the objects: each in its own template, the image tag a value, the release's
+/// name as a label, as charts are written.
+fn chart(objects: &[Value]) -> Files {
+    let mut files: Files = vec![
+        (
+            "Chart.yaml".into(),
+            b"apiVersion: v2\nname: boutique\nversion: 0.1.0\n".to_vec(),
+        ),
+        ("values.yaml".into(), b"image:\n  tag: v0.10.1\n".to_vec()),
+    ];
+    for (index, object) in objects.iter().enumerate() {
+        let mut object = object.clone();
+        object["metadata"]["labels"]["app.kubernetes.io/instance"] = "{{ .Release.Name }}".into();
+        for containers in ["containers", "initContainers"] {
+            if let Some(list) = object["spec"]["template"]["spec"][containers].as_array_mut() {
+                for container in list {
+                    if let Some((repo, _)) =
+                        container["image"].as_str().and_then(|i| i.rsplit_once(':'))
+                    {
+                        container["image"] = format!("{repo}:{{{{ .Values.image.tag }}}}").into();
+                    }
+                }
+            }
+        }
+        let text = serde_yaml_ng::to_string(&object).expect("YAML");
+        files.push((
+            format!("templates/{}", file_name(index, &object)),
+            text.into_bytes(),
+        ));
+    }
+    files
+}
+
+/// A Kustomize folder of the objects: each a resource file.
+fn overlay(objects: &[Value]) -> Files {
+    let names: Vec<String> = objects
+        .iter()
+        .enumerate()
+        .map(|(i, o)| file_name(i, o))
+        .collect();
+    let kustomization = serde_yaml_ng::to_string(&json!({"resources": names})).expect("YAML");
+    let mut files: Files = vec![("kustomization.yaml".into(), kustomization.into_bytes())];
+    for (name, object) in names.into_iter().zip(objects) {
+        files.push((
+            name,
+            serde_yaml_ng::to_string(object).expect("YAML").into_bytes(),
+        ));
+    }
+    files
+}
+
+fn write(root: &Path, files: &Files) {
+    for (path, bytes) in files {
+        let target = root.join(path);
+        if let Some(parent) = target.parent() {
+            std::fs::create_dir_all(parent).expect("create a folder");
+        }
+        std::fs::write(target, bytes).expect("write a file");
+    }
+}
+
+/// Runs `command` and returns how long it took and the objects it printed.
+fn by_hand(command: &mut Command) -> (Duration, Vec<Value>) {
+    let started = Instant::now();
+    let output = command.output().expect("run the engine");
+    let took = started.elapsed();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let objects = support::yaml_documents(&String::from_utf8_lossy(&output.stdout));
+    (took, objects)
+}
+
+/// previewd's output is what the engine printed by hand, and every image carries `tag`: the
+/// figures are for the same work.
+fn same_objects(previewd: &str, by_hand: &[Value], tag: &Value) {
+    let objects = support::yaml_documents(previewd);
+    assert!(
+        objects == by_hand,
+        "previewd's render differs from the engine's by hand"
+    );
+    let tag = tag.as_str().expect("a tag");
+    let images: Vec<&str> = objects
+        .iter()
+        .filter_map(|o| o["spec"]["template"]["spec"]["containers"].as_array())
+        .flatten()
+        .filter_map(|c| c["image"].as_str())
+        .collect();
+    assert!(!images.is_empty(), "the render has containers");
+    for image in images {
+        assert!(
+            image.ends_with(&format!(":{tag}")),
+            "{image} is not at {tag}"
+        );
+    }
+}
+
+fn median(mut times: Vec<Duration>) -> Duration {
+    times.sort();
+    times[times.len() / 2]
+}
+
+fn ms(duration: Duration) -> f64 {
+    duration.as_secs_f64() * 1000.0
+}
+
+struct Figures {
+    by_hand: Duration,
+    new_commit: Duration,
+    unchanged: Duration,
+    engine_runs_unchanged: usize,
+}
+
+fn print(engine: &str, what: &str, figures: &Figures) {
+    println!(
+        "{engine} ({what}): by hand {:.1} ms, previewd for a new commit {:.1} ms ({:.2}x by hand), \
+         previewd for an unchanged push {:.3} ms with {} engine runs (median of {ROUNDS})",
+        ms(figures.by_hand),
+        ms(figures.new_commit),
+        figures.new_commit.as_secs_f64() / figures.by_hand.as_secs_f64(),
+        ms(figures.unchanged),
+        figures.engine_runs_unchanged,
+    );
+}
+
+async fn helm(engines: &Engines, objects: &[Value]) -> Figures {
+    let files = chart(objects);
+    let folder = tempfile::tempdir().unwrap();
+    write(&folder.path().join("chart"), &files);
+    let (mut hand, mut fresh, mut again) = (Vec::new(), Vec::new(), Vec::new());
+    let mut engine_runs_unchanged = 0;
+    for round in 0..ROUNDS {
+        let values = json!({"image": {"tag": format!("round-{round}")}});
+        std::fs::write(folder.path().join("values.json"), values.to_string()).unwrap();
+        let (took, printed) = by_hand(
+            Command::new(support::helm::template_command())
+                .args(["template", "boutique", "./chart", "--namespace", NAMESPACE])
+                .args(["--values", "values.json", "--include-crds"])
+                .current_dir(folder.path()),
+        );
+        assert_eq!(printed.len(), OBJECTS, "helm template by hand");
+        hand.push(took);
+        let render = HelmRender {
+            chart: Chart::Files(&files),
+            release: "boutique",
+            namespace: NAMESPACE,
+            values: &values,
+        };
+        let started = Instant::now();
+        let rendered = engines
+            .helm_template(&render)
+            .await
+            .expect("previewd's render");
+        fresh.push(started.elapsed());
+        assert!(!rendered.cached, "a new tag is a new render");
+        same_objects(&rendered.text, &printed, &values["image"]["tag"]);
+        let started = Instant::now();
+        let unchanged = engines
+            .helm_template(&render)
+            .await
+            .expect("previewd's render");
+        again.push(started.elapsed());
+        engine_runs_unchanged += usize::from(!unchanged.cached);
+    }
+    Figures {
+        by_hand: median(hand),
+        new_commit: median(fresh),
+        unchanged: median(again),
+        engine_runs_unchanged,
+    }
+}
+
+async fn kustomize(engines: &Engines, objects: &[Value]) -> Figures {
+    let files = overlay(objects);
+    let repositories = repositories(objects);
+    let folder = tempfile::tempdir().unwrap();
+    write(&folder.path().join("repo"), &files);
+    let (mut hand, mut fresh, mut again) = (Vec::new(), Vec::new(), Vec::new());
+    let mut engine_runs_unchanged = 0;
+    for round in 0..ROUNDS {
+        let tag = format!("round-{round}");
+        let images: Vec<Value> = repositories
+            .iter()
+            .map(|name| json!({"name": name, "newTag": tag}))
+            .collect();
+        let mine = json!({"namespace": NAMESPACE, "resources": ["../repo"], "images": images});
+        write(
+            folder.path(),
+            &vec![(
+                "mine/kustomization.yaml".into(),
+                mine.to_string().into_bytes(),
+            )],
+        );
+        let (took, printed) = by_hand(
+            Command::new("kubectl")
+                .args(["kustomize", "mine"])
+                .current_dir(folder.path()),
+        );
+        assert_eq!(printed.len(), OBJECTS, "kubectl kustomize by hand");
+        hand.push(took);
+        let render = KustomizeRender {
+            files: &files,
+            root: "",
+            overlay: "",
+            namespace: NAMESPACE,
+            images: &images,
+            patches: &[],
+        };
+        let started = Instant::now();
+        let rendered = engines
+            .kustomize_build(&render)
+            .await
+            .expect("previewd's build");
+        fresh.push(started.elapsed());
+        assert!(!rendered.cached, "a new tag is a new build");
+        same_objects(&rendered.text, &printed, &Value::from(tag.as_str()));
+        let started = Instant::now();
+        let unchanged = engines
+            .kustomize_build(&render)
+            .await
+            .expect("previewd's build");
+        again.push(started.elapsed());
+        engine_runs_unchanged += usize::from(!unchanged.cached);
+    }
+    Figures {
+        by_hand: median(hand),
+        new_commit: median(fresh),
+        unchanged: median(again),
+        engine_runs_unchanged,
+    }
+}
+
+fn engines() -> Engines {
+    Engines::new(EngineConfig {
+        helm: support::helm::template_command(),
+        timeout: Duration::from_secs(120),
+        ..Default::default()
+    })
+}
+
+async fn benchmark() {
+    let objects = boutique();
+    // One round outside the figures, with engines of its own (so its renders are not cached
+    // for the measured rounds): the engines' first load from disk (Python and the SDK, kubectl).
+    let warming = engines();
+    helm(&warming, &objects).await;
+    kustomize(&warming, &objects).await;
+    let engines = engines();
+    let chart_figures = helm(&engines, &objects).await;
+    print(
+        "Helm chart",
+        "35 templates, image tag and release name as values",
+        &chart_figures,
+    );
+    let overlay_figures = kustomize(&engines, &objects).await;
+    print(
+        "Kustomize",
+        "35 resources, an images entry per repository",
+        &overlay_figures,
+    );
+    assert_eq!(
+        chart_figures.engine_runs_unchanged + overlay_figures.engine_runs_unchanged,
+        0,
+        "an unchanged push ran an engine"
+    );
+}
