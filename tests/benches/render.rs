@@ -60,16 +60,16 @@ fn repositories(objects: &[Value]) -> Vec<String> {
         .filter_map(|o| o["spec"]["template"]["spec"]["containers"].as_array())
         .flatten()
         .filter_map(|c| c["image"].as_str())
-        .map(|image| {
-            image
-                .rsplit_once(':')
-                .map_or(image, |(repo, _)| repo)
-                .to_string()
-        })
+        .map(|image| repository(image).to_string())
         .collect();
     found.sort();
     found.dedup();
     found
+}
+
+/// An image's repository: the part before the tag.
+fn repository(image: &str) -> &str {
+    image.rsplit_once(':').map_or(image, |(repo, _)| repo)
 }
 
 /// A chart of the objects: each in its own template, the image tag a value, the release's
@@ -85,14 +85,14 @@ fn chart(objects: &[Value]) -> Files {
     for (index, object) in objects.iter().enumerate() {
         let mut object = object.clone();
         object["metadata"]["labels"]["app.kubernetes.io/instance"] = "{{ .Release.Name }}".into();
-        for containers in ["containers", "initContainers"] {
-            if let Some(list) = object["spec"]["template"]["spec"][containers].as_array_mut() {
-                for container in list {
-                    if let Some((repo, _)) =
-                        container["image"].as_str().and_then(|i| i.rsplit_once(':'))
-                    {
-                        container["image"] = format!("{repo}:{{{{ .Values.image.tag }}}}").into();
-                    }
+        // The app's containers take the tag; init containers keep their pinned images.
+        if let Some(list) = object["spec"]["template"]["spec"]["containers"].as_array_mut() {
+            for container in list {
+                if let Some(repo) = container["image"]
+                    .as_str()
+                    .map(|i| repository(i).to_string())
+                {
+                    container["image"] = format!("{repo}:{{{{ .Values.image.tag }}}}").into();
                 }
             }
         }
