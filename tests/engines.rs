@@ -2,7 +2,8 @@
 //! repository's contents API at each commit.
 //!
 //! * Helm, on the real Helm engine (see `support::helm`): the web-chart example deployed with its
-//!   values and per-commit image tag, its pre-install hook before it and its seed after it.
+//!   values and per-commit image tag, its pre-install hook before it and its seed after it; the
+//!   same chart published in a chart repository, downloaded once for many commits.
 //! * Kustomize, on the real Kustomize (`kubectl kustomize`): the web-kustomize example's overlay
 //!   built with the commit's image and the environment's host.
 //!
@@ -88,16 +89,7 @@ async fn install_example(
     forge: &MockServer,
     name: &str,
 ) -> PreviewEnvironment {
-    let secrets: Api<Secret> = Api::namespaced(client.clone(), namespace);
-    let token = json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "forge-token"},
-        "stringData": {"token": "test-token"}});
-    secrets
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(token).unwrap(),
-        )
-        .await
-        .unwrap();
+    create_forge_token(client, namespace).await;
     let (mut template, environment) = example(name);
     template.spec.forge.api_url = Some(forge.uri());
     let templates: Api<PreviewTemplate> = Api::namespaced(client.clone(), namespace);
@@ -110,6 +102,19 @@ async fn install_example(
         .create(&PostParams::default(), &environment)
         .await
         .unwrap()
+}
+
+async fn create_forge_token(client: &Client, namespace: &str) {
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), namespace);
+    let token = json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "forge-token"},
+        "stringData": {"token": "test-token"}});
+    secrets
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(token).unwrap(),
+        )
+        .await
+        .unwrap();
 }
 
 fn renders(running: &Running, outcome: &str) -> u64 {
@@ -304,6 +309,122 @@ async fn a_helm_chart_from_the_repository_is_deployed_per_commit_with_its_hook_b
             (image.ends_with(fixed)).then_some(())
         })
         .await;
+        wait_for_phase(&environments, &name, Phase::Ready, Duration::from_secs(120)).await;
+    })
+    .await;
+}
+
+/// Serves the example chart as a Helm chart repository at `{forge}/charts`.
+async fn serve_chart_repository(forge: &MockServer) -> String {
+    use wiremock::matchers::{method, path};
+    use wiremock::{Mock, ResponseTemplate};
+    let base = format!("{}/charts", forge.uri());
+    for (name, bytes) in support::helm::chart_repository(&example_chart(), &base) {
+        Mock::given(method("GET"))
+            .and(path(format!("/charts/{name}")))
+            .respond_with(ResponseTemplate::new(200).set_body_bytes(bytes))
+            .mount(forge)
+            .await;
+    }
+    base
+}
+
+/// How many times the chart repository was asked for a chart archive.
+async fn archive_downloads(forge: &MockServer) -> usize {
+    let requests = forge.received_requests().await.unwrap_or_default();
+    requests
+        .iter()
+        .filter(|r| r.url.path().ends_with(".tgz"))
+        .count()
+}
+
+async fn set_chart_version(client: &Client, namespace: &str, version: &str) {
+    let templates: Api<PreviewTemplate> = Api::namespaced(client.clone(), namespace);
+    let patch = json!({"spec": {"manifests": {"helm": {"chart": {"version": version}}}}});
+    templates
+        .patch("web-chart", &PatchParams::default(), &Patch::Merge(patch))
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn a_published_chart_is_downloaded_once_and_deployed_per_commit() {
+    in_namespace("helm-published", |client, ns| async move {
+        let forge = MockServer::start().await;
+        let repository = serve_chart_repository(&forge).await;
+        let running = start_controller(&client, &ns).await;
+        create_forge_token(&client, &ns).await;
+        let (mut template, environment) = example("web-chart");
+        template.spec.forge.api_url = Some(forge.uri());
+        let helm = template
+            .spec
+            .manifests
+            .helm
+            .as_mut()
+            .expect("the example uses a chart");
+        helm.chart = serde_json::from_value(
+            json!({"repository": repository, "name": "web", "version": "0.1.0"}),
+        )
+        .unwrap();
+        let templates: Api<PreviewTemplate> = Api::namespaced(client.clone(), &ns);
+        templates
+            .create(&PostParams::default(), &template)
+            .await
+            .unwrap();
+        let environments: Api<PreviewEnvironment> = Api::namespaced(client.clone(), &ns);
+        let name = environments
+            .create(&PostParams::default(), &environment)
+            .await
+            .unwrap()
+            .name_any();
+        let ready =
+            wait_for_phase(&environments, &name, Phase::Ready, Duration::from_secs(120)).await;
+        let target = ready.status.unwrap().namespace.unwrap();
+
+        // The published chart with the commit's values: the same objects as Helm's own install.
+        assert_eq!(
+            image_of(&client, &target).await,
+            format!("ghcr.io/codertocat/hello-world:{FIRST}")
+        );
+        let values = json!({"image": {"tag": FIRST}, "greeting": "Preview of changes",
+            "ingress": {"host": "changes.preview.example.com"}});
+        assert_same_objects_as_helm(&client, &target, &name, &values).await;
+
+        // A new commit renders again with its tag, and downloads nothing: one archive
+        // download for the pinned version, however many commits.
+        let second = "7777777777777777777777777777777777777777";
+        set_head(&client, &ns, &name, second).await;
+        eventually(
+            "the second commit deployed",
+            Duration::from_secs(120),
+            || async {
+                image_of(&client, &target)
+                    .await
+                    .ends_with(second)
+                    .then_some(())
+            },
+        )
+        .await;
+        assert_eq!(renders(&running, "rendered"), 2, "a render per commit");
+        assert_eq!(
+            archive_downloads(&forge).await,
+            1,
+            "the chart was downloaded once"
+        );
+
+        // A version the repository does not have: Helm's words, retried, and the second
+        // commit keeps running.
+        set_chart_version(&client, &ns, "9.9.9").await;
+        let message = refused_with(&client, &ns, &name, "ChartUnavailable").await;
+        assert!(
+            message.contains("9.9.9") && message.contains("not found"),
+            "{message}"
+        );
+        assert_eq!(
+            image_of(&client, &target).await,
+            format!("ghcr.io/codertocat/hello-world:{second}")
+        );
+        set_chart_version(&client, &ns, "0.1.0").await;
         wait_for_phase(&environments, &name, Phase::Ready, Duration::from_secs(120)).await;
     })
     .await;

@@ -1,14 +1,25 @@
 //! Helm charts, rendered by Helm itself: `helm template`, with the chart's files written to a
-//! private folder (or fetched by Helm from a chart repository or OCI registry), the values as a
-//! values file, `--include-crds` so that a chart's CRDs are seen (and refused) rather than
+//! private folder (or a published chart's archive, downloaded once by `helm pull`), the values
+//! as a values file, `--include-crds` so that a chart's CRDs are seen (and refused) rather than
 //! silently left out.
 
 use std::path::Path;
+use std::sync::Arc;
 
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
+use super::process::RunError;
 use super::{EngineError, Engines, Job, Rendered};
+
+/// The largest published chart archive previewd keeps (charts are KiBs packed; a bigger one is
+/// a mistake, and every archive stays in memory for the process's life, bounded by the cache).
+pub const MAX_CHART_ARCHIVE_BYTES: u64 = 8 << 20;
+
+/// A published chart's archive in the render folder.
+const ARCHIVE: &str = "chart.tgz";
+/// Where `helm pull` writes it, in its own folder.
+const PULLED: &str = "pulled";
 
 /// Where the chart is.
 pub enum Chart<'a> {
@@ -62,38 +73,47 @@ impl HelmRender<'_> {
         digest.finalize().into()
     }
 
-    /// `helm template` arguments, run in `folder` (where the chart and values file are).
+    /// `helm template` arguments, run in the folder where the chart (or its archive) and the
+    /// values file are.
     fn args(&self) -> Vec<String> {
-        let mut args: Vec<String> = ["template", self.release]
-            .into_iter()
-            .map(String::from)
-            .collect();
-        match &self.chart {
-            Chart::Files(_) => args.push("./chart".into()),
-            Chart::Published {
-                repository,
-                name,
-                version,
-            } => {
-                if repository.starts_with("oci://") {
-                    args.push(format!("{}/{name}", repository.trim_end_matches('/')));
-                } else {
-                    args.extend(["--repo".into(), repository.to_string(), name.to_string()]);
-                }
-                args.extend(["--version".into(), version.to_string()]);
-            }
+        let chart = match &self.chart {
+            Chart::Files(_) => "./chart",
+            Chart::Published { .. } => "./chart.tgz",
+        };
+        [
+            "template",
+            self.release,
+            chart,
+            "--namespace",
+            self.namespace,
+            "--values",
+            "values.json",
+            "--include-crds",
+        ]
+        .map(String::from)
+        .to_vec()
+    }
+}
+
+impl Chart<'_> {
+    /// `helm pull` arguments for a published chart: the pinned version into [`PULLED`].
+    fn pull_args(&self) -> Option<Vec<String>> {
+        let Chart::Published {
+            repository,
+            name,
+            version,
+        } = self
+        else {
+            return None;
+        };
+        let mut args = vec!["pull".to_string()];
+        if repository.starts_with("oci://") {
+            args.push(format!("{}/{name}", repository.trim_end_matches('/')));
+        } else {
+            args.extend([name.to_string(), "--repo".into(), repository.to_string()]);
         }
-        args.extend(
-            [
-                "--namespace",
-                self.namespace,
-                "--values",
-                "values.json",
-                "--include-crds",
-            ]
-            .map(String::from),
-        );
-        args
+        args.extend(["--version", version, "--destination", PULLED].map(String::from));
+        Some(args)
     }
 }
 
@@ -101,15 +121,23 @@ impl Engines {
     /// The chart's objects as `helm template` prints them (one YAML stream), from the cache
     /// when nothing it depends on changed.
     pub async fn helm_template(&self, render: &HelmRender<'_>) -> Result<Rendered, EngineError> {
+        let key = render.key();
+        if let Some(text) = self.cache.get(&key) {
+            return Ok(Rendered { text, cached: true });
+        }
         let values =
             serde_json::to_vec(render.values).map_err(|e| EngineError::Io(e.to_string()))?;
-        let values_file = [("values.json".to_string(), values)];
-        let mut files = vec![("", &values_file[..])];
+        let mut top = vec![("values.json".to_string(), values)];
+        if let Some(pull) = render.chart.pull_args() {
+            let archive = self.published_chart(key_of_pull(&pull), pull).await?;
+            top.push((ARCHIVE.to_string(), archive.to_vec()));
+        }
+        let mut files = vec![("", &top[..])];
         if let Chart::Files(chart) = &render.chart {
             files.push(("chart", chart));
         }
         self.render(Job {
-            key: render.key(),
+            key,
             files,
             program: &self.config.helm,
             args: render.args(),
@@ -117,6 +145,77 @@ impl Engines {
         })
         .await
     }
+
+    /// A published chart's archive: downloaded by `helm pull` once per repository, name and
+    /// version (pinned), then kept, so that a new commit downloads nothing and a chart
+    /// repository's rate limits see one request per chart version, not one per push.
+    async fn published_chart(
+        &self,
+        key: [u8; 32],
+        pull: Vec<String>,
+    ) -> Result<Arc<Vec<u8>>, EngineError> {
+        if let Some(archive) = self.archives.get(&key) {
+            return Ok(archive);
+        }
+        let _slot = self
+            .slots
+            .acquire()
+            .await
+            .map_err(|_| EngineError::ShuttingDown)?;
+        let folder = tempfile::tempdir().map_err(|e| EngineError::Io(e.to_string()))?;
+        // `helm pull --destination` writes into a folder that must exist.
+        std::fs::create_dir(folder.path().join(PULLED))
+            .map_err(|e| EngineError::Io(e.to_string()))?;
+        let pulled = self
+            .run(
+                &self.config.helm,
+                pull,
+                folder.path(),
+                helm_env(folder.path()),
+            )
+            .await;
+        pulled.map_err(|error| match error {
+            // The repository's answer or its silence: it may come back, so this is retried.
+            EngineError::Run(RunError::Failed { message }) => EngineError::Fetch(message),
+            EngineError::Run(timeout @ RunError::TimedOut { .. }) => {
+                EngineError::Fetch(timeout.to_string())
+            }
+            other => other,
+        })?;
+        let archive = Arc::new(read_archive(&folder.path().join(PULLED))?);
+        self.archives.keep(key, archive.clone());
+        Ok(archive)
+    }
+}
+
+fn key_of_pull(args: &[String]) -> [u8; 32] {
+    let mut digest = Sha256::new();
+    for arg in args {
+        digest.update(arg.as_bytes());
+        digest.update(b"\0");
+    }
+    digest.finalize().into()
+}
+
+/// The archive `helm pull` wrote into `folder`, unless it is over [`MAX_CHART_ARCHIVE_BYTES`].
+fn read_archive(folder: &Path) -> Result<Vec<u8>, EngineError> {
+    let io = |e: std::io::Error| EngineError::Io(e.to_string());
+    for entry in std::fs::read_dir(folder).map_err(io)? {
+        let path = entry.map_err(io)?.path();
+        if path.extension().is_none_or(|e| e != "tgz") {
+            continue;
+        }
+        let size = std::fs::metadata(&path).map_err(io)?.len();
+        if size > MAX_CHART_ARCHIVE_BYTES {
+            return Err(EngineError::Fetch(format!(
+                "the chart archive is {size} bytes, more than {MAX_CHART_ARCHIVE_BYTES}"
+            )));
+        }
+        return std::fs::read(&path).map_err(io);
+    }
+    Err(EngineError::Fetch(
+        "helm pull wrote no chart archive".into(),
+    ))
 }
 
 /// Helm's own folders inside the private folder: no repository list, registry login or
@@ -158,20 +257,24 @@ mod tests {
             name: "podinfo",
             version: "6.5.0",
         };
+        let pull = |chart: Chart| chart.pull_args().map(|args| args.join(" "));
         assert_eq!(
             render(published("https://charts.example.com"), &values)
                 .args()
                 .join(" "),
-            format!(
-                "template web-pr-2 --repo https://charts.example.com podinfo --version 6.5.0 {tail}"
+            format!("template web-pr-2 ./chart.tgz {tail}")
+        );
+        assert_eq!(
+            pull(published("https://charts.example.com")).as_deref(),
+            Some(
+                "pull podinfo --repo https://charts.example.com --version 6.5.0 --destination pulled"
             )
         );
         assert_eq!(
-            render(published("oci://ghcr.io/org/charts/"), &values)
-                .args()
-                .join(" "),
-            format!("template web-pr-2 oci://ghcr.io/org/charts/podinfo --version 6.5.0 {tail}")
+            pull(published("oci://ghcr.io/org/charts/")).as_deref(),
+            Some("pull oci://ghcr.io/org/charts/podinfo --version 6.5.0 --destination pulled")
         );
+        assert_eq!(pull(Chart::Files(&files)), None);
     }
 
     #[test]

@@ -3,7 +3,7 @@
 //! every run has a time limit, an output limit and a private folder, and at most
 //! [`CONCURRENT_RENDERS`] run at once.
 //! What they print is kept by digest of their input ([`cache`]): an unchanged commit renders
-//! nothing.
+//! nothing. A published chart is downloaded once per version.
 //!
 //! The engines return text; parsing it into objects, mapping Helm hooks to waves and checking
 //! them is the plan step's work (`reconcile::plan`).
@@ -59,6 +59,10 @@ pub enum EngineError {
     /// file outside what was read); said before the engine runs.
     #[error("{0}")]
     Refused(String),
+    /// A published chart could not be downloaded (the repository's answer, or its silence):
+    /// retried, as the repository may come back.
+    #[error("downloading the chart: {0}")]
+    Fetch(String),
     #[error("previewd is shutting down")]
     ShuttingDown,
 }
@@ -72,6 +76,8 @@ pub struct Rendered {
 pub struct Engines {
     config: EngineConfig,
     cache: RenderCache,
+    /// Published charts' archives, by `helm pull`'s arguments (repository, name, version).
+    archives: RenderCache<Vec<u8>>,
     slots: tokio::sync::Semaphore,
 }
 
@@ -80,6 +86,7 @@ impl Engines {
         Self {
             config,
             cache: RenderCache::default(),
+            archives: RenderCache::default(),
             slots: tokio::sync::Semaphore::new(CONCURRENT_RENDERS),
         }
     }

@@ -104,3 +104,33 @@ pub fn install_manifest(
     );
     super::yaml_documents(&String::from_utf8_lossy(&output.stdout))
 }
+
+/// A Helm chart repository holding the chart in `chart`, as `helm package` and `helm repo
+/// index --url base_url` make it: the files to serve at `base_url` (`index.yaml` and the
+/// chart's archive), as (name, bytes).
+pub fn chart_repository(chart: &Path, base_url: &str) -> Vec<(String, Vec<u8>)> {
+    let folder = tempfile::tempdir().expect("a folder for the chart repository");
+    let script = "import sys, helm_python as h\n\
+                  h.package(sys.argv[1], destination=sys.argv[2])\n\
+                  h.repo_index_generate(sys.argv[2], base_url=sys.argv[3])\n";
+    run(
+        "packaging and indexing the chart",
+        Command::new(python())
+            .args(["-c", script])
+            .arg(chart)
+            .arg(folder.path())
+            .arg(base_url),
+    );
+    let mut files = Vec::new();
+    for entry in std::fs::read_dir(folder.path()).expect("the repository folder") {
+        let path = entry.expect("a repository file").path();
+        let name = path
+            .file_name()
+            .expect("a file name")
+            .to_string_lossy()
+            .into_owned();
+        files.push((name, std::fs::read(&path).expect("read a repository file")));
+    }
+    files.sort();
+    files
+}

@@ -5,9 +5,11 @@ it reads the arguments previewd passes (src/engines/helm.rs) and prints what `he
 prints, one `---` / `# Source: <chart>/<path>` document per rendered file. The rendering itself
 (Go templates, values merging, the values schema, `required`, subcharts) is Helm's.
 
-usage: helm_template.py template RELEASE CHART_DIR --namespace NS --values FILE [--include-crds]
-Only charts in a folder: a published chart (--repo, oci://) is refused, as the tests have no
-chart repository to reach.
+usage: helm_template.py template RELEASE CHART --namespace NS --values FILE [--include-crds]
+       helm_template.py pull NAME --repo URL --version VERSION --destination DIR
+       helm_template.py pull oci://HOST/PATH/NAME --version VERSION --destination DIR
+CHART is a folder or a chart archive (.tgz); `pull` downloads with Helm's own pull action, as
+`helm pull` does (previewd pulls a published chart first, then renders the archive).
 """
 import json
 import sys
@@ -20,25 +22,36 @@ def fail(message):
     sys.exit(1)
 
 
-def arguments(argv):
-    if len(argv) < 3 or argv[0] != "template":
-        fail(f"unsupported command line: {argv}")
-    release, chart = argv[1], argv[2]
+def options_of(rest, flags_with_value):
     options = {"--include-crds": False}
-    rest = argv[3:]
     while rest:
         flag = rest.pop(0)
         if flag == "--include-crds":
             options[flag] = True
-        elif flag in ("--namespace", "--values") and rest:
+        elif flag in flags_with_value and rest:
             options[flag] = rest.pop(0)
         else:
-            fail(f"unsupported flag {flag} (the test engine renders charts in a folder only)")
-    return release, chart, options
+            fail(f"unsupported flag {flag}")
+    return options
 
 
-def main():
-    release, chart_path, options = arguments(sys.argv[1:])
+def pull(argv):
+    if not argv:
+        fail("pull: no chart named")
+    chart = argv[0]
+    options = options_of(argv[1:], ("--repo", "--version", "--destination"))
+    try:
+        helm.pull(chart, repo_url=options.get("--repo"), version=options.get("--version"),
+                  destination=options.get("--destination"))
+    except helm.HelmError as error:
+        fail(str(error))
+
+
+def template(argv):
+    if len(argv) < 2:
+        fail(f"unsupported command line: {argv}")
+    release, chart_path = argv[0], argv[1]
+    options = options_of(argv[2:], ("--namespace", "--values"))
     values = {}
     if "--values" in options:
         with open(options["--values"]) as f:
@@ -61,4 +74,13 @@ def main():
     sys.stdout.write("".join(out))
 
 
-main()
+def main(argv):
+    if argv[:1] == ["pull"]:
+        pull(argv[1:])
+    elif argv[:1] == ["template"]:
+        template(argv[1:])
+    else:
+        fail(f"unsupported command line: {argv}")
+
+
+main(sys.argv[1:])

@@ -100,13 +100,19 @@ fn counted(
 
 /// What a failed render says on the environment. Input that does not render, or renders too
 /// much or too slowly, stays so until the commit or template changes: not retried. The engine
-/// missing or a full disk is previewd's problem, retried with backoff.
+/// missing or a full disk is previewd's problem, and a chart repository that does not answer
+/// may come back: both retried with backoff.
 fn engine_refusal(command: &str, error: EngineError) -> Refusal {
     let message = format!("{command}: {error}; nothing was applied");
     match error {
         EngineError::Run(RunError::NotStarted { .. }) | EngineError::Io(_) => Refusal {
             retry: Some(Box::new(ReconcileError::Engine(error.to_string()))),
             ..Refusal::new("RenderFailed", message)
+        },
+        // The chart repository may come back: retried with backoff, and said as such.
+        EngineError::Fetch(_) => Refusal {
+            retry: Some(Box::new(ReconcileError::Engine(error.to_string()))),
+            ..Refusal::new("ChartUnavailable", message)
         },
         _ => Refusal::new("RenderFailed", message),
     }
