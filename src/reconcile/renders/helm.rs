@@ -70,17 +70,31 @@ fn published<'a>(repository: &'a str, helm: &'a HelmSource) -> Result<Chart<'a>,
         )));
     }
     match (&helm.chart.name, &helm.chart.version) {
-        (Some(name), Some(version)) if !name.is_empty() && !version.is_empty() => {
-            Ok(Chart::Published {
-                repository,
-                name,
-                version,
-            })
+        (Some(name), Some(version)) if !is_plain_word(name) || !is_plain_word(version) => {
+            Err(invalid(format!(
+                "helm.chart.name {name:?} and helm.chart.version {version:?} may hold letters, \
+                 digits, '.', '_', '-' and '+' and must not start with '-'"
+            )))
         }
+        (Some(name), Some(version)) => Ok(Chart::Published {
+            repository,
+            name,
+            version,
+        }),
         _ => Err(invalid(
             "a chart from helm.chart.repository needs its name and exact version (helm.chart.name, helm.chart.version)",
         )),
     }
+}
+
+/// A chart name or version as Helm writes them: never empty, never read as a flag of `helm
+/// pull`, never a path.
+fn is_plain_word(word: &str) -> bool {
+    !word.is_empty()
+        && !word.starts_with('-')
+        && word
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-' | '+'))
 }
 
 /// The release name and values for this environment, every string rendered with the
@@ -175,5 +189,22 @@ mod tests {
         let unpinned = helm(Some("podinfo"), None);
         let refused = published("https://charts.example.com", &unpinned).err();
         assert_eq!(refused.map(|r| r.reason), Some("ChartInvalid"));
+        for (name, version) in [
+            ("--destination=/tmp", "1.0.0"),
+            ("podinfo", "--untar"),
+            ("../podinfo", "1.0.0"),
+            ("podinfo", "1.0.0 --repo"),
+            ("", "1.0.0"),
+        ] {
+            let hostile = helm(Some(name), Some(version));
+            let refused = published("https://charts.example.com", &hostile).err();
+            assert_eq!(
+                refused.map(|r| r.reason),
+                Some("ChartInvalid"),
+                "{name} {version}"
+            );
+        }
+        let semver = helm(Some("web_app.v2"), Some("1.2.3-rc.1+build.5"));
+        assert!(published("https://charts.example.com", &semver).is_ok());
     }
 }
