@@ -157,12 +157,7 @@ impl Engines {
         if let Some(archive) = self.archives.get(&key) {
             return Ok(archive);
         }
-        let _slot = self
-            .slots
-            .acquire()
-            .await
-            .map_err(|_| EngineError::ShuttingDown)?;
-        let folder = tempfile::tempdir().map_err(|e| EngineError::Io(e.to_string()))?;
+        let (_slot, folder) = self.private_folder().await?;
         // `helm pull --destination` writes into a folder that must exist.
         std::fs::create_dir(folder.path().join(PULLED))
             .map_err(|e| EngineError::Io(e.to_string()))?;

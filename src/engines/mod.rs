@@ -96,12 +96,7 @@ impl Engines {
         if let Some(text) = self.cache.get(&job.key) {
             return Ok(Rendered { text, cached: true });
         }
-        let _slot = self
-            .slots
-            .acquire()
-            .await
-            .map_err(|_| EngineError::ShuttingDown)?;
-        let folder = tempfile::tempdir().map_err(|e| EngineError::Io(e.to_string()))?;
+        let (_slot, folder) = self.private_folder().await?;
         for (under, files) in job.files {
             write_files(&folder.path().join(under), files)?;
         }
@@ -113,6 +108,20 @@ impl Engines {
             text,
             cached: false,
         })
+    }
+
+    /// A turn among the [`CONCURRENT_RENDERS`], and a fresh private folder (removed when
+    /// dropped) to run an engine in.
+    async fn private_folder(
+        &self,
+    ) -> Result<(tokio::sync::SemaphorePermit<'_>, tempfile::TempDir), EngineError> {
+        let slot = self
+            .slots
+            .acquire()
+            .await
+            .map_err(|_| EngineError::ShuttingDown)?;
+        let folder = tempfile::tempdir().map_err(|e| EngineError::Io(e.to_string()))?;
+        Ok((slot, folder))
     }
 
     async fn run(

@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 
 use previewd::engines::helm::{Chart, HelmRender};
 use previewd::engines::kustomize::KustomizeRender;
-use previewd::engines::{EngineConfig, Engines};
+use previewd::engines::{EngineConfig, EngineError, Engines, Rendered};
 use serde_json::{Value, json};
 
 const ROUNDS: usize = 5;
@@ -149,13 +149,12 @@ fn by_hand(command: &mut Command) -> (Duration, Vec<Value>) {
 
 /// previewd's output is what the engine printed by hand, and every image carries `tag`: the
 /// figures are for the same work.
-fn same_objects(previewd: &str, by_hand: &[Value], tag: &Value) {
+fn same_objects(previewd: &str, by_hand: &[Value], tag: &str) {
     let objects = support::yaml_documents(previewd);
     assert!(
         objects == by_hand,
         "previewd's render differs from the engine's by hand"
     );
-    let tag = tag.as_str().expect("a tag");
     let images: Vec<&str> = objects
         .iter()
         .filter_map(|o| o["spec"]["template"]["spec"]["containers"].as_array())
@@ -199,60 +198,90 @@ fn print(engine: &str, what: &str, figures: &Figures) {
     );
 }
 
+/// The times of every round, for one engine.
+#[derive(Default)]
+struct Rounds {
+    hand: Vec<Duration>,
+    fresh: Vec<Duration>,
+    again: Vec<Duration>,
+    engine_runs_unchanged: usize,
+}
+
+impl Rounds {
+    /// Runs the engine by hand; returns the objects it printed.
+    fn by_hand(&mut self, command: &mut Command) -> Vec<Value> {
+        let (took, printed) = by_hand(command);
+        assert_eq!(printed.len(), OBJECTS, "{command:?}");
+        self.hand.push(took);
+        printed
+    }
+
+    /// Runs previewd's render for a new commit, then the same render again (futures start
+    /// when awaited, so each is timed alone).
+    async fn previewd<F>(&mut self, new_commit: F, unchanged: F, by_hand: &[Value], tag: &str)
+    where
+        F: Future<Output = Result<Rendered, EngineError>>,
+    {
+        let started = Instant::now();
+        let rendered = new_commit.await.expect("previewd's render");
+        self.fresh.push(started.elapsed());
+        assert!(!rendered.cached, "a new tag is a new render");
+        same_objects(&rendered.text, by_hand, tag);
+        let started = Instant::now();
+        let again = unchanged.await.expect("previewd's render");
+        self.again.push(started.elapsed());
+        self.engine_runs_unchanged += usize::from(!again.cached);
+    }
+
+    fn figures(self) -> Figures {
+        Figures {
+            by_hand: median(self.hand),
+            new_commit: median(self.fresh),
+            unchanged: median(self.again),
+            engine_runs_unchanged: self.engine_runs_unchanged,
+        }
+    }
+}
+
 async fn helm(engines: &Engines, objects: &[Value]) -> Figures {
     let files = chart(objects);
-    let folder = tempfile::tempdir().unwrap();
+    let folder = tempfile::tempdir().expect("a folder");
     write(&folder.path().join("chart"), &files);
-    let (mut hand, mut fresh, mut again) = (Vec::new(), Vec::new(), Vec::new());
-    let mut engine_runs_unchanged = 0;
+    let mut rounds = Rounds::default();
     for round in 0..ROUNDS {
-        let values = json!({"image": {"tag": format!("round-{round}")}});
-        std::fs::write(folder.path().join("values.json"), values.to_string()).unwrap();
-        let (took, printed) = by_hand(
+        let tag = format!("round-{round}");
+        let values = json!({"image": {"tag": tag}});
+        write(
+            folder.path(),
+            &vec![("values.json".into(), values.to_string().into_bytes())],
+        );
+        let printed = rounds.by_hand(
             Command::new(support::helm::template_command())
                 .args(["template", "boutique", "./chart", "--namespace", NAMESPACE])
                 .args(["--values", "values.json", "--include-crds"])
                 .current_dir(folder.path()),
         );
-        assert_eq!(printed.len(), OBJECTS, "helm template by hand");
-        hand.push(took);
         let render = HelmRender {
             chart: Chart::Files(&files),
             release: "boutique",
             namespace: NAMESPACE,
             values: &values,
         };
-        let started = Instant::now();
-        let rendered = engines
-            .helm_template(&render)
-            .await
-            .expect("previewd's render");
-        fresh.push(started.elapsed());
-        assert!(!rendered.cached, "a new tag is a new render");
-        same_objects(&rendered.text, &printed, &values["image"]["tag"]);
-        let started = Instant::now();
-        let unchanged = engines
-            .helm_template(&render)
-            .await
-            .expect("previewd's render");
-        again.push(started.elapsed());
-        engine_runs_unchanged += usize::from(!unchanged.cached);
+        let (new_commit, unchanged) = (
+            engines.helm_template(&render),
+            engines.helm_template(&render),
+        );
+        rounds.previewd(new_commit, unchanged, &printed, &tag).await;
     }
-    Figures {
-        by_hand: median(hand),
-        new_commit: median(fresh),
-        unchanged: median(again),
-        engine_runs_unchanged,
-    }
+    rounds.figures()
 }
 
 async fn kustomize(engines: &Engines, objects: &[Value]) -> Figures {
     let files = overlay(objects);
     let repositories = repositories(objects);
-    let folder = tempfile::tempdir().unwrap();
+    let folder = tempfile::tempdir().expect("a folder");
     write(&folder.path().join("repo"), &files);
-    let (mut hand, mut fresh, mut again) = (Vec::new(), Vec::new(), Vec::new());
-    let mut engine_runs_unchanged = 0;
+    let mut rounds = Rounds::default();
     for round in 0..ROUNDS {
         let tag = format!("round-{round}");
         let images: Vec<Value> = repositories
@@ -267,13 +296,11 @@ async fn kustomize(engines: &Engines, objects: &[Value]) -> Figures {
                 mine.to_string().into_bytes(),
             )],
         );
-        let (took, printed) = by_hand(
+        let printed = rounds.by_hand(
             Command::new("kubectl")
                 .args(["kustomize", "mine"])
                 .current_dir(folder.path()),
         );
-        assert_eq!(printed.len(), OBJECTS, "kubectl kustomize by hand");
-        hand.push(took);
         let render = KustomizeRender {
             files: &files,
             root: "",
@@ -282,28 +309,13 @@ async fn kustomize(engines: &Engines, objects: &[Value]) -> Figures {
             images: &images,
             patches: &[],
         };
-        let started = Instant::now();
-        let rendered = engines
-            .kustomize_build(&render)
-            .await
-            .expect("previewd's build");
-        fresh.push(started.elapsed());
-        assert!(!rendered.cached, "a new tag is a new build");
-        same_objects(&rendered.text, &printed, &Value::from(tag.as_str()));
-        let started = Instant::now();
-        let unchanged = engines
-            .kustomize_build(&render)
-            .await
-            .expect("previewd's build");
-        again.push(started.elapsed());
-        engine_runs_unchanged += usize::from(!unchanged.cached);
+        let (new_commit, unchanged) = (
+            engines.kustomize_build(&render),
+            engines.kustomize_build(&render),
+        );
+        rounds.previewd(new_commit, unchanged, &printed, &tag).await;
     }
-    Figures {
-        by_hand: median(hand),
-        new_commit: median(fresh),
-        unchanged: median(again),
-        engine_runs_unchanged,
-    }
+    rounds.figures()
 }
 
 fn engines() -> Engines {
