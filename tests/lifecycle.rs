@@ -19,7 +19,7 @@ use previewd::model::crd::Phase;
 use serde_json::{Value, json};
 use support::webhooks::*;
 use support::{eventually, in_namespace, wait_for_phase};
-use wiremock::matchers::{method, path};
+use wiremock::matchers::method;
 use wiremock::{Mock, MockServer, ResponseTemplate};
 
 const REPOSITORY: &str = "Codertocat/Hello-World";
@@ -59,70 +59,9 @@ spec:
           image: registry.example/db:16
 ";
 
-/// Answers the collaborator-permission question: `maintainer` may write, `stranger` may read,
-/// `nobody` is not a collaborator (404).
-async fn with_permissions(forge: &MockServer) {
-    for (user, status, body) in [
-        (
-            "maintainer",
-            200,
-            json!({"permission": "write", "role_name": "write"}),
-        ),
-        (
-            "stranger",
-            200,
-            json!({"permission": "read", "role_name": "read"}),
-        ),
-        ("nobody", 404, json!({"message": "Not Found"})),
-    ] {
-        Mock::given(method("GET"))
-            .and(path(format!(
-                "/repos/{REPOSITORY}/collaborators/{user}/permission"
-            )))
-            .respond_with(ResponseTemplate::new(status).set_body_json(body))
-            .mount(forge)
-            .await;
-    }
-}
-
-/// A comment by `user` saying `body` on pull request `number` (see the module docs).
-fn comment_on(number: u64, user: &str, body: &str) -> Vec<u8> {
-    let mut delivery = json_fixture("github/issue_comment.created.json");
-    delivery["issue"]["number"] = number.into();
-    delivery["issue"]["pull_request"] = json!({
-        "url": format!("https://api.github.com/repos/{REPOSITORY}/pulls/{number}")
-    });
-    delivery["comment"]["user"]["login"] = user.into();
-    delivery["comment"]["body"] = body.into();
-    delivery.to_string().into_bytes()
-}
-
 /// The name of the environment of pull request `number`.
 async fn environment_of(harness: &Harness, number: u64) -> String {
     environment_of_pr(&harness.environments, number).await
-}
-
-/// Waits until some comment text previewd sent for PR `number` (created or edited) contains
-/// `needle`.
-async fn comment_says(forge: &MockServer, environment: &str, needle: &str) {
-    let marker = "previewd:environment=";
-    eventually(
-        &format!("the PR comment of {environment} to say {needle:?}"),
-        Duration::from_secs(30),
-        || async {
-            let requests = forge.received_requests().await.unwrap_or_default();
-            requests
-                .iter()
-                .filter(|r| r.method.as_str() != "GET" && r.url.path().contains("/comments"))
-                .filter_map(|r| serde_json::from_slice::<Value>(&r.body).ok())
-                .filter_map(|b| b["body"].as_str().map(str::to_string))
-                .any(|text| {
-                    text.contains(marker) && text.contains(environment) && text.contains(needle)
-                })
-                .then_some(())
-        },
-    )
-    .await
 }
 
 /// The [`WEB_APP`] template (with `spec_extra`), previewd, and PR 2 opened and Ready: the
@@ -643,6 +582,11 @@ async fn a_fork_pull_request_waits_for_approval_of_each_commit() {
         assert!(
             namespaces.get_opt(&target).await.unwrap().is_none(),
             "nothing deployed"
+        );
+        assert_eq!(
+            sent(&forge, "POST", "/deployments", "").await,
+            0,
+            "no GitHub deployment for a commit that is not approved"
         );
 
         // Someone without write access cannot approve.

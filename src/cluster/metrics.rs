@@ -6,7 +6,7 @@ use prometheus::core::Collector;
 use prometheus::{IntCounterVec, Opts, Registry};
 
 /// The write operations counted under `previewd_write_requests_total{operation}`.
-pub const WRITE_OPERATIONS: [&str; 10] = [
+pub const WRITE_OPERATIONS: [&str; 11] = [
     "apply",
     "create",
     "delete",
@@ -16,6 +16,7 @@ pub const WRITE_OPERATIONS: [&str; 10] = [
     "intake_apply",
     "intake_delete",
     "intake_wake",
+    "intake_check",
     "sleep",
 ];
 

@@ -63,6 +63,7 @@ fn render_live(
     expires_at: Option<DateTime<Utc>>,
 ) {
     render_headline(out, status, short_sha);
+    render_waiting(out, status);
     render_why(out, status);
     render_objects(out, status);
     render_seeds(out, status);
@@ -77,7 +78,12 @@ fn render_live(
 
 /// The phase in words, and where the environment is (or will be).
 fn render_headline(out: &mut String, status: &PreviewEnvironmentStatus, short_sha: &str) {
+    let awaits_checks = status
+        .waiting
+        .as_ref()
+        .is_some_and(|w| w.reason == "AwaitingChecks");
     let headline = match status.phase {
+        Phase::Pending if awaits_checks => "waiting for CI",
         Phase::Pending => "queued",
         Phase::Queued => "queued",
         Phase::Deploying => "deploying",
@@ -106,6 +112,27 @@ fn render_headline(out: &mut String, status: &PreviewEnvironmentStatus, short_sh
             let _ = writeln!(out, "Commit `{short_sha}`\n");
         }
     }
+}
+
+/// A new head commit held back while the one deployed before keeps running (when nothing runs
+/// yet, the `Ready` condition already says why: see [`render_why`]).
+fn render_waiting(out: &mut String, status: &PreviewEnvironmentStatus) {
+    let (Some(waiting), Some(deployed)) = (&status.waiting, &status.deployed_sha) else {
+        return;
+    };
+    let said = status
+        .conditions
+        .iter()
+        .any(|c| c.type_ == "Ready" && c.message == waiting.message);
+    if deployed == &waiting.sha || said {
+        return;
+    }
+    let deployed: String = deployed.chars().take(7).collect();
+    let _ = writeln!(
+        out,
+        "**Not deployed yet:** {} Commit `{deployed}` keeps running meanwhile.\n",
+        waiting.message
+    );
 }
 
 /// What failed, the queue position, or why it waits or sleeps.
@@ -296,6 +323,46 @@ mod tests {
         assert_eq!(
             render(&input(CommentState::Live(&ready))),
             render(&input(CommentState::Live(&ready)))
+        );
+    }
+
+    #[test]
+    fn a_held_back_head_is_named_next_to_the_commit_that_keeps_running() {
+        let waiting = crate::model::crd::WaitingCommit {
+            sha: "1f2e3d4c5b6a79880716253443526170f8e9dacb".into(),
+            reason: "AwaitingChecks".into(),
+            message: "Commit `1f2e3d4` deploys once CI passes: waiting for `build` (running)."
+                .into(),
+            since: Utc::now(),
+        };
+        let ready = PreviewEnvironmentStatus {
+            deployed_sha: Some("ec26c3e57ca3a959ca5aad62de7213c562f8c821".into()),
+            waiting: Some(waiting.clone()),
+            ..status(Phase::Ready)
+        };
+        let text = render(&input(CommentState::Live(&ready)));
+        assert!(text.contains("Preview environment: ready"), "{text}");
+        assert!(text.contains("**Not deployed yet:** Commit `1f2e3d4` deploys once CI passes: waiting for `build` (running). Commit `ec26c3e` keeps running meanwhile."), "{text}");
+        // The first commit waits: nothing runs, the headline says what for.
+        let mut first = status(Phase::Pending);
+        first.resources.clear();
+        first.waiting = Some(waiting.clone());
+        first.conditions.push(Condition {
+            type_: "Ready".into(),
+            status: "False".into(),
+            reason: "AwaitingChecks".into(),
+            message: waiting.message.clone(),
+            last_transition_time: Utc::now(),
+        });
+        let text = render(&input(CommentState::Live(&first)));
+        assert!(
+            text.contains("Preview environment: waiting for CI"),
+            "{text}"
+        );
+        assert_eq!(
+            text.matches("deploys once CI passes").count(),
+            1,
+            "said once: {text}"
         );
     }
 }

@@ -18,7 +18,7 @@ mod transport;
 use chrono::{DateTime, Utc};
 use sha2::{Digest, Sha256};
 
-pub use crate::model::crd::ForgeKind;
+pub use crate::model::crd::{CheckState, ForgeKind};
 
 /// One verified delivery, forge-neutral.
 #[derive(Clone, Debug, PartialEq)]
@@ -46,6 +46,8 @@ pub enum EventKind {
     BranchDeleted { branch: String },
     /// A comment on a pull/merge request (comment commands).
     Comment(Comment),
+    /// A CI result for a commit (a template may wait for it before deploying the commit).
+    Check(CheckResult),
     /// The forge checks that the hook works.
     Ping,
     /// Something previewd does not act on; the reason is logged.
@@ -77,6 +79,17 @@ pub struct Push {
     pub author: Option<String>,
     /// When the forge received the push (GitHub's `repository.pushed_at`; GitLab sends none).
     pub changed_at: Option<DateTime<Utc>>,
+}
+
+/// A CI result for one commit: a GitHub check run, check suite or commit status; a GitLab
+/// pipeline or job.
+#[derive(Clone, Debug, PartialEq)]
+pub struct CheckResult {
+    pub sha: String,
+    /// The name a template's `waitForChecks` uses: a check run's name, a commit status's
+    /// context, a check suite's app slug; on GitLab `pipeline` or a job's name.
+    pub name: String,
+    pub state: CheckState,
 }
 
 /// A forge timestamp: RFC 3339 (`2019-05-15T15:20:33Z`), GitLab's `2013-12-03 17:23:34 UTC`,

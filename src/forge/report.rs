@@ -21,6 +21,7 @@ use crate::cluster::secrets::{SecretError, SecretReader};
 use crate::forge::metrics::ForgeMetrics;
 use crate::model::crd::{
     ForgeKind, ForgeReport, Phase, PreviewEnvironment, PreviewEnvironmentStatus, PreviewTemplate,
+    WaitingCommit,
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -181,13 +182,20 @@ impl Reporter {
             });
             upsert_comment(&client, &source.repository, number, &id, &text, record).await?;
         }
+        let context_name = format!("previewd/{}", template.name_any());
+        if let Some(waiting) = &status.waiting {
+            report_waiting(&client, &source.repository, waiting, &context_name, record).await?;
+            if waiting.sha == source.head_sha {
+                // Nothing of this commit runs: no deployment, no status of a deploy.
+                return Ok(());
+            }
+        }
         let url = status.url.clone().unwrap_or_default();
         let state = comment::commit_state(status.phase);
         let status_sha = sha_hex(&format!("{state:?} {} {url}", source.head_sha));
         if record.status_sha.as_deref() == Some(status_sha.as_str()) {
             return Ok(());
         }
-        let context_name = format!("previewd/{}", template.name_any());
         let description = describe(status);
         if let ForgeClient::Github(github) = client.as_ref() {
             if record.deployment_sha.as_deref() != Some(source.head_sha.as_str()) {
@@ -273,6 +281,38 @@ impl Reporter {
         }
         Ok(())
     }
+}
+
+/// The commit status of a held-back head: pending while it waits, failed when its checks
+/// failed or timed out (or a fork is not deployed), with the reason as the description.
+async fn report_waiting(
+    client: &ForgeClient,
+    repository: &str,
+    waiting: &WaitingCommit,
+    context_name: &str,
+    record: &mut ForgeReport,
+) -> Result<(), ForgeApiError> {
+    let state = match waiting.failed() {
+        true => CommitState::Failure,
+        false => CommitState::Pending,
+    };
+    let description: String = waiting.message.chars().take(140).collect();
+    let sent = sha_hex(&format!("{state:?} {} {description}", waiting.sha));
+    if record.waiting_status_sha.as_deref() == Some(sent.as_str()) {
+        return Ok(());
+    }
+    client
+        .commit_status(
+            repository,
+            &waiting.sha,
+            state,
+            context_name,
+            "",
+            &description,
+        )
+        .await?;
+    record.waiting_status_sha = Some(sent);
+    Ok(())
 }
 
 /// Edits the environment's comment (found by id, else by marker) or creates it.

@@ -50,6 +50,8 @@ pub const FIELD_MANAGER_RECONCILE: &str = "previewd";
 pub const FIELD_MANAGER_INTAKE: &str = "previewd-intake";
 /// Field manager of the writes comment commands make.
 pub const FIELD_MANAGER_COMMANDS: &str = "previewd-commands";
+/// Field manager of the check results the webhook intake records (`spec.checks`).
+pub const FIELD_MANAGER_CHECKS: &str = "previewd-checks";
 /// Field manager of the sweep's own writes (`spec.sleep`).
 pub const FIELD_MANAGER_SWEEP: &str = "previewd-sweep";
 

@@ -14,7 +14,7 @@ use super::context::Context;
 use super::queue::{self, Admission};
 use super::status::held_status;
 use crate::model::crd::{
-    ForkPolicy, Phase, PreviewEnvironment, PreviewEnvironmentStatus, PreviewTemplate,
+    ForkPolicy, Phase, PreviewEnvironment, PreviewEnvironmentStatus, PreviewTemplate, WaitingCommit,
 };
 
 /// An environment that may not deploy now: the status to write, and when to look again.
@@ -76,7 +76,20 @@ fn awaiting_approval(
                 .to_string(),
         ),
     };
-    held_status(environment, Phase::Pending, reason, &message, None, now)
+    let mut status = held_status(environment, Phase::Pending, reason, &message, None, now);
+    let head = &environment.spec.source.head_sha;
+    let since = environment
+        .status
+        .as_ref()
+        .and_then(|s| s.waiting_since(head))
+        .unwrap_or(now);
+    status.waiting = Some(WaitingCommit {
+        sha: head.clone(),
+        reason: reason.into(),
+        message,
+        since,
+    });
+    status
 }
 
 /// The other environments of the same template, from the cache (the environment included).

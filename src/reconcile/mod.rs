@@ -2,13 +2,14 @@
 //! the namespace when the environment is deleted.
 //!
 //! [`pipeline`] reads top to bottom as the steps of one reconcile, one file per step with a
-//! body: [`resolve`] → [`hold`] → [`plan`] (pure) → [`waves`] (apply) → [`prune`] →
+//! body: [`resolve`] → [`hold`] → [`checks`] (pure) → [`plan`] (pure) → [`waves`] (apply) → [`prune`] →
 //! [`status`] (pure) → [`write`]. [`cleanup`] is the finalizer's side. [`controller`] runs the
 //! watches and wraps each reconcile; [`context`] is what every step is given. Only the applier,
 //! the status writer, Events and the finalizer write to the API server, and none of them writes
 //! when nothing changed.
 
 mod access;
+mod checks;
 mod claim;
 mod cleanup;
 pub mod config;

@@ -1,6 +1,7 @@
 //! One reconcile of a live `PreviewEnvironment`, as a list of named steps:
 //!
-//! resolve the template → hold (fork approval, queue) → resolve the manifests → render the Helm
+//! resolve the template → hold (fork approval, queue) → checks (a new commit waits for CI;
+//! the commit deployed before keeps being reconciled meanwhile) → resolve the manifests → render the Helm
 //! chart and build the Kustomize overlay, if any (`helm template`, `kubectl kustomize`, cached
 //! by input) → plan (render,
 //! object limit, guard, policy, workloads; no client required, on a blocking thread) → check
@@ -13,6 +14,7 @@
 //! A step that refuses returns a [`Refusal`]; [`refuse`] is the one place that writes it on the
 //! environment. Errors go back to the controller, which retries with backoff.
 
+use std::borrow::Cow;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -20,18 +22,21 @@ use chrono::Utc;
 use kube::runtime::controller::Action;
 use kube::runtime::reflector::ObjectRef;
 
+use super::checks::{self, Gate, Held};
 use super::context::{Context, EnvironmentRef};
 use super::error::{ReconcileError, Refusal, Stop};
 use super::hold::{hold, start_queued};
 use super::metrics::Observations;
 use super::plan::{Limits, Manifests, Plan, plan};
 use super::status::{
-    Placement, Progress, ReadyCondition, condition, progress_status, refused_status,
+    Placement, Progress, ReadyCondition, condition, held_status, progress_status, refused_status,
 };
 use super::write::write_status;
 use super::{claim, namespace, prune, renders, resolve, secrets, waves};
 use crate::cluster::observed::ObjectKey;
-use crate::model::crd::{Phase, PreviewEnvironment, PreviewEnvironmentStatus, PreviewTemplate};
+use crate::model::crd::{
+    Phase, PreviewEnvironment, PreviewEnvironmentStatus, PreviewTemplate, WaitingCommit,
+};
 use crate::model::naming::environment_namespace;
 
 pub async fn reconcile_environment(
@@ -40,20 +45,67 @@ pub async fn reconcile_environment(
 ) -> Result<Action, ReconcileError> {
     let template = match resolve::template(environment, context) {
         Ok(template) => template,
-        Err(refusal) => return refuse(environment, context, refusal, None).await,
+        Err(refusal) => return refuse(environment, context, refusal, None, None).await,
     };
     if let Some(hold) = hold(environment, &template, context, Utc::now()) {
         write_status(environment, context, hold.status).await?;
         return Ok(Action::requeue(hold.requeue));
     }
-    let namespace = environment_namespace(environment, &template.spec);
-    match deploy(environment, &template, &namespace, context).await {
+    let (target, held) = match checks::gate(environment, &template, Utc::now()) {
+        Gate::Open => (Cow::Borrowed(environment), None),
+        Gate::Held(held) => match deployed_commit(environment) {
+            Some(deployed) => (Cow::Owned(deployed), Some(held)),
+            None => return hold_first_commit(environment, context, held).await,
+        },
+    };
+    let namespace = environment_namespace(&target, &template.spec);
+    match deploy(&target, &template, &namespace, held.as_ref(), context).await {
         Ok(action) => Ok(action),
         Err(Stop::Refused(refusal)) => {
-            refuse(environment, context, refusal, Some(&namespace)).await
+            let waiting = held.map(|h| h.commit);
+            refuse(&target, context, refusal, Some(&namespace), waiting).await
         }
         Err(Stop::Failed(error)) => Err(error),
     }
+}
+
+/// `environment` as it was when its deployed commit was the head, to keep reconciling that
+/// commit while the head waits for its checks. `None` when no commit was deployed yet.
+fn deployed_commit(environment: &PreviewEnvironment) -> Option<PreviewEnvironment> {
+    let status = environment.status.as_ref()?;
+    let deployed = status.deployed_sha.clone()?;
+    let mut target = environment.clone();
+    target.spec.source.head_sha = deployed;
+    Some(target)
+}
+
+/// The first commit of an environment waits for its checks (`Pending`; `Degraded` once they
+/// failed): nothing of it runs yet.
+async fn hold_first_commit(
+    environment: &PreviewEnvironment,
+    context: &Context,
+    held: Held,
+) -> Result<Action, ReconcileError> {
+    let commit = held.commit;
+    let (phase, reason) = match commit.reason.as_str() {
+        "ChecksTimedOut" => (Phase::Degraded, "ChecksTimedOut"),
+        "ChecksFailed" => (Phase::Degraded, "ChecksFailed"),
+        _ => (Phase::Pending, "AwaitingChecks"),
+    };
+    let mut status = held_status(
+        environment,
+        phase,
+        reason,
+        &commit.message,
+        None,
+        Utc::now(),
+    );
+    status.waiting = Some(commit);
+    write_status(environment, context, status).await?;
+    let resync = context.config.resync_interval;
+    Ok(Action::requeue(
+        held.recheck.map_or(resync, |r| r.min(resync)),
+    ))
 }
 
 /// The steps from the manifests to the written status.
@@ -61,6 +113,7 @@ async fn deploy(
     environment: &PreviewEnvironment,
     template: &Arc<PreviewTemplate>,
     namespace: &str,
+    held: Option<&Held>,
     context: &Context,
 ) -> Result<Action, Stop> {
     let head_sha = &environment.spec.source.head_sha;
@@ -93,7 +146,7 @@ async fn deploy(
             .lock()
             .insert(key.clone(), Instant::now());
     }
-    Ok(finish(environment, context, &key, plan, progress).await?)
+    Ok(finish(environment, context, &key, plan, progress, held).await?)
 }
 
 /// The plan step on a blocking thread: a template may take up to its render fuel, and that
@@ -138,14 +191,19 @@ async fn finish(
     key: &EnvironmentRef,
     plan: Plan,
     progress: Progress,
+    held: Option<&Held>,
 ) -> Result<Action, ReconcileError> {
     let previous = environment.status.clone().unwrap_or_default();
-    let status = next_status(environment, context, key, &plan, progress);
-    let requeue = match status.phase {
+    let mut status = next_status(environment, context, key, &plan, progress);
+    status.waiting = held.map(|h| h.commit.clone());
+    let mut requeue = match status.phase {
         Phase::Ready | Phase::Degraded | Phase::Sleeping => context.config.resync_interval,
         // The watch store triggers us when objects change; this is only a safety net.
         _ => Duration::from_secs(30).min(context.config.resync_interval),
     };
+    if let Some(recheck) = held.and_then(|h| h.recheck) {
+        requeue = requeue.min(recheck);
+    }
     let fell_asleep = status.phase == Phase::Sleeping && previous.phase != Phase::Sleeping;
     let mut observations = Observations::between(&previous, &status, &context.memory);
     let ready_timings = status.timings.clone().filter(|t| t.ready_at.is_some());
@@ -213,14 +271,16 @@ async fn refuse(
     context: &Context,
     refusal: Refusal,
     namespace: Option<&str>,
+    waiting: Option<WaitingCommit>,
 ) -> Result<Action, ReconcileError> {
-    let status = refused_status(
+    let mut status = refused_status(
         environment,
         refusal.reason,
         &refusal.message,
         namespace,
         Utc::now(),
     );
+    status.waiting = waiting;
     write_status(environment, context, status).await?;
     match refusal.retry {
         Some(error) => Err(*error),

@@ -141,7 +141,8 @@ pub fn refused_status(
     )
 }
 
-/// The previous status with a new phase and a `Ready=False` condition saying why.
+/// The previous status with a new phase and a `Ready=False` condition saying why. The caller
+/// says which commit waits, if one does (`waiting` starts empty).
 pub fn held_status(
     environment: &PreviewEnvironment,
     phase: Phase,
@@ -161,6 +162,7 @@ pub fn held_status(
         namespace: namespace.map(str::to_string).or(previous.namespace.clone()),
         conditions: vec![condition(&previous.conditions, &ready, now)],
         queue_position: None,
+        waiting: None,
         ..previous
     }
 }
@@ -214,6 +216,7 @@ pub fn progress_status(
         forge: previous.forge.clone(),
         queue_position: None,
         replicas_before_sleep: previous.replicas_before_sleep.clone(),
+        waiting: None,
     }
 }
 

@@ -76,7 +76,10 @@ impl KnownState {
             EventKind::BranchDeleted { branch } => {
                 self.branches.entry(key).or_default().remove(branch);
             }
-            EventKind::Comment(_) | EventKind::Ping | EventKind::Ignored(_) => {}
+            EventKind::Comment(_)
+            | EventKind::Check(_)
+            | EventKind::Ping
+            | EventKind::Ignored(_) => {}
         }
     }
 

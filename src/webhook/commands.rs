@@ -178,10 +178,7 @@ pub fn effect(
         CommentCommand::Destroy => {
             return Effect::Delete(format!("@{user} asked for it with `/preview destroy`"));
         }
-        CommentCommand::Deploy => (
-            json!({"redeploy": active, "lastActivity": active}),
-            format!("redeploying commit `{short_sha}`: every workload restarts"),
-        ),
+        CommentCommand::Deploy => deploy_now(environment, template, &active, &short_sha),
         CommentCommand::Extend(_, delta) => {
             let until = now + *delta;
             (
@@ -229,6 +226,32 @@ pub fn effect(
         user,
         &answer,
     ))
+}
+
+/// `/preview deploy`: restart every workload; a head commit that waits for its checks deploys
+/// now, without them (for this commit only).
+fn deploy_now(
+    environment: &PreviewEnvironment,
+    template: &PreviewTemplate,
+    active: &str,
+    short_sha: &str,
+) -> (Value, String) {
+    let spec = &environment.spec;
+    let head = &spec.source.head_sha;
+    let started = environment
+        .status
+        .as_ref()
+        .is_some_and(|s| s.has_started(head));
+    if template.spec.triggers.wait_for_checks.is_some() && !started {
+        return (
+            json!({"deployWithoutChecks": head, "redeploy": active, "lastActivity": active}),
+            format!("deploying commit `{short_sha}` now, without waiting for its checks"),
+        );
+    }
+    (
+        json!({"redeploy": active, "lastActivity": active}),
+        format!("redeploying commit `{short_sha}`: every workload restarts"),
+    )
 }
 
 /// Acts on a comment: returns one line per environment changed (empty when the comment holds

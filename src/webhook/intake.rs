@@ -161,7 +161,10 @@ fn decide_for_template(
         EventKind::Push(push) => pushed(event, push, template, existing, now),
         EventKind::BranchDeleted { branch } => branch_deleted(branch, template, existing),
         // Comment commands and pings change no environment here.
-        EventKind::Comment(_) | EventKind::Ping | EventKind::Ignored(_) => Vec::new(),
+        // Check results are recorded by the check step, not decided on here.
+        EventKind::Comment(_) | EventKind::Check(_) | EventKind::Ping | EventKind::Ignored(_) => {
+            Vec::new()
+        }
     };
     decisions.extend(found);
 }

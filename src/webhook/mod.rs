@@ -3,10 +3,13 @@
 //! * [`server`]: the HTTP server and the order of checks a delivery goes through;
 //! * [`deliveries`]: delivery ids already handled (redeliveries change nothing twice);
 //! * [`intake`]: what a forge event means for the environments (pure `decide`, then `execute`);
-//! * [`commands`]: `/preview …` comment commands (pure `parse` and `effect`, then `handle`).
+//! * [`commands`]: `/preview …` comment commands (pure `parse` and `effect`, then `handle`);
+//! * [`checks`]: CI results recorded on the environments whose new commit waits for them (pure
+//!   `patches`, then `record`).
 //!
 //! Nothing here deploys: the reconciler picks the records up through the Kubernetes API.
 
+pub mod checks;
 pub mod commands;
 mod deliveries;
 mod intake;

@@ -249,6 +249,8 @@ fn event_label(forge: ForgeKind, event_type: &str) -> &'static str {
         (ForgeKind::Github, "delete") => "delete",
         (ForgeKind::Github, "issue_comment") => "comment",
         (ForgeKind::Github, "ping") => "ping",
+        (ForgeKind::Github, "check_run" | "check_suite" | "status")
+        | (ForgeKind::Gitlab, "Pipeline Hook" | "Job Hook") => "check",
         (ForgeKind::Gitlab, "Merge Request Hook") => "pull_request",
         (ForgeKind::Gitlab, "Note Hook") => "comment",
         (ForgeKind::Gitlab, "Tag Push Hook") => "tag_push",
@@ -527,6 +529,14 @@ async fn act(
             chrono::Utc::now(),
         )
         .await;
+    }
+    if let EventKind::Check(check) = &event.kind {
+        let patches = super::checks::patches(check, templates, &environments);
+        let done = super::checks::record(&state.client, &patches).await?;
+        for _ in &done {
+            state.metrics.writes.write("intake_check");
+        }
+        return Ok(done);
     }
     let decisions = intake::decide(event, templates, &environments, chrono::Utc::now());
     let written = intake::execute(&state.client, &decisions).await?;

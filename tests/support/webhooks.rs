@@ -14,7 +14,7 @@ use previewd::reconcile::Context;
 use previewd::runtime::metrics::Metrics;
 use previewd::webhook::server;
 use serde_json::{Value, json};
-use wiremock::matchers::{method, path_regex};
+use wiremock::matchers::{method, path, path_regex};
 use wiremock::{Mock, MockServer, ResponseTemplate};
 
 use super::{eventually, fixture};
@@ -552,4 +552,68 @@ pub fn metric_value(text: &str, series: &str) -> Option<f64> {
             let (name, value) = line.rsplit_once(' ')?;
             (name == series).then(|| value.parse().ok()).flatten()
         })
+}
+
+/// The repository of the GitHub fixtures.
+pub const GITHUB_REPOSITORY: &str = "Codertocat/Hello-World";
+
+/// Answers the collaborator-permission question: `maintainer` may write, `stranger` may read,
+/// `nobody` is not a collaborator (404).
+pub async fn with_permissions(forge: &MockServer) {
+    for (user, status, body) in [
+        (
+            "maintainer",
+            200,
+            json!({"permission": "write", "role_name": "write"}),
+        ),
+        (
+            "stranger",
+            200,
+            json!({"permission": "read", "role_name": "read"}),
+        ),
+        ("nobody", 404, json!({"message": "Not Found"})),
+    ] {
+        Mock::given(method("GET"))
+            .and(path(format!(
+                "/repos/{GITHUB_REPOSITORY}/collaborators/{user}/permission"
+            )))
+            .respond_with(ResponseTemplate::new(status).set_body_json(body))
+            .mount(forge)
+            .await;
+    }
+}
+
+/// A comment by `user` saying `body` on pull request `number` (see the module docs).
+pub fn comment_on(number: u64, user: &str, body: &str) -> Vec<u8> {
+    let mut delivery = json_fixture("github/issue_comment.created.json");
+    delivery["issue"]["number"] = number.into();
+    delivery["issue"]["pull_request"] = json!({
+        "url": format!("https://api.github.com/repos/{GITHUB_REPOSITORY}/pulls/{number}")
+    });
+    delivery["comment"]["user"]["login"] = user.into();
+    delivery["comment"]["body"] = body.into();
+    delivery.to_string().into_bytes()
+}
+
+/// Waits until some comment text previewd sent for PR `number` (created or edited) contains
+/// `needle`.
+pub async fn comment_says(forge: &MockServer, environment: &str, needle: &str) {
+    let marker = "previewd:environment=";
+    eventually(
+        &format!("the PR comment of {environment} to say {needle:?}"),
+        Duration::from_secs(30),
+        || async {
+            let requests = forge.received_requests().await.unwrap_or_default();
+            requests
+                .iter()
+                .filter(|r| r.method.as_str() != "GET" && r.url.path().contains("/comments"))
+                .filter_map(|r| serde_json::from_slice::<Value>(&r.body).ok())
+                .filter_map(|b| b["body"].as_str().map(str::to_string))
+                .any(|text| {
+                    text.contains(marker) && text.contains(environment) && text.contains(needle)
+                })
+                .then_some(())
+        },
+    )
+    .await
 }

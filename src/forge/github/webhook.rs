@@ -6,8 +6,8 @@ use serde::Deserialize;
 use sha2::Sha256;
 
 use crate::forge::{
-    ChangeRequest, Comment, EventKind, ForgeEvent, ForgeKind, ParseError, Push, SignatureError,
-    branch_of_ref, from_json, is_null_sha,
+    ChangeRequest, CheckResult, CheckState, Comment, EventKind, ForgeEvent, ForgeKind, ParseError,
+    Push, SignatureError, branch_of_ref, from_json, is_null_sha,
 };
 
 pub const SIGNATURE_HEADER: &str = "x-hub-signature-256";
@@ -143,6 +143,49 @@ struct IssueCommentEvent {
     repository: Repository,
 }
 
+/// A GitHub App's check run or suite (`check_run`, `check_suite`).
+#[derive(Deserialize)]
+struct CheckRun {
+    #[serde(default)]
+    name: String,
+    head_sha: String,
+    status: String,
+    #[serde(default)]
+    conclusion: Option<String>,
+    #[serde(default)]
+    app: Option<App>,
+}
+
+/// The app behind a check suite. Older deliveries carry its `name` only.
+#[derive(Deserialize)]
+struct App {
+    #[serde(default)]
+    slug: Option<String>,
+    #[serde(default)]
+    name: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct CheckRunEvent {
+    check_run: CheckRun,
+    repository: Repository,
+}
+
+#[derive(Deserialize)]
+struct CheckSuiteEvent {
+    check_suite: CheckRun,
+    repository: Repository,
+}
+
+/// A commit status (`status`), as CI services without a GitHub App report.
+#[derive(Deserialize)]
+struct StatusEvent {
+    sha: String,
+    context: String,
+    state: String,
+    repository: Repository,
+}
+
 #[derive(Deserialize)]
 struct AnyEvent {
     #[serde(default)]
@@ -189,6 +232,36 @@ pub fn parse(event_type: &str, body: &[u8]) -> Result<ForgeEvent, ParseError> {
             };
             Ok(event(delivery.repository, kind))
         }
+        "check_run" => {
+            let delivery: CheckRunEvent = from_json(event_type, body)?;
+            let run = delivery.check_run;
+            let state = check_state(&run.status, run.conclusion.as_deref());
+            Ok(event(
+                delivery.repository,
+                check(run.head_sha, run.name, state),
+            ))
+        }
+        "check_suite" => {
+            let delivery: CheckSuiteEvent = from_json(event_type, body)?;
+            let suite = delivery.check_suite;
+            let state = check_state(&suite.status, suite.conclusion.as_deref());
+            let name = suite.app.and_then(|app| app.slug.or(app.name));
+            let name = name.unwrap_or_default();
+            Ok(event(
+                delivery.repository,
+                check(suite.head_sha, name, state),
+            ))
+        }
+        "status" => {
+            let delivery: StatusEvent = from_json(event_type, body)?;
+            let state = match delivery.state.as_str() {
+                "success" => CheckState::Success,
+                "failure" | "error" => CheckState::Failure,
+                _ => CheckState::Pending,
+            };
+            let kind = check(delivery.sha, delivery.context, state);
+            Ok(event(delivery.repository, kind))
+        }
         "ping" => {
             let delivery: AnyEvent = from_json(event_type, body)?;
             Ok(ForgeEvent {
@@ -205,6 +278,23 @@ pub fn parse(event_type: &str, body: &[u8]) -> Result<ForgeEvent, ParseError> {
                 kind: EventKind::Ignored(format!("event {other:?}")),
             })
         }
+    }
+}
+
+fn check(sha: String, name: String, state: CheckState) -> EventKind {
+    if name.is_empty() || sha.is_empty() {
+        return EventKind::Ignored("a check without a name or commit".into());
+    }
+    EventKind::Check(CheckResult { sha, name, state })
+}
+
+/// A check run's or suite's state: pending until `completed`, then by its conclusion.
+/// `neutral` and `skipped` pass, as GitHub's branch protection counts them.
+fn check_state(status: &str, conclusion: Option<&str>) -> CheckState {
+    match (status, conclusion) {
+        ("completed", Some("success" | "neutral" | "skipped")) => CheckState::Success,
+        ("completed", _) => CheckState::Failure,
+        _ => CheckState::Pending,
     }
 }
 
@@ -430,5 +520,73 @@ mod tests {
     fn malformed_bodies_are_parse_errors() {
         assert!(parse("pull_request", b"{\"action\": ").is_err());
         assert!(parse("pull_request", b"{\"action\": \"opened\"}").is_err());
+    }
+
+    /// Check deliveries, trimmed to the fields previewd reads plus their neighbours, in the
+    /// shape of GitHub's "Webhook events and payloads" (`check_run`, `check_suite`, `status`);
+    /// the fixtures in ../shared have none.
+    fn check_delivery(event_type: &str, status: &str, conclusion: Option<&str>) -> EventKind {
+        let sha = "ec26c3e57ca3a959ca5aad62de7213c562f8c821";
+        let run = serde_json::json!({"id": 4, "head_sha": sha, "name": "build", "status": status,
+            "conclusion": conclusion, "app": {"id": 1, "slug": "github-actions"},
+            "pull_requests": [{"number": 2}]});
+        let body = match event_type {
+            "check_run" => serde_json::json!({"action": "completed", "check_run": run,
+                "repository": {"full_name": "Codertocat/Hello-World"}, "sender": {"login": "x"}}),
+            "check_suite" => serde_json::json!({"action": "completed", "check_suite": run,
+                "repository": {"full_name": "Codertocat/Hello-World"}}),
+            _ => serde_json::json!({"id": 1, "sha": sha, "context": "ci/circleci: test",
+                "state": status, "description": "", "target_url": null,
+                "repository": {"full_name": "Codertocat/Hello-World"}}),
+        };
+        parse(event_type, body.to_string().as_bytes()).unwrap().kind
+    }
+
+    #[test]
+    fn check_runs_suites_and_statuses_become_check_results() {
+        let result = |name: &str, state| {
+            EventKind::Check(CheckResult {
+                sha: "ec26c3e57ca3a959ca5aad62de7213c562f8c821".into(),
+                name: name.into(),
+                state,
+            })
+        };
+        use CheckState::{Failure, Pending, Success};
+        let runs = [
+            ("queued", None, Pending),
+            ("in_progress", None, Pending),
+            ("completed", Some("success"), Success),
+            ("completed", Some("skipped"), Success),
+            ("completed", Some("neutral"), Success),
+            ("completed", Some("failure"), Failure),
+            ("completed", Some("timed_out"), Failure),
+            ("completed", Some("cancelled"), Failure),
+            ("completed", Some("action_required"), Failure),
+        ];
+        for (status, conclusion, state) in runs {
+            let kind = check_delivery("check_run", status, conclusion);
+            assert_eq!(kind, result("build", state), "{status} {conclusion:?}");
+        }
+        let suite = check_delivery("check_suite", "completed", Some("success"));
+        assert_eq!(suite, result("github-actions", Success));
+        for (state, expected) in [
+            ("pending", Pending),
+            ("success", Success),
+            ("failure", Failure),
+            ("error", Failure),
+        ] {
+            let kind = check_delivery("status", state, None);
+            assert_eq!(kind, result("ci/circleci: test", expected), "{state}");
+        }
+        let nameless = serde_json::json!({"check_run": {"head_sha": "abc", "name": "",
+            "status": "completed"}, "repository": {"full_name": "o/r"}});
+        let kind = parse("check_run", nameless.to_string().as_bytes())
+            .unwrap()
+            .kind;
+        assert!(matches!(kind, EventKind::Ignored(_)), "{kind:?}");
+        assert!(
+            parse("check_run", b"{\"check_run\": 1}").is_err(),
+            "malformed: a 400"
+        );
     }
 }

@@ -3,8 +3,8 @@
 use serde::Deserialize;
 
 use crate::forge::{
-    ChangeRequest, Comment, EventKind, ForgeEvent, ForgeKind, ParseError, Push, SignatureError,
-    branch_of_ref, from_json, is_null_sha, secrets_equal,
+    ChangeRequest, CheckResult, CheckState, Comment, EventKind, ForgeEvent, ForgeKind, ParseError,
+    Push, SignatureError, branch_of_ref, from_json, is_null_sha, secrets_equal,
 };
 
 pub const TOKEN_HEADER: &str = "x-gitlab-token";
@@ -108,6 +108,30 @@ struct NoteEvent {
 }
 
 #[derive(Deserialize)]
+struct PipelineAttributes {
+    sha: String,
+    status: String,
+}
+
+/// A pipeline's state change (`Pipeline Hook`), named `pipeline` for `waitForChecks`.
+#[derive(Deserialize)]
+struct PipelineEvent {
+    project: Project,
+    object_attributes: PipelineAttributes,
+}
+
+/// A job's state change (`Job Hook`), named by the job.
+#[derive(Deserialize)]
+struct JobEvent {
+    project: Project,
+    sha: String,
+    build_name: String,
+    build_status: String,
+    #[serde(default)]
+    build_allow_failure: bool,
+}
+
+#[derive(Deserialize)]
 struct AnyEvent {
     #[serde(default)]
     project: Option<Project>,
@@ -143,6 +167,21 @@ pub fn parse(event_type: &str, body: &[u8]) -> Result<ForgeEvent, ParseError> {
             };
             Ok(event(delivery.project, kind))
         }
+        "Pipeline Hook" => {
+            let delivery: PipelineEvent = from_json(event_type, body)?;
+            let attributes = delivery.object_attributes;
+            let state = check_state(&attributes.status, false);
+            Ok(event(
+                delivery.project,
+                check(attributes.sha, "pipeline".into(), state),
+            ))
+        }
+        "Job Hook" => {
+            let delivery: JobEvent = from_json(event_type, body)?;
+            let state = check_state(&delivery.build_status, delivery.build_allow_failure);
+            let kind = check(delivery.sha, delivery.build_name, state);
+            Ok(event(delivery.project, kind))
+        }
         "Note Hook" => {
             let delivery: NoteEvent = from_json(event_type, body)?;
             let kind = match (
@@ -170,6 +209,25 @@ pub fn parse(event_type: &str, body: &[u8]) -> Result<ForgeEvent, ParseError> {
                 kind: EventKind::Ignored(format!("event {other:?}")),
             })
         }
+    }
+}
+
+fn check(sha: String, name: String, state: CheckState) -> EventKind {
+    if name.is_empty() || sha.is_empty() {
+        return EventKind::Ignored("a pipeline or job without a name or commit".into());
+    }
+    EventKind::Check(CheckResult { sha, name, state })
+}
+
+/// A pipeline's or job's status in previewd's three states. `skipped` passes (as GitLab's
+/// "pipelines must succeed" counts it); `manual` waits for someone to start it; a job that
+/// may fail (`allow_failure`) never fails the commit.
+fn check_state(status: &str, allow_failure: bool) -> CheckState {
+    match status {
+        "success" | "skipped" => CheckState::Success,
+        "failed" | "canceled" if allow_failure => CheckState::Success,
+        "failed" | "canceled" => CheckState::Failure,
+        _ => CheckState::Pending,
     }
 }
 
@@ -333,5 +391,54 @@ mod tests {
             panic!("expected a change request");
         };
         assert!(mr.fork && mr.draft);
+    }
+
+    /// Pipeline and job deliveries, trimmed, in the shape of GitLab's "Webhook events"
+    /// documentation (Pipeline events, Job events); the fixtures in ../shared have none.
+    #[test]
+    fn pipelines_and_jobs_become_check_results() {
+        let sha = "da1560886d4f094c3e6c9ef40349f7d38b5d27d7";
+        let project = serde_json::json!({"id": 1, "path_with_namespace": "gitlabhq/gitlab-test"});
+        let pipeline = |status: &str| {
+            let body = serde_json::json!({"object_kind": "pipeline", "object_attributes":
+                {"id": 31, "ref": "master", "sha": sha, "status": status, "stages": ["build"]},
+                "project": project, "merge_request": null, "builds": []});
+            parse("Pipeline Hook", body.to_string().as_bytes())
+                .unwrap()
+                .kind
+        };
+        let job = |status: &str, allow_failure: bool| {
+            let body = serde_json::json!({"object_kind": "build", "ref": "main", "sha": sha,
+                "build_id": 1977, "build_name": "test", "build_stage": "test",
+                "build_status": status, "build_allow_failure": allow_failure,
+                "project_id": 1, "project": project});
+            parse("Job Hook", body.to_string().as_bytes()).unwrap().kind
+        };
+        let result = |name: &str, state| {
+            EventKind::Check(CheckResult {
+                sha: sha.into(),
+                name: name.into(),
+                state,
+            })
+        };
+        use CheckState::{Failure, Pending, Success};
+        for (status, state) in [
+            ("running", Pending),
+            ("manual", Pending),
+            ("success", Success),
+            ("skipped", Success),
+            ("failed", Failure),
+            ("canceled", Failure),
+        ] {
+            assert_eq!(pipeline(status), result("pipeline", state), "{status}");
+        }
+        assert_eq!(job("failed", false), result("test", Failure));
+        assert_eq!(
+            job("failed", true),
+            result("test", Success),
+            "allowed to fail"
+        );
+        assert_eq!(job("pending", false), result("test", Pending));
+        assert!(parse("Pipeline Hook", b"{}").is_err(), "malformed: a 400");
     }
 }

@@ -49,6 +49,37 @@ pub struct PreviewEnvironmentSpec {
     /// (their pod template carries it as an annotation).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub redeploy: Option<String>,
+    /// CI results reported by the forge, by check name (a check run, commit status context,
+    /// check suite's app, GitLab `pipeline` or job). Written by the webhook intake for the
+    /// templates that wait for checks (`triggers.waitForChecks`); only entries whose `sha` is
+    /// the head commit count.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub checks: BTreeMap<String, CheckRecord>,
+    /// Set by `/preview deploy`: this head commit deploys without waiting for its checks. A new
+    /// push waits again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deploy_without_checks: Option<String>,
+}
+
+/// One CI result for one commit.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct CheckRecord {
+    /// The commit the result is for.
+    pub sha: String,
+    pub state: CheckState,
+}
+
+/// Where a check stands, in the three states previewd acts on.
+#[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq, Eq)]
+pub enum CheckState {
+    /// Queued or running: the commit waits.
+    #[default]
+    Pending,
+    /// Passed (GitHub's `neutral` and `skipped` count as passed, as in branch protection).
+    Success,
+    /// Failed, errored, cancelled or timed out: the commit is not deployed.
+    Failure,
 }
 
 #[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
@@ -163,6 +194,50 @@ pub struct PreviewEnvironmentStatus {
     /// waking restores them.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub replicas_before_sleep: BTreeMap<String, i32>,
+    /// The head commit, while it is not deployed: it waits for a maintainer's approval or for
+    /// its checks (or they failed). The commit deployed before it, if any, keeps running.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub waiting: Option<WaitingCommit>,
+}
+
+impl PreviewEnvironmentStatus {
+    /// Whether commit `sha` was deployed, or its deploy has begun (its objects were applied):
+    /// from then on it is not held back again, even if a check is re-run.
+    pub fn has_started(&self, sha: &str) -> bool {
+        let started = |known: Option<&str>| known.is_some_and(|k| k.eq_ignore_ascii_case(sha));
+        started(self.deployed_sha.as_deref())
+            || started(self.timings.as_ref().map(|t| t.sha.as_str()))
+    }
+
+    /// Since when commit `sha` has been held back, if it is.
+    pub fn waiting_since(&self, sha: &str) -> Option<DateTime<Utc>> {
+        self.waiting
+            .as_ref()
+            .filter(|w| w.sha == sha)
+            .map(|w| w.since)
+    }
+}
+
+/// A head commit that is held back, and why.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct WaitingCommit {
+    pub sha: String,
+    /// `AwaitingApproval`, `ForkNotAllowed`, `AwaitingChecks`, `ChecksFailed` or
+    /// `ChecksTimedOut`.
+    pub reason: String,
+    /// A sentence for people: what it waits for, or what failed.
+    pub message: String,
+    /// When previewd first held this commit back (the checks' timeout counts from here).
+    pub since: DateTime<Utc>,
+}
+
+impl WaitingCommit {
+    /// Whether its checks failed or timed out: it stays held back until a new push, a new
+    /// result or `/preview deploy`, and its commit status says failure.
+    pub fn failed(&self) -> bool {
+        matches!(self.reason.as_str(), "ChecksFailed" | "ChecksTimedOut")
+    }
 }
 
 /// What previewd last told the forge, so that an unchanged environment makes no forge call and
@@ -185,6 +260,9 @@ pub struct ForgeReport {
     /// SHA-256 of the last commit/deployment status sent (state, head SHA, URL).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub status_sha: Option<String>,
+    /// SHA-256 of the last commit status sent for a held-back head (state, SHA, message).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub waiting_status_sha: Option<String>,
 }
 
 #[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]

@@ -215,6 +215,25 @@ pub struct Triggers {
     /// Pull requests from forks.
     #[serde(default)]
     pub fork_policy: ForkPolicy,
+    /// Deploy a new commit only once CI reports these checks passed; until then the commit
+    /// deployed before keeps running.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wait_for_checks: Option<WaitForChecks>,
+}
+
+/// Which CI results a new commit waits for, and how long.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct WaitForChecks {
+    /// Check names: on GitHub a check run's name, a commit status's context or a check suite's
+    /// app (`github-actions`); on GitLab `pipeline` (the commit's pipeline) or a job's name.
+    /// Empty: every check the forge reports for the commit, at least one.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub names: Vec<String>,
+    /// How long to wait for the checks (`45m`; default `1h`). Then the commit is marked as
+    /// timed out; a late success still deploys it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout: Option<String>,
 }
 
 impl Default for Triggers {
@@ -225,6 +244,7 @@ impl Default for Triggers {
             required_label: None,
             draft_pull_requests: false,
             fork_policy: ForkPolicy::Deny,
+            wait_for_checks: None,
         }
     }
 }

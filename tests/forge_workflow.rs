@@ -1,0 +1,353 @@
+//! previewd in the forge's workflow, against a real kube-apiserver with the forge API served by
+//! wiremock: a new commit waits for CI (GitHub check runs and commit statuses, GitLab pipeline
+//! hooks) while the commit deployed before keeps running, and `/preview deploy` skips the wait.
+//!
+//! Deliveries: pull requests and merge requests are the fixtures in `../shared/fixtures`
+//! (`github/pull_request.opened.json`, `synchronize.json`, `gitlab/merge_request.json`), with
+//! the head SHA changed in copies. The fixtures have no check deliveries: [`check_run`],
+//! [`commit_status`] and [`pipeline`] write them in the shape of GitHub's "Webhook events and
+//! payloads" (`check_run`, `status`; the fields previewd reads and their neighbours, as in
+//! octokit/webhooks' `check_run/completed.payload.json`) and GitLab's "Webhook events"
+//! (Pipeline events).
+
+mod support;
+
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::api::Api;
+use previewd::model::crd::{Phase, PreviewEnvironment};
+use serde_json::json;
+use support::webhooks::*;
+use support::{eventually, in_namespace, wait_for_phase};
+use wiremock::MockServer;
+
+const FIRST: &str = "ec26c3e57ca3a959ca5aad62de7213c562f8c821";
+const SECOND: &str = "1f2e3d4c5b6a79880716253443526170f8e9dacb";
+const THIRD: &str = "3333333333333333333333333333333333333333";
+
+/// A `check_run` delivery for `sha`: `status` is `queued`, `in_progress` or `completed` (then
+/// with `conclusion`).
+fn check_run(name: &str, sha: &str, status: &str, conclusion: Option<&str>) -> Vec<u8> {
+    let action = if status == "completed" {
+        "completed"
+    } else {
+        "created"
+    };
+    json!({
+        "action": action,
+        "check_run": {
+            "id": 128620228, "head_sha": sha, "external_id": "", "name": name,
+            "status": status, "conclusion": conclusion,
+            "started_at": "2019-05-15T15:21:12Z",
+            "check_suite": {"id": 118578147, "head_branch": "changes", "head_sha": sha},
+            "app": {"id": 15368, "slug": "github-actions", "name": "GitHub Actions"},
+            "pull_requests": [{"number": 2, "head": {"ref": "changes", "sha": sha}}]
+        },
+        "repository": {"id": 186853002, "name": "Hello-World", "full_name": GITHUB_REPOSITORY},
+        "sender": {"login": "Codertocat", "id": 21031067}
+    })
+    .to_string()
+    .into_bytes()
+}
+
+/// A `status` delivery (a commit status set by a CI service without a GitHub App).
+fn commit_status(context: &str, sha: &str, state: &str) -> Vec<u8> {
+    json!({
+        "id": 6805126730_u64, "sha": sha, "name": GITHUB_REPOSITORY, "context": context,
+        "state": state, "description": "The build is running", "target_url": null,
+        "branches": [{"name": "changes", "commit": {"sha": sha}}],
+        "repository": {"id": 186853002, "name": "Hello-World", "full_name": GITHUB_REPOSITORY},
+        "sender": {"login": "Codertocat", "id": 21031067}
+    })
+    .to_string()
+    .into_bytes()
+}
+
+fn synchronize_to(sha: &str) -> Vec<u8> {
+    let mut delivery = json_fixture("github/pull_request.synchronize.json");
+    delivery["pull_request"]["head"]["sha"] = sha.into();
+    delivery.to_string().into_bytes()
+}
+
+async fn config_map_sha(client: &kube::Client, namespace: &str) -> String {
+    let map = Api::<ConfigMap>::namespaced(client.clone(), namespace)
+        .get("app")
+        .await
+        .unwrap();
+    map.data.unwrap()["sha"].clone()
+}
+
+/// Waits until the environment holds `sha` back for `reason`.
+async fn wait_held(
+    environments: &Api<PreviewEnvironment>,
+    name: &str,
+    sha: &str,
+    reason: &str,
+) -> PreviewEnvironment {
+    eventually(
+        &format!("{name} to hold {sha} back ({reason})"),
+        Duration::from_secs(30),
+        || async {
+            let environment = environments.get(name).await.ok()?;
+            let waiting = environment.status.as_ref()?.waiting.as_ref()?;
+            (waiting.sha == sha && waiting.reason == reason).then_some(environment)
+        },
+    )
+    .await
+}
+
+/// Waits until previewd sent a commit status for `sha` whose body contains `needle`.
+async fn commit_status_says(forge: &MockServer, sha: &str, needle: &str) {
+    eventually(
+        &format!("a commit status of {sha} saying {needle:?}"),
+        Duration::from_secs(30),
+        || async {
+            (sent(forge, "POST", &format!("/statuses/{sha}"), needle).await > 0).then_some(())
+        },
+    )
+    .await
+}
+
+#[tokio::test]
+async fn a_new_commit_waits_for_its_checks_while_the_previous_one_keeps_running() {
+    in_namespace("workflow-checks", |client, ns| async move {
+        let forge = github_forge().await;
+        with_permissions(&forge).await;
+        let wait = json!({"triggers": {"waitForChecks": {"names": ["build-image"]}}});
+        let app = format!("{CONFIG_MAP_APP}---\n{INGRESS_FOR_HOST}");
+        install_template_with(&client, &ns, "github", GITHUB_REPOSITORY, Some(&forge.uri()), wait, &app).await;
+        let harness = Harness::start(&client, &ns, 1 << 20).await;
+
+        // The first commit: nothing runs until its image is built.
+        let name = harness.open_pull_request(2, FIRST).await;
+        let first = wait_for_phase(&harness.environments, &name, Phase::Pending, Duration::from_secs(30)).await;
+        let status = first.status.unwrap();
+        assert_eq!(status.waiting.unwrap().reason, "AwaitingChecks");
+        assert_eq!(status.namespace, None, "nothing deployed");
+        comment_says(&forge, &name, "waiting for `build-image` (not reported yet)").await;
+        commit_status_says(&forge, FIRST, "\"pending\"").await;
+        // Another check, and the same check of another commit, change nothing.
+        let (code, answer) = harness.signed("check_run", "c-lint", &check_run("lint", FIRST, "completed", Some("success"))).await;
+        assert_eq!((code, answer["outcome"].as_str()), (202, Some("unchanged")), "{answer}");
+        let (code, _) = harness.signed("check_run", "c-other", &check_run("build-image", THIRD, "completed", Some("success"))).await;
+        assert_eq!(code, 202);
+        harness.poke_and_wait_for_a_reconcile(&name, 1).await;
+        assert_eq!(harness.environments.get(&name).await.unwrap().status.unwrap().phase, Phase::Pending);
+
+        let (code, answer) = harness.signed("check_run", "c-1", &check_run("build-image", FIRST, "completed", Some("success"))).await;
+        assert_eq!(code, 202, "{answer}");
+        let ready = wait_ready_with_sha(&harness.environments, &name, FIRST).await;
+        let target = ready.status.unwrap().namespace.unwrap();
+        assert_eq!(ready.spec.checks["build-image"].sha, FIRST);
+
+        // A new commit whose image is being built: the first keeps running, Ready.
+        harness.signed("pull_request", "sync-2", &synchronize_to(SECOND)).await;
+        // A check delivery counts once previewd has seen the push that makes its commit the
+        // head (an earlier one is not recorded; CI reports the commit again when it finishes).
+        wait_held(&harness.environments, &name, SECOND, "AwaitingChecks").await;
+        harness.signed("check_run", "c-2", &check_run("build-image", SECOND, "in_progress", None)).await;
+        let held = eventually("the wait to name the running check", Duration::from_secs(30), || async {
+            let environment = harness.environments.get(&name).await.ok()?;
+            let message = &environment.status.as_ref()?.waiting.as_ref()?.message;
+            message.contains("(running)").then_some(environment)
+        })
+        .await;
+        let status = held.status.unwrap();
+        assert_eq!(status.phase, Phase::Ready, "the previous commit still serves");
+        assert_eq!(status.deployed_sha.as_deref(), Some(FIRST));
+        assert_eq!(config_map_sha(&client, &target).await, FIRST);
+        comment_says(&forge, &name, "**Not deployed yet:** Commit `1f2e3d4` deploys once CI passes: waiting for `build-image` (running). Commit `ec26c3e` keeps running meanwhile.").await;
+        commit_status_says(&forge, SECOND, "deploys once CI passes").await;
+
+        // It fails: still the first commit, and both the comment and the status say so.
+        harness.signed("check_run", "c-3", &check_run("build-image", SECOND, "completed", Some("failure"))).await;
+        wait_held(&harness.environments, &name, SECOND, "ChecksFailed").await;
+        comment_says(&forge, &name, "CI reported a failure of `build-image`").await;
+        commit_status_says(&forge, SECOND, "\"failure\"").await;
+        assert_eq!(config_map_sha(&client, &target).await, FIRST);
+        assert_eq!(
+            sent(&forge, "POST", "/deployments", SECOND).await,
+            0,
+            "no GitHub deployment for a commit that is not deployed"
+        );
+
+        // Re-run, passed: the second commit deploys.
+        harness.signed("check_run", "c-4", &check_run("build-image", SECOND, "completed", Some("success"))).await;
+        let ready = wait_ready_with_sha(&harness.environments, &name, SECOND).await;
+        assert_eq!(ready.status.unwrap().waiting, None);
+        assert_eq!(config_map_sha(&client, &target).await, SECOND);
+        assert!(sent(&forge, "POST", "/deployments", SECOND).await >= 1);
+
+        // A third commit never gets its check: a maintainer deploys it anyway.
+        harness.signed("pull_request", "sync-3", &synchronize_to(THIRD)).await;
+        wait_held(&harness.environments, &name, THIRD, "AwaitingChecks").await;
+        harness.signed("issue_comment", "deploy-3", &comment_on(2, "maintainer", "/preview deploy")).await;
+        wait_ready_with_sha(&harness.environments, &name, THIRD).await;
+        comment_says(&forge, &name, "deploying commit `3333333` now, without waiting for its checks").await;
+        assert_eq!(config_map_sha(&client, &target).await, THIRD);
+
+        let metrics = harness.metrics().await;
+        assert_eq!(
+            metric_value(&metrics, r#"previewd_webhook_deliveries_total{event="check",forge="github",outcome="accepted"}"#),
+            Some(4.0),
+            "the 4 check results recorded:\n{metrics}"
+        );
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn every_check_mode_waits_for_all_reported_commit_statuses() {
+    in_namespace("workflow-statuses", |client, ns| async move {
+        let forge = github_forge().await;
+        let wait = json!({"triggers": {"waitForChecks": {"timeout": "10m"}}});
+        install_template_with(
+            &client,
+            &ns,
+            "github",
+            GITHUB_REPOSITORY,
+            Some(&forge.uri()),
+            wait,
+            CONFIG_MAP_APP,
+        )
+        .await;
+        let harness = Harness::start(&client, &ns, 1 << 20).await;
+        let name = harness.open_pull_request(2, FIRST).await;
+        let held = wait_held(&harness.environments, &name, FIRST, "AwaitingChecks").await;
+        assert!(
+            held.status
+                .unwrap()
+                .waiting
+                .unwrap()
+                .message
+                .contains("none reported yet")
+        );
+        harness
+            .signed(
+                "status",
+                "s-1",
+                &commit_status("ci/circleci: build", FIRST, "pending"),
+            )
+            .await;
+        harness
+            .signed(
+                "status",
+                "s-2",
+                &commit_status("ci/circleci: test", FIRST, "success"),
+            )
+            .await;
+        // Once both are recorded, only the one still running is waited for.
+        eventually(
+            "the wait for the build only",
+            Duration::from_secs(30),
+            || async {
+                let environment = harness.environments.get(&name).await.ok()?;
+                let message = environment.status?.waiting?.message;
+                message
+                    .ends_with("waiting for `ci/circleci: build` (running).")
+                    .then_some(())
+            },
+        )
+        .await;
+        harness
+            .signed(
+                "status",
+                "s-3",
+                &commit_status("ci/circleci: build", FIRST, "success"),
+            )
+            .await;
+        wait_ready_with_sha(&harness.environments, &name, FIRST).await;
+    })
+    .await;
+}
+
+/// A Pipeline Hook delivery for `sha` (GitLab's "Pipeline events", trimmed).
+fn pipeline(project: &str, sha: &str, status: &str) -> Vec<u8> {
+    json!({
+        "object_kind": "pipeline",
+        "object_attributes": {"id": 31, "iid": 3, "ref": "ms-viewport", "tag": false, "sha": sha,
+            "source": "merge_request_event", "status": status, "stages": ["build", "test"]},
+        "merge_request": {"id": 1, "iid": 1, "source_branch": "ms-viewport", "target_branch": "master"},
+        "user": {"id": 1, "name": "Administrator", "username": "root"},
+        "project": {"id": 1, "name": "Gitlab Test", "path_with_namespace": project},
+        "builds": [{"id": 380, "stage": "build", "name": "build-image", "status": status}]
+    })
+    .to_string()
+    .into_bytes()
+}
+
+#[tokio::test]
+async fn gitlab_a_merge_request_deploys_once_its_pipeline_succeeded() {
+    in_namespace("workflow-gitlab", |client, ns| async move {
+        let forge = gitlab_forge().await;
+        let project = "gitlabhq/gitlab-test";
+        let wait = json!({"triggers": {"waitForChecks": {"names": ["pipeline"]}}});
+        install_template_with(
+            &client,
+            &ns,
+            "gitlab",
+            project,
+            Some(&forge.uri()),
+            wait,
+            CONFIG_MAP_APP,
+        )
+        .await;
+        let harness = Harness::start(&client, &ns, 1 << 20).await;
+        let opened = gitlab_fixture_bytes("gitlab/merge_request.json");
+        let sha =
+            json_fixture("gitlab/merge_request.json")["object_attributes"]["last_commit"]["id"]
+                .as_str()
+                .unwrap()
+                .to_string();
+        let (code, answer) = harness
+            .gitlab("Merge Request Hook", "mr-1", &opened, SECRET)
+            .await;
+        assert_eq!(code, 202, "{answer}");
+        let name = harness.environment_names().await.pop().unwrap();
+        wait_held(&harness.environments, &name, &sha, "AwaitingChecks").await;
+
+        harness
+            .gitlab(
+                "Pipeline Hook",
+                "p-1",
+                &pipeline(project, &sha, "running"),
+                SECRET,
+            )
+            .await;
+        harness
+            .gitlab(
+                "Pipeline Hook",
+                "p-2",
+                &pipeline(project, &sha, "failed"),
+                SECRET,
+            )
+            .await;
+        let failed = wait_held(&harness.environments, &name, &sha, "ChecksFailed").await;
+        assert_eq!(
+            failed.status.unwrap().phase,
+            Phase::Degraded,
+            "a first commit that failed CI"
+        );
+        assert_eq!(
+            sent(&forge, "POST", &format!("/statuses/{sha}"), "state=failed").await,
+            1,
+            "the commit status says failed, once"
+        );
+        // Retried, passed.
+        harness
+            .gitlab(
+                "Pipeline Hook",
+                "p-3",
+                &pipeline(project, &sha, "success"),
+                SECRET,
+            )
+            .await;
+        wait_ready_with_sha(&harness.environments, &name, &sha).await;
+    })
+    .await;
+}
+
+fn gitlab_fixture_bytes(path: &str) -> Vec<u8> {
+    std::fs::read(support::fixture(path)).unwrap()
+}
