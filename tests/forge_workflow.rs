@@ -351,3 +351,130 @@ async fn gitlab_a_merge_request_deploys_once_its_pipeline_succeeded() {
 fn gitlab_fixture_bytes(path: &str) -> Vec<u8> {
     std::fs::read(support::fixture(path)).unwrap()
 }
+
+/// How many requests to the GitLab API whose path ends with `path_end` and whose (form) body
+/// contains every one of `needles`.
+async fn gitlab_sent(forge: &MockServer, verb: &str, path_end: &str, needles: &[&str]) -> usize {
+    let requests = forge.received_requests().await.unwrap_or_default();
+    requests
+        .iter()
+        .filter(|r| r.method.as_str() == verb && r.url.path().ends_with(path_end))
+        .filter(|r| {
+            let body = String::from_utf8_lossy(&r.body);
+            needles.iter().all(|needle| body.contains(needle))
+        })
+        .count()
+}
+
+/// Waits until the GitLab API got such a request.
+async fn gitlab_got(forge: &MockServer, verb: &str, path_end: &str, needles: &[&str]) {
+    eventually(
+        &format!("{verb} …{path_end} with {needles:?}"),
+        Duration::from_secs(30),
+        || async { (gitlab_sent(forge, verb, path_end, needles).await > 0).then_some(()) },
+    )
+    .await
+}
+
+#[tokio::test]
+async fn gitlab_an_environment_is_registered_deployed_per_commit_and_stopped_on_removal() {
+    in_namespace("workflow-gitlab-env", |client, ns| async move {
+        let forge = gitlab_forge().await;
+        let project = "gitlabhq/gitlab-test";
+        let app = format!("{CONFIG_MAP_APP}---\n{INGRESS_FOR_HOST}");
+        let api = Some(forge.uri());
+        install_template_with(
+            &client,
+            &ns,
+            "gitlab",
+            project,
+            api.as_deref(),
+            json!({}),
+            &app,
+        )
+        .await;
+        let harness = Harness::start(&client, &ns, 1 << 20).await;
+        let mut delivery = json_fixture("gitlab/merge_request.json");
+        let first = delivery["object_attributes"]["last_commit"]["id"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        let mr = delivery.to_string().into_bytes();
+        harness
+            .gitlab("Merge Request Hook", "e-1", &mr, SECRET)
+            .await;
+        let name = harness.environment_names().await.pop().unwrap();
+        let ready = wait_ready_with_sha(&harness.environments, &name, &first).await;
+        let url = ready.status.unwrap().url.unwrap();
+        let encoded =
+            |text: &str| url::form_urlencoded::byte_serialize(text.as_bytes()).collect::<String>();
+        let environment = encoded(&format!("preview/{ns}/{name}"));
+
+        // Registered once, with its URL, as a review app (tier development).
+        let named = format!("name={environment}");
+        gitlab_got(
+            &forge,
+            "POST",
+            "/environments",
+            &[&named, "tier=development"],
+        )
+        .await;
+        let environment_url = format!("external_url={}", encoded(&url));
+        let with_url = gitlab_sent(&forge, "POST", "/environments", &[&environment_url]).await
+            + gitlab_sent(&forge, "PUT", "/environments/5", &[&environment_url]).await;
+        assert_eq!(with_url, 1, "the environment got its URL {url} once");
+        // One deployment of the commit to it, finished as success.
+        let deployed = [format!("environment={environment}"), format!("sha={first}")];
+        let deployed: Vec<&str> = deployed.iter().map(String::as_str).collect();
+        gitlab_got(&forge, "POST", "/deployments", &deployed).await;
+        let succeeded = || async {
+            let created = gitlab_sent(&forge, "POST", "/deployments", &["status=success"]).await;
+            created + gitlab_sent(&forge, "PUT", "/deployments/7", &["status=success"]).await
+        };
+        eventually(
+            "the deployment to succeed",
+            Duration::from_secs(30),
+            || async { (succeeded().await == 1).then_some(()) },
+        )
+        .await;
+
+        // A new commit: a second deployment, the environment is not made again.
+        let second = "0a1b2c3d4e5f60718293a4b5c6d7e8f901234567";
+        delivery["object_attributes"]["action"] = "update".into();
+        delivery["object_attributes"]["last_commit"]["id"] = second.into();
+        harness
+            .gitlab(
+                "Merge Request Hook",
+                "e-2",
+                delivery.to_string().as_bytes(),
+                SECRET,
+            )
+            .await;
+        wait_ready_with_sha(&harness.environments, &name, second).await;
+        gitlab_got(&forge, "POST", "/deployments", &[&format!("sha={second}")]).await;
+        eventually(
+            "the second deployment to succeed",
+            Duration::from_secs(30),
+            || async { (succeeded().await == 2).then_some(()) },
+        )
+        .await;
+        assert_eq!(
+            gitlab_sent(&forge, "POST", "/environments", &[]).await,
+            1,
+            "one environment"
+        );
+
+        // Closed: the preview goes, and GitLab's environment is stopped.
+        delivery["object_attributes"]["action"] = "close".into();
+        harness
+            .gitlab(
+                "Merge Request Hook",
+                "e-3",
+                delivery.to_string().as_bytes(),
+                SECRET,
+            )
+            .await;
+        gitlab_got(&forge, "POST", "/environments/5/stop", &[]).await;
+    })
+    .await;
+}

@@ -1,5 +1,6 @@
-//! Reporting to the forge: the one PR/MR comment, the commit status and (GitHub) the
-//! deployment status of an environment, sent only when what they would say changed.
+//! Reporting to the forge: the one PR/MR comment, the commit status and the deployment of an
+//! environment (a GitHub Deployment with its statuses; a GitLab environment with a deployment
+//! per commit, stopped on removal), sent only when what they would say changed.
 //!
 //! What was last sent is kept in the environment's `status.forge` (comment id, SHA-256 of the
 //! comment text and of the status triple), so an unchanged environment makes no forge call,
@@ -17,6 +18,7 @@ use sha2::{Digest, Sha256};
 
 use super::client::{DeploymentState, ForgeApiError, ForgeClient, ForgeClients};
 use super::comment::{self, CommentInput, CommentState, CommitState};
+use super::gitlab::api::GitlabApi;
 use crate::cluster::secrets::{SecretError, SecretReader};
 use crate::forge::metrics::ForgeMetrics;
 use crate::model::crd::{
@@ -197,27 +199,37 @@ impl Reporter {
             return Ok(());
         }
         let description = describe(status);
-        if let ForgeClient::Github(github) = client.as_ref() {
-            if record.deployment_sha.as_deref() != Some(source.head_sha.as_str()) {
-                let deployment = github
-                    .create_deployment(
-                        &source.repository,
-                        &source.head_sha,
-                        &environment.name_any(),
-                    )
-                    .await?;
-                record.deployment_id = Some(deployment);
-                record.deployment_sha = Some(source.head_sha.clone());
+        let deployment_state = match state {
+            CommitState::Success => DeploymentState::Success,
+            CommitState::Failure => DeploymentState::Failure,
+            CommitState::Pending | CommitState::Running => DeploymentState::InProgress,
+        };
+        match client.as_ref() {
+            ForgeClient::Github(github) => {
+                if record.deployment_sha.as_deref() != Some(source.head_sha.as_str()) {
+                    let deployment = github
+                        .create_deployment(
+                            &source.repository,
+                            &source.head_sha,
+                            &environment.name_any(),
+                        )
+                        .await?;
+                    record.deployment_id = Some(deployment);
+                    record.deployment_sha = Some(source.head_sha.clone());
+                }
+                if let Some(deployment) = record.deployment_id {
+                    github
+                        .deployment_status(&source.repository, deployment, deployment_state, &url)
+                        .await?;
+                }
             }
-            if let Some(deployment) = record.deployment_id {
-                let deployment_state = match state {
-                    CommitState::Success => DeploymentState::Success,
-                    CommitState::Failure => DeploymentState::Failure,
-                    CommitState::Pending | CommitState::Running => DeploymentState::InProgress,
+            ForgeClient::Gitlab(gitlab) => {
+                let deploy = GitlabDeploy {
+                    environment,
+                    url: &url,
+                    state: deployment_state,
                 };
-                github
-                    .deployment_status(&source.repository, deployment, deployment_state, &url)
-                    .await?;
+                report_gitlab_deployment(gitlab, &deploy, record).await?;
             }
         }
         client
@@ -267,20 +279,91 @@ impl Reporter {
             });
             upsert_comment(&client, &source.repository, number, &id, &text, &mut record).await?;
         }
-        if let (ForgeClient::Github(github), Some(deployment)) =
-            (client.as_ref(), record.deployment_id)
-        {
-            github
-                .deployment_status(
-                    &source.repository,
-                    deployment,
-                    DeploymentState::Inactive,
-                    "",
-                )
-                .await?;
+        match (client.as_ref(), record.deployment_id, record.environment_id) {
+            (ForgeClient::Github(github), Some(deployment), _) => {
+                github
+                    .deployment_status(
+                        &source.repository,
+                        deployment,
+                        DeploymentState::Inactive,
+                        "",
+                    )
+                    .await?;
+            }
+            (ForgeClient::Gitlab(gitlab), _, Some(id)) => {
+                gitlab.stop_environment(&source.repository, id).await?;
+            }
+            _ => {}
         }
         Ok(())
     }
+}
+
+/// The GitLab environment of a preview environment: `preview/<namespace>/<name>`. GitLab folds
+/// the environments under `preview/` into one folder of its Environments page; the namespace
+/// keeps two teams' templates of the same name for one project (each in its own namespace)
+/// from sharing, and stopping, each other's GitLab environment.
+pub fn gitlab_environment_name(environment: &PreviewEnvironment) -> String {
+    let namespace = environment.namespace().unwrap_or_default();
+    format!("preview/{namespace}/{}", environment.name_any())
+}
+
+/// What a GitLab deployment report says: which environment, its URL, the deployment's state.
+struct GitlabDeploy<'a> {
+    environment: &'a PreviewEnvironment,
+    url: &'a str,
+    state: DeploymentState,
+}
+
+/// Registers the environment in GitLab (once; its external URL when it changes) and keeps one
+/// deployment per head commit, so the merge request widget shows *View app*. A new deployment
+/// starts as `running` and then goes to `success` or `failed`; GitLab allows no way back to
+/// `running`, so a later `InProgress` is not sent to a deployment that finished.
+async fn report_gitlab_deployment(
+    gitlab: &GitlabApi,
+    deploy: &GitlabDeploy<'_>,
+    record: &mut ForgeReport,
+) -> Result<(), ForgeApiError> {
+    let source = &deploy.environment.spec.source;
+    let project = &source.repository;
+    let name = gitlab_environment_name(deploy.environment);
+    let url = deploy.url;
+    match record.environment_id {
+        None => {
+            record.environment_id = Some(gitlab.environment(project, &name, url).await?);
+            record.environment_url = Some(url.to_string());
+        }
+        Some(id) if !url.is_empty() && record.environment_url.as_deref() != Some(url) => {
+            gitlab.environment_url(project, id, url).await?;
+            record.environment_url = Some(url.to_string());
+        }
+        Some(_) => {}
+    }
+    let state = format!("{:?}", deploy.state);
+    if record.deployment_sha.as_deref() != Some(source.head_sha.as_str()) {
+        let id = gitlab
+            .create_deployment(
+                project,
+                &name,
+                &source.head_sha,
+                &source.branch,
+                deploy.state,
+            )
+            .await?;
+        record.deployment_id = Some(id);
+        record.deployment_sha = Some(source.head_sha.clone());
+        record.deployment_state = Some(state);
+        return Ok(());
+    }
+    let finished = deploy.state != DeploymentState::InProgress;
+    if let Some(id) = record.deployment_id
+        && finished
+        && record.deployment_state.as_deref() != Some(state.as_str())
+    {
+        gitlab.deployment_status(project, id, deploy.state).await?;
+        record.deployment_state = Some(state);
+    }
+    Ok(())
 }
 
 /// The commit status of a held-back head: pending while it waits, failed when its checks

@@ -1,6 +1,6 @@
 //! A local stand-in for the GitHub and GitLab APIs, for the sandbox: it answers the calls
-//! previewd makes (PR comments and MR notes, commit statuses, GitHub deployments, permission
-//! checks), remembers comments so that previewd finds and edits its own, and reports every
+//! previewd makes (PR comments and MR notes, commit statuses, GitHub deployments, GitLab
+//! environments and deployments, permission checks), remembers comments so that previewd finds and edits its own, and reports every
 //! comment and status it receives (printed by the sandbox, rendered by the demo).
 //!
 //! GitHub paths (`/repos/...`) and GitLab paths (`/api/v4/...`) do not overlap, so one server
@@ -47,8 +47,10 @@ pub enum Received {
         state: String,
         description: String,
     },
-    /// A GitHub deployment status (state and the environment URL).
+    /// A deployment status (GitHub: state and the environment URL; GitLab: a deployment's
+    /// state, or `stopped` for its environment).
     DeploymentStatus {
+        forge: &'static str,
         repository: String,
         state: String,
         url: String,
@@ -88,10 +90,11 @@ impl std::fmt::Display for Received {
                 sha.get(..7).unwrap_or(sha)
             ),
             Received::DeploymentStatus {
+                forge,
                 repository,
                 state,
                 url,
-            } => write!(f, "github {repository}: deployment {state} {url}"),
+            } => write!(f, "{forge} {repository}: deployment {state} {url}"),
         }
     }
 }
@@ -422,6 +425,7 @@ fn github(
             StatusCode::CREATED,
             json!({"id": 1}),
             Some(Received::DeploymentStatus {
+                forge: "github",
                 repository: repository.to_string(),
                 state: field(body, "state"),
                 url: field(body, "environment_url"),
@@ -478,6 +482,29 @@ fn gitlab(records: &mut Records, method: &Method, rest: &[&str], page: u64, body
             json!({"id": 1, "username": "anyone", "access_level": 40}),
             None,
         ),
+        ("GET", ["projects", _, "environments"]) => (StatusCode::OK, json!([]), None),
+        ("POST", ["projects", _, "environments"]) => {
+            records.next_id += 1;
+            let name = field(body, "name");
+            (
+                StatusCode::CREATED,
+                json!({"id": records.next_id, "name": name}),
+                None,
+            )
+        }
+        ("PUT", ["projects", _, "environments", _]) => (StatusCode::OK, json!({"id": 1}), None),
+        ("POST", ["projects", project, "environments", _, "stop"]) => {
+            gitlab_deployment(project, "stopped", String::new())
+        }
+        ("POST", ["projects", project, "deployments"]) => {
+            records.next_id += 1;
+            let mut routed = gitlab_deployment(project, &field(body, "status"), field(body, "sha"));
+            routed.1 = json!({"id": records.next_id});
+            routed
+        }
+        ("PUT", ["projects", project, "deployments", _]) => {
+            gitlab_deployment(project, &field(body, "status"), String::new())
+        }
         ("GET", ["projects", project, "merge_requests"]) => {
             listed(records.known.open_list(Gitlab, project, page))
         }
@@ -486,6 +513,22 @@ fn gitlab(records: &mut Records, method: &Method, rest: &[&str], page: u64, body
         }
         _ => not_found(),
     }
+}
+
+/// A GitLab deployment's (or environment's) new state, as received; a new deployment names
+/// its commit.
+fn gitlab_deployment(project: &str, state: &str, sha: String) -> Routed {
+    let state = match sha.get(..7) {
+        Some(short) => format!("{state} of {short}"),
+        None => state.to_string(),
+    };
+    let received = Received::DeploymentStatus {
+        forge: "gitlab",
+        repository: project.to_string(),
+        state,
+        url: String::new(),
+    };
+    (StatusCode::OK, json!({"id": 1}), Some(received))
 }
 
 #[cfg(test)]
@@ -535,6 +578,34 @@ mod tests {
         assert_eq!(status, StatusCode::OK);
         assert!(
             matches!(received, Some(Received::Comment { edited: true, ref body, .. }) if body == "ready")
+        );
+    }
+
+    #[test]
+    fn gitlab_environments_and_deployments_are_answered_and_reported() {
+        let mut records = Records::default();
+        let at = |rest: &[&'static str]| {
+            let mut segments = vec!["api", "v4", "projects", "g/p"];
+            segments.extend_from_slice(rest);
+            segments
+        };
+        let (status, none, _) = route(&mut records, &Method::GET, &at(&["environments"]), 1, b"");
+        assert_eq!((status, none), (StatusCode::OK, json!([])));
+        let body = b"name=preview%2Fns%2Fapp-mr-1&tier=development";
+        let (status, created, _) =
+            route(&mut records, &Method::POST, &at(&["environments"]), 1, body);
+        assert_eq!(status, StatusCode::CREATED);
+        assert_eq!(created["name"], "preview/ns/app-mr-1");
+        let body = b"environment=preview%2Fns%2Fapp-mr-1&sha=da1560886d4f094c&status=running";
+        let (_, deployment, received) =
+            route(&mut records, &Method::POST, &at(&["deployments"]), 1, body);
+        assert!(deployment["id"].as_u64().is_some());
+        let said = received.map(|r| r.to_string()).unwrap_or_default();
+        assert_eq!(said, "gitlab g/p: deployment running of da15608 ");
+        let stop = at(&["environments", "1", "stop"]);
+        let (_, _, received) = route(&mut records, &Method::POST, &stop, 1, b"");
+        assert!(
+            matches!(received, Some(Received::DeploymentStatus { ref state, .. }) if state == "stopped")
         );
     }
 

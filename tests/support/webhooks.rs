@@ -121,6 +121,47 @@ pub async fn mount_gitlab_api(server: &MockServer) {
         .respond_with(ok(201, json!({"id": 1})))
         .mount(server)
         .await;
+    // Environments: none exists yet, a new one gets id 5; deployments get id 7.
+    let environments = r"^/api/v4/projects/[^/]+/environments";
+    for (verb, pattern, status, body) in [
+        ("GET", format!("{environments}$"), 200, json!([])),
+        (
+            "POST",
+            format!("{environments}$"),
+            201,
+            json!({"id": 5, "name": "preview/x"}),
+        ),
+        (
+            "PUT",
+            format!(r"{environments}/\d+$"),
+            200,
+            json!({"id": 5}),
+        ),
+        (
+            "POST",
+            format!(r"{environments}/\d+/stop$"),
+            200,
+            json!({"id": 5}),
+        ),
+        (
+            "POST",
+            r"^/api/v4/projects/[^/]+/deployments$".to_string(),
+            201,
+            json!({"id": 7}),
+        ),
+        (
+            "PUT",
+            r"^/api/v4/projects/[^/]+/deployments/\d+$".to_string(),
+            200,
+            json!({"id": 7}),
+        ),
+    ] {
+        Mock::given(method(verb))
+            .and(path_regex(pattern))
+            .respond_with(ok(status, body))
+            .mount(server)
+            .await;
+    }
 }
 
 /// How many `verb` requests the forge received whose path ends with `path_end` and whose body

@@ -1,11 +1,12 @@
 //! GitLab's REST API through the `gitlab` crate: the same calls as GitHub's (its note on the
-//! merge request, commit statuses, repository files, members' access level, the open merge
-//! requests and branches the sweep lists), each through [`GitlabApi::run`], which applies the
+//! merge request, commit statuses, environments and deployments, repository files, members'
+//! access level, the open merge requests and branches the sweep lists), each through [`GitlabApi::run`], which applies the
 //! gate and a timeout and counts the call.
 
 use std::collections::HashSet;
 use std::sync::Arc;
 
+use gitlab::api::projects::deployments::{CreateDeployment, DeploymentStatus, EditDeployment};
 use gitlab::api::projects::members::AllProjectMember;
 use gitlab::api::projects::merge_requests::notes::{
     CreateMergeRequestNote, EditMergeRequestNote, MergeRequestNotes,
@@ -17,9 +18,12 @@ use gitlab::api::projects::repository::files::FileRaw;
 use gitlab::api::{AsyncQuery, Endpoint, Pageable, Pagination};
 use serde::de::DeserializeOwned;
 
+use super::environments::{
+    CreateEnvironment, EditEnvironmentUrl, EnvironmentsNamed, StopEnvironment,
+};
 use super::tree::TreeAt;
 use crate::forge::client::{
-    MAX_MANIFEST_FILES, check_manifest_count, check_manifest_size, is_yaml,
+    DeploymentState, MAX_MANIFEST_FILES, check_manifest_count, check_manifest_size, is_yaml,
 };
 use crate::forge::comment::CommitState;
 use crate::forge::metrics::ForgeMetrics;
@@ -505,6 +509,115 @@ impl GitlabApi {
             .build();
         self.send("commit_status", built("commit_status", endpoint)?)
             .await
+    }
+
+    /// The id of the GitLab environment `name`, created (tier `development`) if it does not
+    /// exist yet; an existing one gets `external_url` when it is known. Looked up first so
+    /// that a restart, or a second replica, never makes a second one.
+    pub(crate) async fn environment(
+        &self,
+        project: &str,
+        name: &str,
+        external_url: &str,
+    ) -> Result<u64, ForgeApiError> {
+        #[derive(serde::Deserialize)]
+        struct Environment {
+            id: u64,
+            name: String,
+        }
+        let named = EnvironmentsNamed { project, name };
+        let found: Vec<Environment> = self.query("find_environment", named).await?;
+        if let Some(existing) = found.into_iter().find(|e| e.name == name) {
+            if !external_url.is_empty() {
+                self.environment_url(project, existing.id, external_url)
+                    .await?;
+            }
+            return Ok(existing.id);
+        }
+        let create = CreateEnvironment {
+            project,
+            name,
+            external_url,
+        };
+        let created: Environment = self.query("create_environment", create).await?;
+        Ok(created.id)
+    }
+
+    pub(crate) async fn environment_url(
+        &self,
+        project: &str,
+        id: u64,
+        external_url: &str,
+    ) -> Result<(), ForgeApiError> {
+        let edit = EditEnvironmentUrl {
+            project,
+            id,
+            external_url,
+        };
+        self.send("edit_environment", edit).await
+    }
+
+    /// Stops environment `id`: GitLab shows it under *Stopped* and the merge request widget
+    /// no longer offers *View app*.
+    pub(crate) async fn stop_environment(
+        &self,
+        project: &str,
+        id: u64,
+    ) -> Result<(), ForgeApiError> {
+        self.send("stop_environment", StopEnvironment { project, id })
+            .await
+    }
+
+    /// A deployment of `sha` (on branch `reference`) to environment `name`; returns its id.
+    pub(crate) async fn create_deployment(
+        &self,
+        project: &str,
+        name: &str,
+        sha: &str,
+        reference: &str,
+        state: DeploymentState,
+    ) -> Result<u64, ForgeApiError> {
+        #[derive(serde::Deserialize)]
+        struct Deployment {
+            id: u64,
+        }
+        let endpoint = CreateDeployment::builder()
+            .project(project)
+            .environment(name)
+            .sha(sha)
+            .ref_(reference)
+            .tag(false)
+            .status(deployment_status(state))
+            .build();
+        let endpoint = built("create_deployment", endpoint)?;
+        let created: Deployment = self.query("create_deployment", endpoint).await?;
+        Ok(created.id)
+    }
+
+    pub(crate) async fn deployment_status(
+        &self,
+        project: &str,
+        id: u64,
+        state: DeploymentState,
+    ) -> Result<(), ForgeApiError> {
+        let endpoint = EditDeployment::builder()
+            .project(project)
+            .deployment_id(id)
+            .status(deployment_status(state))
+            .build();
+        self.send("deployment_status", built("deployment_status", endpoint)?)
+            .await
+    }
+}
+
+/// GitLab's deployment status for previewd's state (GitLab has no `inactive`: an environment
+/// that is gone is stopped instead).
+fn deployment_status(state: DeploymentState) -> DeploymentStatus {
+    match state {
+        DeploymentState::InProgress => DeploymentStatus::Running,
+        DeploymentState::Success => DeploymentStatus::Success,
+        DeploymentState::Failure => DeploymentStatus::Failed,
+        DeploymentState::Inactive => DeploymentStatus::Canceled,
     }
 }
 

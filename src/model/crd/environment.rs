@@ -251,12 +251,22 @@ pub struct ForgeReport {
     /// SHA-256 of the comment's last text.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub comment_sha: Option<String>,
-    /// GitHub Deployment of the head SHA (GitHub only).
+    /// The forge's Deployment of the head SHA (a GitHub Deployment, a GitLab deployment).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub deployment_id: Option<u64>,
     /// The head SHA that Deployment is for.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub deployment_sha: Option<String>,
+    /// The last state sent for that GitLab deployment (`InProgress`, `Success`, `Failure`):
+    /// GitLab lets a deployment go from running to success or failure, never back.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deployment_state: Option<String>,
+    /// The GitLab environment (`preview/<namespace>/<environment>`) the deployments go to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub environment_id: Option<u64>,
+    /// The external URL last given to that GitLab environment.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub environment_url: Option<String>,
     /// SHA-256 of the last commit/deployment status sent (state, head SHA, URL).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub status_sha: Option<String>,
