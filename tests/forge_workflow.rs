@@ -478,3 +478,132 @@ async fn gitlab_an_environment_is_registered_deployed_per_commit_and_stopped_on_
     })
     .await;
 }
+
+/// An RSA key pair made by `openssl` for the test's GitHub App: (private key, public key), PEM.
+fn app_key_pair() -> (String, String) {
+    let folder = tempfile::tempdir().unwrap();
+    let private = folder.path().join("app.pem");
+    let made = std::process::Command::new("openssl")
+        .args(["genrsa", "-out"])
+        .arg(&private)
+        .arg("2048")
+        .output()
+        .unwrap();
+    assert!(made.status.success(), "openssl genrsa: {made:?}");
+    let public = std::process::Command::new("openssl")
+        .args(["rsa", "-pubout", "-in"])
+        .arg(&private)
+        .output()
+        .unwrap();
+    assert!(public.status.success(), "openssl rsa -pubout: {public:?}");
+    let private = std::fs::read_to_string(&private).unwrap();
+    (private, String::from_utf8(public.stdout).unwrap())
+}
+
+/// GitHub's App endpoints as the test plays them: every call must carry a JWT signed with the
+/// App's private key (checked with its public key, RS256, issuer the App id, not expired);
+/// the answer for call `n` (from 0) is `answer(n)`.
+struct AppEndpoint {
+    public_key: jsonwebtoken::DecodingKey,
+    app_id: u64,
+    calls: std::sync::atomic::AtomicUsize,
+    answer: fn(usize) -> serde_json::Value,
+}
+
+impl wiremock::Respond for AppEndpoint {
+    fn respond(&self, request: &wiremock::Request) -> wiremock::ResponseTemplate {
+        let bearer = request
+            .headers
+            .get("authorization")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .unwrap_or_default();
+        let mut rules = jsonwebtoken::Validation::new(jsonwebtoken::Algorithm::RS256);
+        rules.set_required_spec_claims(&["exp", "iat", "iss"]);
+        rules.set_issuer(&[self.app_id.to_string()]);
+        match jsonwebtoken::decode::<serde_json::Value>(bearer, &self.public_key, &rules) {
+            Ok(_) => {
+                let n = self.calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                wiremock::ResponseTemplate::new(201).set_body_json((self.answer)(n))
+            }
+            Err(e) => wiremock::ResponseTemplate::new(401).set_body_json(
+                json!({"message": format!("A JSON web token could not be decoded: {e}")}),
+            ),
+        }
+    }
+}
+
+/// Installation tokens: the first expires in 2 minutes (inside previewd's 5-minute renewal
+/// margin, so the next call renews it), the second in an hour.
+fn installation_token(n: usize) -> serde_json::Value {
+    let (token, lifetime) = match n {
+        0 => ("ghs_first", chrono::TimeDelta::minutes(2)),
+        _ => ("ghs_second", chrono::TimeDelta::hours(1)),
+    };
+    let expires_at = (chrono::Utc::now() + lifetime).to_rfc3339();
+    json!({"token": token, "expires_at": expires_at, "permissions": {"pull_requests": "write"},
+        "repository_selection": "selected"})
+}
+
+/// How many requests previewd sent to the GitHub API with `Authorization: Bearer <token>`.
+async fn sent_with_token(forge: &MockServer, token: &str) -> usize {
+    let expected = format!("Bearer {token}");
+    let requests = forge.received_requests().await.unwrap_or_default();
+    requests
+        .iter()
+        .filter(|r| r.headers.get("authorization").and_then(|v| v.to_str().ok()) == Some(&expected))
+        .count()
+}
+
+#[tokio::test]
+async fn a_github_app_gets_installation_tokens_signed_with_its_key_cached_and_renewed() {
+    in_namespace("workflow-github-app", |client, ns| async move {
+        let forge = github_forge().await;
+        let (private_key, public_key) = app_key_pair();
+        let app_id = 31337;
+        let key = || jsonwebtoken::DecodingKey::from_rsa_pem(public_key.as_bytes()).unwrap();
+        let endpoint = |answer| AppEndpoint { public_key: key(), app_id, calls: Default::default(), answer };
+        wiremock::Mock::given(wiremock::matchers::method("GET"))
+            .and(wiremock::matchers::path(format!("/repos/{GITHUB_REPOSITORY}/installation")))
+            .respond_with(endpoint(|_| json!({"id": 42, "app_id": 31337})))
+            .mount(&forge)
+            .await;
+        wiremock::Mock::given(wiremock::matchers::method("POST"))
+            .and(wiremock::matchers::path("/app/installations/42/access_tokens"))
+            .respond_with(endpoint(installation_token))
+            .mount(&forge)
+            .await;
+        let secret: k8s_openapi::api::core::v1::Secret = serde_json::from_value(json!({
+            "metadata": {"name": "github-app"}, "stringData": {"private-key.pem": private_key}
+        }))
+        .unwrap();
+        Api::namespaced(client.clone(), &ns).create(&Default::default(), &secret).await.unwrap();
+        let forge_section = json!({"forge": {"kind": "github", "repository": GITHUB_REPOSITORY,
+            "apiUrl": forge.uri(), "webhookSecretRef": {"name": "webhook", "key": "secret"},
+            "githubApp": {"appId": app_id, "privateKeySecretRef": {"name": "github-app", "key": "private-key.pem"}}}});
+        install_template_with(&client, &ns, "github", GITHUB_REPOSITORY, None, forge_section, CONFIG_MAP_APP).await;
+        let harness = Harness::start(&client, &ns, 1 << 20).await;
+
+        let name = harness.open_pull_request(2, FIRST).await;
+        wait_ready_with_sha(&harness.environments, &name, FIRST).await;
+        comment_says(&forge, &name, "Preview environment: ready").await;
+        harness.signed("pull_request", "app-2", &synchronize_to(SECOND)).await;
+        wait_ready_with_sha(&harness.environments, &name, SECOND).await;
+        harness.signed("pull_request", "app-3", &synchronize_to(THIRD)).await;
+        wait_ready_with_sha(&harness.environments, &name, THIRD).await;
+        comment_says(&forge, &name, "`3333333`").await;
+
+        // The first token was used, then renewed once (it was about to expire); the second,
+        // valid for an hour, served every call after it: two tokens for three commits.
+        let minted = sent(&forge, "POST", "/access_tokens", "").await;
+        assert_eq!(minted, 2, "installation tokens minted");
+        assert_eq!(sent(&forge, "GET", "/installation", "").await, 1, "installation looked up once");
+        let token_body = sent(&forge, "POST", "/access_tokens", "\"repositories\":[\"Hello-World\"]").await;
+        assert_eq!(token_body, 2, "each token is limited to the template's repository");
+        assert!(sent_with_token(&forge, "ghs_first").await >= 1);
+        let later = sent_with_token(&forge, "ghs_second").await;
+        assert!(later >= 4, "the renewed token made the later calls ({later})");
+        assert_eq!(sent_with_token(&forge, "forge-token-for-tests").await, 0, "no personal token");
+    })
+    .await;
+}

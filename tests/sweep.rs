@@ -503,6 +503,12 @@ async fn on_gitlab_the_sweep_reads_every_page_of_merge_requests_and_the_branches
             .respond_with(ResponseTemplate::new(200).set_body_json(json!([])))
             .mount(&forge)
             .await;
+        // The environments' reports register GitLab environments: none exists yet (a list).
+        Mock::given(method("GET"))
+            .and(path_regex(r"/environments$"))
+            .respond_with(ResponseTemplate::new(200).set_body_json(json!([])))
+            .mount(&forge)
+            .await;
         Mock::given(wiremock::matchers::any())
             .respond_with(ResponseTemplate::new(201).set_body_json(json!({"id": 1, "body": ""})))
             .mount(&forge)

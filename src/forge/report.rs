@@ -18,6 +18,7 @@ use sha2::{Digest, Sha256};
 
 use super::client::{DeploymentState, ForgeApiError, ForgeClient, ForgeClients};
 use super::comment::{self, CommentInput, CommentState, CommitState};
+use super::github::app::AppTokens;
 use super::gitlab::api::GitlabApi;
 use crate::cluster::secrets::{SecretError, SecretReader};
 use crate::forge::metrics::ForgeMetrics;
@@ -48,6 +49,8 @@ impl ReportError {
 
 pub struct Reporter {
     clients: ForgeClients,
+    /// Installation tokens of the templates that act as a GitHub App.
+    app_tokens: AppTokens,
     secrets: Arc<SecretReader>,
     /// What was sent, by environment UID. The controller may reconcile from a cache that does
     /// not show the last status write yet; this record does, so a comment is never created
@@ -72,6 +75,7 @@ fn sha_hex(text: &str) -> String {
 impl Reporter {
     pub fn new(metrics: ForgeMetrics, secrets: Arc<SecretReader>) -> Self {
         Self {
+            app_tokens: AppTokens::new(metrics.clone()),
             clients: ForgeClients::new(metrics),
             secrets,
             sent: Mutex::new(HashMap::new()),
@@ -115,19 +119,27 @@ impl Reporter {
         self.sent.lock().expect("sent reports").get(uid).cloned()
     }
 
-    /// The forge client of `template` (`None` when it names no token).
+    /// The forge client of `template` (`None` when it names no token and no GitHub App).
     pub async fn client(
         &self,
         template: &PreviewTemplate,
     ) -> Result<Option<Arc<ForgeClient>>, ReportError> {
-        let Some(reference) = &template.spec.forge.token_secret_ref else {
-            return Ok(None);
-        };
-        let token = self
-            .secrets
-            .get(&template.namespace().unwrap_or_default(), reference)
-            .await?;
         let forge = &template.spec.forge;
+        let namespace = template.namespace().unwrap_or_default();
+        let token = match (&forge.github_app, &forge.token_secret_ref) {
+            (Some(app), _) if forge.kind == ForgeKind::Github => {
+                let key = self
+                    .secrets
+                    .get(&namespace, &app.private_key_secret_ref)
+                    .await?;
+                let api_url = forge.api_url.as_deref();
+                let repository = &forge.repository;
+                let token = self.app_tokens.token(api_url, app.app_id, &key, repository);
+                token.await?.into_bytes()
+            }
+            (_, Some(reference)) => self.secrets.get(&namespace, reference).await?,
+            _ => return Ok(None),
+        };
         Ok(Some(
             self.clients
                 .get(forge.kind, forge.api_url.as_deref(), &token)

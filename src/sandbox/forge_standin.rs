@@ -1,6 +1,6 @@
 //! A local stand-in for the GitHub and GitLab APIs, for the sandbox: it answers the calls
 //! previewd makes (PR comments and MR notes, commit statuses, GitHub deployments, GitLab
-//! environments and deployments, permission checks), remembers comments so that previewd finds and edits its own, and reports every
+//! environments and deployments, GitHub App installation tokens, permission checks), remembers comments so that previewd finds and edits its own, and reports every
 //! comment and status it receives (printed by the sandbox, rendered by the demo).
 //!
 //! GitHub paths (`/repos/...`) and GitLab paths (`/api/v4/...`) do not overlap, so one server
@@ -304,8 +304,22 @@ fn route(records: &mut Records, method: &Method, path: &[&str], page: u64, body:
             github(records, method, &repository, rest, page, body)
         }
         ["api", "v4", rest @ ..] => gitlab(records, method, rest, page, body),
+        ["app", "installations", _, "access_tokens"] if method == Method::POST => {
+            installation_token(records)
+        }
         _ => not_found(),
     }
+}
+
+/// A GitHub App installation token (for a template with `forge.githubApp`): a new one each
+/// time, valid an hour. The stand-in does not check the App's JWT (it knows no App's key);
+/// `tests/forge_workflow.rs` does, with a key pair of its own.
+fn installation_token(records: &mut Records) -> Routed {
+    records.next_id += 1;
+    let expires_at = chrono::Utc::now() + chrono::TimeDelta::hours(1);
+    let token = json!({"token": format!("ghs_sandbox{}", records.next_id),
+        "expires_at": expires_at.to_rfc3339()});
+    (StatusCode::CREATED, token, None)
 }
 
 fn not_found() -> Routed {
@@ -431,6 +445,7 @@ fn github(
                 url: field(body, "environment_url"),
             }),
         ),
+        ("GET", ["installation"]) => (StatusCode::OK, json!({"id": 1}), None),
         ("GET", ["collaborators", _, "permission"]) => (
             StatusCode::OK,
             json!({"permission": "admin", "role_name": "admin"}),
@@ -579,6 +594,28 @@ mod tests {
         assert!(
             matches!(received, Some(Received::Comment { edited: true, ref body, .. }) if body == "ready")
         );
+    }
+
+    #[test]
+    fn a_github_app_finds_its_installation_and_gets_a_new_token_each_time() {
+        let mut records = Records::default();
+        let (status, installation, _) =
+            call(&mut records, Method::GET, "/repos/o/r/installation", "");
+        assert_eq!((status, installation), (StatusCode::OK, json!({"id": 1})));
+        let mint = |records: &mut Records| {
+            let (status, token, _) = call(
+                records,
+                Method::POST,
+                "/app/installations/1/access_tokens",
+                r#"{"repositories":["r"]}"#,
+            );
+            assert_eq!(status, StatusCode::CREATED);
+            assert!(token["expires_at"].as_str().is_some());
+            token["token"].as_str().unwrap_or_default().to_string()
+        };
+        let first = mint(&mut records);
+        assert!(first.starts_with("ghs_sandbox"), "{first}");
+        assert_ne!(first, mint(&mut records));
     }
 
     #[test]

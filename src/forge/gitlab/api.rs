@@ -523,6 +523,7 @@ impl GitlabApi {
         #[derive(serde::Deserialize)]
         struct Environment {
             id: u64,
+            #[serde(default)]
             name: String,
         }
         let named = EnvironmentsNamed { project, name };

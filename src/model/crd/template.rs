@@ -173,9 +173,24 @@ pub struct ForgeSpec {
     /// Secret key holding the API token used for comments and statuses.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub token_secret_ref: Option<SecretKeyRef>,
+    /// GitHub only: act as this GitHub App, installed on the repository, instead of with a
+    /// token (installation tokens limited to the repository, renewed before they expire).
+    /// Takes precedence over `tokenSecretRef`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub github_app: Option<GithubApp>,
     /// Secret key holding the webhook secret (GitHub) or token (GitLab).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub webhook_secret_ref: Option<SecretKeyRef>,
+}
+
+/// A GitHub App: its id and its private key.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct GithubApp {
+    /// The App's id (its settings page: *App ID*).
+    pub app_id: u64,
+    /// Secret key holding the App's private key, in the PEM form GitHub hands out.
+    pub private_key_secret_ref: SecretKeyRef,
 }
 
 /// A key of a Secret in the template's namespace.

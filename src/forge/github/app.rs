@@ -1,0 +1,295 @@
+//! GitHub App authentication: organisations install previewd as a GitHub App instead of giving
+//! it a person's token. The App's private key signs a short JWT (RS256, 9 minutes); with it
+//! previewd finds the App's installation on the template's repository and asks for an
+//! installation token limited to that one repository. Tokens are kept until 5 minutes before
+//! GitHub's `expires_at`, so a busy repository costs one token request an hour.
+//!
+//! Every request goes only to the template's API URL (https, or http to this machine), with
+//! redirects off; the key, the JWT and the tokens are never logged.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use chrono::{DateTime, TimeDelta, Utc};
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+
+use crate::forge::metrics::ForgeMetrics;
+use crate::forge::transport::{
+    FORGE_CONNECT_TIMEOUT, FORGE_TIMEOUT, ForgeApiError, check_api_url, error_summary,
+};
+
+/// A token is renewed this long before GitHub says it expires (they last an hour).
+pub const RENEW_BEFORE: TimeDelta = TimeDelta::minutes(5);
+
+/// The JWT's lifetime: GitHub accepts at most 10 minutes; its `iat` is set a minute back to
+/// allow for clock drift, as GitHub recommends.
+const JWT_LIFETIME: TimeDelta = TimeDelta::minutes(9);
+
+/// (API URL, App id, repository in lower case).
+type RepositoryKey = (String, u64, String);
+
+/// A repository's token and when GitHub says it expires.
+type Tokens = HashMap<RepositoryKey, (String, DateTime<Utc>)>;
+
+/// Installation tokens of GitHub Apps, per repository, minted on demand and kept until shortly
+/// before they expire.
+pub struct AppTokens {
+    /// `None` if the HTTP client could not be built (then every token request says so).
+    http: Option<reqwest::Client>,
+    metrics: ForgeMetrics,
+    /// Installation id of each repository (an App installation does not move).
+    installations: Mutex<HashMap<RepositoryKey, u64>>,
+    tokens: Mutex<Tokens>,
+}
+
+#[derive(Serialize)]
+struct Claims {
+    iat: i64,
+    exp: i64,
+    iss: String,
+}
+
+#[derive(Deserialize)]
+struct Installation {
+    id: u64,
+}
+
+#[derive(Deserialize)]
+struct InstallationToken {
+    token: String,
+    expires_at: DateTime<Utc>,
+}
+
+impl AppTokens {
+    pub fn new(metrics: ForgeMetrics) -> Self {
+        let http = reqwest::Client::builder()
+            .redirect(reqwest::redirect::Policy::none())
+            .connect_timeout(FORGE_CONNECT_TIMEOUT)
+            .timeout(FORGE_TIMEOUT)
+            .user_agent(concat!("previewd/", env!("CARGO_PKG_VERSION")))
+            .build();
+        if let Err(e) = &http {
+            tracing::error!(error = %e, "no HTTP client for GitHub App tokens");
+        }
+        Self {
+            http: http.ok(),
+            metrics,
+            installations: Mutex::new(HashMap::new()),
+            tokens: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// An installation token of App `app_id` (private key `key`, PEM) for `repository`
+    /// (`owner/name`), from the cache while it has more than [`RENEW_BEFORE`] left.
+    pub async fn token(
+        &self,
+        api_url: Option<&str>,
+        app_id: u64,
+        key: &[u8],
+        repository: &str,
+    ) -> Result<String, ForgeApiError> {
+        let api_url = api_url
+            .unwrap_or("https://api.github.com")
+            .trim_end_matches('/');
+        check_api_url(api_url)?;
+        if !is_plain_repository(repository) {
+            return Err(ForgeApiError::Transport {
+                operation: "app_installation",
+                message: format!(
+                    "{repository:?} is not a GitHub repository name (owner/name): no App token is asked for it"
+                ),
+            });
+        }
+        let cache_key = (api_url.to_string(), app_id, repository.to_lowercase());
+        let now = Utc::now();
+        if let Some((token, expires_at)) = self.cached(&cache_key)
+            && expires_at - RENEW_BEFORE > now
+        {
+            return Ok(token);
+        }
+        let jwt = app_jwt(app_id, key, now)?;
+        let installation = self
+            .installation(api_url, &jwt, repository, &cache_key)
+            .await?;
+        let name = repository.rsplit('/').next().unwrap_or(repository);
+        let path = format!("{api_url}/app/installations/{installation}/access_tokens");
+        let body = json!({"repositories": [name]});
+        let minted: InstallationToken = match self.call("app_token", &path, &jwt, Some(body)).await
+        {
+            Ok(minted) => minted,
+            Err(e) => {
+                // The App may have been uninstalled and installed again (a new id).
+                self.lock_installations().remove(&cache_key);
+                return Err(e);
+            }
+        };
+        self.lock_tokens()
+            .insert(cache_key, (minted.token.clone(), minted.expires_at));
+        Ok(minted.token)
+    }
+
+    fn cached(&self, key: &RepositoryKey) -> Option<(String, DateTime<Utc>)> {
+        self.lock_tokens().get(key).cloned()
+    }
+
+    fn lock_tokens(&self) -> std::sync::MutexGuard<'_, Tokens> {
+        self.tokens
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn lock_installations(&self) -> std::sync::MutexGuard<'_, HashMap<RepositoryKey, u64>> {
+        self.installations
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// The App's installation on the repository (`GET /repos/{owner}/{repo}/installation`),
+    /// asked once per repository.
+    async fn installation(
+        &self,
+        api_url: &str,
+        jwt: &str,
+        repository: &str,
+        key: &RepositoryKey,
+    ) -> Result<u64, ForgeApiError> {
+        if let Some(id) = self.lock_installations().get(key) {
+            return Ok(*id);
+        }
+        let path = format!("{api_url}/repos/{repository}/installation");
+        let found: Installation = self.call("app_installation", &path, jwt, None).await?;
+        self.lock_installations().insert(key.clone(), found.id);
+        Ok(found.id)
+    }
+
+    /// One call authenticated as the App (GET, or POST with `body`), counted like every forge
+    /// call.
+    async fn call<T: serde::de::DeserializeOwned>(
+        &self,
+        operation: &'static str,
+        url: &str,
+        jwt: &str,
+        body: Option<serde_json::Value>,
+    ) -> Result<T, ForgeApiError> {
+        let Some(http) = &self.http else {
+            return Err(ForgeApiError::Transport {
+                operation,
+                message: "previewd could not build its HTTP client".into(),
+            });
+        };
+        let request = match &body {
+            Some(body) => http.post(url).json(body),
+            None => http.get(url),
+        };
+        let sent = request
+            .bearer_auth(jwt)
+            .header("accept", "application/vnd.github+json")
+            .send()
+            .await;
+        let outcome = |label: &str| {
+            self.metrics
+                .requests
+                .with_label_values(&["github", operation, label])
+                .inc();
+        };
+        let response = sent.map_err(|e| {
+            outcome("error");
+            ForgeApiError::Transport {
+                operation,
+                message: e.without_url().to_string(),
+            }
+        })?;
+        let status = response.status();
+        let text = response.text().await.unwrap_or_default();
+        if !status.is_success() {
+            outcome("error");
+            return Err(ForgeApiError::Http {
+                operation,
+                status: status.as_u16(),
+                message: error_summary(&text),
+            });
+        }
+        outcome("ok");
+        serde_json::from_str(&text).map_err(|e| ForgeApiError::Transport {
+            operation,
+            message: format!("GitHub's answer is not what its API documents: {e}"),
+        })
+    }
+}
+
+/// `owner/name` of letters, digits, `-`, `_` and `.` (GitHub's own rule), neither part `.` or
+/// `..`: the name goes into a request path that carries the App's JWT, so it may not reach any
+/// other endpoint.
+fn is_plain_repository(repository: &str) -> bool {
+    let plain = |part: &str| {
+        !part.is_empty()
+            && part != "."
+            && part != ".."
+            && part
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+    };
+    matches!(repository.split_once('/'), Some((owner, name)) if plain(owner) && plain(name))
+}
+
+/// The App's JWT at `now`, signed with `key` (an RSA private key in PEM, as GitHub hands it
+/// out). A key that is not one is said without any of its content.
+pub fn app_jwt(app_id: u64, key: &[u8], now: DateTime<Utc>) -> Result<String, ForgeApiError> {
+    let bad_key = |_| ForgeApiError::Transport {
+        operation: "app_jwt",
+        message: "the GitHub App private key is not an RSA private key in PEM form".into(),
+    };
+    let key = jsonwebtoken::EncodingKey::from_rsa_pem(key).map_err(bad_key)?;
+    let issued = now - TimeDelta::minutes(1);
+    let claims = Claims {
+        iat: issued.timestamp(),
+        exp: (issued + JWT_LIFETIME).timestamp(),
+        iss: app_id.to_string(),
+    };
+    let header = jsonwebtoken::Header::new(jsonwebtoken::Algorithm::RS256);
+    jsonwebtoken::encode(&header, &claims, &key).map_err(bad_key)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_key_that_is_not_one_is_refused_without_repeating_it() {
+        let secret = b"-----BEGIN RSA PRIVATE KEY-----\nc2VjcmV0LWtleS1tYXRlcmlhbA==\n-----END RSA PRIVATE KEY-----\n";
+        let error = app_jwt(1, secret, Utc::now()).unwrap_err().to_string();
+        assert!(error.contains("not an RSA private key"), "{error}");
+        assert!(!error.contains("c2VjcmV0"), "{error}");
+        assert!(app_jwt(1, b"", Utc::now()).is_err());
+    }
+
+    #[test]
+    fn only_plain_repository_names_reach_a_request_path() {
+        for good in ["Codertocat/Hello-World", "o/r.js", "a-b/c_d"] {
+            assert!(is_plain_repository(good), "{good}");
+        }
+        for bad in [
+            "o",
+            "o/r/x",
+            "../app/installations",
+            "o/..",
+            "o/r?x=1",
+            "o/r#",
+            "/r",
+            "o/",
+        ] {
+            assert!(!is_plain_repository(bad), "{bad}");
+        }
+    }
+
+    #[tokio::test]
+    async fn tokens_go_only_to_https_or_this_machine() {
+        let tokens = AppTokens::new(ForgeMetrics::default());
+        let plain = tokens
+            .token(Some("http://forge.example"), 1, b"", "o/r")
+            .await
+            .unwrap_err();
+        assert!(matches!(plain, ForgeApiError::InsecureUrl(_)), "{plain}");
+    }
+}
