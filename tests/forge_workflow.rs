@@ -607,3 +607,67 @@ async fn a_github_app_gets_installation_tokens_signed_with_its_key_cached_and_re
     })
     .await;
 }
+
+/// A `push` delivery of one commit `sha` to PR 2's branch (`pr-2`, as
+/// [`Harness::open_pull_request`] names it) that modified `files`:
+/// `push.with-new-branch.json` from the fixtures, changed in a copy into a push to an existing
+/// branch (`created: false`, `before` the first commit) with this commit's files and message,
+/// pushed at `pushed_at` (Unix seconds: deliveries older than what previewd holds are dropped).
+fn push_of(sha: &str, files: &[&str], message: &str, pushed_at: i64) -> Vec<u8> {
+    let mut delivery = json_fixture("github/push.with-new-branch.json");
+    let commit = json!({"id": sha, "distinct": true, "message": message,
+        "timestamp": "2019-05-15T15:20:30Z", "added": [], "removed": [], "modified": files});
+    delivery["ref"] = "refs/heads/pr-2".into();
+    delivery["created"] = false.into();
+    delivery["before"] = FIRST.into();
+    delivery["after"] = sha.into();
+    delivery["commits"] = json!([commit]);
+    delivery["head_commit"] = commit;
+    delivery["repository"]["pushed_at"] = pushed_at.into();
+    delivery.to_string().into_bytes()
+}
+
+#[tokio::test]
+async fn a_docs_only_push_or_a_skip_preview_commit_is_not_deployed_and_the_comment_says_why() {
+    in_namespace("workflow-skip", |client, ns| async move {
+        let forge = github_forge().await;
+        let triggers = json!({"triggers": {"ignorePaths": ["docs/**", "**/*.md"]}});
+        install_template_with(&client, &ns, "github", GITHUB_REPOSITORY, Some(&forge.uri()), triggers, CONFIG_MAP_APP).await;
+        let harness = Harness::start(&client, &ns, 1 << 20).await;
+        let name = harness.open_pull_request(2, FIRST).await;
+        let ready = wait_ready_with_sha(&harness.environments, &name, FIRST).await;
+        let target = ready.status.unwrap().namespace.unwrap();
+
+        // Only docs changed: the first commit keeps running, the comment says why.
+        let (code, _) = harness.signed("push", "p-docs", &push_of(SECOND, &["docs/setup.md"], "Explain setup", 1557933680)).await;
+        assert_eq!(code, 202);
+        let held = wait_held(&harness.environments, &name, SECOND, "Skipped").await;
+        let status = held.status.unwrap();
+        assert_eq!((status.phase, status.deployed_sha.as_deref()), (Phase::Ready, Some(FIRST)));
+        comment_says(&forge, &name, "**Not deployed:** No preview for commit `1f2e3d4`: only `docs/` changed. Commit `ec26c3e` keeps running meanwhile.").await;
+        commit_status_says(&forge, SECOND, "\"success\"").await;
+        assert_eq!(config_map_sha(&client, &target).await, FIRST);
+        assert_eq!(sent(&forge, "POST", "/deployments", SECOND).await, 0, "no deployment");
+        // GitHub's pull_request delivery of the same commit, sent after the push, keeps it
+        // skipped (it says nothing of files or message).
+        let mut synchronize = json_fixture("github/pull_request.synchronize.json");
+        synchronize["pull_request"]["head"]["sha"] = SECOND.into();
+        synchronize["pull_request"]["head"]["ref"] = "pr-2".into();
+        synchronize["pull_request"]["updated_at"] = "2019-05-15T15:21:30Z".into(); // after the push
+        let (code, answer) = harness.signed("pull_request", "sync-docs", synchronize.to_string().as_bytes()).await;
+        assert_eq!((code, answer["outcome"].as_str()), (202, Some("accepted")), "{answer}");
+        harness.poke_and_wait_for_a_reconcile(&name, 1).await;
+        let still = harness.environments.get(&name).await.unwrap();
+        assert_eq!(still.status.unwrap().waiting.map(|w| w.reason).as_deref(), Some("Skipped"));
+
+        // `[skip preview]` in the message skips a code change too; a plain code push deploys.
+        harness.signed("push", "p-marked", &push_of(THIRD, &["src/app.rs"], "WIP [skip preview]", 1557933700)).await;
+        wait_held(&harness.environments, &name, THIRD, "Skipped").await;
+        comment_says(&forge, &name, "its message says `[skip preview]`").await;
+        let fourth = "4444444444444444444444444444444444444444";
+        harness.signed("push", "p-code", &push_of(fourth, &["src/app.rs", "docs/a.md"], "Fix", 1557933710)).await;
+        wait_ready_with_sha(&harness.environments, &name, fourth).await;
+        assert_eq!(config_map_sha(&client, &target).await, fourth);
+    })
+    .await;
+}

@@ -78,12 +78,10 @@ fn render_live(
 
 /// The phase in words, and where the environment is (or will be).
 fn render_headline(out: &mut String, status: &PreviewEnvironmentStatus, short_sha: &str) {
-    let awaits_checks = status
-        .waiting
-        .as_ref()
-        .is_some_and(|w| w.reason == "AwaitingChecks");
+    let waiting_reason = status.waiting.as_ref().map(|w| w.reason.as_str());
     let headline = match status.phase {
-        Phase::Pending if awaits_checks => "waiting for CI",
+        Phase::Pending if waiting_reason == Some("AwaitingChecks") => "waiting for CI",
+        Phase::Pending if waiting_reason == Some("Skipped") => "no preview",
         Phase::Pending => "queued",
         Phase::Queued => "queued",
         Phase::Deploying => "deploying",
@@ -128,9 +126,13 @@ fn render_waiting(out: &mut String, status: &PreviewEnvironmentStatus) {
         return;
     }
     let deployed: String = deployed.chars().take(7).collect();
+    let label = match waiting.skipped() {
+        true => "Not deployed",
+        false => "Not deployed yet",
+    };
     let _ = writeln!(
         out,
-        "**Not deployed yet:** {} Commit `{deployed}` keeps running meanwhile.\n",
+        "**{label}:** {} Commit `{deployed}` keeps running meanwhile.\n",
         waiting.message
     );
 }
@@ -364,5 +366,28 @@ mod tests {
             1,
             "said once: {text}"
         );
+    }
+
+    #[test]
+    fn a_skipped_first_commit_says_no_preview_and_why() {
+        let message = "No preview for commit `1f2e3d4`: only `docs/` changed.";
+        let mut first = status(Phase::Pending);
+        first.resources.clear();
+        first.waiting = Some(crate::model::crd::WaitingCommit {
+            sha: "1f2e3d4c5b6a79880716253443526170f8e9dacb".into(),
+            reason: "Skipped".into(),
+            message: message.into(),
+            since: Utc::now(),
+        });
+        first.conditions.push(Condition {
+            type_: "Ready".into(),
+            status: "False".into(),
+            reason: "Skipped".into(),
+            message: message.into(),
+            last_transition_time: Utc::now(),
+        });
+        let text = render(&input(CommentState::Live(&first)));
+        assert!(text.contains("Preview environment: no preview"), "{text}");
+        assert_eq!(text.matches(message).count(), 1, "said once: {text}");
     }
 }

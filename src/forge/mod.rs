@@ -70,6 +70,9 @@ pub struct ChangeRequest {
     /// When the forge says the pull/merge request last changed (its own clock): orders
     /// deliveries that arrive out of order.
     pub changed_at: Option<DateTime<Utc>>,
+    /// The head commit's message, where the delivery carries it (GitLab's `last_commit`;
+    /// GitHub's `pull_request` delivery has none).
+    pub head_message: Option<String>,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -79,6 +82,51 @@ pub struct Push {
     pub author: Option<String>,
     /// When the forge received the push (GitHub's `repository.pushed_at`; GitLab sends none).
     pub changed_at: Option<DateTime<Utc>>,
+    /// Every file the pushed commits added, modified or removed; `None` when the delivery does
+    /// not list them all (a new or force-pushed branch, more commits than it lists).
+    pub files: Option<Vec<String>>,
+    /// The head commit's message, where the delivery carries it.
+    pub head_message: Option<String>,
+}
+
+/// A commit of a push delivery (GitHub and GitLab name these fields alike).
+#[derive(serde::Deserialize)]
+pub(crate) struct PushedCommit {
+    #[serde(default)]
+    pub id: String,
+    #[serde(default)]
+    pub message: String,
+    #[serde(default)]
+    pub added: Vec<String>,
+    #[serde(default)]
+    pub modified: Vec<String>,
+    #[serde(default)]
+    pub removed: Vec<String>,
+}
+
+impl PushedCommit {
+    pub fn file_lists(&self) -> [&[String]; 3] {
+        [&self.added, &self.modified, &self.removed]
+    }
+}
+
+/// The most changed files previewd reads from one push delivery; a push that changed more is
+/// treated as "changed everything" (never skipped by path filters).
+pub const MAX_PUSHED_FILES: usize = 3000;
+
+/// The files of `commits` (each its added, modified and removed lists), once each, sorted;
+/// `None` beyond [`MAX_PUSHED_FILES`].
+pub fn pushed_files<'a>(commits: impl IntoIterator<Item = &'a [String]>) -> Option<Vec<String>> {
+    let mut files = std::collections::BTreeSet::new();
+    for list in commits {
+        for file in list {
+            files.insert(file.clone());
+            if files.len() > MAX_PUSHED_FILES {
+                return None;
+            }
+        }
+    }
+    Some(files.into_iter().collect())
 }
 
 /// A CI result for one commit: a GitHub check run, check suite or commit status; a GitLab

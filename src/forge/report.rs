@@ -379,7 +379,7 @@ async fn report_gitlab_deployment(
 }
 
 /// The commit status of a held-back head: pending while it waits, failed when its checks
-/// failed or timed out (or a fork is not deployed), with the reason as the description.
+/// failed or timed out, success when it is skipped, with the reason as the description.
 async fn report_waiting(
     client: &ForgeClient,
     repository: &str,
@@ -387,9 +387,11 @@ async fn report_waiting(
     context_name: &str,
     record: &mut ForgeReport,
 ) -> Result<(), ForgeApiError> {
-    let state = match waiting.failed() {
-        true => CommitState::Failure,
-        false => CommitState::Pending,
+    let state = match (waiting.failed(), waiting.skipped()) {
+        (true, _) => CommitState::Failure,
+        // Nothing to wait for: a required `previewd/<template>` status must not block merging.
+        (false, true) => CommitState::Success,
+        (false, false) => CommitState::Pending,
     };
     let description: String = waiting.message.chars().take(140).collect();
     let sent = sha_hex(&format!("{state:?} {} {description}", waiting.sha));

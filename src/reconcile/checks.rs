@@ -1,7 +1,8 @@
-//! The checks step (pure): whether a new head commit may deploy yet, when its template waits
-//! for CI (`triggers.waitForChecks`). The results come from check deliveries, which the
-//! webhook intake records in `spec.checks` (see `webhook::checks`); nothing here asks the
-//! forge.
+//! The checks step (pure): whether a new head commit may deploy yet: not when the intake
+//! recorded it as skipped (`spec.skip`: `[skip preview]`, path filters), and not before its
+//! CI passed when its template waits for it (`triggers.waitForChecks`). The results come from
+//! check deliveries, which the webhook intake records in `spec.checks` (see
+//! `webhook::checks`); nothing here asks the forge.
 //!
 //! While the head is held back the commit deployed before keeps running: the pipeline
 //! reconciles that commit (so its health stays current) and says in `status.waiting` what the
@@ -44,9 +45,6 @@ pub fn gate(
     template: &PreviewTemplate,
     now: DateTime<Utc>,
 ) -> Gate {
-    let Some(wait) = &template.spec.triggers.wait_for_checks else {
-        return Gate::Open;
-    };
     let head = &environment.spec.source.head_sha;
     let status = environment.status.clone().unwrap_or_default();
     let waived = environment.spec.deploy_without_checks.as_deref() == Some(head.as_str());
@@ -55,6 +53,20 @@ pub fn gate(
     }
     let since = status.waiting_since(head).unwrap_or(now);
     let short: String = head.chars().take(7).collect();
+    if let Some(skip) = environment.spec.skip.as_ref().filter(|s| &s.sha == head) {
+        return Gate::Held(Held {
+            commit: WaitingCommit {
+                sha: head.clone(),
+                reason: "Skipped".into(),
+                message: format!("No preview for commit `{short}`: {}.", skip.reason),
+                since,
+            },
+            recheck: None,
+        });
+    }
+    let Some(wait) = &template.spec.triggers.wait_for_checks else {
+        return Gate::Open;
+    };
     let held = |reason: &str, message: String, recheck| {
         Gate::Held(Held {
             commit: WaitingCommit {

@@ -80,7 +80,7 @@ fn deployed_commit(environment: &PreviewEnvironment) -> Option<PreviewEnvironmen
 }
 
 /// The first commit of an environment waits for its checks (`Pending`; `Degraded` once they
-/// failed): nothing of it runs yet.
+/// failed), or is skipped (`Pending`): nothing of it runs yet.
 async fn hold_first_commit(
     environment: &PreviewEnvironment,
     context: &Context,
@@ -90,6 +90,7 @@ async fn hold_first_commit(
     let (phase, reason) = match commit.reason.as_str() {
         "ChecksTimedOut" => (Phase::Degraded, "ChecksTimedOut"),
         "ChecksFailed" => (Phase::Degraded, "ChecksFailed"),
+        "Skipped" => (Phase::Pending, "Skipped"),
         _ => (Phase::Pending, "AwaitingChecks"),
     };
     let mut status = held_status(

@@ -3,7 +3,8 @@
 //! [`decide`] is pure (templates, the environments that exist, and `now` are passed in);
 //! [`execute`] then sends one API call per decision: a server-side apply of the environment
 //! (field manager `previewd-intake`) or its deletion. Nothing else is written from the request
-//! path: deploying is the controller's job.
+//! path: deploying is the controller's job. A head commit the delivery says is not to be
+//! deployed ([`skips`]: `[skip preview]`, path filters) is recorded in `spec.skip`.
 
 use std::sync::Arc;
 
@@ -13,7 +14,7 @@ use kube::{Client, ResourceExt};
 use crate::cluster::records;
 use crate::forge::{ChangeRequest, EventKind, ForgeEvent, Push};
 use crate::model::crd::{
-    ForkPolicy, PreviewEnvironment, PreviewEnvironmentSpec, PreviewTemplate, Source,
+    ForkPolicy, PreviewEnvironment, PreviewEnvironmentSpec, PreviewTemplate, SkippedCommit, Source,
 };
 use crate::model::metadata::{LABEL_PULL_REQUEST, LABEL_TEMPLATE};
 use crate::model::naming;
@@ -51,6 +52,9 @@ pub fn decide(
             .collect();
         let start = decisions.len();
         decide_for_template(event, template, &existing, now, &mut decisions);
+        for decision in &mut decisions[start..] {
+            keep_known_skip(decision, &existing);
+        }
         // Drop applies that would change nothing but a recent `lastActivity`, and deliveries
         // older than what the environment already holds.
         let mut index = start;
@@ -82,6 +86,24 @@ pub fn decide(
     decisions
 }
 
+/// A delivery that says nothing of the head commit's files or message (GitHub's
+/// `pull_request`) keeps the skip another delivery of the same commit recorded: the intake owns
+/// `spec.skip`, and an apply without it would remove it.
+fn keep_known_skip(decision: &mut Decision, existing: &[&PreviewEnvironment]) {
+    let Decision::Apply(wanted) = decision else {
+        return;
+    };
+    if wanted.spec.skip.is_some() {
+        return;
+    }
+    let head = &wanted.spec.source.head_sha;
+    wanted.spec.skip = existing
+        .iter()
+        .find(|current| current.name_any() == wanted.name_any())
+        .and_then(|current| current.spec.skip.clone())
+        .filter(|skip| &skip.sha == head);
+}
+
 /// `lastActivity` drives idle timeouts measured in hours; refreshing it at most once per
 /// [`ACTIVITY_GRANULARITY`] keeps a burst of deliveries (redeliveries, a busy PR) from becoming
 /// a burst of writes.
@@ -102,6 +124,7 @@ fn is_mere_activity_refresh(
             && current.metadata.deletion_timestamp.is_none()
             && current.spec.source == wanted.spec.source
             && current.spec.template == wanted.spec.template
+            && current.spec.skip == wanted.spec.skip
             && wanted
                 .labels()
                 .iter()
@@ -200,11 +223,21 @@ fn change_request(
     {
         return exists.then(|| delete(template, name, "the required label was removed"));
     }
+    if let Some(label) = &triggers.skip_label
+        && change.labels.iter().any(|l| l == label)
+    {
+        return exists.then(|| delete(template, name, "the pull request carries the skip label"));
+    }
     // A fork PR runs only where the template allows it. With RequireApproval its environment
     // is created but waits (phase Pending, the PR comment says so) until a maintainer approves
     // its head commit with `/preview approve`.
     let allowed = !change.fork || triggers.fork_policy != ForkPolicy::Deny;
-    allowed.then(|| Decision::Apply(pull_request_environment(template, event, change, now)))
+    allowed.then(|| {
+        let mut environment = pull_request_environment(template, event, change, now);
+        let message = change.head_message.as_deref();
+        environment.spec.skip = skips::skip(triggers, &change.head_sha, None, message);
+        Decision::Apply(environment)
+    })
 }
 
 /// A push: it updates the environments of the pull requests of that branch (not a second
@@ -228,17 +261,31 @@ fn pushed(
                 source.head_sha = push.head_sha.clone();
                 source.changed_at = push.changed_at;
                 let name = environment.name_any();
-                Decision::Apply(environment_object(template, &name, source, now))
+                let mut wanted = environment_object(template, &name, source, now);
+                wanted.spec.skip = pushed_skip(template, push);
+                Decision::Apply(wanted)
             })
             .collect();
     }
     let globs = &template.spec.triggers.branches;
     if globs.iter().any(|glob| glob_matches(glob, &push.branch)) {
-        return vec![Decision::Apply(branch_environment(
-            template, event, push, now,
-        ))];
+        let mut environment = branch_environment(template, event, push, now);
+        environment.spec.skip = pushed_skip(template, push);
+        return vec![Decision::Apply(environment)];
     }
     Vec::new()
+}
+
+/// Whether the pushed head is skipped (its message, or the files the push changed).
+fn pushed_skip(template: &PreviewTemplate, push: &Push) -> Option<SkippedCommit> {
+    let triggers = &template.spec.triggers;
+    let files = push.files.as_deref();
+    skips::skip(
+        triggers,
+        &push.head_sha,
+        files,
+        push.head_message.as_deref(),
+    )
 }
 
 /// A deleted branch: every environment of it goes, and its branch environment by name even if
@@ -367,6 +414,8 @@ pub async fn execute(client: &Client, decisions: &[Decision]) -> Result<Vec<bool
     }
     Ok(written)
 }
+
+mod skips;
 
 #[cfg(test)]
 mod tests;

@@ -7,7 +7,7 @@ use sha2::Sha256;
 
 use crate::forge::{
     ChangeRequest, CheckResult, CheckState, Comment, EventKind, ForgeEvent, ForgeKind, ParseError,
-    Push, SignatureError, branch_of_ref, from_json, is_null_sha,
+    Push, PushedCommit, SignatureError, branch_of_ref, from_json, is_null_sha, pushed_files,
 };
 
 pub const SIGNATURE_HEADER: &str = "x-hub-signature-256";
@@ -111,7 +111,20 @@ struct PushEvent {
     pusher: Option<Pusher>,
     #[serde(default)]
     sender: Option<User>,
+    /// A new branch: its commits are listed only in part (those not on another branch).
+    #[serde(default)]
+    created: bool,
+    /// A force push: what it changed is not the sum of the listed commits.
+    #[serde(default)]
+    forced: bool,
+    #[serde(default)]
+    commits: Vec<PushedCommit>,
+    #[serde(default)]
+    head_commit: Option<PushedCommit>,
 }
+
+/// GitHub lists at most this many commits in a push delivery.
+const MOST_LISTED_COMMITS: usize = 2048;
 
 #[derive(Deserialize)]
 struct DeleteEvent {
@@ -321,6 +334,9 @@ fn parse_pull_request(body: &[u8]) -> Result<ForgeEvent, ParseError> {
                 draft: pr.draft,
                 labels: pr.labels.into_iter().map(|l| l.name).collect(),
                 changed_at: crate::forge::forge_time(&pr.updated_at),
+                // GitHub's pull_request delivery carries no commit message; the push delivery
+                // of the same commit does.
+                head_message: None,
             })
         }
         other => EventKind::Ignored(format!("pull_request action {other:?}")),
@@ -337,15 +353,24 @@ fn parse_push(body: &[u8]) -> Result<ForgeEvent, ParseError> {
                 branch: branch.to_string(),
             }
         }
-        Some(branch) => EventKind::Push(Push {
-            branch: branch.to_string(),
-            head_sha: delivery.after.clone(),
-            author: delivery
-                .sender
-                .map(|s| s.login)
-                .or(delivery.pusher.map(|p| p.name)),
-            changed_at: crate::forge::forge_time(&delivery.repository.pushed_at),
-        }),
+        Some(branch) => {
+            let complete = !delivery.created
+                && !delivery.forced
+                && !delivery.commits.is_empty()
+                && delivery.commits.len() < MOST_LISTED_COMMITS;
+            let lists = delivery.commits.iter().flat_map(PushedCommit::file_lists);
+            EventKind::Push(Push {
+                branch: branch.to_string(),
+                head_sha: delivery.after.clone(),
+                author: delivery
+                    .sender
+                    .map(|s| s.login)
+                    .or(delivery.pusher.map(|p| p.name)),
+                changed_at: crate::forge::forge_time(&delivery.repository.pushed_at),
+                files: complete.then(|| pushed_files(lists)).flatten(),
+                head_message: delivery.head_commit.map(|c| c.message),
+            })
+        }
     };
     let repository = Repository {
         full_name: delivery.repository.full_name,
@@ -456,6 +481,9 @@ mod tests {
                 head_sha: "6113728f27ae82c7b1a177c8d03f9e96e0adf246".into(),
                 author: Some("Codertocat".into()),
                 changed_at: crate::forge::forge_time(&serde_json::json!(1557933657)),
+                // A new branch: its files are not all listed.
+                files: None,
+                head_message: Some("Initial commit".into()),
             })
         );
         assert!(matches!(kind("push", "push.json"), EventKind::Ignored(_)));

@@ -4,7 +4,8 @@ use serde::Deserialize;
 
 use crate::forge::{
     ChangeRequest, CheckResult, CheckState, Comment, EventKind, ForgeEvent, ForgeKind, ParseError,
-    Push, SignatureError, branch_of_ref, from_json, is_null_sha, secrets_equal,
+    Push, PushedCommit, SignatureError, branch_of_ref, from_json, is_null_sha, pushed_files,
+    secrets_equal,
 };
 
 pub const TOKEN_HEADER: &str = "x-gitlab-token";
@@ -41,6 +42,8 @@ struct Label {
 #[derive(Deserialize)]
 struct Commit {
     id: String,
+    #[serde(default)]
+    message: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -85,6 +88,14 @@ struct PushEvent {
     #[serde(default)]
     user_username: Option<String>,
     project: Project,
+    /// `before`: all zeros for a new branch, whose commits are not all listed.
+    #[serde(default)]
+    before: String,
+    /// At most 20, the newest last.
+    #[serde(default)]
+    commits: Vec<PushedCommit>,
+    #[serde(default)]
+    total_commits_count: usize,
 }
 
 #[derive(Deserialize)]
@@ -156,14 +167,25 @@ pub fn parse(event_type: &str, body: &[u8]) -> Result<ForgeEvent, ParseError> {
                 Some(branch) if is_null_sha(&delivery.after) => EventKind::BranchDeleted {
                     branch: branch.to_string(),
                 },
-                Some(branch) => EventKind::Push(Push {
-                    branch: branch.to_string(),
-                    head_sha: delivery.checkout_sha.unwrap_or(delivery.after),
-                    author: delivery.user_username,
-                    // GitLab's push deliveries say when the commits were authored, not when
-                    // they were pushed: no order can be told from them.
-                    changed_at: None,
-                }),
+                Some(branch) => {
+                    let head_sha = delivery.checkout_sha.unwrap_or(delivery.after);
+                    let complete = !is_null_sha(&delivery.before)
+                        && !delivery.commits.is_empty()
+                        && delivery.total_commits_count <= delivery.commits.len();
+                    let lists = delivery.commits.iter().flat_map(PushedCommit::file_lists);
+                    let files = complete.then(|| pushed_files(lists)).flatten();
+                    let head = delivery.commits.iter().find(|c| c.id == head_sha);
+                    EventKind::Push(Push {
+                        branch: branch.to_string(),
+                        head_message: head.map(|c| c.message.clone()),
+                        head_sha,
+                        author: delivery.user_username,
+                        // GitLab's push deliveries say when the commits were authored, not
+                        // when they were pushed: no order can be told from them.
+                        changed_at: None,
+                        files,
+                    })
+                }
             };
             Ok(event(delivery.project, kind))
         }
@@ -256,10 +278,10 @@ fn parse_merge_request(body: &[u8]) -> Result<ForgeEvent, ParseError> {
             merged: true,
         },
         "open" | "reopen" | "update" => {
-            let head_sha = mr
+            let last_commit = mr
                 .last_commit
-                .map(|c| c.id)
                 .ok_or(ParseError::Missing("object_attributes.last_commit.id"))?;
+            let (head_sha, head_message) = (last_commit.id, last_commit.message);
             EventKind::ChangeRequest(ChangeRequest {
                 number: mr.iid,
                 action: action.clone(),
@@ -270,6 +292,7 @@ fn parse_merge_request(body: &[u8]) -> Result<ForgeEvent, ParseError> {
                 fork: matches!((mr.source_project_id, mr.target_project_id), (Some(s), Some(t)) if s != t),
                 labels: mr.labels.into_iter().map(|l| l.title).collect(),
                 changed_at: crate::forge::forge_time(&mr.updated_at),
+                head_message,
             })
         }
         other => EventKind::Ignored(format!("merge request action {other:?}")),
@@ -315,6 +338,7 @@ mod tests {
                 fork: false,
                 labels: vec!["API".into()],
                 changed_at: crate::forge::forge_time(&serde_json::json!("2013-12-03T17:23:34Z")),
+                head_message: Some("fixed readme".into()),
             })
         );
         let mut delivery: serde_json::Value =
@@ -354,6 +378,9 @@ mod tests {
                 head_sha: "da1560886d4f094c3e6c9ef40349f7d38b5d27d7".into(),
                 author: Some("jsmith".into()),
                 changed_at: None,
+                // 4 commits pushed, 2 listed: the files are not all known.
+                files: None,
+                head_message: Some("fixed readme\n".into()),
             })
         );
         let mut deleted: serde_json::Value = serde_json::from_slice(&fixture("push.json")).unwrap();

@@ -55,10 +55,23 @@ pub struct PreviewEnvironmentSpec {
     /// the head commit count.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub checks: BTreeMap<String, CheckRecord>,
-    /// Set by `/preview deploy`: this head commit deploys without waiting for its checks. A new
-    /// push waits again.
+    /// Set by `/preview deploy`: this head commit deploys without waiting for its checks (or
+    /// despite a skip). A new push waits again.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub deploy_without_checks: Option<String>,
+    /// A head commit that is not to be deployed, and why: `[skip preview]` in its message, or
+    /// a push that changed only files the template's `paths`/`ignorePaths` leave out. Written
+    /// by the webhook intake from the delivery; the commit deployed before keeps running.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub skip: Option<SkippedCommit>,
+}
+
+/// A commit previewd does not deploy, and why (a sentence part: `only docs/ changed`).
+#[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct SkippedCommit {
+    pub sha: String,
+    pub reason: String,
 }
 
 /// One CI result for one commit.
@@ -223,8 +236,8 @@ impl PreviewEnvironmentStatus {
 #[serde(rename_all = "camelCase")]
 pub struct WaitingCommit {
     pub sha: String,
-    /// `AwaitingApproval`, `ForkNotAllowed`, `AwaitingChecks`, `ChecksFailed` or
-    /// `ChecksTimedOut`.
+    /// `AwaitingApproval`, `ForkNotAllowed`, `AwaitingChecks`, `ChecksFailed`,
+    /// `ChecksTimedOut` or `Skipped`.
     pub reason: String,
     /// A sentence for people: what it waits for, or what failed.
     pub message: String,
@@ -237,6 +250,12 @@ impl WaitingCommit {
     /// result or `/preview deploy`, and its commit status says failure.
     pub fn failed(&self) -> bool {
         matches!(self.reason.as_str(), "ChecksFailed" | "ChecksTimedOut")
+    }
+
+    /// Whether it is not to be deployed at all (`[skip preview]`, path filters): its commit
+    /// status says success, and the comment says no preview.
+    pub fn skipped(&self) -> bool {
+        self.reason == "Skipped"
     }
 }
 

@@ -234,6 +234,17 @@ pub struct Triggers {
     /// deployed before keeps running.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub wait_for_checks: Option<WaitForChecks>,
+    /// Deploy a new commit only when the push changed a file matching one of these globs
+    /// (`src/**`, `charts/**`; `*` stays within a folder, `**` spans folders). Empty: any file.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub paths: Vec<String>,
+    /// Changed files matching these globs do not count (`docs/**`, `**/*.md`): a push that
+    /// changed only such files is not deployed.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ignore_paths: Vec<String>,
+    /// PRs carrying this label get no environment (adding it removes the one they have).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub skip_label: Option<String>,
 }
 
 /// Which CI results a new commit waits for, and how long.
@@ -260,6 +271,9 @@ impl Default for Triggers {
             draft_pull_requests: false,
             fork_policy: ForkPolicy::Deny,
             wait_for_checks: None,
+            paths: Vec::new(),
+            ignore_paths: Vec::new(),
+            skip_label: None,
         }
     }
 }

@@ -228,3 +228,31 @@ fn a_bad_timeout_or_hostile_names_give_a_clear_message() {
     assert!(!message.contains('\n'), "{message}");
     assert_eq!(message.matches('`').count(), 2 + 2 * 5, "{message}");
 }
+
+#[test]
+fn a_skipped_head_is_held_with_or_without_waiting_for_checks_until_deploy_is_asked() {
+    let mut environment = with_checks(&[("build", HEAD, Success)]);
+    environment.spec.skip = Some(crate::model::crd::SkippedCommit {
+        sha: HEAD.into(),
+        reason: "only `docs/` changed".into(),
+    });
+    for template in [template(WEB_TEMPLATE), waiting_template(&["build"], None)] {
+        let skipped = held(gate(&environment, &template, now()));
+        assert_eq!(skipped.commit.reason, "Skipped");
+        assert!(skipped.commit.skipped() && !skipped.commit.failed());
+        assert_eq!(
+            skipped.commit.message,
+            "No preview for commit `ec26c3e`: only `docs/` changed."
+        );
+        assert_eq!(skipped.recheck, None, "nothing to wait for");
+    }
+    // A skip recorded for another commit does not count; `/preview deploy` deploys anyway.
+    let mut stale = environment.clone();
+    stale.spec.skip.as_mut().unwrap().sha = OLD.into();
+    assert_eq!(gate(&stale, &template(WEB_TEMPLATE), now()), Gate::Open);
+    environment.spec.deploy_without_checks = Some(HEAD.into());
+    assert_eq!(
+        gate(&environment, &template(WEB_TEMPLATE), now()),
+        Gate::Open
+    );
+}

@@ -167,6 +167,8 @@ fn a_push_to_a_pr_branch_updates_that_environment_only() {
             head_sha: "feedbeef".into(),
             author: None,
             changed_at: None,
+            files: None,
+            head_message: None,
         }),
     };
     let decisions = decide(&push, &templates, &pr_env, now());
@@ -237,6 +239,8 @@ fn branch_pushes_follow_the_globs_and_deletions_remove_them() {
             head_sha: "abc".into(),
             author: Some("a".into()),
             changed_at: None,
+            files: None,
+            head_message: None,
         }),
     };
     assert!(decide(&push("main"), &templates, &[], now()).is_empty());
@@ -340,4 +344,86 @@ fn globs() {
     assert!(glob_matches("v?", "v1"));
     assert!(!glob_matches("feature/*", "main"));
     assert!(!glob_matches("v?", "v10"));
+}
+
+/// A push to PR 2's branch `changes` with the head `sha`, these files and this message.
+fn push_to_pr_branch(sha: &str, files: Option<&[&str]>, message: &str) -> ForgeEvent {
+    ForgeEvent {
+        forge: ForgeKind::Github,
+        repository: "Codertocat/Hello-World".into(),
+        kind: EventKind::Push(Push {
+            branch: "changes".into(),
+            head_sha: sha.into(),
+            author: None,
+            changed_at: None,
+            files: files.map(|f| f.iter().map(|s| s.to_string()).collect()),
+            head_message: Some(message.into()),
+        }),
+    }
+}
+
+#[test]
+fn a_push_that_changed_only_left_out_files_records_a_skip_that_a_silent_delivery_keeps() {
+    let templates = [template("web", |s| {
+        s.triggers.ignore_paths = vec!["docs/**".into()]
+    })];
+    let opened = decide(&change_request(|_| {}), &templates, &[], now());
+    let pr_env: Vec<Arc<PreviewEnvironment>> = applied(&opened)
+        .into_iter()
+        .map(|e| Arc::new(e.clone()))
+        .collect();
+    assert_eq!(
+        pr_env[0].spec.skip, None,
+        "GitHub's pull_request delivery says nothing"
+    );
+
+    let docs = push_to_pr_branch("d0c5", Some(&["docs/guide.md"]), "Explain setup");
+    let decisions = decide(&docs, &templates, &pr_env, now());
+    let skipped = applied(&decisions)[0].clone();
+    let skip = skipped.spec.skip.clone().unwrap();
+    assert_eq!(
+        (skip.sha.as_str(), skip.reason.as_str()),
+        ("d0c5", "only `docs/` changed")
+    );
+
+    // The pull_request delivery of the same commit (no files, no message) keeps the skip.
+    let recorded = [Arc::new(skipped.clone())];
+    let synchronize = change_request(|c| c.head_sha = "d0c5".into());
+    let kept = decide(&synchronize, &templates, &recorded, now());
+    assert_eq!(applied(&kept)[0].spec.skip, Some(skip));
+
+    // A push that changes code clears it; `[skip preview]` skips whatever changed.
+    let code = push_to_pr_branch("c0de", Some(&["src/main.rs"]), "Fix it");
+    assert_eq!(
+        applied(&decide(&code, &templates, &recorded, now()))[0]
+            .spec
+            .skip,
+        None
+    );
+    let marked = push_to_pr_branch("5c1p", None, "WIP [skip preview]");
+    let decisions = decide(&marked, &templates, &recorded, now());
+    let reason = applied(&decisions)[0].spec.skip.clone().unwrap().reason;
+    assert_eq!(reason, "its message says `[skip preview]`");
+}
+
+#[test]
+fn the_skip_label_removes_the_environment_and_creates_none() {
+    let templates = [template("web", |s| {
+        s.triggers.skip_label = Some("no-preview".into())
+    })];
+    let labelled = change_request(|c| c.labels.push("no-preview".into()));
+    assert!(decide(&labelled, &templates, &[], now()).is_empty());
+    let opened = decide(&change_request(|_| {}), &templates, &[], now());
+    let existing: Vec<Arc<PreviewEnvironment>> = applied(&opened)
+        .into_iter()
+        .map(|e| Arc::new(e.clone()))
+        .collect();
+    let decisions = decide(&labelled, &templates, &existing, now());
+    assert!(matches!(
+        decisions.as_slice(),
+        [Decision::Delete {
+            reason: "the pull request carries the skip label",
+            ..
+        }]
+    ));
 }
