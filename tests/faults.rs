@@ -287,6 +287,26 @@ async fn a_gitlab_outage_never_blocks_deploying_and_ends_with_one_note() {
             1,
             "one note"
         );
+        // The GitLab environment and the commit's deployment, registered once GitLab is back,
+        // and only once: the ids are recorded with the status like the note's.
+        let head = "da1560886d4f094c3e6c9ef40349f7d38b5d27d7";
+        eventually(
+            "the commit's GitLab deployment after GitLab recovered",
+            Duration::from_secs(60),
+            || async { (sent(&forge, "POST", "/deployments", head).await >= 1).then_some(()) },
+        )
+        .await;
+        harness.poke_and_wait_for_a_reconcile(&name, 1).await;
+        assert_eq!(
+            sent(&forge, "POST", "/environments", "").await,
+            1,
+            "one GitLab environment"
+        );
+        assert_eq!(
+            sent(&forge, "POST", "/deployments", head).await,
+            1,
+            "one deployment"
+        );
     })
     .await;
 }

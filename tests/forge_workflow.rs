@@ -604,6 +604,12 @@ async fn a_github_app_gets_installation_tokens_signed_with_its_key_cached_and_re
         let later = sent_with_token(&forge, "ghs_second").await;
         assert!(later >= 4, "the renewed token made the later calls ({later})");
         assert_eq!(sent_with_token(&forge, "forge-token-for-tests").await, 0, "no personal token");
+        // The rate-limit budget is the installation's (GitHub counts an App per installation).
+        let metrics = harness.metrics().await;
+        let budget = r#"previewd_forge_rate_limit_remaining{budget="installation-42",forge="github"}"#;
+        assert_eq!(metric_value(&metrics, budget), Some(4990.0), "{metrics}");
+        let spent_as_token = r#"previewd_forge_rate_limit_remaining{budget="token",forge="github"}"#;
+        assert_eq!(metric_value(&metrics, spent_as_token), None, "no personal-token budget");
     })
     .await;
 }

@@ -646,7 +646,7 @@ async fn the_forge_token_is_never_sent_on_a_redirect() {
         (ForgeKind::Gitlab, "gitlabhq/gitlab-test"),
     ] {
         let client = clients
-            .get(kind, Some(&redirecting.uri()), b"the-secret-token")
+            .get(kind, Some(&redirecting.uri()), b"the-secret-token", "token")
             .await
             .unwrap();
         let listed = client.open_pull_requests(repository).await;

@@ -169,7 +169,7 @@ async fn github_pull_request_opened_synchronized_closed() {
         assert!(value(r#"previewd_reconcile_duration_seconds_count{outcome="ok"}"#) >= 3.0);
         assert!(value(r#"previewd_apply_requests_total{outcome="sent"}"#) >= 2.0);
         assert!(value(r#"previewd_forge_requests_total{forge="github",operation="create_comment",outcome="ok"}"#) == 1.0);
-        assert_eq!(value(r#"previewd_forge_rate_limit_remaining{forge="github"}"#), 4990.0);
+        assert_eq!(value(r#"previewd_forge_rate_limit_remaining{budget="token",forge="github"}"#), 4990.0);
         assert!(!text.contains(&name), "no environment name in any label");
         let calls = forge.received_requests().await.unwrap_or_default();
         eprintln!(

@@ -243,6 +243,10 @@ pub(crate) fn is_yaml(name: &str) -> bool {
 
 type ClientKey = (ForgeKind, String, [u8; 32]);
 
+/// The rate-limit budget of a personal or project token (the label of
+/// `previewd_forge_rate_limit_remaining`).
+pub const TOKEN_BUDGET: &str = "token";
+
 /// Clients by (forge, API URL, token), built on first use and kept: their gates and connection
 /// pools must outlive one reconcile.
 pub struct ForgeClients {
@@ -258,11 +262,14 @@ impl ForgeClients {
         }
     }
 
+    /// The client of `token` at `api_url`; `budget` names whose rate limit it spends
+    /// ([`TOKEN_BUDGET`], or `installation-<id>` for a GitHub App's installation token).
     pub async fn get(
         &self,
         kind: ForgeKind,
         api_url: Option<&str>,
         token: &[u8],
+        budget: &str,
     ) -> Result<Arc<ForgeClient>, ForgeApiError> {
         let key = (
             kind,
@@ -279,7 +286,13 @@ impl ForgeClients {
         let token = String::from_utf8_lossy(token).into_owned();
         let client = Arc::new(match kind {
             ForgeKind::Github => {
-                ForgeClient::Github(GithubApi::new(api_url, token, self.metrics.clone())?)
+                let budget = budget.to_string();
+                ForgeClient::Github(GithubApi::new(
+                    api_url,
+                    token,
+                    budget,
+                    self.metrics.clone(),
+                )?)
             }
             ForgeKind::Gitlab => {
                 ForgeClient::Gitlab(GitlabApi::connect(api_url, token, self.metrics.clone()).await?)
@@ -317,7 +330,7 @@ mod tests {
             let token = format!("token-{rotation}");
             newest = Some(
                 clients
-                    .get(ForgeKind::Github, None, token.as_bytes())
+                    .get(ForgeKind::Github, None, token.as_bytes(), TOKEN_BUDGET)
                     .await
                     .unwrap(),
             );
@@ -326,7 +339,7 @@ mod tests {
         // The client in use is the one kept: asking again builds nothing new.
         let token = format!("token-{}", MAX_CLIENTS + 49);
         let again = clients
-            .get(ForgeKind::Github, None, token.as_bytes())
+            .get(ForgeKind::Github, None, token.as_bytes(), TOKEN_BUDGET)
             .await
             .unwrap();
         assert!(Arc::ptr_eq(&again, &newest.unwrap()));

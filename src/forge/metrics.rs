@@ -10,7 +10,9 @@ use crate::cluster::metrics::MetricSet;
 pub struct ForgeMetrics {
     /// Forge API calls by forge, operation and outcome (`ok`, `error`, `rate_limited`, …).
     pub requests: IntCounterVec,
-    /// The forge's remaining request budget, from its rate-limit headers.
+    /// The forge's remaining request budget, from its rate-limit headers, by forge and budget:
+    /// `token` for a personal or project token, `installation-<id>` for each GitHub App
+    /// installation (GitHub counts an App's requests per installation).
     pub rate_limit_remaining: IntGaugeVec,
 }
 
@@ -42,7 +44,7 @@ impl ForgeMetrics {
                     "previewd_forge_rate_limit_remaining",
                     "Requests left in the forge's rate-limit window, as its last answer said",
                 ),
-                &["forge"],
+                &["forge", "budget"],
             )
             .expect("valid metric"),
         }

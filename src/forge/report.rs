@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex};
 use kube::ResourceExt;
 use sha2::{Digest, Sha256};
 
-use super::client::{DeploymentState, ForgeApiError, ForgeClient, ForgeClients};
+use super::client::{DeploymentState, ForgeApiError, ForgeClient, ForgeClients, TOKEN_BUDGET};
 use super::comment::{self, CommentInput, CommentState, CommitState};
 use super::github::app::AppTokens;
 use super::gitlab::api::GitlabApi;
@@ -126,7 +126,7 @@ impl Reporter {
     ) -> Result<Option<Arc<ForgeClient>>, ReportError> {
         let forge = &template.spec.forge;
         let namespace = template.namespace().unwrap_or_default();
-        let token = match (&forge.github_app, &forge.token_secret_ref) {
+        let (token, budget) = match (&forge.github_app, &forge.token_secret_ref) {
             (Some(app), _) if forge.kind == ForgeKind::Github => {
                 let key = self
                     .secrets
@@ -134,17 +134,20 @@ impl Reporter {
                     .await?;
                 let api_url = forge.api_url.as_deref();
                 let repository = &forge.repository;
-                let token = self.app_tokens.token(api_url, app.app_id, &key, repository);
-                token.await?.into_bytes()
+                let minted = self.app_tokens.token(api_url, app.app_id, &key, repository);
+                let minted = minted.await?;
+                let budget = format!("installation-{}", minted.installation);
+                (minted.token.into_bytes(), budget)
             }
-            (_, Some(reference)) => self.secrets.get(&namespace, reference).await?,
+            (_, Some(reference)) => (
+                self.secrets.get(&namespace, reference).await?,
+                TOKEN_BUDGET.to_string(),
+            ),
             _ => return Ok(None),
         };
-        Ok(Some(
-            self.clients
-                .get(forge.kind, forge.api_url.as_deref(), &token)
-                .await?,
-        ))
+        let api_url = forge.api_url.as_deref();
+        let client = self.clients.get(forge.kind, api_url, &token, &budget);
+        Ok(Some(client.await?))
     }
 
     /// Brings the forge in line with `status` (the status about to be written). Returns what

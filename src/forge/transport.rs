@@ -192,7 +192,7 @@ pub(crate) fn rate_limit_wait(headers: &HeaderMap) -> Duration {
 
 /// Reads the budget headers of any answer; true if the answer is a rate-limit refusal.
 pub(crate) fn observe_rate_limit(
-    forge: &'static str,
+    (forge, budget): (&str, &str),
     status: StatusCode,
     headers: &HeaderMap,
     metrics: &ForgeMetrics,
@@ -203,7 +203,7 @@ pub(crate) fn observe_rate_limit(
     if let Some(remaining) = remaining {
         metrics
             .rate_limit_remaining
-            .with_label_values(&[forge])
+            .with_label_values(&[forge, budget])
             .set(remaining as i64);
     }
     let limited = status == StatusCode::TOO_MANY_REQUESTS
@@ -244,7 +244,7 @@ mod tests {
         let mut headers = HeaderMap::new();
         headers.insert("x-ratelimit-remaining", "4999".parse().unwrap());
         assert!(!observe_rate_limit(
-            "github",
+            ("github", "installation-7"),
             StatusCode::OK,
             &headers,
             &metrics,
@@ -253,14 +253,14 @@ mod tests {
         assert_eq!(
             metrics
                 .rate_limit_remaining
-                .with_label_values(&["github"])
+                .with_label_values(&["github", "installation-7"])
                 .get(),
             4999
         );
         headers.insert("x-ratelimit-remaining", "0".parse().unwrap());
         headers.insert("retry-after", "120".parse().unwrap());
         assert!(observe_rate_limit(
-            "github",
+            ("github", "installation-7"),
             StatusCode::FORBIDDEN,
             &headers,
             &metrics,
@@ -273,7 +273,7 @@ mod tests {
         // A plain 403 (no permission) is not a rate limit.
         let gate = Gate::default();
         assert!(!observe_rate_limit(
-            "github",
+            ("github", "installation-7"),
             StatusCode::FORBIDDEN,
             &HeaderMap::new(),
             &metrics,
@@ -291,7 +291,7 @@ mod tests {
             assert!(rate_limit_wait(&headers) <= MAX_RATE_LIMIT_WAIT, "{value}");
             let gate = Gate::default();
             observe_rate_limit(
-                "github",
+                ("github", "token"),
                 StatusCode::TOO_MANY_REQUESTS,
                 &headers,
                 &metrics,

@@ -512,6 +512,47 @@ struct StageFigures {
     cpu_seconds: f64,
 }
 
+/// How many requests the stand-in forge has received so far (wiremock keeps them in order).
+async fn forge_requests_so_far(forge: &wiremock::MockServer) -> usize {
+    forge.received_requests().await.unwrap_or_default().len()
+}
+
+/// The forge requests received after the first `from`: how many, and per push by method and
+/// path shape (numbers and commit SHAs as `*`), e.g. `POST /repos/*/*/statuses/* 1.00`.
+async fn forge_requests_since(
+    forge: &wiremock::MockServer,
+    from: usize,
+    pushes: usize,
+) -> (usize, String) {
+    let received = forge.received_requests().await.unwrap_or_default();
+    let mut by_shape: std::collections::BTreeMap<String, usize> = Default::default();
+    for request in received.iter().skip(from) {
+        let path = request.url.path();
+        // `/repos/{owner}/{name}/…`: the repository's name is not part of the shape.
+        let in_repository = path.starts_with("/repos/");
+        let shape: Vec<&str> = path
+            .split('/')
+            .enumerate()
+            .map(|(i, part)| {
+                let variable = !part.is_empty() && part.chars().all(|c| c.is_ascii_hexdigit());
+                match variable || in_repository && (i == 2 || i == 3) {
+                    true => "*",
+                    false => part,
+                }
+            })
+            .collect();
+        *by_shape
+            .entry(format!("{} {}", request.method, shape.join("/")))
+            .or_default() += 1;
+    }
+    let total = received.len().saturating_sub(from);
+    let shapes: Vec<String> = by_shape
+        .iter()
+        .map(|(shape, n)| format!("{shape} {:.2}", *n as f64 / pushes.max(1) as f64))
+        .collect();
+    (total, shapes.join(", "))
+}
+
 fn is_heartbeat(requests: &Requests) -> bool {
     requests.is_heartbeat()
 }
@@ -645,6 +686,7 @@ async fn benchmark() {
         let quiet_start = Counters::read(&previewd, &http).await;
         let versions_before_quiet = object_versions(&client, &namespace).await;
         let served_before_quiet = apiserver::request_counts(&client).await;
+        let forge_before_quiet = forge_requests_so_far(&forge).await;
         let renewals = tokio::spawn(count_lease_writes(client.clone(), namespace.clone()));
         tokio::time::sleep(Duration::from_secs(quiet_seconds)).await;
         renewals.abort();
@@ -663,6 +705,8 @@ async fn benchmark() {
             &HashSet::new(),
         );
         let steady_writes_per_minute = quiet.writes * 60.0 / quiet_seconds as f64;
+        let (forge_in_quiet, _) = forge_requests_since(&forge, forge_before_quiet, 1).await;
+        println!("  {size} environments, quiet {quiet_seconds} s: {forge_in_quiet} forge requests");
         println!(
             "  {size} environments, quiet {quiet_seconds} s: {} reconciles (resyncs), {} writes, {} applies skipped by the cache, {} objects changed",
             quiet.reconciles,
@@ -690,6 +734,7 @@ async fn benchmark() {
 
         // 3. Churn: one push a second to a random environment.
         let served_before_churn = apiserver::request_counts(&client).await;
+        let forge_before_churn = forge_requests_so_far(&forge).await;
         let churn_start = Counters::read(&previewd, &http).await;
         let versions_before_churn = versions_after_quiet;
         let churn_started = Instant::now();
@@ -723,6 +768,8 @@ async fn benchmark() {
             .await
             .since(&served_before_churn);
         let versions_after_churn = object_versions(&client, &namespace).await;
+        let (forge_in_churn, forge_per_push) =
+            forge_requests_since(&forge, forge_before_churn, pushes.len()).await;
         let touched: HashSet<u64> = pushes.iter().map(|(n, _, _)| *n).collect();
         let untouched_changed = changed_outside(
             &versions_before_churn,
@@ -789,6 +836,10 @@ async fn benchmark() {
         println!(
             "  {size} environments, churn, the API server's writes per push by verb and resource (every client: previewd, the controller manager, the scheduler, the node simulator; Leases and node status left out): {}",
             per_push(&served_in_churn, pushes.len())
+        );
+        println!(
+            "  {size} environments, churn: {forge_in_churn} forge requests, {:.2} per push ({forge_per_push})",
+            forge_in_churn as f64 / pushes.len().max(1) as f64
         );
         println!(
             "  {size} environments: previewd RSS {:.1} MiB (peak {:.1} MiB), {:.1} CPU s in this stage",

@@ -33,6 +33,9 @@ pub struct GithubApi {
     octocrab: octocrab::Octocrab,
     gate: Gate,
     metrics: ForgeMetrics,
+    /// Whose rate-limit budget this client spends (`token`, `installation-<id>`), for
+    /// `previewd_forge_rate_limit_remaining`.
+    budget: String,
     /// Last answer of each list URL with its ETag: a `304 Not Modified` costs no rate limit.
     etags: Mutex<HashMap<String, (String, Value)>>,
 }
@@ -41,6 +44,7 @@ impl GithubApi {
     pub fn new(
         api_url: Option<&str>,
         token: String,
+        budget: String,
         metrics: ForgeMetrics,
     ) -> Result<Self, ForgeApiError> {
         let api_url = api_url.unwrap_or("https://api.github.com");
@@ -60,6 +64,7 @@ impl GithubApi {
             octocrab,
             gate: Gate::default(),
             metrics,
+            budget,
             etags: Mutex::new(HashMap::new()),
         })
     }
@@ -119,7 +124,7 @@ impl GithubApi {
         })?;
         let status = response.status();
         if observe_rate_limit(
-            "github",
+            ("github", &self.budget),
             status,
             response.headers(),
             &self.metrics,

@@ -30,7 +30,24 @@ const JWT_LIFETIME: TimeDelta = TimeDelta::minutes(9);
 type RepositoryKey = (String, u64, String);
 
 /// A repository's token and when GitHub says it expires.
-type Tokens = HashMap<RepositoryKey, (String, DateTime<Utc>)>;
+type Tokens = HashMap<RepositoryKey, (AppToken, DateTime<Utc>)>;
+
+/// An installation token, and the installation whose rate limit it spends.
+#[derive(Clone)]
+pub struct AppToken {
+    pub token: String,
+    pub installation: u64,
+}
+
+/// Never the token itself, so that no log line or panic message carries it.
+impl std::fmt::Debug for AppToken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AppToken")
+            .field("token", &"<redacted>")
+            .field("installation", &self.installation)
+            .finish()
+    }
+}
 
 /// Installation tokens of GitHub Apps, per repository, minted on demand and kept until shortly
 /// before they expire.
@@ -88,7 +105,7 @@ impl AppTokens {
         app_id: u64,
         key: &[u8],
         repository: &str,
-    ) -> Result<String, ForgeApiError> {
+    ) -> Result<AppToken, ForgeApiError> {
         let api_url = api_url
             .unwrap_or("https://api.github.com")
             .trim_end_matches('/');
@@ -124,12 +141,16 @@ impl AppTokens {
                 return Err(e);
             }
         };
+        let token = AppToken {
+            token: minted.token,
+            installation,
+        };
         self.lock_tokens()
-            .insert(cache_key, (minted.token.clone(), minted.expires_at));
-        Ok(minted.token)
+            .insert(cache_key, (token.clone(), minted.expires_at));
+        Ok(token)
     }
 
-    fn cached(&self, key: &RepositoryKey) -> Option<(String, DateTime<Utc>)> {
+    fn cached(&self, key: &RepositoryKey) -> Option<(AppToken, DateTime<Utc>)> {
         self.lock_tokens().get(key).cloned()
     }
 

@@ -11,7 +11,7 @@ use gitlab::api::projects::members::AllProjectMember;
 use gitlab::api::projects::merge_requests::notes::{
     CreateMergeRequestNote, EditMergeRequestNote, MergeRequestNotes,
 };
-use gitlab::api::projects::merge_requests::{MergeRequestState, MergeRequests};
+use gitlab::api::projects::merge_requests::{MergeRequestState, MergeRequestView, MergeRequests};
 use gitlab::api::projects::repository::branches::Branches;
 use gitlab::api::projects::repository::commits::{CommitStatusState, CreateCommitStatus};
 use gitlab::api::projects::repository::files::FileRaw;
@@ -75,8 +75,9 @@ impl gitlab::api::AsyncClient for ObservedGitlab {
         let request = request.body(body).map_err(|e| failed(&e))?;
         let request = reqwest::Request::try_from(request).map_err(|e| failed(&e))?;
         let answer = self.http.execute(request).await.map_err(|e| failed(&e))?;
+        // GitLab counts requests per user: a project or personal token is one budget.
         observe_rate_limit(
-            "gitlab",
+            ("gitlab", "token"),
             answer.status(),
             answer.headers(),
             &self.metrics,
@@ -458,9 +459,12 @@ impl GitlabApi {
         struct MergeRequest {
             iid: u64,
         }
+        // `view=simple`: only ids, title and state, the cheapest form of the list (GitLab
+        // documents no conditional requests for its REST lists), 100 per page.
         let endpoint = MergeRequests::builder()
             .project(project)
             .state(MergeRequestState::Opened)
+            .view(MergeRequestView::Simple)
             .build();
         let endpoint = built("list_pull_requests", endpoint)?;
         let open: Vec<MergeRequest> = self
