@@ -253,6 +253,8 @@ fn pushed(
         .iter()
         .filter(|e| e.spec.source.pull_request.is_some() && e.spec.source.branch == push.branch)
         .collect();
+    // The same verdict for every environment of this template: the push decides it.
+    let skip = pushed_skip(template, push);
     if !pr_environments.is_empty() {
         return pr_environments
             .into_iter()
@@ -262,7 +264,7 @@ fn pushed(
                 source.changed_at = push.changed_at;
                 let name = environment.name_any();
                 let mut wanted = environment_object(template, &name, source, now);
-                wanted.spec.skip = pushed_skip(template, push);
+                wanted.spec.skip = skip.clone();
                 Decision::Apply(wanted)
             })
             .collect();
@@ -270,7 +272,7 @@ fn pushed(
     let globs = &template.spec.triggers.branches;
     if globs.iter().any(|glob| glob_matches(glob, &push.branch)) {
         let mut environment = branch_environment(template, event, push, now);
-        environment.spec.skip = pushed_skip(template, push);
+        environment.spec.skip = skip;
         return vec![Decision::Apply(environment)];
     }
     Vec::new()
@@ -374,19 +376,37 @@ fn environment_object(
     Box::new(environment)
 }
 
-/// `*` matches any run of characters (`/` included), `?` exactly one.
+/// `*` matches any run of characters (`/` included), `?` exactly one. Also one folder of a
+/// path filter (`skips::path_matches`). Without recursion: on a mismatch only the last `*`
+/// takes one more character, so a glob with many `*` stays linear in each of them and a long
+/// branch name or path cannot make it costly.
 pub fn glob_matches(glob: &str, text: &str) -> bool {
-    fn matches(glob: &[char], text: &[char]) -> bool {
-        match glob.split_first() {
-            None => text.is_empty(),
-            Some(('*', rest)) => (0..=text.len()).any(|skip| matches(rest, &text[skip..])),
-            Some(('?', rest)) => !text.is_empty() && matches(rest, &text[1..]),
-            Some((c, rest)) => text.first() == Some(c) && matches(rest, &text[1..]),
-        }
-    }
     let glob: Vec<char> = glob.chars().collect();
     let text: Vec<char> = text.chars().collect();
-    matches(&glob, &text)
+    let (mut g, mut t) = (0, 0);
+    // Where the last `*` was, and how much of the text it has taken so far.
+    let mut star: Option<(usize, usize)> = None;
+    while t < text.len() {
+        match glob.get(g) {
+            Some('*') => {
+                star = Some((g, t));
+                g += 1;
+            }
+            Some(c) if *c == '?' || *c == text[t] => {
+                g += 1;
+                t += 1;
+            }
+            _ => match star {
+                Some((star_at, taken)) => {
+                    g = star_at + 1;
+                    t = taken + 1;
+                    star = Some((star_at, taken + 1));
+                }
+                None => return false,
+            },
+        }
+    }
+    glob[g..].iter().all(|c| *c == '*')
 }
 
 /// Carries the decisions out, one write each (see [`records`]). Returns, for each, whether it

@@ -114,43 +114,13 @@ pub fn path_matches(glob: &str, path: &str) -> bool {
             here[j] = match (*segment, parts.get(j)) {
                 ("**", Some(_)) => rest[j] || here[j + 1],
                 ("**", None) => rest[j],
-                (segment, Some(part)) => rest[j + 1] && segment_matches(segment, part),
+                (segment, Some(part)) => rest[j + 1] && super::glob_matches(segment, part),
                 (_, None) => false,
             };
         }
         rest = here;
     }
     rest[0]
-}
-
-/// One folder name against one glob folder (`*`, `?`, other characters as they are).
-fn segment_matches(glob: &str, text: &str) -> bool {
-    let glob: Vec<char> = glob.chars().collect();
-    let text: Vec<char> = text.chars().collect();
-    let (mut g, mut t) = (0, 0);
-    // Where the last `*` was, and how much of the text it has taken so far.
-    let mut star: Option<(usize, usize)> = None;
-    while t < text.len() {
-        match glob.get(g) {
-            Some('*') => {
-                star = Some((g, t));
-                g += 1;
-            }
-            Some(c) if *c == '?' || *c == text[t] => {
-                g += 1;
-                t += 1;
-            }
-            _ => match star {
-                Some((star_at, taken)) => {
-                    g = star_at + 1;
-                    t = taken + 1;
-                    star = Some((star_at, taken + 1));
-                }
-                None => return false,
-            },
-        }
-    }
-    glob[g..].iter().all(|c| *c == '*')
 }
 
 #[cfg(test)]

@@ -344,6 +344,13 @@ fn globs() {
     assert!(glob_matches("v?", "v1"));
     assert!(!glob_matches("feature/*", "main"));
     assert!(!glob_matches("v?", "v10"));
+    // A glob with many `*` against a long branch name: no backtracking blow-up.
+    let started = std::time::Instant::now();
+    assert!(!glob_matches(
+        &format!("{}b", "*a".repeat(60)),
+        &"a".repeat(250)
+    ));
+    assert!(started.elapsed() < std::time::Duration::from_secs(2));
 }
 
 /// A push to PR 2's branch `changes` with the head `sha`, these files and this message.
