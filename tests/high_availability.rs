@@ -3,7 +3,9 @@
 //! a SIGKILLed leader is replaced and its pending work finished, and a SIGTERMed leader
 //! releases the Lease, answers what is in flight and exits 0; only the leader sweeps; a leader
 //! cut off from the API server stops before another can take over. The processes log JSON; the test
-//! reads those logs for the per-delivery and per-reconcile spans and for leaked secrets.
+//! reads those logs for the per-delivery and per-reconcile spans and for leaked secrets. A
+//! SIGKILLed previewd's successor writes nothing for an environment nobody changed, and only
+//! the object edited by hand meanwhile.
 //!
 //! PR deliveries are `github/pull_request.opened.json` and `synchronize.json` changed in copies
 //! (PR number, branch and head SHA), so that several PRs live side by side.
@@ -431,6 +433,183 @@ async fn a_leader_that_cannot_renew_stops_before_the_standby_takes_over_and_stay
         assert!(
             !reconciled_after,
             "replica-a reconciled while replica-b led"
+        );
+    })
+    .await;
+}
+
+/// An application of the kinds previewd writes most: a Secret (not watched: read back after a
+/// restart), a ServiceAccount (its token list is another manager's), a Deployment (its revision
+/// annotation and status are the controllers'), a Service and two ConfigMaps.
+const APP: &str = r#"apiVersion: v1
+kind: ServiceAccount
+metadata: {name: app}
+---
+apiVersion: v1
+kind: ConfigMap
+metadata: {name: settings}
+data: {LOG_LEVEL: info}
+---
+apiVersion: v1
+kind: ConfigMap
+metadata: {name: release}
+data: {GIT_SHA: "{{ sha }}"}
+---
+apiVersion: v1
+kind: Secret
+metadata: {name: app}
+stringData: {SESSION_KEY: preview-only}
+---
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: web}
+spec:
+  replicas: 1
+  selector: {matchLabels: {app: web}}
+  template:
+    metadata: {labels: {app: web}}
+    spec:
+      serviceAccountName: app
+      containers: [{name: web, image: "nginx:1.25", ports: [{containerPort: 80, protocol: TCP}]}]
+---
+apiVersion: v1
+kind: Service
+metadata: {name: web}
+spec:
+  selector: {app: web}
+  ports: [{port: 80, protocol: TCP}]
+"#;
+
+/// The resourceVersion of every object previewd manages in `namespace` (kinds of [`APP`] and
+/// the guard rails), by kind and name: any write to one of them changes it.
+async fn versions_in(client: &kube::Client, namespace: &str) -> Vec<(String, String)> {
+    use kube::ResourceExt;
+    use kube::api::{ApiResource, DynamicObject, GroupVersionKind, ListParams};
+    let mut versions = Vec::new();
+    for (group, version, kind) in [
+        ("", "v1", "ConfigMap"),
+        ("", "v1", "Secret"),
+        ("", "v1", "ServiceAccount"),
+        ("", "v1", "Service"),
+        ("apps", "v1", "Deployment"),
+        ("", "v1", "ResourceQuota"),
+        ("", "v1", "LimitRange"),
+        ("networking.k8s.io", "v1", "NetworkPolicy"),
+        ("rbac.authorization.k8s.io", "v1", "RoleBinding"),
+    ] {
+        let resource = ApiResource::from_gvk(&GroupVersionKind::gvk(group, version, kind));
+        let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), namespace, &resource);
+        let listed = api
+            .list(&ListParams::default().labels("app.kubernetes.io/managed-by=previewd"))
+            .await
+            .unwrap();
+        for object in listed {
+            let version = object.resource_version().unwrap_or_default();
+            versions.push((format!("{kind}/{}", object.name_any()), version));
+        }
+    }
+    versions.sort();
+    versions
+}
+
+/// Sum of one counter over all its series in a replica's `/metrics`.
+async fn counted(process: &PreviewdProcess, http: &reqwest::Client, name: &str) -> f64 {
+    let text = http
+        .get(format!("{}/metrics", process.base))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    support::webhooks::metric_sum(&text, name)
+}
+
+#[tokio::test]
+async fn a_restarted_previewd_writes_nothing_for_an_unchanged_environment_and_repairs_a_hand_edit()
+{
+    in_namespace("restart", |client, ns| async move {
+        let forge = github_forge().await;
+        install_template_with(
+            &client,
+            &ns,
+            "github",
+            REPOSITORY,
+            Some(&forge.uri()),
+            serde_json::json!({}),
+            APP,
+        )
+        .await;
+        let http = reqwest::Client::new();
+        let logs = tempfile::tempdir().unwrap();
+        let leases: Api<Lease> = Api::namespaced(client.clone(), &ns);
+        let environments: Api<PreviewEnvironment> = Api::namespaced(client.clone(), &ns);
+
+        let first = replica(&ns, "first", logs.path());
+        first.wait_ready(&http).await;
+        wait_for_holder(&leases, &["first"]).await;
+        first
+            .send(&http, "pull_request", "open-31", &opened_for(31, &sha(31)))
+            .await;
+        ready_at(&environments, 31, &sha(31)).await;
+        let name = environment_of_pr(&environments, 31).await;
+        let environment = environments.get(&name).await.unwrap();
+        let namespace = environment.status.unwrap().namespace.unwrap();
+        // The controllers' own writes (a Deployment's status) settle; then nothing moves.
+        let before = eventually("the objects to settle", Duration::from_secs(30), || async {
+            let earlier = versions_in(&client, &namespace).await;
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            (versions_in(&client, &namespace).await == earlier).then_some(earlier)
+        })
+        .await;
+        // The application's six objects, the quota and the default-deny NetworkPolicy.
+        assert_eq!(before.len(), 8, "{before:?}");
+
+        // SIGKILL (no hand-over); meanwhile, someone edits one ConfigMap by hand.
+        drop(first);
+        let configmaps: Api<k8s_openapi::api::core::v1::ConfigMap> =
+            Api::namespaced(client.clone(), &namespace);
+        let edit = serde_json::json!({"data": {"LOG_LEVEL": "debug"}});
+        let by_hand = kube::api::PatchParams {
+            field_manager: Some("kubectl-edit".into()),
+            ..Default::default()
+        };
+        configmaps
+            .patch("settings", &by_hand, &kube::api::Patch::Merge(&edit))
+            .await
+            .unwrap();
+        let edited = versions_in(&client, &namespace).await;
+
+        let second = replica(&ns, "second", logs.path());
+        second.wait_ready(&http).await;
+        wait_for_holder(&leases, &["second"]).await;
+        // The edit is repaired…
+        eventually(
+            "the hand edit repaired",
+            Duration::from_secs(30),
+            || async {
+                let settings = configmaps.get("settings").await.ok()?;
+                let level = settings.data?.get("LOG_LEVEL").cloned();
+                (level.as_deref() == Some("info")).then_some(())
+            },
+        )
+        .await;
+        // … and it is the only write: every other object keeps its resourceVersion, and
+        // previewd's own count agrees (one apply sent, nine recalled; no status, no Event).
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        let after = versions_in(&client, &namespace).await;
+        let changed: Vec<_> = after.iter().filter(|v| !edited.contains(v)).collect();
+        assert_eq!(changed.len(), 1, "changed after the restart: {changed:?}");
+        assert_eq!(changed[0].0, "ConfigMap/settings");
+        assert_eq!(
+            counted(&second, &http, "previewd_write_requests_total").await,
+            1.0
+        );
+        assert_eq!(
+            second
+                .metric(&http, "previewd_apply_requests_total{outcome=\"sent\"}")
+                .await,
+            Some(1.0)
         );
     })
     .await;

@@ -6,6 +6,10 @@
 //! applied when its manifest changed, when it is missing from the watch store, or when what
 //! the watch last saw (projected the same way) differs from what the apply returned: drift. A
 //! periodic full resync bypasses the cache.
+//!
+//! The cache is in memory; after a restart it is seeded from the cluster instead of re-sending
+//! everything: each object carries the hash of the manifest it was applied from (see
+//! [`recall`]).
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
@@ -22,8 +26,9 @@ use sha2::{Digest, Sha256};
 use crate::cluster::health::Health;
 use crate::cluster::metrics::ClusterMetrics;
 use crate::cluster::observed::{self, ObjectKey, ObservedStore};
+use crate::cluster::recall;
 use crate::cluster::writer::Writer;
-use crate::model::kinds::is_watched;
+use crate::model::kinds::{group_of, is_watched};
 use crate::model::metadata::FIELD_MANAGER_RECONCILE;
 
 type Sha = [u8; 32];
@@ -179,18 +184,68 @@ impl Applier {
         }
     }
 
-    /// Whether `manifest` must be sent: see the module documentation.
-    fn needs_apply(&self, key: &ObjectKey, manifest: &Value, manifest_sha: &Sha) -> bool {
-        let Some(entry) = self.cache.lock().expect("cache lock").get(key).copied() else {
-            return true;
+    /// Whether `sent` must be sent: see the module documentation.
+    async fn needs_apply(&self, key: &ObjectKey, sent: &Value, manifest_sha: &Sha) -> bool {
+        let cached = self.cache.lock().expect("cache lock").get(key).copied();
+        let entry = match cached {
+            Some(entry) => entry,
+            None => match self.recall(key, sent, manifest_sha).await {
+                Some(entry) => entry,
+                None => return true,
+            },
         };
         if entry.manifest != *manifest_sha {
             return true;
         }
         match self.store.get(key) {
             None => true,
-            Some(observed) => sha(&observed::project(&observed.content, manifest)) != entry.applied,
+            Some(observed) => sha(&observed::project(&observed.content, sent)) != entry.applied,
         }
+    }
+
+    /// After a restart the cache is empty: an object that the cluster shows as applied from this
+    /// very manifest and untouched since (see [`recall`]) is taken as applied, and its cache
+    /// entry seeded from what is observed. Secrets are not watched: they are read (a read, not
+    /// a write); a failed read means the object is applied, as before.
+    async fn recall(
+        &self,
+        key: &ObjectKey,
+        sent: &Value,
+        manifest_sha: &Sha,
+    ) -> Option<CacheEntry> {
+        let observed = match self.store.get(key) {
+            Some(observed) => observed,
+            None if is_watched(group_of(&key.api_version), &key.kind) => return None,
+            None => self.read(key).await?,
+        };
+        let hash = hex::encode(manifest_sha);
+        if !recall::applied_unchanged(&observed.content, &observed.foreign, sent, &hash) {
+            return None;
+        }
+        let entry = CacheEntry {
+            manifest: *manifest_sha,
+            applied: sha(&observed::project(&observed.content, sent)),
+        };
+        self.cache
+            .lock()
+            .expect("cache lock")
+            .insert(key.clone(), entry);
+        Some(entry)
+    }
+
+    /// Reads an unwatched object into the store; `None` when it is missing or unreadable.
+    async fn read(&self, key: &ObjectKey) -> Option<observed::ObservedObject> {
+        let resource = self.resource(&key.api_version, &key.kind).await.ok()?;
+        let object = self
+            .api(&resource, &key.namespace)
+            .get_opt(&key.name)
+            .await
+            .ok()??;
+        let mut object = serde_json::to_value(&object).ok()?;
+        object["apiVersion"] = Value::String(key.api_version.clone());
+        object["kind"] = Value::String(key.kind.clone());
+        self.store.record(&object);
+        self.store.get(key)
     }
 
     /// Applies `objects` concurrently (at most `concurrency` at once). With `bypass_cache`
@@ -238,7 +293,8 @@ impl Applier {
     ) -> Result<bool, kube::Error> {
         let key = ObjectKey::of(manifest);
         let manifest_sha = sha(manifest);
-        if !bypass_cache && !self.needs_apply(&key, manifest, &manifest_sha) {
+        let sent = recall::annotated(manifest, &hex::encode(manifest_sha));
+        if !bypass_cache && !self.needs_apply(&key, &sent, &manifest_sha).await {
             self.writer
                 .metrics()
                 .applies
@@ -256,16 +312,13 @@ impl Applier {
         let api = self.api(&resource, &key.namespace);
         let returned = self
             .writer
-            .write(
-                "apply",
-                api.patch(&key.name, &params, &Patch::Apply(manifest)),
-            )
+            .write("apply", api.patch(&key.name, &params, &Patch::Apply(&sent)))
             .await?;
         let mut returned = serde_json::to_value(&returned).unwrap_or(Value::Null);
         returned["apiVersion"] = Value::String(key.api_version.clone());
         returned["kind"] = Value::String(key.kind.clone());
         self.store.record(&returned);
-        let applied = sha(&observed::project(&observed::strip(&returned), manifest));
+        let applied = sha(&observed::project(&observed::strip(&returned), &sent));
         self.cache.lock().expect("cache lock").insert(
             key,
             CacheEntry {

@@ -3,6 +3,7 @@
 //!
 //! * [`applier`]: server-side apply with the per-object skip cache;
 //! * [`observed`]: one watch per resource kind, keeping only hashes and health;
+//! * [`recall`]: what previewd last applied, read back from the cluster after a restart;
 //! * [`health`]: the health of one object (pure);
 //! * [`caches`]: the template and environment caches the webhook side and the reconciler read;
 //! * [`records`]: creating, waking and deleting `PreviewEnvironment`s (with a reason);
@@ -19,6 +20,7 @@ pub mod errors;
 pub(crate) mod health;
 pub mod metrics;
 pub mod observed;
+pub(crate) mod recall;
 pub(crate) mod records;
 pub mod secrets;
 pub(crate) mod writer;

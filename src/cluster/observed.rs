@@ -19,6 +19,7 @@ use tokio::sync::mpsc::UnboundedSender;
 use tokio::task::JoinHandle;
 
 use crate::cluster::health::{self, Health};
+use crate::cluster::recall;
 use crate::model::crd::PreviewEnvironment;
 use crate::model::metadata::{LABEL_ENVIRONMENT, LABEL_ENVIRONMENT_NAMESPACE, LABEL_MANAGED_BY};
 
@@ -55,6 +56,8 @@ impl std::fmt::Display for ObjectKey {
 pub struct ObservedObject {
     /// The object without status, managedFields, uid, resourceVersion, generation, timestamps.
     pub content: Value,
+    /// The fields other managers own (see [`recall::foreign_fields`]); usually none.
+    pub foreign: Vec<Value>,
     pub health: Health,
     resource_version: u64,
 }
@@ -63,6 +66,7 @@ impl ObservedObject {
     pub fn from_server(object: &Value) -> Self {
         Self {
             content: strip(object),
+            foreign: recall::foreign_fields(object),
             health: health::of_object(object),
             resource_version: object["metadata"]["resourceVersion"]
                 .as_str()

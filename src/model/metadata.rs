@@ -37,6 +37,10 @@ pub const LABEL_SEED: &str = "previewd.dev/seed";
 pub const ANNOTATION_WAVE: &str = "previewd.dev/wave";
 /// Annotation on pod templates, set by `/preview deploy`: a new value restarts every workload.
 pub const ANNOTATION_REDEPLOY: &str = "previewd.dev/redeploy";
+/// Annotation on every object previewd applies: SHA-256 of the rendered manifest it was applied
+/// from. Kept in the cluster so that a restarted or newly elected previewd knows what it last
+/// sent without sending it again (see `cluster::recall`).
+pub const ANNOTATION_APPLIED: &str = "previewd.dev/applied";
 /// Annotation set just before deleting an environment: why, for the PR comment.
 pub const ANNOTATION_DELETION_REASON: &str = "previewd.dev/deletion-reason";
 /// Annotation holding previewd's reply to the last comment command (JSON, [`CommandReply`]).

@@ -22,7 +22,7 @@ use super::error::{ReconcileError, Refusal, Stop};
 use super::namespace::namespace_object;
 use crate::cluster::observed::ObjectKey;
 use crate::model::crd::PreviewEnvironment;
-use crate::model::metadata::LABEL_ENVIRONMENT_UID;
+use crate::model::metadata::{FIELD_MANAGER_RECONCILE, LABEL_ENVIRONMENT_UID};
 
 /// Whose a namespace is, as far as one environment is concerned.
 #[derive(Debug, PartialEq, Eq)]
@@ -80,9 +80,15 @@ async fn create(
 ) -> Result<(), Stop> {
     let object: Namespace = serde_json::from_value(object)
         .map_err(|e| Stop::Failed(ReconcileError::Claim(kube::Error::SerdeError(e))))?;
+    // Created under the reconciler's field manager: the labels it sets are the ones the
+    // namespace's applies set, so they are not mistaken for a hand edit after a restart.
+    let params = PostParams {
+        field_manager: Some(FIELD_MANAGER_RECONCILE.to_string()),
+        ..Default::default()
+    };
     let created = context
         .writer
-        .write("create", api.create(&PostParams::default(), &object))
+        .write("create", api.create(&params, &object))
         .await;
     match created {
         Ok(_) => {

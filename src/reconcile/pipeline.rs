@@ -290,7 +290,9 @@ async fn refuse(
 }
 
 /// Whether the slow periodic full re-apply is due: then the apply cache is bypassed. The clock
-/// of an environment starts at its first reconcile, whose cache is empty anyway.
+/// of an environment starts at its first reconcile, set back by a spread that its name picks
+/// (up to one interval): a restarted previewd meets all environments at once, and their full
+/// re-applies must not all fall due together.
 fn reapply_due(context: &Context, key: &EnvironmentRef) -> bool {
     let Some(interval) = context.config.reapply_interval else {
         return false;
@@ -298,9 +300,45 @@ fn reapply_due(context: &Context, key: &EnvironmentRef) -> bool {
     let mut last = context.memory.last_full_apply.lock();
     match last.get(key) {
         None => {
-            last.insert(key.clone(), Instant::now());
+            let started = Instant::now();
+            let spread = reapply_spread(key, interval);
+            last.insert(key.clone(), started.checked_sub(spread).unwrap_or(started));
             false
         }
         Some(at) => at.elapsed() >= interval,
+    }
+}
+
+/// A fraction of `interval` that depends only on the environment's name: the same in every
+/// replica and every run, different between environments.
+fn reapply_spread(key: &EnvironmentRef, interval: Duration) -> Duration {
+    use std::hash::{Hash, Hasher};
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    key.hash(&mut hasher);
+    let fraction = (hasher.finish() % 1024) as f64 / 1024.0;
+    interval.mul_f64(fraction)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn full_reapplies_of_many_environments_are_spread_over_the_interval() {
+        let interval = Duration::from_secs(3600);
+        let spreads: Vec<Duration> = (0..200)
+            .map(|n| {
+                reapply_spread(
+                    &ObjectRef::new(&format!("pr-{n}")).within("previews"),
+                    interval,
+                )
+            })
+            .collect();
+        assert!(spreads.iter().all(|s| *s < interval));
+        let first_quarter = spreads.iter().filter(|s| **s < interval / 4).count();
+        assert!(
+            (25..=75).contains(&first_quarter),
+            "{first_quarter} of 200 fall in the first quarter"
+        );
     }
 }
