@@ -77,6 +77,9 @@ pub struct Memory {
     pub failures: Locked<EnvironmentRef, u32>,
     /// When each environment was last re-applied in full (`--reapply-interval`).
     pub last_full_apply: Locked<EnvironmentRef, Instant>,
+    /// When this process last wrote each environment's status after a reconcile
+    /// ([`super::coalesce`]).
+    pub last_status_write: Locked<EnvironmentRef, Instant>,
 }
 
 impl Memory {
@@ -85,6 +88,7 @@ impl Memory {
         self.ready_timings.lock().remove(environment);
         self.failures.lock().remove(environment);
         self.last_full_apply.lock().remove(environment);
+        self.last_status_write.lock().remove(environment);
     }
 
     /// Counts a failure; returns how long to wait before the next attempt: 2 s, doubling, at

@@ -3,7 +3,7 @@
 //!
 //! [`pipeline`] reads top to bottom as the steps of one reconcile, one file per step with a
 //! body: [`resolve`] → [`hold`] → [`checks`] (pure) → [`plan`] (pure) → [`waves`] (apply) → [`prune`] →
-//! [`status`] (pure) → [`write`]. [`cleanup`] is the finalizer's side. [`controller`] runs the
+//! [`status`] (pure) → [`coalesce`] (pure: may the write wait?) → [`write`]. [`cleanup`] is the finalizer's side. [`controller`] runs the
 //! watches and wraps each reconcile; [`context`] is what every step is given. Only the applier,
 //! the status writer, Events and the finalizer write to the API server, and none of them writes
 //! when nothing changed.
@@ -12,6 +12,7 @@ mod access;
 mod checks;
 mod claim;
 mod cleanup;
+mod coalesce;
 pub mod config;
 mod context;
 mod controller;

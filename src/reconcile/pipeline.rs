@@ -32,7 +32,7 @@ use super::status::{
     Placement, Progress, ReadyCondition, condition, held_status, progress_status, refused_status,
 };
 use super::write::write_status;
-use super::{claim, namespace, prune, renders, resolve, secrets, waves};
+use super::{claim, coalesce, namespace, prune, renders, resolve, secrets, waves};
 use crate::cluster::observed::ObjectKey;
 use crate::model::crd::{
     Phase, PreviewEnvironment, PreviewEnvironmentStatus, PreviewTemplate, WaitingCommit,
@@ -204,6 +204,27 @@ async fn finish(
     };
     if let Some(recheck) = held.and_then(|h| h.recheck) {
         requeue = requeue.min(recheck);
+    }
+    let since_last_write = context
+        .memory
+        .last_status_write
+        .lock()
+        .get(key)
+        .map(Instant::elapsed);
+    if let Some(wait) = coalesce::write_can_wait(
+        environment.status.as_ref(),
+        &status,
+        since_last_write,
+        Utc::now(),
+    ) {
+        return Ok(Action::requeue(wait.min(requeue)));
+    }
+    if environment.status.as_ref() != Some(&status) {
+        context
+            .memory
+            .last_status_write
+            .lock()
+            .insert(key.clone(), Instant::now());
     }
     let fell_asleep = status.phase == Phase::Sleeping && previous.phase != Phase::Sleeping;
     let mut observations = Observations::between(&previous, &status, &context.memory);

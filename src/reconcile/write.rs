@@ -1,5 +1,5 @@
 //! The write step: the status (only when it changed), the report to the forge that goes with
-//! it, and an Event when the phase changes.
+//! it, and an Event for an outcome (a commit deployed, a failure, asleep, queued).
 //!
 //! The forge is told first, so that what was sent is recorded by the same status write; a forge
 //! failure still lets the status be written, and is returned afterwards to be retried.
@@ -59,13 +59,16 @@ pub async fn write_status_only(
         .write("status", api.patch_status(&name, &params, &patch))
         .await
         .map_err(ReconcileError::Status)?;
-    if previous.phase != status.phase || environment.status.is_none() {
+    let new_commit = status.phase == Phase::Ready && previous.deployed_sha != status.deployed_sha;
+    if previous.phase != status.phase || environment.status.is_none() || new_commit {
         announce_phase(environment, context, &previous, &status).await;
     }
     Ok(())
 }
 
-/// Logs a phase change and records it as an Event (a warning for `Degraded`).
+/// Logs a phase change, and records an outcome as an Event (a warning for `Degraded`): the
+/// way `kubectl describe` shows a Deployment's rollouts, one Event per commit deployed or per
+/// failure, not one per step on the way (`Pending`, `Deploying`, `Seeding` are in the status).
 async fn announce_phase(
     environment: &PreviewEnvironment,
     context: &Context,
@@ -82,12 +85,17 @@ async fn announce_phase(
         to = status.phase.as_str(),
         "phase changed: {message}"
     );
-    let kind = if status.phase == Phase::Degraded {
-        EventType::Warning
-    } else {
-        EventType::Normal
+    let (kind, note) = match status.phase {
+        Phase::Degraded => (EventType::Warning, message),
+        Phase::Ready => {
+            let sha = status.deployed_sha.as_deref().unwrap_or_default();
+            let short = sha.get(..7).unwrap_or(sha);
+            (EventType::Normal, format!("{short} deployed: {message}"))
+        }
+        Phase::Sleeping | Phase::Queued => (EventType::Normal, message),
+        Phase::Pending | Phase::Deploying | Phase::Seeding | Phase::Terminating => return,
     };
-    publish(context, environment, kind, status.phase.as_str(), message).await;
+    publish(context, environment, kind, status.phase.as_str(), note).await;
 }
 
 /// Records an Event on the environment; a failure is logged, never fails the reconcile.
