@@ -11,6 +11,10 @@
 //!    2 minutes. Measured: push → `Ready` at that head, write requests, apply-cache hits, and
 //!    which objects changed (resourceVersion) in environments that were not pushed: waste.
 //!
+//! After the last size, previewd is replaced twice (SIGKILL and restart; then a failover to a
+//! standby replica): each successor starts with an empty apply cache and must write nothing
+//! for the unchanged environments, counted by the API server.
+//!
 //! Printed per size: time to all Ready, latency p50/p99, writes per minute in churn and at
 //! steady state, objects changed in untouched environments, apply-cache hit ratio, previewd's
 //! RSS (now and peak) and CPU seconds. Writes are counted twice: by previewd's own metrics and
@@ -156,8 +160,12 @@ fn sizes() -> Vec<u64> {
         .collect()
 }
 
+/// The head SHA of PR `number` after `change` pushes: 40 hex digits that, like real commit SHAs,
+/// differ in their first seven (the short SHA the PR comment shows).
 fn head(number: u64, change: u64) -> String {
-    format!("{number:0>20}{change:0>20}")
+    use sha2::Digest;
+    let digest = sha2::Sha256::digest(format!("{number}/{change}"));
+    hex::encode(digest)[..40].to_string()
 }
 
 /// When each (PR, head) was first seen `Ready`, from a watch of the environments.
@@ -601,6 +609,85 @@ async fn count_lease_writes(client: Client, namespace: String) {
     }
 }
 
+/// What replacing previewd cost: the API server's writes of previewd's shape after a
+/// SIGKILL-and-restart and after a failover to a standby, and the process now leading.
+struct Replacements {
+    writes: [u64; 2],
+    successor: PreviewdProcess,
+}
+
+/// 4. A new previewd starts with an empty apply cache, twice: the leader is SIGKILLed and
+///    started again (a crash, a node drained), then a standby replica is started beside it and
+///    the leader SIGKILLed again (a failover). Each successor must reconcile every environment
+///    and, since nothing changed, write nothing; counted by the API server.
+async fn replace_previewd(
+    leader: PreviewdProcess,
+    start: &impl Fn(&str) -> PreviewdProcess,
+    client: &Client,
+    http: &reqwest::Client,
+    environments: u64,
+) -> Replacements {
+    let mut writes = [0; 2];
+    let mut leader = leader;
+    for (round, how) in ["SIGKILL and restart", "failover to a standby"]
+        .iter()
+        .enumerate()
+    {
+        let standby = (round == 1).then(|| start("previewd-standby"));
+        if let Some(standby) = &standby {
+            standby.wait_ready(http).await;
+        }
+        let served_before = apiserver::request_counts(client).await;
+        let killed_at = Instant::now();
+        drop(leader); // SIGKILL: no hand-over, the Lease runs out.
+        let successor = standby.unwrap_or_else(|| start("previewd-restarted"));
+        successor.wait_ready(http).await;
+        let reconciled = wait_reconciled(&successor, http, environments).await;
+        settle(&successor, http).await;
+        let own = Counters::read(&successor, http).await;
+        let served = apiserver::request_counts(client)
+            .await
+            .since(&served_before);
+        writes[round] = served.writes(Requests::is_previewd_shaped);
+        println!(
+            "  {environments} environments, {how}: every environment reconciled {:.1} s after the SIGKILL; the API server served {} writes of previewd's shape ({} in all apart from Leases and node status); previewd counted {} writes, {} applies sent, {} skipped",
+            reconciled.duration_since(killed_at).as_secs_f64(),
+            writes[round],
+            served.writes(|r| !is_heartbeat(r)),
+            own.writes,
+            own.applies_sent,
+            own.applies_skipped,
+        );
+        leader = successor;
+    }
+    Replacements {
+        writes,
+        successor: leader,
+    }
+}
+
+/// Waits until `previewd` has reconciled at least `environments` times (each environment once:
+/// a new leader starts with every environment queued); when it had.
+async fn wait_reconciled(
+    previewd: &PreviewdProcess,
+    http: &reqwest::Client,
+    environments: u64,
+) -> Instant {
+    let deadline = Instant::now() + Duration::from_secs(300);
+    loop {
+        let reconciles = Counters::read(previewd, http).await.reconciles;
+        if reconciles >= environments as f64 {
+            return Instant::now();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{} reconciled {reconciles} of {environments} environments in 5 minutes",
+            previewd.name
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
 async fn benchmark() {
     let churn_seconds: u64 = setting("PREVIEWD_SCALE_CHURN_SECONDS", 120);
     let quiet_seconds: u64 = setting("PREVIEWD_SCALE_QUIET_SECONDS", 60);
@@ -619,24 +706,27 @@ async fn benchmark() {
     )
     .await;
     let logs = tempfile::tempdir().unwrap();
-    let previewd = PreviewdProcess::start(
-        "previewd",
-        &support::shared().kubeconfig_path,
-        &[
-            "--watch-namespace",
-            &namespace,
-            "--resync-interval",
-            RESYNC,
-            // The stand-in forge lists no pull requests; the sweep must not run mid-benchmark.
-            "--sweep-interval",
-            "24h",
-            // The leader Lease beside the environments, where the benchmark counts its renewals.
-            "--lease-namespace",
-            &namespace,
-        ],
-        &[],
-        logs.path(),
-    );
+    let start = |name: &str| {
+        PreviewdProcess::start(
+            name,
+            &support::shared().kubeconfig_path,
+            &[
+                "--watch-namespace",
+                &namespace,
+                "--resync-interval",
+                RESYNC,
+                // The stand-in forge lists no pull requests; the sweep must not run mid-benchmark.
+                "--sweep-interval",
+                "24h",
+                // The leader Lease beside the environments, where the benchmark counts its renewals.
+                "--lease-namespace",
+                &namespace,
+            ],
+            &[],
+            logs.path(),
+        )
+    };
+    let previewd = start("previewd");
     let http = reqwest::Client::new();
     previewd.wait_ready(&http).await;
     let pid = previewd.child.id();
@@ -851,6 +941,9 @@ async fn benchmark() {
         figures.push(stage);
     }
 
+    let replacements = replace_previewd(previewd, &start, &client, &http, opened).await;
+    let previewd = replacements.successor;
+
     println!();
     println!(
         "  envs | new: all Ready | push→Ready p50 | p99    | writes/min churn | per push | writes/min steady | untouched changed | cache hits | RSS MiB (peak) | CPU s"
@@ -915,6 +1008,11 @@ async fn benchmark() {
         .delete(&namespace, &DeleteParams::default())
         .await;
 
+    assert!(
+        replacements.writes == [0, 0],
+        "a new previewd rewrote unchanged environments: {:?} writes of previewd's shape after a restart and after a failover",
+        replacements.writes
+    );
     let wasted: usize = figures.iter().map(|f| f.untouched_changed).sum();
     let steady_writes: f64 = figures.iter().map(|f| f.steady_writes_per_minute).sum();
     let served_quiet: u64 = figures.iter().map(|f| f.apiserver_quiet_writes).sum();
