@@ -57,12 +57,16 @@ pub fn write_can_wait(
 }
 
 /// Whether what a reader of the status acts on, besides the phase and its progress, is the
-/// same: the deployed commit, the URL, the namespace, the commit waiting for its checks.
+/// same: the deployed commit, the URL, the namespace, the commit waiting for its checks, the
+/// queue; and what the status remembers for previewd itself: the replica counts from before
+/// sleep (the next reconcile reads them back; scaled to zero, the live counts are gone).
 fn same_outlook(previous: &PreviewEnvironmentStatus, next: &PreviewEnvironmentStatus) -> bool {
     previous.deployed_sha == next.deployed_sha
         && previous.url == next.url
         && previous.namespace == next.namespace
         && previous.waiting == next.waiting
+        && previous.queue_position == next.queue_position
+        && previous.replicas_before_sleep == next.replicas_before_sleep
 }
 
 fn ready_reason(status: &PreviewEnvironmentStatus) -> Option<&str> {
@@ -153,6 +157,13 @@ mod tests {
         let seeding = status(Phase::Seeding, "Seeding", now);
         assert_eq!(
             write_can_wait(Some(&deploying), &seeding, recent, now),
+            None
+        );
+        // Going to sleep: the replica counts to restore must be kept before they are gone.
+        let mut falling_asleep = deploying.clone();
+        falling_asleep.replicas_before_sleep = [("Deployment/web".to_string(), 3)].into();
+        assert_eq!(
+            write_can_wait(Some(&ready), &falling_asleep, recent, now),
             None
         );
         // A URL, or a commit waiting for its checks, changes.
