@@ -1035,7 +1035,9 @@ async fn shared_secrets_are_copied_and_followed_generated_ones_stay_and_unshared
         let token = |secret: &Secret, key: &str| String::from_utf8(secret.data.as_ref().unwrap()[key].0.clone()).unwrap();
         let copy = in_environment.get("api-token").await.unwrap();
         assert_eq!(token(&copy, "token"), "first");
-        assert!(copy.annotations().is_empty(), "the source's annotations stay with the source");
+        // The only annotation is previewd's own record of what it applied.
+        let annotations: Vec<&String> = copy.annotations().keys().collect();
+        assert_eq!(annotations, ["previewd.dev/applied"], "the source's annotations stay with the source");
         let password = token(&in_environment.get("db").await.unwrap(), "password");
         assert_eq!(password.len(), 32);
 
