@@ -654,7 +654,7 @@ async fn replace_previewd(
             reconciled.duration_since(killed_at).as_secs_f64(),
             writes[round],
             served.writes(|r| !is_heartbeat(r)),
-            own.writes,
+            own.writes.abs(), // an empty f64 sum is -0
             own.applies_sent,
             own.applies_skipped,
         );
