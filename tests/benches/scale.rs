@@ -15,7 +15,8 @@
 //! standby replica): each successor starts with an empty apply cache and must write nothing
 //! for the unchanged environments, counted by the API server.
 //!
-//! Printed per size: time to all Ready, latency p50/p99, writes per minute in churn and at
+//! Printed per size: time to all Ready, latency p50/p99 and its parts (delivery → objects
+//! applied, applied → rollout complete, rollout complete → Ready), writes per minute in churn and at
 //! steady state, objects changed in untouched environments, apply-cache hit ratio, previewd's
 //! RSS (now and peak) and CPU seconds. Writes are counted twice: by previewd's own metrics and
 //! by the API server's `apiserver_request_total` (by verb and resource, every client, with the
@@ -190,6 +191,99 @@ async fn watch_ready(environments: Api<PreviewEnvironment>, seen: ReadySeen) {
                 .or_insert_with(Instant::now);
         }
     }
+}
+
+/// When the benchmark's watch first saw each Deployment of an environment namespace at a head
+/// SHA (its pod template's `previewd.dev/sha`): applied, and rolled out (the controller reports
+/// the generation observed, every replica updated and available).
+#[derive(Default)]
+struct RolloutSeen {
+    applied: HashMap<String, Instant>,
+    complete: HashMap<String, Instant>,
+}
+
+/// By (environment namespace, head SHA).
+type Rollouts = Arc<Mutex<HashMap<(String, String), RolloutSeen>>>;
+
+async fn watch_rollouts(client: Client, seen: Rollouts) {
+    let deployments: Api<Deployment> = Api::all(client);
+    let config = watcher::Config::default().labels("app.kubernetes.io/managed-by=previewd");
+    let mut stream = watcher(deployments, config)
+        .default_backoff()
+        .applied_objects()
+        .boxed();
+    while let Some(event) = stream.next().await {
+        let Ok(deployment) = event else { continue };
+        let at = Instant::now();
+        let name = deployment.name_any();
+        let namespace = deployment.namespace().unwrap_or_default();
+        let spec = deployment.spec.as_ref();
+        let sha = spec.and_then(|s| {
+            s.template
+                .metadata
+                .as_ref()?
+                .annotations
+                .as_ref()?
+                .get("previewd.dev/sha")
+                .cloned()
+        });
+        let Some(sha) = sha else { continue };
+        let wanted = spec.and_then(|s| s.replicas).unwrap_or(1);
+        let status = deployment.status.clone().unwrap_or_default();
+        let complete = status.observed_generation >= deployment.metadata.generation
+            && status.updated_replicas == Some(wanted)
+            && status.available_replicas == Some(wanted)
+            && status.replicas == Some(wanted);
+        let mut seen = seen.lock().unwrap();
+        let entry = seen.entry((namespace, sha)).or_default();
+        entry.applied.entry(name.clone()).or_insert(at);
+        if complete {
+            entry.complete.entry(name).or_insert(at);
+        }
+    }
+}
+
+/// push → Ready in three parts, per push that reached Ready: delivery → objects applied
+/// (previewd), applied → rollout complete (Kubernetes), rollout complete → status Ready
+/// (previewd). `None` for a push whose parts were not all seen (superseded).
+fn breakdown(
+    pushed: Instant,
+    ready: Instant,
+    rollout: &RolloutSeen,
+    deployments: usize,
+) -> Option<[Duration; 3]> {
+    if rollout.applied.len() < deployments || rollout.complete.len() < deployments {
+        return None;
+    }
+    let applied = *rollout.applied.values().max()?;
+    let complete = (*rollout.complete.values().max()?).max(applied);
+    let ready = ready.max(complete);
+    Some([
+        applied.checked_duration_since(pushed)?,
+        complete - applied,
+        ready - complete,
+    ])
+}
+
+/// p50 and p99 of each part of [`breakdown`], and of previewd's share (first + last), in words.
+fn describe_breakdown(parts: &[[Duration; 3]]) -> String {
+    let column = |pick: &dyn Fn(&[Duration; 3]) -> Duration| {
+        let mut values: Vec<Duration> = parts.iter().map(pick).collect();
+        values.sort();
+        format!(
+            "p50 {:.0} ms, p99 {:.0} ms",
+            percentile(&values, 0.50).as_secs_f64() * 1000.0,
+            percentile(&values, 0.99).as_secs_f64() * 1000.0
+        )
+    };
+    format!(
+        "delivery → objects applied {}; applied → rollout complete (Kubernetes) {}; rollout complete → status Ready {}; previewd's share (first + last) {} ({} pushes)",
+        column(&|p| p[0]),
+        column(&|p| p[1]),
+        column(&|p| p[2]),
+        column(&|p| p[0] + p[2]),
+        parts.len()
+    )
 }
 
 /// Waits (at most 10 minutes) until every (PR, head) in `expected` has been seen Ready; on
@@ -733,6 +827,8 @@ async fn benchmark() {
     let environments: Api<PreviewEnvironment> = Api::namespaced(client.clone(), &namespace);
     let seen: ReadySeen = Arc::default();
     let watch = tokio::spawn(watch_ready(environments.clone(), seen.clone()));
+    let rollouts: Rollouts = Arc::default();
+    let rollout_watch = tokio::spawn(watch_rollouts(client.clone(), rollouts.clone()));
 
     println!(
         "scale: previewd pid {pid}, 10-object app, resync {RESYNC}, churn {churn_seconds} s at 1 push/s, quiet window {quiet_seconds} s"
@@ -879,6 +975,25 @@ async fn benchmark() {
         };
         latencies.sort();
         let superseded = pushes.len() - latencies.len();
+        let namespaces: HashMap<u64, String> = environments
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .filter_map(|e| Some((e.spec.source.pull_request?, e.status?.namespace?)))
+            .collect();
+        let parts: Vec<[Duration; 3]> = {
+            let (seen, rollouts) = (seen.lock().unwrap(), rollouts.lock().unwrap());
+            pushes
+                .iter()
+                .filter_map(|(n, sha, sent)| {
+                    let ready = *seen.get(&(*n, sha.clone()))?;
+                    let rollout = rollouts.get(&(namespaces.get(n)?.clone(), sha.clone()))?;
+                    breakdown(*sent, ready, rollout, 2)
+                })
+                .collect()
+        };
         let usage = process_usage(pid);
         let cpu_seconds = usage.cpu_seconds - cpu_before;
         cpu_before = usage.cpu_seconds;
@@ -911,6 +1026,10 @@ async fn benchmark() {
             churn.applies_skipped,
             stage.hit_ratio * 100.0,
             untouched_changed.len()
+        );
+        println!(
+            "  {size} environments, push → Ready in parts (times at which the benchmark's own watches saw each step): {}",
+            describe_breakdown(&parts)
         );
         let by_operation: Vec<String> = churn
             .writes_by_operation
@@ -1003,6 +1122,7 @@ async fn benchmark() {
         Err(_) => println!("  deleting {opened} environments: not finished after 300 s"),
     }
     watch.abort();
+    rollout_watch.abort();
     drop(previewd);
     let _ = Api::<k8s_openapi::api::core::v1::Namespace>::all(client)
         .delete(&namespace, &DeleteParams::default())
