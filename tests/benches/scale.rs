@@ -143,6 +143,9 @@ spec:
 "#;
 
 fn main() {
+    // Two pods per environment; a simulated node takes 250, like a kubelet with --max-pods=250.
+    let pods = sizes().into_iter().max().unwrap_or(0) * 2;
+    support::simulate_nodes((pods / 200 + 1) as usize);
     support::run_benchmark(benchmark());
 }
 

@@ -67,6 +67,16 @@ pub fn cache_dir() -> PathBuf {
     previewd::sandbox::cli::default_cache_dir()
 }
 
+/// How many nodes the shared cluster's simulator registers (default 2, 250 pods each); a
+/// benchmark that needs more pods sets it before the cluster starts.
+static SIMULATED_NODES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(2);
+
+/// Asks for `nodes` simulated nodes; effective only before the first [`shared`].
+#[allow(dead_code)] // only the scale benchmark needs more than the default
+pub fn simulate_nodes(nodes: usize) {
+    SIMULATED_NODES.store(nodes.max(1), std::sync::atomic::Ordering::Relaxed);
+}
+
 /// The shared cluster, started on first use. The sandbox lives on a thread of its own with its
 /// own runtime (each `#[tokio::test]` has a runtime that ends with the test), and is stopped by
 /// previewd's exit hook when the test binary exits.
@@ -95,7 +105,10 @@ pub fn shared() -> &'static SharedCluster {
                 runtime.block_on(async move {
                     let options = SandboxOptions {
                         cache_dir: cache_dir(),
-                        nodes: NodeSimulatorConfig::default(),
+                        nodes: NodeSimulatorConfig {
+                            nodes: SIMULATED_NODES.load(std::sync::atomic::Ordering::Relaxed),
+                            ..NodeSimulatorConfig::default()
+                        },
                     };
                     match Sandbox::start(options, Arc::new(StderrProgress)).await {
                         Ok(mut sandbox) => {
