@@ -14,7 +14,10 @@
 //!    do not count.
 //!
 //! Either failing means the object is applied, as before: the check can only save writes,
-//! never skip a repair.
+//! never skip a repair. A template cannot forge the record (the annotation is set after
+//! rendering, over whatever the manifest says); someone who edits the annotation by hand owns
+//! it, which counts as an edit. The one edit this cannot see is one made under previewd's own
+//! field manager name, which only a writer that impersonates previewd makes.
 
 use serde_json::{Map, Value};
 
@@ -105,6 +108,21 @@ mod tests {
         assert_eq!(
             sent["metadata"]["annotations"],
             json!({"team": "shop", ANNOTATION_APPLIED: "abc"})
+        );
+    }
+
+    #[test]
+    fn a_template_cannot_forge_the_record_of_what_was_applied() {
+        let mut manifest = deployment();
+        manifest["metadata"]["annotations"] = json!({ANNOTATION_APPLIED: "forged"});
+        let sent = annotated(&manifest, "abc");
+        assert_eq!(sent["metadata"]["annotations"][ANNOTATION_APPLIED], "abc");
+        // Nor by a non-object annotations field.
+        manifest["metadata"]["annotations"] = json!("not a map");
+        let sent = annotated(&manifest, "abc");
+        assert_eq!(
+            sent["metadata"]["annotations"],
+            json!({ANNOTATION_APPLIED: "abc"})
         );
     }
 
