@@ -512,19 +512,6 @@ async fn versions_in(client: &kube::Client, namespace: &str) -> Vec<(String, Str
     versions
 }
 
-/// Sum of one counter over all its series in a replica's `/metrics`.
-async fn counted(process: &PreviewdProcess, http: &reqwest::Client, name: &str) -> f64 {
-    let text = http
-        .get(format!("{}/metrics", process.base))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    support::webhooks::metric_sum(&text, name)
-}
-
 #[tokio::test]
 async fn a_restarted_previewd_writes_nothing_for_an_unchanged_environment_and_repairs_a_hand_edit()
 {
@@ -602,8 +589,10 @@ async fn a_restarted_previewd_writes_nothing_for_an_unchanged_environment_and_re
         assert_eq!(changed.len(), 1, "changed after the restart: {changed:?}");
         assert_eq!(changed[0].0, "ConfigMap/settings");
         assert_eq!(
-            counted(&second, &http, "previewd_write_requests_total").await,
-            1.0
+            second
+                .metric_total(&http, "previewd_write_requests_total")
+                .await,
+            Some(1.0)
         );
         assert_eq!(
             second

@@ -241,10 +241,7 @@ impl Applier {
             .get_opt(&key.name)
             .await
             .ok()??;
-        let mut object = serde_json::to_value(&object).ok()?;
-        object["apiVersion"] = Value::String(key.api_version.clone());
-        object["kind"] = Value::String(key.kind.clone());
-        self.store.record(&object);
+        self.store.record(&typed(&object, key));
         self.store.get(key)
     }
 
@@ -314,9 +311,7 @@ impl Applier {
             .writer
             .write("apply", api.patch(&key.name, &params, &Patch::Apply(&sent)))
             .await?;
-        let mut returned = serde_json::to_value(&returned).unwrap_or(Value::Null);
-        returned["apiVersion"] = Value::String(key.api_version.clone());
-        returned["kind"] = Value::String(key.kind.clone());
+        let returned = typed(&returned, &key);
         self.store.record(&returned);
         let applied = sha(&observed::project(&observed::strip(&returned), &sent));
         self.cache.lock().expect("cache lock").insert(
@@ -390,6 +385,15 @@ impl Applier {
             self.forget(&key);
         }
     }
+}
+
+/// An object the API server returned, as JSON with the `apiVersion` and `kind` of `key` (a
+/// dynamic object's own type fields may be empty), the form the store records.
+fn typed(object: &DynamicObject, key: &ObjectKey) -> Value {
+    let mut value = serde_json::to_value(object).unwrap_or(Value::Null);
+    value["apiVersion"] = Value::String(key.api_version.clone());
+    value["kind"] = Value::String(key.kind.clone());
+    value
 }
 
 #[cfg(test)]

@@ -365,14 +365,10 @@ struct Counters {
 
 impl Counters {
     async fn read(previewd: &PreviewdProcess, http: &reqwest::Client) -> Self {
-        let text = http
-            .get(format!("{}/metrics", previewd.base))
-            .send()
+        let text = previewd
+            .metrics_text(http)
             .await
-            .expect("previewd answers /metrics")
-            .text()
-            .await
-            .unwrap();
+            .expect("previewd answers /metrics");
         let writes_by_operation = text
             .lines()
             .filter_map(|line| {

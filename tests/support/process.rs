@@ -6,7 +6,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use super::eventually;
-use super::webhooks::{SECRET, metric_value, post_github, post_gitlab};
+use super::webhooks::{SECRET, metric_sum, metric_value, post_github, post_gitlab};
 
 pub struct PreviewdProcess {
     pub name: String,
@@ -82,17 +82,21 @@ impl PreviewdProcess {
         assert_eq!(status, 202, "{} answered {answer}", self.name);
     }
 
+    /// Its `/metrics` text (`None` when it does not answer).
+    pub async fn metrics_text(&self, http: &reqwest::Client) -> Option<String> {
+        let response = http.get(format!("{}/metrics", self.base)).send().await;
+        response.ok()?.text().await.ok()
+    }
+
     /// The value of one series of its `/metrics`.
     pub async fn metric(&self, http: &reqwest::Client, series: &str) -> Option<f64> {
-        let text = http
-            .get(format!("{}/metrics", self.base))
-            .send()
-            .await
-            .ok()?
-            .text()
-            .await
-            .ok()?;
-        metric_value(&text, series)
+        metric_value(&self.metrics_text(http).await?, series)
+    }
+
+    /// The sum of every series of counter `name` in its `/metrics` (`None`: no answer).
+    #[allow(dead_code)] // not every test binary sums a counter
+    pub async fn metric_total(&self, http: &reqwest::Client, name: &str) -> Option<f64> {
+        Some(metric_sum(&self.metrics_text(http).await?, name))
     }
 
     pub fn signal(&self, signal: libc::c_int) {
