@@ -41,6 +41,9 @@ fn sha(value: &Value) -> Sha {
 struct CacheEntry {
     manifest: Sha,
     applied: Sha,
+    /// The digest of the observed content last found to match `applied`: while the watch
+    /// shows that same content, the drift check needs no parse.
+    checked: Option<Sha>,
 }
 
 /// An apply that failed, and the object it was for (a user reading a condition needs the
@@ -197,10 +200,27 @@ impl Applier {
         if entry.manifest != *manifest_sha {
             return true;
         }
-        match self.store.get(key) {
-            None => true,
-            Some(observed) => sha(&observed::project(&observed.content, sent)) != entry.applied,
+        let Some(observed) = self.store.get(key) else {
+            return true;
+        };
+        if entry.checked == Some(observed.digest) {
+            return false;
         }
+        if sha(&observed::project(&observed.content(), sent)) != entry.applied {
+            return true;
+        }
+        self.remember(
+            key.clone(),
+            CacheEntry {
+                checked: Some(observed.digest),
+                ..entry
+            },
+        );
+        false
+    }
+
+    fn remember(&self, key: ObjectKey, entry: CacheEntry) {
+        self.cache.lock().expect("cache lock").insert(key, entry);
     }
 
     /// After a restart the cache is empty: an object that the cluster shows as applied from this
@@ -219,17 +239,16 @@ impl Applier {
             None => self.read(key).await?,
         };
         let hash = hex::encode(manifest_sha);
-        if !recall::applied_unchanged(&observed.content, &observed.foreign, sent, &hash) {
+        let content = observed.content();
+        if !recall::applied_unchanged(&content, &observed.foreign(), sent, &hash) {
             return None;
         }
         let entry = CacheEntry {
             manifest: *manifest_sha,
-            applied: sha(&observed::project(&observed.content, sent)),
+            applied: sha(&observed::project(&content, sent)),
+            checked: Some(observed.digest),
         };
-        self.cache
-            .lock()
-            .expect("cache lock")
-            .insert(key.clone(), entry);
+        self.remember(key.clone(), entry);
         Some(entry)
     }
 
@@ -314,13 +333,12 @@ impl Applier {
         let returned = typed(&returned, &key);
         self.store.record(&returned);
         let applied = sha(&observed::project(&observed::strip(&returned), &sent));
-        self.cache.lock().expect("cache lock").insert(
-            key,
-            CacheEntry {
-                manifest: manifest_sha,
-                applied,
-            },
-        );
+        let entry = CacheEntry {
+            manifest: manifest_sha,
+            applied,
+            checked: None,
+        };
+        self.remember(key, entry);
         Ok(true)
     }
 
@@ -356,7 +374,7 @@ impl Applier {
     /// The labels of an object as the watch store holds it (not seen: `None`).
     pub fn observed_labels(&self, key: &ObjectKey) -> Option<BTreeMap<String, String>> {
         let observed = self.store.get(key)?;
-        serde_json::from_value(observed.content["metadata"]["labels"].clone()).ok()
+        serde_json::from_value(observed.content()["metadata"]["labels"].take()).ok()
     }
 
     /// The watch store, for readers that must outlive a borrow of the applier (the plan step,

@@ -14,7 +14,7 @@ use futures::StreamExt;
 use kube::runtime::reflector::Store;
 use kube::runtime::watcher;
 use kube::runtime::{WatchStreamExt, reflector};
-use kube::{Api, Client};
+use kube::{Api, Client, ResourceExt};
 
 use crate::model::crd::{PreviewEnvironment, PreviewTemplate};
 
@@ -42,6 +42,13 @@ impl<const N: usize> Readiness<N> {
             }
         }
     }
+}
+
+/// Drops an object's managedFields before a reflector stores it. Nobody reads them from the
+/// caches, and for an environment they are the largest part of the object: its status's field
+/// set is a JSON tree per status writer, kept in every cache of every replica.
+pub fn without_managed_fields<K: ResourceExt>(object: &mut K) {
+    object.managed_fields_mut().clear();
 }
 
 /// Templates and environments as the API server holds them, kept current by two watches.
@@ -101,7 +108,7 @@ impl Caches {
         let template_task = tokio::spawn(
             reflector(
                 template_writer,
-                watcher(templates_api, watcher::Config::default()),
+                watcher(templates_api, watcher::Config::default()).modify(without_managed_fields),
             )
             // After the reflector: the store holds what the event says before anyone is told.
             .inspect(move |event| templates_ready.observe(0, event))
@@ -111,7 +118,8 @@ impl Caches {
         let environment_task = tokio::spawn(
             reflector(
                 environment_writer,
-                watcher(environments_api, watcher::Config::default()),
+                watcher(environments_api, watcher::Config::default())
+                    .modify(without_managed_fields),
             )
             // After the reflector: the store holds what the event says before anyone is told.
             .inspect(move |event| readiness.observe(1, event))

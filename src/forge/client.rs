@@ -126,6 +126,7 @@ impl ForgeClient {
                     .list_all(
                         "list_pull_requests",
                         &format!("/repos/{repository}/pulls?state=open"),
+                        &["number"],
                     )
                     .await?;
                 Ok(pages
@@ -142,7 +143,11 @@ impl ForgeClient {
         match self {
             ForgeClient::Github(api) => {
                 let pages = api
-                    .list_all("list_branches", &format!("/repos/{repository}/branches"))
+                    .list_all(
+                        "list_branches",
+                        &format!("/repos/{repository}/branches"),
+                        &["name"],
+                    )
                     .await?;
                 Ok(pages
                     .iter()

@@ -20,7 +20,7 @@ use super::context::{Context, Memory};
 use super::error::ReconcileError;
 use super::pipeline::reconcile_environment;
 use crate::cluster::applier::Applier;
-use crate::cluster::caches::{Caches, Readiness};
+use crate::cluster::caches::{Caches, Readiness, without_managed_fields};
 use crate::cluster::observed::ObservedStore;
 use crate::cluster::secrets::SecretReader;
 use crate::cluster::writer::Writer;
@@ -54,14 +54,17 @@ pub async fn run(
     let readiness = Arc::new(Readiness::<2>::new(ready_tx));
     let (template_store, template_writer) = reflector::store();
     let templates_ready = readiness.clone();
-    let template_stream = reflector(template_writer, watcher(templates, Default::default()))
-        .inspect(move |event| templates_ready.observe(0, event))
-        .default_backoff()
-        .touched_objects();
+    let template_stream = reflector(
+        template_writer,
+        watcher(templates, Default::default()).modify(without_managed_fields),
+    )
+    .inspect(move |event| templates_ready.observe(0, event))
+    .default_backoff()
+    .touched_objects();
     let (environment_store, environment_writer) = reflector::store();
     let environment_stream = reflector(
         environment_writer,
-        watcher(environments, Default::default()),
+        watcher(environments, Default::default()).modify(without_managed_fields),
     )
     .inspect(move |event| readiness.observe(1, event))
     .default_backoff()

@@ -154,7 +154,7 @@ async fn current_data(
         name: name.to_string(),
     };
     if let Some(recorded) = context.applier.observed().get(&key) {
-        return Ok(serde_json::from_value(recorded.content["data"].clone()).unwrap_or_default());
+        return Ok(serde_json::from_value(recorded.content()["data"].take()).unwrap_or_default());
     }
     let api: Api<Secret> = Api::namespaced(context.client.clone(), &plan.namespace);
     let secret = api

@@ -31,7 +31,9 @@ impl PreviewdProcess {
             .unwrap()
             .port();
         let log = logs.join(format!("{name}.log"));
-        let child = Command::new(env!("CARGO_BIN_EXE_previewd"))
+        let mut command = Command::new(env!("CARGO_BIN_EXE_previewd"));
+        heaptrack(&mut command, name);
+        let child = command
             .args(["--log-format", "json", "run", "--kubeconfig"])
             .arg(kubeconfig)
             .args(["--listen", &format!("127.0.0.1:{port}")])
@@ -118,4 +120,20 @@ impl Drop for PreviewdProcess {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// With `PREVIEWD_TEST_HEAPTRACK=<folder>` set, previewd runs under heaptrack's preload library
+/// and its raw allocation record goes to `<folder>/<name>.heaptrack.raw`; read it with
+/// `/usr/lib/heaptrack/libexec/heaptrack_interpret < FILE | zstd > FILE.zst` and
+/// `heaptrack_print FILE.zst`. Only previewd is profiled, not the test around it.
+fn heaptrack(command: &mut Command, name: &str) {
+    let Some(folder) = std::env::var_os("PREVIEWD_TEST_HEAPTRACK") else {
+        return;
+    };
+    command
+        .env("LD_PRELOAD", "/usr/lib/heaptrack/libheaptrack_preload.so")
+        .env(
+            "DUMP_HEAPTRACK_OUTPUT",
+            Path::new(&folder).join(format!("{name}.heaptrack.raw")),
+        );
 }

@@ -4,7 +4,7 @@
 //! counts the call, and uses conditional requests for lists (a `304` costs no rate limit).
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use http::{HeaderMap, Method, StatusCode};
 use serde_json::{Value, json};
@@ -28,6 +28,12 @@ struct GithubAnswer {
     json: Value,
 }
 
+/// A list page as kept for conditional requests: its ETag and its items reduced to the fields
+/// the caller reads. Whole items would cost far more: a pull request as GitHub sends it is
+/// about 25 KB of JSON (both repositories in full), and a repository with 1,000 open pull
+/// requests would keep 1,000 of them, parsed, for as long as previewd runs.
+type KeptPage = (String, Arc<Vec<Value>>);
+
 /// GitHub's REST API through octocrab, with the shared accounting of every call.
 pub struct GithubApi {
     octocrab: octocrab::Octocrab,
@@ -36,8 +42,8 @@ pub struct GithubApi {
     /// Whose rate-limit budget this client spends (`token`, `installation-<id>`), for
     /// `previewd_forge_rate_limit_remaining`.
     budget: String,
-    /// Last answer of each list URL with its ETag: a `304 Not Modified` costs no rate limit.
-    etags: Mutex<HashMap<String, (String, Value)>>,
+    /// Last answer of each list page with its ETag: a `304 Not Modified` costs no rate limit.
+    etags: Mutex<HashMap<String, KeptPage>>,
 }
 
 impl GithubApi {
@@ -70,7 +76,7 @@ impl GithubApi {
     }
 
     /// The ETag cache, even if a thread panicked holding it (each entry is whole).
-    fn etags(&self) -> std::sync::MutexGuard<'_, HashMap<String, (String, Value)>> {
+    fn etags(&self) -> std::sync::MutexGuard<'_, HashMap<String, KeptPage>> {
         self.etags
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -170,48 +176,45 @@ impl GithubApi {
         })
     }
 
-    /// A conditional GET (`If-None-Match` with the ETag of the last answer): an unchanged
-    /// answer is a `304`, which costs no rate limit.
-    async fn get_conditional(
+    /// One list page by a conditional GET (`If-None-Match` with the ETag of the last answer):
+    /// an unchanged page is a `304`, which costs no rate limit. Items keep only `fields`.
+    async fn get_page(
         &self,
         operation: &'static str,
         path: &str,
-    ) -> Result<Value, ForgeApiError> {
+        fields: &[&str],
+    ) -> Result<Arc<Vec<Value>>, ForgeApiError> {
         let cached = self.etags().get(path).cloned();
         let etag = cached.as_ref().map(|(etag, _)| etag.as_str());
         let answer = self.send(operation, Method::GET, path, None, etag).await?;
         if answer.not_modified
-            && let Some((_, value)) = cached
+            && let Some((_, page)) = cached
         {
-            return Ok(value);
+            return Ok(page);
         }
+        let page = Arc::new(reduced(&answer.json, fields));
         if let Some(etag) = answer.etag {
-            self.etags()
-                .insert(path.to_string(), (etag, answer.json.clone()));
+            self.etags().insert(path.to_string(), (etag, page.clone()));
         }
-        Ok(answer.json)
+        Ok(page)
     }
 
-    /// Every item of a paginated list (100 per page, conditional requests). A list longer than
-    /// [`MAX_LIST_PAGES`] is an error, never cut off: the sweep decides from these lists.
+    /// Every item of a paginated list (100 per page, conditional requests), each with only
+    /// `fields`. A list longer than [`MAX_LIST_PAGES`] is an error, never cut off: the sweep
+    /// decides from these lists.
     pub(crate) async fn list_all(
         &self,
         operation: &'static str,
         path: &str,
+        fields: &[&str],
     ) -> Result<Vec<Value>, ForgeApiError> {
         let mut items = Vec::new();
         for page in 1..=MAX_LIST_PAGES {
             let separator = if path.contains('?') { '&' } else { '?' };
-            let answer = self
-                .get_conditional(
-                    operation,
-                    &format!("{path}{separator}per_page=100&page={page}"),
-                )
-                .await?;
-            let batch = answer.as_array().cloned().unwrap_or_default();
-            let full = batch.len() == 100;
-            items.extend(batch);
-            if !full {
+            let path = format!("{path}{separator}per_page=100&page={page}");
+            let batch = self.get_page(operation, &path, fields).await?;
+            items.extend(batch.iter().cloned());
+            if batch.len() < 100 {
                 return Ok(items);
             }
         }
@@ -522,5 +525,39 @@ fn decode_base64_bytes(file: &Value) -> Option<Vec<u8>> {
 fn not_a_folder(path: &str) -> ForgeApiError {
     ForgeApiError::NotAFolder {
         path: path.to_string(),
+    }
+}
+
+/// The items of a list answer with only `fields` (an answer that is not a list has none).
+fn reduced(answer: &Value, fields: &[&str]) -> Vec<Value> {
+    let items = answer.as_array().map(Vec::as_slice).unwrap_or_default();
+    items
+        .iter()
+        .map(|item| {
+            let kept = fields
+                .iter()
+                .filter_map(|field| Some((field.to_string(), item.get(*field)?.clone())));
+            Value::Object(kept.collect())
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_kept_list_page_holds_only_the_fields_read_from_it() {
+        let answer = json!([
+            {"number": 7, "title": "Add search", "head": {"repo": {"full_name": "shop/web"}}},
+            {"number": 9, "body": "x".repeat(10_000)},
+            "not an object"
+        ]);
+        let page = reduced(&answer, &["number"]);
+        assert_eq!(
+            page,
+            vec![json!({"number": 7}), json!({"number": 9}), json!({})]
+        );
+        assert!(reduced(&json!({"message": "Not Found"}), &["number"]).is_empty());
     }
 }
