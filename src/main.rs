@@ -41,7 +41,7 @@ fn main() -> ExitCode {
     let quiet = matches!(&cli.command, Command::Sandbox(args) if args.demo);
     previewd::runtime::telemetry::init(cli.log_format, quiet);
     previewd::install_crypto_provider();
-    let runtime = match tokio::runtime::Runtime::new() {
+    let runtime = match runtime() {
         Ok(runtime) => runtime,
         Err(e) => {
             eprintln!("previewd: starting the async runtime: {e}");
@@ -61,4 +61,17 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// tokio's multi-threaded runtime, with its pool of blocking threads bounded by the cores. The
+/// plan step and template rendering run there (CPU work that must not stall the async workers);
+/// by default tokio starts up to 512 such threads, and when every environment reconciles at
+/// once (a restart, a failover) it started dozens, each with its own malloc arena, which
+/// doubled previewd's memory for no gain on a machine with two cores.
+fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
+    let cores = std::thread::available_parallelism().map_or(2, usize::from);
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .max_blocking_threads(cores.saturating_mul(2).max(4))
+        .build()
 }

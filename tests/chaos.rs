@@ -49,6 +49,27 @@ fn previewd(name: &str, kubeconfig: &Path, namespace: &str, logs: &Path) -> Prev
     )
 }
 
+/// A previewd with its Lease in the test's namespace and short (4 s): each successor of a
+/// SIGKILLed process waits for the Lease to run out, and what the test checks is that the
+/// successor finishes the work, not how long the default 15 s keeps it waiting. (The watch-cut
+/// test keeps the default: its cut outlasts 4 s, and a leader cut off that long steps down.)
+fn previewd_with_short_lease(
+    name: &str,
+    kubeconfig: &Path,
+    namespace: &str,
+    logs: &Path,
+) -> PreviewdProcess {
+    let args = [
+        "--watch-namespace",
+        namespace,
+        "--lease-namespace",
+        namespace,
+        "--lease-duration",
+        "4s",
+    ];
+    PreviewdProcess::start(name, kubeconfig, &args, &[], logs)
+}
+
 /// The delivery of PR `number` at `change` (0: opened), changed at a time that orders them.
 fn change_of(number: u64, change: u64) -> Vec<u8> {
     let changed = chrono::Utc::now() - chrono::TimeDelta::minutes(10)
@@ -441,7 +462,8 @@ async fn killed_at_each_step(test_name: &str, change: ChangeRequest) {
         let kubeconfig = support::shared().kubeconfig_path.clone();
         let environments: Api<PreviewEnvironment> = Api::namespaced(client.clone(), &ns);
         let start = |n: u32| {
-            let process = previewd(&format!("previewd-{n}"), &kubeconfig, &ns, logs.path());
+            let process =
+                previewd_with_short_lease(&format!("previewd-{n}"), &kubeconfig, &ns, logs.path());
             async move {
                 process.wait_ready(&reqwest::Client::new()).await;
                 process

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
-use kube::runtime::controller::{Action, Controller};
+use kube::runtime::controller::{self, Action, Controller};
 use kube::runtime::events::{Recorder, Reporter as EventReporter};
 use kube::runtime::finalizer::{Event as FinalizerEvent, finalizer};
 use kube::runtime::reflector::ObjectRef;
@@ -69,7 +69,8 @@ pub async fn run(
     .inspect(move |event| readiness.observe(1, event))
     .default_backoff()
     .touched_objects();
-    let controller = Controller::for_stream(environment_stream, environment_store.clone());
+    let controller = Controller::for_stream(environment_stream, environment_store.clone())
+        .with_config(controller::Config::default().concurrency(config.reconcile_concurrency));
     let caches = Caches {
         templates: template_store,
         environments: environment_store.clone(),

@@ -21,6 +21,9 @@ pub struct ControllerArgs {
     /// Only watch PreviewTemplates and PreviewEnvironments in this namespace (default: all).
     #[arg(long, env = "PREVIEWD_WATCH_NAMESPACE")]
     pub watch_namespace: Option<String>,
+    /// Environments reconciled at once; the others wait their turn.
+    #[arg(long, env = "PREVIEWD_RECONCILE_CONCURRENCY", default_value_t = crate::reconcile::config::DEFAULT_RECONCILE_CONCURRENCY)]
+    pub reconcile_concurrency: u16,
     /// Server-side applies in flight at once within a wave.
     #[arg(long, env = "PREVIEWD_APPLY_CONCURRENCY", default_value_t = 16)]
     pub apply_concurrency: usize,
@@ -96,6 +99,7 @@ impl ControllerArgs {
         crate::reconcile::ControllerConfig {
             environment_access,
             namespace: self.watch_namespace.clone(),
+            reconcile_concurrency: self.reconcile_concurrency.max(1),
             apply_concurrency: self.apply_concurrency.max(1),
             resync_interval: self.resync_interval,
             reapply_interval: self.reapply_interval,
@@ -115,6 +119,11 @@ pub struct RunArgs {
     /// Path of a kubeconfig to use instead of the in-cluster or default configuration.
     #[arg(long, env = "PREVIEWD_KUBECONFIG")]
     pub kubeconfig: Option<PathBuf>,
+    /// Requests to the Kubernetes API in flight at once; the rest wait their turn. Each one in
+    /// flight holds a connection (HTTP/1.1), so this also bounds previewd's connections (and
+    /// its memory) however many environments reconcile at once. The Lease has its own.
+    #[arg(long, env = "PREVIEWD_API_CONCURRENCY", default_value_t = crate::cluster::client::DEFAULT_API_CONCURRENCY)]
+    pub api_concurrency: usize,
     /// Address of the HTTP server (webhooks, /metrics, /healthz, /readyz).
     #[arg(long, env = "PREVIEWD_LISTEN", default_value = "0.0.0.0:8080")]
     pub listen: std::net::SocketAddr,

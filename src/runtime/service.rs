@@ -15,6 +15,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::cluster::caches::Caches;
+use crate::cluster::client;
 use crate::cluster::secrets::SecretReader;
 use crate::forge::report::Reporter;
 use crate::lifecycle::sweeper::Sweeper;
@@ -32,9 +33,16 @@ pub struct ServiceConfig {
     pub sweep_interval: Duration,
     pub max_body_bytes: usize,
     /// `None`: this process always reconciles (one replica, or the sandbox).
-    pub lease: Option<LeaseSettings>,
+    pub lease: Option<Election>,
     /// How long in-flight webhook requests get once shutdown starts.
     pub shutdown_grace: Duration,
+}
+
+/// Leader election: the Lease, and a client of its own, so that a renewal never waits behind a
+/// queue of applies in the main client (see [`crate::cluster::client`]).
+pub struct Election {
+    pub settings: LeaseSettings,
+    pub client: kube::Client,
 }
 
 /// Runs until `shutdown` turns true and everything has stopped in order, or until the
@@ -90,8 +98,8 @@ pub async fn run(
         )
     };
     let outcome = match config.lease {
-        Some(settings) => {
-            LeaderElector::new(config.client.clone(), settings)
+        Some(Election { settings, client }) => {
+            LeaderElector::new(client, settings)
                 .run(metrics.clone(), shutdown.clone(), term)
                 .await
         }
@@ -193,20 +201,29 @@ pub async fn bind(address: std::net::SocketAddr) -> Result<tokio::net::TcpListen
 
 /// `previewd run`: connects to the cluster, listens, and serves until SIGTERM or Ctrl-C.
 pub async fn run_controller(args: RunArgs) -> Result<(), Error> {
-    let client = match &args.kubeconfig {
+    let connection = match &args.kubeconfig {
         Some(path) => {
             let kubeconfig = kube::config::Kubeconfig::read_from(path)
                 .map_err(|e| Error::Config(format!("reading {}: {e}", path.display())))?;
-            crate::cluster::client::from_kubeconfig(kubeconfig).await?
+            client::config_from_kubeconfig(kubeconfig).await?
         }
-        None => kube::Client::try_default()
-            .await
-            .map_err(|e| Error::Config(format!("no Kubernetes configuration found: {e}")))?,
+        None => client::inferred_config().await?,
     };
-    let lease = args.leader.settings(client.default_namespace());
+    let client = client::limited(connection.clone(), args.api_concurrency)?;
+    let lease = match args.leader.settings(client.default_namespace()) {
+        Some(settings) => Some(Election {
+            settings,
+            client: client::limited(connection, 2)?,
+        }),
+        None => None,
+    };
     tracing::info!(
         leader_election = lease.is_some(),
-        identity = lease.as_ref().map(|l| l.identity.as_str()).unwrap_or("-"),
+        identity = lease
+            .as_ref()
+            .map(|l| l.settings.identity.as_str())
+            .unwrap_or("-"),
+        api_concurrency = args.api_concurrency,
         "previewd controller starting"
     );
     let listener = bind(args.listen).await?;
