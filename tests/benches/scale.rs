@@ -755,14 +755,19 @@ async fn replace_previewd(
             .await
             .since(&served_before);
         writes[round] = served.writes(Requests::is_previewd_shaped);
+        // Its peak: every environment reconciled at once after a start is previewd's busiest
+        // moment.
+        let usage = process_usage(successor.child.id());
         println!(
-            "  {environments} environments, {how}: every environment reconciled {:.1} s after the SIGKILL; the API server served {} writes of previewd's shape ({} in all apart from Leases and node status); previewd counted {} writes, {} applies sent, {} skipped",
+            "  {environments} environments, {how}: every environment reconciled {:.1} s after the SIGKILL; the API server served {} writes of previewd's shape ({} in all apart from Leases and node status); previewd counted {} writes, {} applies sent, {} skipped; its RSS {:.1} MiB (peak {:.1} MiB)",
             reconciled.duration_since(killed_at).as_secs_f64(),
             writes[round],
             served.writes(|r| !is_heartbeat(r)),
             own.writes.abs(), // an empty f64 sum is -0
             own.applies_sent,
             own.applies_skipped,
+            usage.rss_mib,
+            usage.peak_rss_mib,
         );
         leader = successor;
     }
