@@ -12,9 +12,11 @@ use chrono::{TimeDelta, Utc};
 use k8s_openapi::api::core::v1::{Namespace, Secret};
 use kube::api::{Api, PostParams};
 use kube::{Client, ResourceExt};
+use previewd::cluster::records;
 use previewd::lifecycle::rules::Reason;
 use previewd::lifecycle::sweeper::Sweeper;
 use previewd::model::crd::{Phase, PreviewEnvironment, PreviewTemplate};
+use previewd::model::metadata::ANNOTATION_DELETION_REASON;
 use previewd::reconcile::Context;
 use serde_json::{Value, json};
 use support::webhooks::metric_value;
@@ -627,6 +629,61 @@ async fn on_github_every_page_is_read_and_unchanged_pages_come_back_304() {
             "three pages, then three conditional requests"
         );
         assert_eq!(names(&client, &ns).await, vec!["app-pr-2".to_string()]);
+    })
+    .await;
+}
+
+/// The sweep judges environments from its cache, which may lag behind the API server. A verdict
+/// about a version that has changed since (here extended by someone in between; in CI once, an
+/// environment whose deletion had begun but was not in the cache yet) deletes nothing and
+/// writes no reason on it; judged again from the current version, it goes.
+#[tokio::test]
+async fn a_verdict_on_a_version_that_changed_since_deletes_nothing() {
+    in_namespace("sweep-stale", |client, ns| async move {
+        let api: Api<PreviewEnvironment> = Api::namespaced(client.clone(), &ns);
+        let environment: PreviewEnvironment = serde_json::from_value(json!({
+            "apiVersion": "previewd.dev/v1alpha1", "kind": "PreviewEnvironment",
+            "metadata": {"name": "app-pr-7"},
+            "spec": {"template": "app", "source": {"repository": "Codertocat/Hello-World",
+                     "branch": "pr-7", "pullRequest": 7,
+                     "headSha": "ec26c3e57ca3a959ca5aad62de7213c562f8c821"}}
+        }))
+        .unwrap();
+        let judged = api
+            .create(&PostParams::default(), &environment)
+            .await
+            .unwrap();
+        let keep_until = (Utc::now() + TimeDelta::days(3)).to_rfc3339();
+        api.patch(
+            "app-pr-7",
+            &Default::default(),
+            &kube::api::Patch::Merge(json!({"spec": {"keepUntil": keep_until}})),
+        )
+        .await
+        .unwrap();
+
+        let deleted = records::delete_as_judged(&client, &judged, "idle for 72 h")
+            .await
+            .unwrap();
+        assert!(!deleted, "judged before the extension: not deleted");
+        let current = api.get("app-pr-7").await.unwrap();
+        assert!(current.metadata.deletion_timestamp.is_none());
+        assert!(
+            !current
+                .annotations()
+                .contains_key(ANNOTATION_DELETION_REASON),
+            "no reason written either"
+        );
+
+        assert!(
+            records::delete_as_judged(&client, &current, "idle for 72 h")
+                .await
+                .unwrap()
+        );
+        eventually("app-pr-7 gone", Duration::from_secs(30), || async {
+            api.get_opt("app-pr-7").await.ok()?.is_none().then_some(())
+        })
+        .await;
     })
     .await;
 }

@@ -2,13 +2,14 @@
 //! both the webhook side and the reconciler.
 //!
 //! * [`applier`]: server-side apply with the per-object skip cache;
-//! * [`observed`]: one watch per resource kind, keeping only hashes and health;
+//! * [`observed`]: one watch per resource kind, keeping each object's content (compact JSON),
+//!   its hash and its health;
 //! * [`recall`]: what previewd last applied, read back from the cluster after a restart;
 //! * [`health`]: the health of one object (pure);
 //! * [`caches`]: the template and environment caches the webhook side and the reconciler read;
 //! * [`records`]: creating, waking and deleting `PreviewEnvironment`s (with a reason);
 //! * [`secrets`]: reading the Secrets templates name, cached briefly;
-//! * [`client`]: building a client from a kubeconfig;
+//! * [`client`]: building clients, each with a bound on the API requests it has in flight;
 //! * [`errors`]: API errors in words for conditions and comments;
 //! * [`metrics`]: applies and write requests, counted whichever layer writes;
 //! * [`writer`]: the one path of every write, with a timeout and result counters.
@@ -21,6 +22,6 @@ pub(crate) mod health;
 pub mod metrics;
 pub mod observed;
 pub(crate) mod recall;
-pub(crate) mod records;
+pub mod records;
 pub mod secrets;
 pub(crate) mod writer;

@@ -107,15 +107,48 @@ pub async fn delete_with_reason(
     name: &str,
     reason: &str,
 ) -> Result<bool, kube::Error> {
+    delete_recording_why(client, namespace, name, reason, None).await
+}
+
+/// Like [`delete_with_reason`], for a decision made from a cached copy (the sweep): the reason
+/// is written only while the environment is still the version that was judged (its
+/// `resourceVersion` is the patch's precondition). If it changed since (someone extended it,
+/// its deletion began and the cache had not shown it yet), nothing is deleted and `Ok(false)`
+/// says so; the next sweep judges it afresh.
+pub async fn delete_as_judged(
+    client: &Client,
+    judged: &PreviewEnvironment,
+    reason: &str,
+) -> Result<bool, kube::Error> {
+    let namespace = judged.namespace().unwrap_or_default();
+    let version = judged.resource_version();
+    let name = judged.name_any();
+    delete_recording_why(client, &namespace, &name, reason, version.as_deref()).await
+}
+
+async fn delete_recording_why(
+    client: &Client,
+    namespace: &str,
+    name: &str,
+    reason: &str,
+    judged_version: Option<&str>,
+) -> Result<bool, kube::Error> {
     let api: Api<PreviewEnvironment> = Api::namespaced(client.clone(), namespace);
-    let why =
+    let mut why =
         serde_json::json!({"metadata": {"annotations": {ANNOTATION_DELETION_REASON: reason}}});
+    if let Some(version) = judged_version {
+        why["metadata"]["resourceVersion"] = serde_json::json!(version);
+    }
     match api
         .patch(name, &PatchParams::default(), &Patch::Merge(why))
         .await
     {
         Ok(_) => {}
         Err(kube::Error::Api(status)) if status.code == 404 => return Ok(false),
+        Err(kube::Error::Api(status)) if status.code == 409 && judged_version.is_some() => {
+            tracing::info!(environment = %name, %namespace, reason, "not deleted: the environment changed since it was judged");
+            return Ok(false);
+        }
         Err(e) => return Err(e),
     }
     match api.delete(name, &DeleteParams::default()).await {

@@ -21,7 +21,7 @@ use kube::{Client, ResourceExt};
 
 use crate::cluster::caches::Caches;
 use crate::cluster::metrics::ClusterMetrics;
-use crate::cluster::records::delete_with_reason;
+use crate::cluster::records::delete_as_judged;
 use crate::cluster::writer::Writer;
 use crate::forge::report::Reporter;
 use crate::lifecycle::metrics::SweepMetrics;
@@ -136,8 +136,9 @@ impl Sweeper {
                 report.slept.push(name);
             }
             Verdict::Delete(reason) => {
-                self.delete_environment(environment, reason).await?;
-                report.deleted.push((name, reason));
+                if self.delete_environment(environment, reason).await? {
+                    report.deleted.push((name, reason));
+                }
             }
         }
         Ok(())
@@ -185,28 +186,24 @@ impl Sweeper {
         Writer::new(self.writes.clone())
     }
 
+    /// Deletes an environment as judged; false if it was gone or had changed since the cache
+    /// showed it (see [`delete_as_judged`]).
     async fn delete_environment(
         &self,
         environment: &PreviewEnvironment,
         reason: Reason,
-    ) -> Result<(), kube::Error> {
+    ) -> Result<bool, kube::Error> {
         let namespace = environment.namespace().unwrap_or_default();
         tracing::info!(environment = %environment.name_any(), %namespace, reason = reason.label(), "sweep deletes environment: {}", reason.sentence());
         self.writes.write("delete");
-        let deleted = delete_with_reason(
-            &self.client,
-            &namespace,
-            &environment.name_any(),
-            reason.sentence(),
-        )
-        .await?;
+        let deleted = delete_as_judged(&self.client, environment, reason.sentence()).await?;
         if deleted {
             self.metrics
                 .deletions
                 .with_label_values(&[reason.label()])
                 .inc();
         }
-        Ok(())
+        Ok(deleted)
     }
 
     /// Puts an idle environment to sleep (the template's `idleAction: Sleep`); the controller
