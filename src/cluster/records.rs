@@ -107,48 +107,15 @@ pub async fn delete_with_reason(
     name: &str,
     reason: &str,
 ) -> Result<bool, kube::Error> {
-    delete_recording_why(client, namespace, name, reason, None).await
-}
-
-/// Like [`delete_with_reason`], for a decision made from a cached copy (the sweep): the reason
-/// is written only while the environment is still the version that was judged (its
-/// `resourceVersion` is the patch's precondition). If it changed since (someone extended it,
-/// its deletion began and the cache had not shown it yet), nothing is deleted and `Ok(false)`
-/// says so; the next sweep judges it afresh.
-pub async fn delete_as_judged(
-    client: &Client,
-    judged: &PreviewEnvironment,
-    reason: &str,
-) -> Result<bool, kube::Error> {
-    let namespace = judged.namespace().unwrap_or_default();
-    let version = judged.resource_version();
-    let name = judged.name_any();
-    delete_recording_why(client, &namespace, &name, reason, version.as_deref()).await
-}
-
-async fn delete_recording_why(
-    client: &Client,
-    namespace: &str,
-    name: &str,
-    reason: &str,
-    judged_version: Option<&str>,
-) -> Result<bool, kube::Error> {
     let api: Api<PreviewEnvironment> = Api::namespaced(client.clone(), namespace);
-    let mut why =
+    let why =
         serde_json::json!({"metadata": {"annotations": {ANNOTATION_DELETION_REASON: reason}}});
-    if let Some(version) = judged_version {
-        why["metadata"]["resourceVersion"] = serde_json::json!(version);
-    }
     match api
         .patch(name, &PatchParams::default(), &Patch::Merge(why))
         .await
     {
         Ok(_) => {}
         Err(kube::Error::Api(status)) if status.code == 404 => return Ok(false),
-        Err(kube::Error::Api(status)) if status.code == 409 && judged_version.is_some() => {
-            tracing::info!(environment = %name, %namespace, reason, "not deleted: the environment changed since it was judged");
-            return Ok(false);
-        }
         Err(e) => return Err(e),
     }
     match api.delete(name, &DeleteParams::default()).await {
@@ -159,4 +126,29 @@ async fn delete_recording_why(
         Err(kube::Error::Api(status)) if status.code == 404 => Ok(false),
         Err(e) => Err(e),
     }
+}
+
+/// Like [`delete_with_reason`], for a decision made from a cached copy (the sweep): the
+/// environment is read again first, and left alone if its deletion has begun or its spec changed
+/// since the copy that was judged (its `generation` moved: someone extended it, woke it, pushed).
+/// Status writes do not count. `Ok(false)` says it was not deleted; the next sweep judges it
+/// afresh. One read per deletion, which the sweep rarely makes.
+pub async fn delete_as_judged(
+    client: &Client,
+    judged: &PreviewEnvironment,
+    reason: &str,
+) -> Result<bool, kube::Error> {
+    let namespace = judged.namespace().unwrap_or_default();
+    let name = judged.name_any();
+    let api: Api<PreviewEnvironment> = Api::namespaced(client.clone(), &namespace);
+    let Some(current) = api.get_opt(&name).await? else {
+        return Ok(false);
+    };
+    let changed = current.metadata.deletion_timestamp.is_some()
+        || current.metadata.generation != judged.metadata.generation;
+    if changed {
+        tracing::info!(environment = %name, %namespace, reason, "not deleted: the environment changed since it was judged");
+        return Ok(false);
+    }
+    delete_with_reason(client, &namespace, &name, reason).await
 }
