@@ -2,7 +2,7 @@
 //! short-lived preview environment. See `docs/architecture.md` for the layers and the data flow.
 //!
 //! One folder per layer, each importing only the layers listed before it (a test,
-//! `tests/architecture.rs`, fails on any import that points up or closes a circle):
+//! `tests/integration/architecture.rs`, fails on any import that points up or closes a circle):
 //!
 //! * [`model`]: the custom resources, names, durations, labels and annotations. No I/O.
 //! * [`cluster`]: talking to the Kubernetes API: the applier and its skip cache, the watches,

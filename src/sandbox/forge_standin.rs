@@ -313,7 +313,7 @@ fn route(records: &mut Records, method: &Method, path: &[&str], page: u64, body:
 
 /// A GitHub App installation token (for a template with `forge.githubApp`): a new one each
 /// time, valid an hour. The stand-in does not check the App's JWT (it knows no App's key);
-/// `tests/forge_workflow.rs` does, with a key pair of its own.
+/// `tests/integration/forge_workflow.rs` does, with a key pair of its own.
 fn installation_token(records: &mut Records) -> Routed {
     records.next_id += 1;
     let expires_at = chrono::Utc::now() + chrono::TimeDelta::hours(1);

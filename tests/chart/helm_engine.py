@@ -1,5 +1,5 @@
 """Lints and renders charts/previewd with the Helm engine (Helm's Go SDK, as carried by the PyPI
-package helm-python-sdk), for tests/chart.rs.
+package helm-python-sdk), for tests/integration/chart.rs.
 
 usage: helm_engine.py CHART RELEASE NAMESPACE VALUES_JSON
 prints one JSON object:

@@ -2,7 +2,7 @@
 //! them. The gitlab crate's own `Tree` endpoint (0.1905) sends both as a form body on the GET,
 //! which a proxy in front of GitLab may drop; previewd would then list the repository's root at
 //! the default branch instead of the manifest folder at the commit under review. Found by
-//! `tests/webhooks.rs` `gitlab_manifests_from_the_repository_are_read_at_the_merge_requests_commit`.
+//! `tests/integration/webhooks.rs` `gitlab_manifests_from_the_repository_are_read_at_the_merge_requests_commit`.
 
 use std::borrow::Cow;
 

@@ -6,7 +6,7 @@
 //! in a copy to be on a pull request, by a given user, with a given text. PR deliveries are
 //! `github/pull_request.opened.json`/`synchronize.json`, changed where a test says so.
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 

@@ -7,7 +7,7 @@
 //! Deliveries start from the fixtures (`github/pull_request.opened.json`,
 //! `github/issue_comment.created.json`), changed in copies where each test says.
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 

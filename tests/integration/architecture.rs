@@ -157,7 +157,7 @@ fn every_folder_of_src_is_a_placed_layer() {
     for (name, _) in top_of_src().into_iter().filter(|(_, is_dir)| *is_dir) {
         assert!(
             name == "bin" || rank(&name).is_some(),
-            "src/{name}/ is not in the layer list of tests/architecture.rs (and docs/architecture.md)"
+            "src/{name}/ is not in the layer list of tests/integration/architecture.rs (and docs/architecture.md)"
         );
     }
 }

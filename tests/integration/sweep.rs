@@ -4,7 +4,7 @@
 //! lifecycle rules (idle, branch gone, extension, maximum age, template gone) on injected days;
 //! GitLab's paged merge-request list and branches.
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 
@@ -345,7 +345,7 @@ async fn environment_with(client: &Client, namespace: &str, name: &str, source: 
 
 /// The lifecycle rules end to end, on the clock's injected days: idleness, a branch deleted on
 /// the forge (`BranchGone`), `keepUntil` (what `/preview extend` writes; the command itself is
-/// tested in `tests/lifecycle.rs`) shielding from idleness and from the maximum age until it
+/// tested in `tests/integration/lifecycle.rs`) shielding from idleness and from the maximum age until it
 /// runs out, the maximum age, and a deleted template (`TemplateGone`).
 #[tokio::test]
 async fn lifecycle_rules_idle_branch_gone_extend_max_age_and_template_gone() {

@@ -7,7 +7,7 @@
 //! signed as the forge signs them. Where a test needs a variant (another head SHA, another PR
 //! number, the GitLab project), it changes those fields in a copy and says so.
 
-mod support;
+use crate::support;
 
 use std::sync::Arc;
 use std::time::Duration;

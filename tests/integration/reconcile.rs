@@ -3,7 +3,7 @@
 //! is reverted, broken or unsafe templates apply nothing and say why, and deletion removes the
 //! namespace.
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 
@@ -651,6 +651,8 @@ async fn reapply_interval_resends_everything_without_rerunning_the_seed() {
 struct ControllerProcess(std::process::Child);
 
 impl ControllerProcess {
+    /// The Lease lives in the test's namespace and lasts 4 s (not 15): each start after a
+    /// SIGKILL waits for the killed replica's Lease to expire, and this test kills twice.
     fn start(namespace: &str) -> Self {
         let child = std::process::Command::new(env!("CARGO_BIN_EXE_previewd"))
             .args([
@@ -659,6 +661,10 @@ impl ControllerProcess {
                 "127.0.0.1:0",
                 "--watch-namespace",
                 namespace,
+                "--lease-namespace",
+                namespace,
+                "--lease-duration",
+                "4s",
                 "--kubeconfig",
             ])
             .arg(&support::shared().kubeconfig_path)

@@ -9,7 +9,7 @@
 //! PR deliveries are `github/pull_request.opened.json`, `synchronize.json` and `closed.json`;
 //! the synchronize copy gets a new head SHA (the fixture's equals opened's).
 
-mod support;
+use crate::support;
 
 use std::process::Command;
 
@@ -24,7 +24,7 @@ use support::{apply_all, in_namespace, yaml_documents};
 
 const CHART: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/charts/previewd");
 const ENGINE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/chart/helm_engine.py");
-const EXAMPLE: &str = include_str!("../templates/web-postgres/template.yaml");
+const EXAMPLE: &str = include_str!("../../templates/web-postgres/template.yaml");
 
 /// Runs the Helm engine script: lint reports, schema refusals, rendered templates, CRDs.
 fn helm_engine(release: &str, namespace: &str, values: &Value) -> Value {

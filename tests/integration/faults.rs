@@ -6,7 +6,7 @@
 //! the PR number, its branch, the head SHA and `pull_request.updated_at` (the forge's time of
 //! the change, which orders them).
 
-mod support;
+use crate::support;
 
 use std::time::{Duration, Instant};
 

@@ -11,7 +11,7 @@
 //! renders nothing; input that fails to render, asks for something outside the repository's
 //! folder, or carries a cluster-scoped object leaves the previous commit running and says why.
 
-mod support;
+use crate::support;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;

@@ -10,7 +10,7 @@
 //! octokit/webhooks' `check_run/completed.payload.json`) and GitLab's "Webhook events"
 //! (Pipeline events).
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 

@@ -10,7 +10,7 @@
 //! PR deliveries are `github/pull_request.opened.json` and `synchronize.json` changed in copies
 //! (PR number, branch and head SHA), so that several PRs live side by side.
 
-mod support;
+use crate::support;
 
 use std::path::Path;
 use std::time::{Duration, Instant};

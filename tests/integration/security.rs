@@ -5,10 +5,10 @@
 //! Deliveries are the fixtures in `../shared/fixtures`, signed as the forges sign them.
 //!
 //! What previewd itself may do (its RBAC, least privilege) is proven where the chart is
-//! installed: `tests/chart.rs`, `assert_confined_to_environments`, acting as the chart's
+//! installed: `tests/integration/chart.rs`, `assert_confined_to_environments`, acting as the chart's
 //! ServiceAccount against the real API server.
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 

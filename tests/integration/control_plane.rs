@@ -1,7 +1,7 @@
 //! The foundation, tested against a real kube-apiserver: previewd's CRDs, the 1.20-adapted
 //! Online Boutique, Jobs through the node simulator, namespace deletion, and load.
 
-mod support;
+use crate::support;
 
 use std::time::{Duration, Instant};
 
