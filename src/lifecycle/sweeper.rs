@@ -194,10 +194,12 @@ impl Sweeper {
         reason: Reason,
     ) -> Result<bool, kube::Error> {
         let namespace = environment.namespace().unwrap_or_default();
-        tracing::info!(environment = %environment.name_any(), %namespace, reason = reason.label(), "sweep deletes environment: {}", reason.sentence());
-        self.writes.write("delete");
         let deleted = delete_as_judged(&self.client, environment, reason.sentence()).await?;
+        // Logged and counted once the deletion happened: the verdict may have been on a copy
+        // that changed since (delete_as_judged says so itself).
         if deleted {
+            tracing::info!(environment = %environment.name_any(), %namespace, reason = reason.label(), "sweep deleted environment: {}", reason.sentence());
+            self.writes.write("delete");
             self.metrics
                 .deletions
                 .with_label_values(&[reason.label()])
