@@ -14,6 +14,7 @@ use chrono::{TimeDelta, Utc};
 use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
 use k8s_openapi::api::core::v1::Namespace;
 use kube::api::{Api, Patch, PatchParams};
+use previewd::cluster::observed::ObjectKey;
 use previewd::lifecycle::sweeper::Sweeper;
 use previewd::model::crd::Phase;
 use serde_json::{Value, json};
@@ -435,6 +436,22 @@ async fn comment_commands_from_writers_act_and_from_others_are_refused() {
             || async {
                 let web = deployments.get("web").await.ok()?;
                 (web.status?.ready_replicas == Some(3)).then_some(())
+            },
+        )
+        .await;
+        // Sleep remembers the replicas previewd's watch last saw. Once (a local CI run, the
+        // first with all these tests in one binary) sleep remembered 1 here; the likeliest cause
+        // is the watch trailing the API server on a loaded machine, which a person scaling by
+        // hand would not race. The wait makes the test deterministic and, should the watch
+        // never see the change, fails with that as the message.
+        let web_key = ObjectKey::of(&json!({"apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"name": "web", "namespace": target}}));
+        eventually(
+            "previewd's watch to see web at 3 replicas",
+            Duration::from_secs(30),
+            || async {
+                let observed = harness.context.applier.observed();
+                (observed.live_replicas(&web_key) == Some(3)).then_some(())
             },
         )
         .await;
