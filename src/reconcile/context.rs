@@ -80,7 +80,21 @@ pub struct Memory {
     /// When this process last wrote each environment's status after a reconcile
     /// ([`super::coalesce`]).
     pub last_status_write: Locked<EnvironmentRef, Instant>,
+    /// The status writes the environment cache may not show yet ([`Memory::cache_is_behind`]).
+    pub unseen_writes: Locked<EnvironmentRef, UnseenWrite>,
 }
+
+/// A status write this process made: the resourceVersion it was computed from, and when.
+pub struct UnseenWrite {
+    pub based_on: String,
+    pub at: Instant,
+}
+
+/// How long a status write is waited for in the cache at most: the watch brings it within
+/// milliseconds, or within seconds on a loaded machine; past this bound something else went
+/// wrong (the object was replaced, the watch restarted) and reconciling from the cache is the
+/// lesser evil.
+const UNSEEN_WRITE_PATIENCE: Duration = Duration::from_secs(30);
 
 impl Memory {
     /// Forgets an environment that is gone.
@@ -89,6 +103,43 @@ impl Memory {
         self.failures.lock().remove(environment);
         self.last_full_apply.lock().remove(environment);
         self.last_status_write.lock().remove(environment);
+        self.unseen_writes.lock().remove(environment);
+    }
+
+    /// Remembers that a status write changed the environment from `based_on` to a new
+    /// resourceVersion (a write the server found unchanged keeps `based_on`, and is not
+    /// remembered: the cache would never show another version).
+    pub fn wrote_status(&self, environment: &EnvironmentRef, based_on: &str, now_at: &str) {
+        if based_on.is_empty() || based_on == now_at {
+            return;
+        }
+        let write = UnseenWrite {
+            based_on: based_on.to_string(),
+            at: Instant::now(),
+        };
+        self.unseen_writes.lock().insert(environment.clone(), write);
+    }
+
+    /// Whether the cache still shows the very version this process's last status write was
+    /// computed from, so the write is not in it yet. A reconcile from that copy would compute
+    /// its status from a stale base and undo the write (seen: a sleep remembered 1 replica
+    /// instead of 3, read from a copy without the first sleeping reconcile's status). Equality
+    /// only, no ordering of resourceVersions: any other version is the write or newer.
+    pub fn cache_is_behind(&self, environment: &EnvironmentRef, cached_version: &str) -> bool {
+        let mut unseen = self.unseen_writes.lock();
+        match unseen.get(environment) {
+            Some(write)
+                if write.based_on == cached_version
+                    && write.at.elapsed() < UNSEEN_WRITE_PATIENCE =>
+            {
+                true
+            }
+            Some(_) => {
+                unseen.remove(environment);
+                false
+            }
+            None => false,
+        }
     }
 
     /// Counts a failure; returns how long to wait before the next attempt: 2 s, doubling, at
@@ -115,5 +166,47 @@ impl<K, V> Default for Locked<K, V> {
 impl<K: Eq + Hash, V> Locked<K, V> {
     pub fn lock(&self) -> MutexGuard<'_, HashMap<K, V>> {
         self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn environment() -> EnvironmentRef {
+        ObjectRef::new("pr-7").within("previews")
+    }
+
+    #[test]
+    fn a_cache_that_shows_the_version_a_status_write_was_computed_from_is_behind() {
+        let memory = Memory::default();
+        memory.wrote_status(&environment(), "41", "42");
+        assert!(memory.cache_is_behind(&environment(), "41"));
+        assert!(
+            memory.cache_is_behind(&environment(), "41"),
+            "until the cache moves on"
+        );
+        assert!(!memory.cache_is_behind(&environment(), "42"));
+        assert!(
+            !memory.cache_is_behind(&environment(), "41"),
+            "once the write was seen, the entry is gone (a later reread of 41 is not ours to judge)"
+        );
+    }
+
+    #[test]
+    fn a_write_the_server_found_unchanged_is_not_waited_for() {
+        let memory = Memory::default();
+        memory.wrote_status(&environment(), "41", "41");
+        assert!(!memory.cache_is_behind(&environment(), "41"));
+        memory.wrote_status(&environment(), "", "42");
+        assert!(!memory.cache_is_behind(&environment(), ""));
+    }
+
+    #[test]
+    fn other_environments_are_not_held_back() {
+        let memory = Memory::default();
+        memory.wrote_status(&environment(), "41", "42");
+        let other = ObjectRef::new("pr-8").within("previews");
+        assert!(!memory.cache_is_behind(&other, "41"));
     }
 }

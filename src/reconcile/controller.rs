@@ -195,6 +195,15 @@ async fn reconcile_in_span(
     context.wait_for_caches().await;
     let started = Instant::now();
     let key = ObjectRef::from_obj(&*environment);
+    let version = environment.resource_version().unwrap_or_default();
+    if context.memory.cache_is_behind(&key, &version) {
+        // The watch brings our own write soon and that triggers a reconcile from it; the
+        // requeue is only a safety net.
+        tracing::debug!(
+            "the cache does not show this process's last status write yet; waiting for it"
+        );
+        return Ok(Action::requeue(STALE_READ_RETRY));
+    }
     let api: Api<PreviewEnvironment> = Api::namespaced(
         context.client.clone(),
         &environment.namespace().unwrap_or_default(),

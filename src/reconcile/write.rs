@@ -6,6 +6,7 @@
 
 use kube::api::{Patch, PatchParams};
 use kube::runtime::events::{Event, EventType};
+use kube::runtime::reflector::ObjectRef;
 use kube::{Api, Resource, ResourceExt};
 
 use super::context::Context;
@@ -54,11 +55,16 @@ pub async fn write_status_only(
     let name = environment.name_any();
     let params = PatchParams::default();
     let patch = Patch::Merge(patch);
-    context
+    let written = context
         .writer
         .write("status", api.patch_status(&name, &params, &patch))
         .await
         .map_err(ReconcileError::Status)?;
+    context.memory.wrote_status(
+        &ObjectRef::from_obj(environment),
+        &environment.resource_version().unwrap_or_default(),
+        &written.resource_version().unwrap_or_default(),
+    );
     let new_commit = status.phase == Phase::Ready && previous.deployed_sha != status.deployed_sha;
     if previous.phase != status.phase || environment.status.is_none() || new_commit {
         announce_phase(environment, context, &previous, &status).await;

@@ -160,11 +160,56 @@ pub fn shared() -> &'static SharedCluster {
 
 /// A client for the shared cluster, bound to the calling test's runtime.
 pub async fn client() -> Client {
+    log_if_asked();
     let path = shared().kubeconfig_path.clone();
     let kubeconfig = Kubeconfig::read_from(&path).expect("read the test kubeconfig");
     previewd::cluster::client::from_kubeconfig(kubeconfig)
         .await
         .expect("test client")
+}
+
+/// A kubeconfig that acts as `user` in `groups`: the admin token of the shared cluster,
+/// impersonating (written into `dir`).
+pub fn impersonating_kubeconfig(user: &str, groups: &[String], dir: &std::path::Path) -> PathBuf {
+    let admin = std::fs::read_to_string(&shared().kubeconfig_path).unwrap();
+    let mut kubeconfig: serde_json::Value = serde_yaml_ng::from_str(&admin).unwrap();
+    for entry in kubeconfig["users"].as_array_mut().unwrap() {
+        entry["user"]["as"] = serde_json::json!(user);
+        entry["user"]["as-groups"] = serde_json::json!(groups);
+    }
+    let path = dir.join("impersonating.kubeconfig");
+    std::fs::write(&path, serde_yaml_ng::to_string(&kubeconfig).unwrap()).unwrap();
+    path
+}
+
+/// A client that acts as ServiceAccount `name` of `namespace` (impersonated by the admin).
+pub async fn client_as_service_account(namespace: &str, name: &str) -> Client {
+    let user = format!("system:serviceaccount:{namespace}:{name}");
+    let groups = vec![
+        "system:serviceaccounts".to_string(),
+        format!("system:serviceaccounts:{namespace}"),
+        "system:authenticated".to_string(),
+    ];
+    let scratch = tempfile::tempdir().unwrap();
+    let path = impersonating_kubeconfig(&user, &groups, scratch.path());
+    previewd::cluster::client::from_kubeconfig(Kubeconfig::read_from(&path).unwrap())
+        .await
+        .unwrap()
+}
+
+/// With `PREVIEWD_TEST_LOG` set (an `EnvFilter`, e.g. `previewd=debug,kube_runtime=debug`),
+/// what previewd and kube log during the tests goes to the test's captured output, shown for a
+/// failing test: the evidence for a failure seen only under load.
+fn log_if_asked() {
+    static ONCE: OnceLock<()> = OnceLock::new();
+    ONCE.get_or_init(|| {
+        if let Ok(filter) = std::env::var("PREVIEWD_TEST_LOG") {
+            let _ = tracing_subscriber::fmt()
+                .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
+                .with_test_writer()
+                .try_init();
+        }
+    });
 }
 
 /// Runs `test` in a fresh namespace named after it; on failure prints what the namespace
