@@ -18,6 +18,11 @@ pub struct Kind {
     pub kind: Cow<'static, str>,
     /// The plural resource name, as RBAC rules and URLs spell it.
     pub resource: Cow<'static, str>,
+    /// The operator's word that objects of this kind reach nothing beyond their namespace
+    /// (a custom resource of the application's own, say). A kind the content policy has no
+    /// rules for is refused unless it is declared inert (docs/security.md).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub inert: bool,
 }
 
 const fn kind(group: &'static str, kind: &'static str, resource: &'static str) -> Kind {
@@ -25,6 +30,7 @@ const fn kind(group: &'static str, kind: &'static str, resource: &'static str) -
         group: Cow::Borrowed(group),
         kind: Cow::Borrowed(kind),
         resource: Cow::Borrowed(resource),
+        inert: false,
     }
 }
 
@@ -129,6 +135,13 @@ impl TemplateKinds {
 
     pub fn iter(&self) -> impl Iterator<Item = &Kind> {
         self.0.iter()
+    }
+
+    /// Whether the operator declared `kind` of API `group` inert.
+    pub fn is_inert(&self, group: &str, kind: &str) -> bool {
+        self.0
+            .iter()
+            .any(|k| k.group == group && k.kind == kind && k.inert)
     }
 }
 

@@ -4,6 +4,7 @@
 
 pub mod crd;
 pub mod durations;
+pub mod grants;
 pub mod kinds;
 pub mod metadata;
 pub mod naming;

@@ -33,6 +33,27 @@ pub fn slug(text: &str) -> String {
     out.trim_matches('-').to_string()
 }
 
+/// `branch` as one DNS label that no other branch gets: its [`slug`] when that is the branch
+/// itself and fits a label, else the slug (truncated) with `--` and a hash of the branch
+/// (`feature/login` → `feature-login--<16 hex>`, never `feature-login`, which the branch
+/// `feature-login` keeps). A slug never contains `--`, so no branch can pick a name that ends
+/// up as another's hashed form; the hash is as long as the names' (64 bits), since branch
+/// names are chosen by whoever pushes. The `slug` of a render, and so usually of a URL host.
+pub fn unique_slug(branch: &str) -> String {
+    let plain = slug(branch);
+    if plain == branch && plain.len() <= MAX_LABEL && !plain.is_empty() {
+        return plain;
+    }
+    let mut readable = plain;
+    readable.truncate(MAX_LABEL - HASH_LEN - 2);
+    let readable = match readable.trim_end_matches('-') {
+        // Every hashed form keeps its `--`, so no plain branch name can equal one.
+        "" => "branch",
+        readable => readable,
+    };
+    format!("{readable}--{}", identity_hash(&[branch]))
+}
+
 /// The first `HASH_LEN` hex digits of SHA-256 over `identity`, each part length-prefixed.
 fn identity_hash(identity: &[&str]) -> String {
     let mut hasher = Sha256::new();
@@ -180,5 +201,38 @@ mod tests {
         assert!(environment_name("web", "feature/login", None).starts_with("web-feature-login-"));
         assert!(environment_name("web", "x", Some(42)).starts_with("web-pr-42-"));
         assert_eq!(slug("Feature/ÄÖ_x"), "feature-x");
+    }
+
+    #[test]
+    fn unique_slugs_keep_branches_apart_that_plain_slugs_merge() {
+        assert_eq!(unique_slug("feature-login"), "feature-login");
+        let merged = [
+            "feature/login",
+            "Feature-Login",
+            "feature_login",
+            "feature-login-",
+        ];
+        let mut seen = vec![unique_slug("feature-login")];
+        for branch in merged {
+            let unique = unique_slug(branch);
+            assert!(unique.starts_with("feature-login--"), "{unique}");
+            assert!(!seen.contains(&unique), "{branch} → {unique}");
+            seen.push(unique);
+        }
+        // A branch named like another's hashed form is hashed itself.
+        let hashed = unique_slug("feature/login");
+        assert_ne!(unique_slug(&hashed), hashed);
+        // Always one DNS label, whatever the branch, and a hashed one always has its `--`.
+        assert!(unique_slug("ÄÖÜ").starts_with("branch--"));
+        for branch in [
+            "a".repeat(300),
+            "ÄÖÜ".into(),
+            "--".into(),
+            "/".into(),
+            "x".repeat(63),
+        ] {
+            let unique = unique_slug(&branch);
+            assert!(is_dns1123_label(&unique), "{branch:?} → {unique:?}");
+        }
     }
 }

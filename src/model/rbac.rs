@@ -198,7 +198,14 @@ metadata:
     {{- include "previewd.labels" . | nindent 4 }}
 rules:
   # The kinds templates may create (values templateKinds and extraTemplateKinds).
-@TEMPLATE_KINDS_WRITE@@ENVIRONMENT_RULES@---
+@TEMPLATE_KINDS_WRITE@@ENVIRONMENT_RULES@  # What template Roles may grant (value templateRoleRules): the API server lets previewd
+  # create only Roles that grant what it holds.
+{{- range (include "previewd.templateRoleRules" . | fromJsonArray) }}
+  - apiGroups: {{ .apiGroups | toJson }}
+    resources: {{ .resources | toJson }}
+    verbs: {{ .verbs | toJson }}
+{{- end }}
+---
 # The leader Lease, in previewd's own namespace.
 apiVersion: rbac.authorization.k8s.io/v1
 kind: Role
@@ -318,5 +325,18 @@ mod tests {
             serde_json::from_value(values["templateKinds"].clone()).unwrap_or_default();
         assert_eq!(listed, DEFAULT_TEMPLATE_KINDS);
         assert_eq!(values["extraTemplateKinds"], json!([]));
+    }
+
+    /// The chart's default role rules are previewd's: what `--template-role-rules` allows by
+    /// default is what the chart passes and what its environment role holds.
+    #[test]
+    fn the_charts_default_role_rules_are_previewds_default() {
+        use crate::model::grants::RoleGrants;
+        let path = format!("{}/charts/previewd/values.yaml", env!("CARGO_MANIFEST_DIR"));
+        let values: Value =
+            serde_yaml_ng::from_str(&std::fs::read_to_string(path).unwrap_or_default())
+                .unwrap_or_default();
+        let listed = RoleGrants::parse(&values["templateRoleRules"].to_string());
+        assert_eq!(listed, Ok(RoleGrants::default()));
     }
 }

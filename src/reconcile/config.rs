@@ -3,6 +3,7 @@
 use std::time::Duration;
 
 use crate::engines::EngineConfig;
+use crate::model::grants::OperatorPolicy;
 use crate::model::kinds::TemplateKinds;
 
 /// The default of `--max-objects-per-environment`: the 35-object Online Boutique fits 14 times.
@@ -35,6 +36,9 @@ pub struct ControllerConfig {
     pub max_objects: usize,
     /// The kinds templates may create (`--template-kinds`); anything else is refused.
     pub template_kinds: TemplateKinds,
+    /// What template Roles may grant and which Ingress annotations templates may set
+    /// (`--template-role-rules`, `--ingress-annotations`); anything else is refused.
+    pub operator_policy: OperatorPolicy,
     /// The Helm program and the render time limit (`--helm`, `--render-timeout`).
     pub engines: EngineConfig,
     /// The role previewd binds to itself in each environment namespace it creates, when its
@@ -61,6 +65,7 @@ impl Default for ControllerConfig {
             reapply_interval: None,
             max_objects: DEFAULT_MAX_OBJECTS,
             template_kinds: TemplateKinds::default(),
+            operator_policy: OperatorPolicy::default(),
             engines: EngineConfig::default(),
             environment_access: None,
         }

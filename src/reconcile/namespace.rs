@@ -13,11 +13,17 @@ pub const QUOTA_NAME: &str = "previewd-quota";
 pub const LIMITS_NAME: &str = "previewd-limits";
 pub const NETWORK_POLICY_NAME: &str = "previewd-default-deny";
 
-/// The quota of an environment whose template names none: object counts only (a quota on CPU
-/// or memory would refuse every pod without requests), enough for the examples, and no load
-/// balancers or node ports even where the policy allows the Service types.
+/// The quota of an environment whose template names none: objects (enough for the examples),
+/// Jobs and CronJobs (each one runs pods on a schedule of its own), the CPU and memory its pods
+/// may request (pods without requests get [`DEFAULT_LIMITS`]' through the LimitRange, so the
+/// quota refuses none of them for that), and no load balancers or node ports even where the
+/// policy allows the Service types.
 pub const DEFAULT_QUOTA: &[(&str, &str)] = &[
     ("pods", "50"),
+    ("requests.cpu", "8"),
+    ("requests.memory", "16Gi"),
+    ("count/jobs.batch", "30"),
+    ("count/cronjobs.batch", "10"),
     ("services", "30"),
     ("services.loadbalancers", "0"),
     ("services.nodeports", "0"),
@@ -25,6 +31,14 @@ pub const DEFAULT_QUOTA: &[(&str, &str)] = &[
     ("requests.storage", "50Gi"),
     ("secrets", "50"),
     ("configmaps", "50"),
+];
+
+/// The LimitRange of an environment whose template names none: what a container that says
+/// nothing requests (so the quota's CPU and memory count it) and may use at most (so one
+/// container cannot take a node's memory). `(field, [(resource, quantity)])`.
+pub const DEFAULT_LIMITS: &[(&str, &[(&str, &str)])] = &[
+    ("defaultRequest", &[("cpu", "50m"), ("memory", "64Mi")]),
+    ("default", &[("cpu", "2"), ("memory", "2Gi")]),
 ];
 
 /// The labels of the environment's namespace: the template's own, then previewd's (which win),
@@ -71,19 +85,27 @@ pub fn guard_rails(
             .collect(),
     };
     objects.push(json!({"apiVersion": "v1", "kind": "ResourceQuota", "metadata": metadata(QUOTA_NAME), "spec": {"hard": hard}}));
-    if let Some(limits) = &template.namespace.limit_range {
-        let mut item = json!({"type": "Container"});
-        for (field, values) in [
-            ("default", &limits.default),
-            ("defaultRequest", &limits.default_request),
-            ("max", &limits.max),
-        ] {
-            if !values.is_empty() {
-                item[field] = json!(values);
+    let mut item = json!({"type": "Container"});
+    match &template.namespace.limit_range {
+        Some(limits) => {
+            for (field, values) in [
+                ("default", &limits.default),
+                ("defaultRequest", &limits.default_request),
+                ("max", &limits.max),
+            ] {
+                if !values.is_empty() {
+                    item[field] = json!(values);
+                }
             }
         }
-        objects.push(json!({"apiVersion": "v1", "kind": "LimitRange", "metadata": metadata(LIMITS_NAME), "spec": {"limits": [item]}}));
+        None => {
+            for (field, values) in DEFAULT_LIMITS {
+                let values: BTreeMap<&str, &str> = values.iter().copied().collect();
+                item[*field] = json!(values);
+            }
+        }
     }
+    objects.push(json!({"apiVersion": "v1", "kind": "LimitRange", "metadata": metadata(LIMITS_NAME), "spec": {"limits": [item]}}));
     let policy = &template.namespace.network_policy;
     if policy.default_deny {
         // Ingress only from pods of this namespace and, if named, the ingress controller's.
@@ -94,21 +116,35 @@ pub fn guard_rails(
         objects.push(json!({
             "apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy", "metadata": metadata(NETWORK_POLICY_NAME),
             "spec": {"podSelector": {}, "policyTypes": ["Ingress", "Egress"],
-                     "ingress": [{"from": from}], "egress": egress_rules(&policy.egress)}
+                     "ingress": [{"from": from}], "egress": egress_rules(&policy.dns_peers, &policy.egress)}
         }));
     }
     objects
 }
 
-/// Egress out of a default-deny namespace: DNS (port 53 anywhere), the namespace's own pods,
-/// and what the template lists.
-fn egress_rules(extra: &[Value]) -> Vec<Value> {
-    let dns = json!({"ports": [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}]});
+/// Egress out of a default-deny namespace: DNS (port 53 to the cluster's DNS only: port 53 to
+/// any address would carry anything to anywhere), the namespace's own pods, and what the
+/// template lists.
+fn egress_rules(dns_peers: &[Value], extra: &[Value]) -> Vec<Value> {
+    let dns_peers = match dns_peers {
+        [] => vec![default_dns_peer()],
+        listed => listed.to_vec(),
+    };
+    let dns = json!({"to": dns_peers,
+                     "ports": [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}]});
     let own_pods = json!({"to": [{"podSelector": {}}]});
     [dns, own_pods]
         .into_iter()
         .chain(extra.iter().cloned())
         .collect()
+}
+
+/// The cluster DNS of most clusters: CoreDNS or kube-dns, labelled `k8s-app: kube-dns`, in
+/// `kube-system` (the namespace label `kubernetes.io/metadata.name` is set by Kubernetes itself
+/// from 1.21 on).
+fn default_dns_peer() -> Value {
+    json!({"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}},
+           "podSelector": {"matchLabels": {"k8s-app": "kube-dns"}}})
 }
 
 #[cfg(test)]
@@ -145,6 +181,15 @@ mod tests {
         assert_eq!(policy["policyTypes"], json!(["Ingress", "Egress"]));
         assert_eq!(policy["egress"][0]["ports"][0]["port"], 53);
         assert_eq!(policy["egress"].as_array().map(Vec::len), Some(2));
+        // DNS goes to the cluster's DNS only, never to any address.
+        assert_eq!(policy["egress"][0]["to"], json!([default_dns_peer()]));
+        template.namespace.network_policy.dns_peers =
+            vec![json!({"ipBlock": {"cidr": "10.96.0.10/32"}})];
+        let objects = guard_rails("preview-x", &template, &BTreeMap::new());
+        assert_eq!(
+            objects[2]["spec"]["egress"][0]["to"],
+            json!([{"ipBlock": {"cidr": "10.96.0.10/32"}}])
+        );
         template.namespace.network_policy.egress =
             vec![json!({"to": [{"ipBlock": {"cidr": "0.0.0.0/0"}}]})];
         let objects = guard_rails("preview-x", &template, &BTreeMap::new());
@@ -152,13 +197,30 @@ mod tests {
             objects[2]["spec"]["egress"][2]["to"][0]["ipBlock"]["cidr"],
             "0.0.0.0/0"
         );
-        // Without a quota of its own, a namespace gets the default one; nothing else.
+        // Without a quota or limits of its own, a namespace gets the default ones: CPU and
+        // memory requests, Jobs and CronJobs counted, and defaults for containers that say
+        // nothing, so the quota counts them too.
         template.namespace.network_policy.default_deny = false;
         template.namespace.resource_quota = None;
         template.namespace.limit_range = None;
         let objects = guard_rails("preview-x", &template, &BTreeMap::new());
-        assert_eq!(objects.len(), 1);
-        assert_eq!(objects[0]["spec"]["hard"]["pods"], "50");
-        assert_eq!(objects[0]["spec"]["hard"]["services.loadbalancers"], "0");
+        assert_eq!(objects.len(), 2);
+        let hard = &objects[0]["spec"]["hard"];
+        assert_eq!(hard["pods"], "50");
+        assert_eq!(hard["services.loadbalancers"], "0");
+        for held in [
+            "requests.cpu",
+            "requests.memory",
+            "count/jobs.batch",
+            "count/cronjobs.batch",
+        ] {
+            assert!(hard[held].is_string(), "{held} in {hard}");
+        }
+        let limits = &objects[1]["spec"]["limits"][0];
+        assert_eq!(
+            limits["defaultRequest"],
+            json!({"cpu": "50m", "memory": "64Mi"})
+        );
+        assert_eq!(limits["default"], json!({"cpu": "2", "memory": "2Gi"}));
     }
 }

@@ -164,6 +164,7 @@ async fn plan_off_the_runtime(
     let limits = Limits {
         max_objects: context.config.max_objects,
         kinds: context.config.template_kinds.clone(),
+        operator: context.config.operator_policy.clone(),
     };
     let observed = context.applier.observed();
     let planned = tokio::task::spawn_blocking(move || {

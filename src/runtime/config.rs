@@ -8,6 +8,7 @@ use std::time::Duration;
 use clap::Args;
 
 use crate::model::durations::parse_duration;
+use crate::model::grants::{AnnotationKeys, OperatorPolicy, RoleGrants, parse_annotation_keys};
 use crate::model::kinds::TemplateKinds;
 
 #[derive(Clone, Copy, Debug, clap::ValueEnum, PartialEq, Eq)]
@@ -50,6 +51,17 @@ pub struct ControllerArgs {
     /// namespaced kinds; previewd's own, cluster-scoped ones and the guard rails are refused.
     #[arg(long, env = "PREVIEWD_TEMPLATE_KINDS", value_parser = TemplateKinds::parse)]
     pub template_kinds: Option<TemplateKinds>,
+    /// What template Roles may grant, as a JSON list of `{"apiGroups", "resources", "verbs"}`
+    /// (the chart's `templateRoleRules`, which also go into previewd's environment role, since
+    /// the API server lets previewd create only Roles that grant what it holds). Default: the
+    /// built-in list in docs/security.md (reads of the application's kinds, Leases, Events).
+    #[arg(long, env = "PREVIEWD_TEMPLATE_ROLE_RULES", value_parser = RoleGrants::parse)]
+    pub template_role_rules: Option<RoleGrants>,
+    /// The Ingress annotations templates may set, as a JSON list of exact keys (the chart's
+    /// `ingressAnnotations`; default none). Each configures the ingress controller every team
+    /// shares: allow only what no pull request can turn against it (docs/security.md).
+    #[arg(long, env = "PREVIEWD_INGRESS_ANNOTATIONS", value_parser = parse_annotation_keys)]
+    pub ingress_annotations: Option<AnnotationKeys>,
     /// The `helm` program that renders templates' Helm charts (`helm template`); a bare name is
     /// looked up in previewd's PATH. The container image must carry it (docs/installing.md).
     #[arg(long, env = "PREVIEWD_HELM", default_value = "helm")]
@@ -105,6 +117,10 @@ impl ControllerArgs {
             reapply_interval: self.reapply_interval,
             max_objects: self.max_objects_per_environment.max(1),
             template_kinds: self.template_kinds.clone().unwrap_or_default(),
+            operator_policy: OperatorPolicy {
+                role_grants: self.template_role_rules.clone().unwrap_or_default(),
+                ingress_annotations: self.ingress_annotations.clone().unwrap_or_default().0,
+            },
             engines: crate::engines::EngineConfig {
                 helm: self.helm.clone(),
                 kubectl: self.kubectl.clone(),

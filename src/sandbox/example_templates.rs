@@ -173,7 +173,7 @@ mod tests {
         let rule = &ingress.object["spec"]["rules"][0];
         assert_eq!(
             rule["host"],
-            "feature-cart-badge.boutique.preview.example.com"
+            "feature-cart-badge--66586fee6e9f39aa.boutique.preview.example.com"
         );
         let backend = &rule["http"]["paths"][0]["backend"]["service"];
         let routed = objects
@@ -207,12 +207,14 @@ mod tests {
         // The example deploys under the default content policy (baseline pods, ClusterIP).
         let template: PreviewTemplate =
             serde_yaml_ng::from_str(&online_boutique_template(&release).unwrap()).unwrap();
-        let violations = crate::reconcile::plan::policy::check(
-            &objects,
-            &template.spec.policy,
-            "boutique-test",
-            "changes.boutique.preview.example.com",
-        );
+        let scope = crate::reconcile::plan::policy::Scope {
+            namespace: "boutique-test",
+            url_host: "feature-cart-badge--66586fee6e9f39aa.boutique.preview.example.com",
+            operator: &Default::default(),
+            kinds: &Default::default(),
+        };
+        let violations =
+            crate::reconcile::plan::policy::check(&objects, &template.spec.policy, &scope);
         assert_eq!(violations, Vec::new());
     }
 

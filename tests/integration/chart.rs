@@ -40,23 +40,6 @@ fn helm_engine(release: &str, namespace: &str, values: &Value) -> Value {
     serde_json::from_slice(&output.stdout).expect("the Helm engine prints JSON")
 }
 
-/// A kubeconfig that acts as `user` in `groups`: the admin token of the sandbox, impersonating.
-fn impersonating_kubeconfig(
-    user: &str,
-    groups: &[String],
-    dir: &std::path::Path,
-) -> std::path::PathBuf {
-    let admin = std::fs::read_to_string(&support::shared().kubeconfig_path).unwrap();
-    let mut kubeconfig: Value = serde_yaml_ng::from_str(&admin).unwrap();
-    for entry in kubeconfig["users"].as_array_mut().unwrap() {
-        entry["user"]["as"] = json!(user);
-        entry["user"]["as-groups"] = json!(groups);
-    }
-    let path = dir.join("chart-identity.kubeconfig");
-    std::fs::write(&path, serde_yaml_ng::to_string(&kubeconfig).unwrap()).unwrap();
-    path
-}
-
 fn is_refused(report: &Value) -> Vec<String> {
     report["messages"]
         .as_array()
@@ -295,7 +278,7 @@ async fn the_chart_lints_renders_applies_and_its_rbac_carries_a_lifecycle() {
             "system:authenticated".to_string(),
         ];
         let scratch = tempfile::tempdir().unwrap();
-        let kubeconfig = impersonating_kubeconfig(&user, &groups, scratch.path());
+        let kubeconfig = support::impersonating_kubeconfig(&user, &groups, scratch.path());
         let as_chart = previewd::cluster::client::from_kubeconfig(
             kube::config::Kubeconfig::read_from(&kubeconfig).unwrap(),
         )

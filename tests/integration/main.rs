@@ -14,6 +14,7 @@ mod support;
 
 mod architecture;
 mod chart;
+mod content_policy;
 mod control_plane;
 mod engines;
 mod faults;

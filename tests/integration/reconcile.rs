@@ -494,7 +494,7 @@ async fn online_boutique_example_reaches_ready_with_its_35_objects_and_its_ingre
         let target = status.namespace.unwrap();
         assert_eq!(
             status.url.as_deref(),
-            Some("https://feature-cart-badge.boutique.preview.example.com")
+            Some("https://feature-cart-badge--66586fee6e9f39aa.boutique.preview.example.com")
         );
         assert_eq!(managed_counts(&client, &target).await, (12, 12, 11));
         let deployments = Api::<Deployment>::namespaced(client.clone(), &target)
@@ -910,11 +910,16 @@ async fn install_crds(client: &Client, crds: &[serde_json::Value]) {
     }
 }
 
-/// The built-in kinds plus `extra` (group example.com), as `--template-kinds` would give them.
+/// The built-in kinds plus `extra` (group example.com, declared inert: the content policy has
+/// no rules of its own for them), as `--template-kinds` would give them.
 fn template_kinds_with(extra: &[(&str, &str)]) -> previewd::model::kinds::TemplateKinds {
-    let in_example: Vec<(&str, &str, &str)> =
-        extra.iter().map(|(k, r)| ("example.com", *k, *r)).collect();
-    template_kinds_in(&in_example)
+    let mut kinds = serde_json::to_value(previewd::model::kinds::DEFAULT_TEMPLATE_KINDS).unwrap();
+    for (kind, resource) in extra {
+        kinds.as_array_mut().unwrap().push(
+            json!({"group": "example.com", "kind": kind, "resource": resource, "inert": true}),
+        );
+    }
+    previewd::model::kinds::TemplateKinds::parse(&kinds.to_string()).unwrap()
 }
 
 /// The built-in kinds plus `extra` as (group, kind, resource).
@@ -1096,6 +1101,8 @@ async fn the_url_is_reported_once_a_gateway_accepts_the_route_for_its_host() {
         );
         let mut template = template_with(&route("[\"{{ host }}\"]"));
         template.spec.url.host = Some("{{ slug }}.preview.example.com".into());
+        // The shared Gateway of another namespace, named by the template (the content policy).
+        template.spec.policy.allowed_gateways = vec!["gateway-system/previews".into()];
         templates.create(&PostParams::default(), &template).await.unwrap();
         environments.create(&PostParams::default(), &environment_of("unsafe")).await.unwrap();
 

@@ -27,3 +27,8 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- define "previewd.templateKinds" -}}
 {{- concat .Values.templateKinds .Values.extraTemplateKinds | toJson -}}
 {{- end -}}
+
+{{/* What template Roles may grant, as JSON: --template-role-rules, and the environment role in rbac.yaml. */}}
+{{- define "previewd.templateRoleRules" -}}
+{{- .Values.templateRoleRules | toJson -}}
+{{- end -}}

@@ -128,6 +128,47 @@ pub struct PolicySpec {
     /// Roles of the environment's namespace only.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub allowed_cluster_roles: Vec<String>,
+    /// Let the template's NetworkPolicies allow peers outside the environment's namespace
+    /// (`ipBlock`, `namespaceSelector`, rules without peers). Off by default: policies add up,
+    /// so one such rule reopens what the guard rail's default-deny closed.
+    #[serde(default)]
+    pub allow_network_peers_outside: bool,
+    /// The Ingress classes the template's Ingresses may name. Empty (the default): Ingresses
+    /// name no class and the cluster's default class serves them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ingress_class_names: Vec<String>,
+    /// Volume types pods may use besides configMap, csi, downwardAPI, emptyDir, ephemeral,
+    /// persistentVolumeClaim, projected and secret (e.g. `nfs`: the node mounts it for the pod).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub allowed_volume_types: Vec<String>,
+    /// Let PersistentVolumeClaims bind an existing PersistentVolume by `spec.volumeName`
+    /// (another tenant's data, unless the volume is meant for previews).
+    #[serde(default)]
+    pub allow_volume_names: bool,
+    /// PriorityClasses pods may name (a high one evicts other teams' pods).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub allowed_priority_classes: Vec<String>,
+    /// RuntimeClasses pods may name.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub allowed_runtime_classes: Vec<String>,
+    /// Taint keys pods may tolerate, besides the `node.kubernetes.io/not-ready` and
+    /// `unreachable` tolerations Kubernetes gives every pod. A toleration without a key (every
+    /// taint) is never allowed.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub allowed_toleration_keys: Vec<String>,
+    /// Let PodDisruptionBudgets use `minAvailable` (which can block node drains for every team
+    /// when it equals the replica count).
+    #[serde(default)]
+    pub allow_min_available: bool,
+    /// Gateways of other namespaces that Gateway API routes may attach to, as `namespace/name`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub allowed_gateways: Vec<String>,
+    /// cert-manager ClusterIssuers (or external issuers) Certificates may name.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub allowed_cluster_issuers: Vec<String>,
+    /// external-secrets ClusterSecretStores ExternalSecrets may read from.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub allowed_cluster_secret_stores: Vec<String>,
 }
 
 /// A Kubernetes Pod Security Standard level.
@@ -327,6 +368,12 @@ pub struct NetworkPolicySpec {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(schema_with = "free_form_list")]
     pub egress: Vec<serde_json::Value>,
+    /// Where the cluster's DNS runs, as NetworkPolicy peers: the only place port 53 may go
+    /// (a port-53 rule to any address is a tunnel out). Default: pods labelled
+    /// `k8s-app: kube-dns` in `kube-system`, which is CoreDNS and kube-dns alike.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(schema_with = "free_form_list")]
+    pub dns_peers: Vec<serde_json::Value>,
 }
 
 impl Default for NetworkPolicySpec {
@@ -335,6 +382,7 @@ impl Default for NetworkPolicySpec {
             default_deny: true,
             ingress_namespace: None,
             egress: Vec::new(),
+            dns_peers: Vec::new(),
         }
     }
 }

@@ -20,6 +20,7 @@ use serde_json::Value;
 
 use super::error::Refusal;
 use crate::model::crd::{InlineManifest, PreviewEnvironment, PreviewTemplate};
+use crate::model::grants::OperatorPolicy;
 use crate::model::kinds::TemplateKinds;
 use crate::model::metadata::environment_labels;
 use guard::Violation;
@@ -48,11 +49,13 @@ pub struct Manifests {
     pub rendered: Vec<InlineManifest>,
 }
 
-/// What the operator allows every template (`--max-objects-per-environment`, `--template-kinds`).
+/// What the operator allows every template (`--max-objects-per-environment`, `--template-kinds`,
+/// `--template-role-rules`, `--ingress-annotations`).
 #[derive(Clone, Debug)]
 pub struct Limits {
     pub max_objects: usize,
     pub kinds: TemplateKinds,
+    pub operator: OperatorPolicy,
 }
 
 /// Plans `environment` from `template` and `manifests` into `namespace`. `live_replicas` says
@@ -82,7 +85,13 @@ pub fn plan(
     check_object_limit(objects.len(), limits.max_objects)?;
     let guarded = guard::check(&objects, namespace, &limits.kinds);
     refuse_violations("GuardRejected", guarded)?;
-    let policy = policy::check(&objects, &template.spec.policy, namespace, &host);
+    let scope = policy::Scope {
+        namespace,
+        url_host: &host,
+        operator: &limits.operator,
+        kinds: &limits.kinds,
+    };
+    let policy = policy::check(&objects, &template.spec.policy, &scope);
     refuse_violations("PolicyRejected", policy)?;
     let previous = environment.status.clone().unwrap_or_default();
     let replicas_before_sleep = workloads::prepare(

@@ -31,6 +31,7 @@ fn plan_web(
         &Limits {
             max_objects,
             kinds: Default::default(),
+            operator: Default::default(),
         },
         live_replicas,
     )
@@ -46,7 +47,12 @@ fn no_live_replicas(_: &Value) -> Option<i32> {
 fn a_template_becomes_labelled_objects_in_the_environments_namespace() {
     let plan =
         plan_web(WEB_TEMPLATE, 500, awake, no_live_replicas).expect("the web template plans");
-    assert_eq!(plan.url, "https://feature-login.preview.example.com");
+    // The branch `feature/login` is not a DNS label as it is: its slug carries a hash, so that
+    // the branch `feature-login` gets another host.
+    assert_eq!(
+        plan.url,
+        "https://feature-login--cf177a026a20e1f8.preview.example.com"
+    );
     let names: Vec<(&str, &str, i32)> = plan
         .objects
         .iter()

@@ -18,7 +18,7 @@ pub fn render_context(
     let mut context = RenderContext {
         name: environment.name_any(),
         branch: source.branch.clone(),
-        slug: naming::slug(&source.branch),
+        slug: naming::unique_slug(&source.branch),
         sha: source.head_sha.clone(),
         short_sha: source.head_sha.chars().take(7).collect(),
         pr: source.pull_request,

@@ -1,8 +1,9 @@
-//! What previewd changes in the template's Deployments and StatefulSets before applying them
-//! (pure): the replica count while the environment sleeps and after it wakes, and the restart
-//! annotation of `/preview deploy`.
+//! What previewd changes in the template's workloads before applying them (pure): the replica
+//! count while the environment sleeps and after it wakes, CronJobs suspended while it sleeps,
+//! and the restart annotation of `/preview deploy`.
 //!
-//! Sleep scales every workload to zero and remembers, per `Kind/name`, how many replicas it had
+//! Sleep scales every workload to zero (Deployments, StatefulSets, ReplicaSets,
+//! ReplicationControllers), suspends every CronJob, and remembers, per `Kind/name`, how many replicas it had
 //! (in `status.replicasBeforeSleep`). Waking gives a workload its template's replica count when
 //! the template sets one (the template stays the truth), else the remembered count. A workload
 //! whose count previewd restored keeps it on later applies, since dropping the field would let
@@ -17,12 +18,16 @@ use crate::reconcile::plan::render::RenderedObject;
 /// Pod-template annotation that `/preview deploy` changes, so every workload rolls out anew.
 pub const ANNOTATION_REDEPLOY: &str = "previewd.dev/redeploy";
 
-/// `Deployment/web` for an `apps/v1` Deployment or StatefulSet; `None` for anything else.
+/// `Deployment/web` for everything built in that runs pods by a replica count: an `apps/v1`
+/// Deployment, StatefulSet or ReplicaSet, a `v1` ReplicationController; `None` for anything
+/// else.
 pub fn workload_key(object: &Value) -> Option<String> {
     let kind = object["kind"].as_str()?;
-    let is_workload = object["apiVersion"] == "apps/v1"
-        && matches!(kind, "Deployment" | "StatefulSet")
-        && object["spec"].is_object();
+    let is_workload = match object["apiVersion"].as_str() {
+        Some("apps/v1") => matches!(kind, "Deployment" | "StatefulSet" | "ReplicaSet"),
+        Some("v1") => kind == "ReplicationController",
+        _ => false,
+    } && object["spec"].is_object();
     is_workload.then(|| {
         format!(
             "{kind}/{}",
@@ -48,6 +53,11 @@ pub fn prepare(
 ) -> BTreeMap<String, i32> {
     let mut remember = BTreeMap::new();
     for rendered in objects.iter_mut() {
+        if sleeping && is_cron_job(&rendered.object) {
+            // Suspended while asleep; on waking the manifest no longer sets the field, so the
+            // template's own value (or the default, not suspended) comes back.
+            rendered.object["spec"]["suspend"] = Value::Bool(true);
+        }
         let Some(key) = workload_key(&rendered.object) else {
             continue;
         };
@@ -78,6 +88,14 @@ pub fn prepare(
         }
     }
     remember
+}
+
+fn is_cron_job(object: &Value) -> bool {
+    object["kind"] == "CronJob"
+        && object["apiVersion"]
+            .as_str()
+            .is_some_and(|v| v.starts_with("batch/"))
+        && object["spec"].is_object()
 }
 
 #[cfg(test)]
@@ -157,6 +175,48 @@ mod tests {
         let kept = prepare(&mut objects, false, &remembered, |_| None, None);
         assert_eq!(replicas(&objects), [Some(2), Some(2)], "the template wins");
         assert_eq!(kept, BTreeMap::from([("StatefulSet/db".to_string(), 2)]));
+    }
+
+    #[test]
+    fn sleep_stops_everything_that_runs_pods_by_count_or_schedule() {
+        let rendered = |api_version: &str, kind: &str, spec: Value| RenderedObject {
+            manifest: "app.yaml".into(),
+            wave: 0,
+            seed: None,
+            object: json!({"apiVersion": api_version, "kind": kind, "metadata": {"name": "x"}, "spec": spec}),
+        };
+        let template = json!({"template": {"spec": {"containers": []}}});
+        let mut objects = vec![
+            rendered("apps/v1", "ReplicaSet", template.clone()),
+            rendered("v1", "ReplicationController", template.clone()),
+            rendered(
+                "batch/v1",
+                "CronJob",
+                json!({"schedule": "* * * * *", "jobTemplate": {}}),
+            ),
+            rendered("example.com/v1", "CronJob", json!({"schedule": "x"})),
+        ];
+        let remembered = prepare(&mut objects, true, &BTreeMap::new(), |_| Some(2), None);
+        assert_eq!(objects[0].object["spec"]["replicas"], 0);
+        assert_eq!(objects[1].object["spec"]["replicas"], 0);
+        assert_eq!(objects[2].object["spec"]["suspend"], true);
+        assert_eq!(
+            objects[3].object["spec"]["suspend"],
+            Value::Null,
+            "not batch's"
+        );
+        assert_eq!(remembered.len(), 2, "{remembered:?}");
+        let mut awake = vec![rendered(
+            "batch/v1",
+            "CronJob",
+            json!({"schedule": "* * * * *"}),
+        )];
+        prepare(&mut awake, false, &remembered, |_| None, None);
+        assert_eq!(
+            awake[0].object["spec"]["suspend"],
+            Value::Null,
+            "the template's own value"
+        );
     }
 
     #[test]

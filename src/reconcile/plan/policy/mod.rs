@@ -4,53 +4,64 @@
 //! the defaults are safe for untrusted code and every exception is named in the template's
 //! `policy`:
 //!
-//! * pods meet the template's Pod Security Standard ([`pods`], `Baseline` by default);
+//! * pods meet the template's Pod Security Standard ([`pods`], `Baseline` by default), mount
+//!   only volume types the node does not fetch for them, and reach no other tenant's nodes or
+//!   pods through scheduling fields ([`reach`]); a PersistentVolumeClaim binds no existing
+//!   volume by name;
 //! * Services are `ClusterIP` without `externalIPs` (no node ports, load balancers or DNS
 //!   aliases to elsewhere);
-//! * host names are the environment's URL host or names in its domain (no claiming another
-//!   team's host): an Ingress's rules and TLS hosts, a Gateway API route's `hostnames` (which
-//!   may not be empty: that would take every host of the Gateway's listener), a cert-manager
-//!   Certificate's `dnsNames` and `commonName` (a cluster issuer would otherwise sign another
-//!   team's name);
-//! * RoleBindings refer to Roles of the namespace and to subjects of the namespace (no
-//!   `cluster-admin`, no other namespace's ServiceAccounts, no users or groups).
+//! * host names are the environment's URL host or names below it ([`hosts`]; no claiming
+//!   another environment's or team's host): an Ingress's rules and TLS hosts, a Gateway API
+//!   route's `hostnames` (which may not be empty: that would take every host of the Gateway's
+//!   listener), a cert-manager Certificate's `dnsNames` and `commonName` (a cluster issuer
+//!   would otherwise sign another team's name);
+//! * Ingresses carry no annotation the operator did not allow, no `defaultBackend`, and the
+//!   class the template names ([`ingress`]);
+//! * Roles grant only what the operator's role rules name ([`roles`]; by default reads of the
+//!   application's kinds, Leases and Events), and RoleBindings refer to Roles of the namespace
+//!   and to subjects of the namespace (no `cluster-admin`, no other namespace's
+//!   ServiceAccounts, no users or groups);
+//! * NetworkPolicies allow only peers of the namespace ([`network`]) unless the template says
+//!   otherwise, and no object takes a name previewd uses (`previewd-…`).
 //!
 //! One violation rejects the whole render, as the guard does; each names the object, the
 //! field and the rule.
 
+pub mod custom;
+pub mod hosts;
+pub mod ingress;
+pub mod network;
 pub mod pods;
+pub mod reach;
+pub mod roles;
 
 use serde_json::Value;
 
 use super::guard::Violation;
 use super::render::RenderedObject;
-use crate::model::crd::PolicySpec;
+use crate::model::crd::{PodSecurityLevel, PolicySpec};
+use crate::model::grants::OperatorPolicy;
+use crate::model::kinds::{TemplateKinds, group_of};
 
-/// Checks every object against `policy`; `namespace` is the environment's and `url_host` its
-/// URL's host. Returns all violations (empty: everything may be applied).
-pub fn check(
-    objects: &[RenderedObject],
-    policy: &PolicySpec,
-    namespace: &str,
-    url_host: &str,
-) -> Vec<Violation> {
+/// What an object is judged against besides the template's policy: where the environment
+/// lives and what the operator allows every template.
+pub struct Scope<'a> {
+    /// The environment's namespace.
+    pub namespace: &'a str,
+    /// The environment's URL host.
+    pub url_host: &'a str,
+    pub operator: &'a OperatorPolicy,
+    /// The kinds templates may create, with those the operator declared inert.
+    pub kinds: &'a TemplateKinds,
+}
+
+/// Checks every object against `policy` (the template's) and `scope`. Returns all violations
+/// (empty: everything may be applied).
+pub fn check(objects: &[RenderedObject], policy: &PolicySpec, scope: &Scope) -> Vec<Violation> {
     let mut violations = Vec::new();
     for object in objects {
-        let group = object.api_version().split_once('/').map(|(group, _)| group);
-        let reasons = match (group, object.kind()) {
-            (_, "Service") => service(&object.object, policy),
-            (_, "Ingress") => ingress(&object.object, policy, url_host),
-            (_, "RoleBinding") => role_binding(&object.object, policy, namespace),
-            (Some("gateway.networking.k8s.io"), "HTTPRoute" | "GRPCRoute" | "TLSRoute") => {
-                gateway_route(&object.object, policy, url_host)
-            }
-            (Some("cert-manager.io"), "Certificate") => {
-                certificate(&object.object, policy, url_host)
-            }
-            (_, kind) => pods::pod_spec(kind, &object.object)
-                .map(|(spec, path)| pods::check(spec, path, policy.pod_security))
-                .unwrap_or_default(),
-        };
+        let mut reasons = reserved_name(object.name());
+        reasons.extend(judge(object, policy, scope));
         violations.extend(reasons.into_iter().map(|reason| Violation {
             manifest: object.manifest.clone(),
             kind: object.kind().to_string(),
@@ -59,6 +70,115 @@ pub fn check(
         }));
     }
     violations
+}
+
+/// The table of kinds: every kind a template may create has its rules here, or is declared
+/// inert by the operator; any other kind is refused, since nothing says what it may reach.
+fn judge(object: &RenderedObject, policy: &PolicySpec, scope: &Scope) -> Vec<String> {
+    let value = &object.object;
+    let (namespace, url_host) = (scope.namespace, scope.url_host);
+    match (group_of(object.api_version()), object.kind()) {
+        ("", "ConfigMap" | "ServiceAccount") | ("autoscaling", "HorizontalPodAutoscaler") => {
+            Vec::new()
+        }
+        ("", "Secret") => secret(value),
+        ("", "Service") => service(value, policy),
+        ("", "PersistentVolumeClaim") => volume_claim(value, policy),
+        ("policy", "PodDisruptionBudget") => disruption_budget(value, policy),
+        ("networking.k8s.io" | "extensions", "Ingress") => {
+            ingress::ingress(value, policy, &scope.operator.ingress_annotations, url_host)
+        }
+        ("networking.k8s.io", "NetworkPolicy") => network::network_policy(value, policy),
+        ("rbac.authorization.k8s.io", "Role") => roles::role(value, &scope.operator.role_grants),
+        ("rbac.authorization.k8s.io", "RoleBinding") => {
+            roles::role_binding(value, policy, namespace)
+        }
+        (
+            "gateway.networking.k8s.io",
+            "HTTPRoute" | "GRPCRoute" | "TLSRoute" | "TCPRoute" | "UDPRoute",
+        ) => custom::gateway_route(value, policy, namespace, url_host),
+        ("cert-manager.io", "Certificate") => custom::certificate(value, policy, url_host),
+        ("external-secrets.io", "ExternalSecret") => custom::external_secret(value, policy),
+        ("apps", "DaemonSet") => vec![
+            "a DaemonSet runs a pod on every node of the cluster, other teams' included: use a Deployment".into(),
+        ],
+        ("", kind @ ("Pod" | "ReplicationController"))
+        | ("apps", kind @ ("Deployment" | "StatefulSet" | "ReplicaSet"))
+        | ("batch", kind @ ("Job" | "CronJob")) => pod_template(kind, value, policy),
+        (group, kind) if scope.kinds.is_inert(group, kind) => Vec::new(),
+        (group, kind) => vec![format!(
+            "previewd has no content policy for kind {kind} of group {group:?}, so it cannot tell what such an object reaches beyond the namespace: the operator may declare the kind inert (inert: true in its templateKinds entry) if it reaches nothing"
+        )],
+    }
+}
+
+/// A pod template's Pod Security Standard and what it reaches beyond it ([`reach`]); nothing
+/// for an object without one, or at `Privileged`.
+fn pod_template(kind: &str, object: &Value, policy: &PolicySpec) -> Vec<String> {
+    let Some((metadata, spec, path)) = pods::pod_template(kind, object) else {
+        return Vec::new();
+    };
+    let mut broken = pods::check(spec, path, policy.pod_security);
+    if policy.pod_security != PodSecurityLevel::Privileged {
+        broken.extend(reach::check(metadata, spec, path, policy));
+    }
+    broken
+}
+
+/// The prefix of the names previewd gives its own objects in an environment namespace (its
+/// guard rails and its access binding): a template object of the same name would replace one.
+pub const RESERVED_PREFIX: &str = "previewd-";
+
+fn reserved_name(name: &str) -> Vec<String> {
+    if name.starts_with(RESERVED_PREFIX) {
+        vec![format!(
+            "names starting with {RESERVED_PREFIX:?} are previewd's own (its guard rails and access binding): rename it"
+        )]
+    } else {
+        Vec::new()
+    }
+}
+
+/// A Secret of type `kubernetes.io/service-account-token` is filled by Kubernetes with a
+/// long-lived token of the ServiceAccount it names.
+fn secret(object: &Value) -> Vec<String> {
+    if object["type"] == "kubernetes.io/service-account-token" {
+        vec!["type is kubernetes.io/service-account-token, which asks Kubernetes for a ServiceAccount's long-lived token: pods get their own tokens mounted".into()]
+    } else {
+        Vec::new()
+    }
+}
+
+/// A budget that allows no disruption keeps the cluster's operators from draining the nodes
+/// its pods run on (every team's nodes): `maxUnavailable` must allow one, and `minAvailable`
+/// (which previewd cannot compare with a replica count) only as the template allows.
+fn disruption_budget(object: &Value, policy: &PolicySpec) -> Vec<String> {
+    let spec = &object["spec"];
+    let mut broken = Vec::new();
+    if !spec["minAvailable"].is_null() && !policy.allow_min_available {
+        broken.push("spec.minAvailable may keep every pod from eviction and so block node drains for every team: use maxUnavailable, or set the template's policy.allowMinAvailable".into());
+    }
+    let none_unavailable = match &spec["maxUnavailable"] {
+        Value::Number(n) => n.as_i64() == Some(0),
+        Value::String(text) => text.trim_end_matches('%').trim().parse::<f64>().ok() == Some(0.0),
+        _ => false,
+    };
+    if none_unavailable {
+        broken.push("spec.maxUnavailable is 0, which blocks every node drain for every team: allow at least one".into());
+    }
+    broken
+}
+
+/// A claim that names a PersistentVolume binds that volume, whoever's data it holds.
+fn volume_claim(object: &Value, policy: &PolicySpec) -> Vec<String> {
+    let named = object["spec"]["volumeName"]
+        .as_str()
+        .is_some_and(|name| !name.is_empty());
+    if named && !policy.allow_volume_names {
+        vec!["spec.volumeName binds an existing PersistentVolume: let the claim be provisioned, or set the template's policy.allowVolumeNames".into()]
+    } else {
+        Vec::new()
+    }
 }
 
 fn service(object: &Value, policy: &PolicySpec) -> Vec<String> {
@@ -80,116 +200,6 @@ fn service(object: &Value, policy: &PolicySpec) -> Vec<String> {
     broken
 }
 
-fn ingress(object: &Value, policy: &PolicySpec, url_host: &str) -> Vec<String> {
-    let hosts = object["spec"]["rules"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .map(|rule| rule["host"].as_str().unwrap_or_default())
-        .chain(
-            object["spec"]["tls"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .flat_map(|tls| tls["hosts"].as_array().into_iter().flatten())
-                .map(|host| host.as_str().unwrap_or_default()),
-        );
-    hosts_outside(hosts, policy, url_host)
-}
-
-fn gateway_route(object: &Value, policy: &PolicySpec, url_host: &str) -> Vec<String> {
-    let hostnames = strings(&object["spec"]["hostnames"]);
-    if hostnames.is_empty() {
-        return vec![format!(
-            "spec.hostnames is empty, so the route would take every host of its Gateway's listener: list the environment's host ({url_host:?})"
-        )];
-    }
-    hosts_outside(hostnames.into_iter(), policy, url_host)
-}
-
-fn certificate(object: &Value, policy: &PolicySpec, url_host: &str) -> Vec<String> {
-    let spec = &object["spec"];
-    let names = strings(&spec["dnsNames"])
-        .into_iter()
-        .chain(spec["commonName"].as_str());
-    hosts_outside(names, policy, url_host)
-}
-
-fn strings(list: &Value) -> Vec<&str> {
-    list.as_array()
-        .into_iter()
-        .flatten()
-        .map(|entry| entry.as_str().unwrap_or_default())
-        .collect()
-}
-
-/// A violation for each host outside the environment's domain.
-fn hosts_outside<'a>(
-    hosts: impl Iterator<Item = &'a str>,
-    policy: &PolicySpec,
-    url_host: &str,
-) -> Vec<String> {
-    hosts
-        .filter(|host| !host_allowed(host, url_host, &policy.allowed_ingress_hosts))
-        .map(|host| format!(
-            "host {host:?} is outside the environment's domain (URL host {url_host:?}): list it in the template's policy.allowedIngressHosts"
-        ))
-        .collect()
-}
-
-/// Whether an Ingress may claim `host`: the URL host, a name below it, a name in the URL
-/// host's parent domain when that domain has at least two labels (`x.preview.example.com`
-/// for `pr-1.preview.example.com`, never all of `com`), or a host the template allows. An
-/// empty host (every host) is never allowed.
-fn host_allowed(host: &str, url_host: &str, allowed: &[String]) -> bool {
-    let host = host.trim_end_matches('.').to_ascii_lowercase();
-    let url_host = url_host.trim_end_matches('.').to_ascii_lowercase();
-    if host.is_empty() || (host.contains('*') && !allowed.iter().any(|a| a == &host)) {
-        return false;
-    }
-    if allowed.iter().any(|a| a.eq_ignore_ascii_case(&host)) {
-        return true;
-    }
-    if url_host.is_empty() {
-        return false;
-    }
-    let below = |domain: &str| host == domain || host.ends_with(&format!(".{domain}"));
-    let parent = url_host
-        .split_once('.')
-        .map(|(_, parent)| parent)
-        .filter(|parent| parent.contains('.'));
-    below(&url_host) || parent.is_some_and(below)
-}
-
-fn role_binding(object: &Value, policy: &PolicySpec, namespace: &str) -> Vec<String> {
-    let mut broken = Vec::new();
-    let role = &object["roleRef"];
-    let role_name = role["name"].as_str().unwrap_or_default();
-    match role["kind"].as_str().unwrap_or_default() {
-        "Role" => {}
-        "ClusterRole" if policy.allowed_cluster_roles.iter().any(|r| r == role_name) => {}
-        kind => broken.push(format!(
-            "roleRef is {kind} {role_name:?}: only Roles of the namespace, or ClusterRoles the template's policy.allowedClusterRoles lists"
-        )),
-    }
-    for (i, subject) in object["subjects"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .enumerate()
-    {
-        let kind = subject["kind"].as_str().unwrap_or_default();
-        let subject_namespace = subject["namespace"].as_str().unwrap_or(namespace);
-        if kind != "ServiceAccount" || subject_namespace != namespace {
-            broken.push(format!(
-                "subjects[{i}] is {kind} {:?} in {subject_namespace:?}: only ServiceAccounts of the environment's namespace",
-                subject["name"].as_str().unwrap_or_default()
-            ));
-        }
-    }
-    broken
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -205,15 +215,117 @@ mod tests {
     }
 
     fn reasons(value: Value, policy: &PolicySpec) -> Vec<String> {
-        check(
-            &[object(value)],
-            policy,
-            "preview-x",
-            "pr-1.preview.example.com",
+        let scope = Scope {
+            namespace: "preview-x",
+            url_host: "pr-1.preview.example.com",
+            operator: &OperatorPolicy::default(),
+            kinds: &TemplateKinds::default(),
+        };
+        check(&[object(value)], policy, &scope)
+            .into_iter()
+            .map(|v| v.to_string())
+            .collect()
+    }
+
+    #[test]
+    fn previewds_own_names_are_reserved() {
+        use crate::reconcile::access::ACCESS_BINDING_NAME;
+        use crate::reconcile::namespace::{LIMITS_NAME, NETWORK_POLICY_NAME, QUOTA_NAME};
+        for name in [
+            QUOTA_NAME,
+            LIMITS_NAME,
+            NETWORK_POLICY_NAME,
+            ACCESS_BINDING_NAME,
+        ] {
+            assert!(!reserved_name(name).is_empty(), "{name}");
+        }
+        let replacement = json!({"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+            "metadata": {"name": NETWORK_POLICY_NAME},
+            "spec": {"podSelector": {}, "ingress": [{"from": [{"podSelector": {}}]}]}});
+        let found = reasons(replacement, &PolicySpec::default());
+        assert!(found[0].contains("are previewd's own"), "{found:?}");
+        let ordinary = json!({"kind": "ConfigMap", "metadata": {"name": "web-previewd-config"}});
+        assert!(reasons(ordinary, &PolicySpec::default()).is_empty());
+    }
+
+    #[test]
+    fn a_kind_without_a_policy_is_refused_unless_the_operator_declares_it_inert() {
+        let widget =
+            json!({"apiVersion": "example.com/v1", "kind": "Widget", "metadata": {"name": "w"}});
+        let found = reasons(widget.clone(), &PolicySpec::default());
+        assert!(
+            found[0].contains("no content policy for kind Widget"),
+            "{found:?}"
+        );
+        let kinds = TemplateKinds::parse(
+            r#"[{"group": "example.com", "kind": "Widget", "resource": "widgets", "inert": true}]"#,
         )
-        .into_iter()
-        .map(|v| v.to_string())
-        .collect()
+        .unwrap();
+        let scope = Scope {
+            namespace: "preview-x",
+            url_host: "pr-1.preview.example.com",
+            operator: &OperatorPolicy::default(),
+            kinds: &kinds,
+        };
+        assert!(check(&[object(widget)], &PolicySpec::default(), &scope).is_empty());
+        let daemon = json!({"apiVersion": "apps/v1", "kind": "DaemonSet", "metadata": {"name": "d"},
+            "spec": {"template": {"spec": {"containers": []}}}});
+        assert!(reasons(daemon, &PolicySpec::default())[0].contains("every node"));
+    }
+
+    #[test]
+    fn budgets_that_block_node_drains_and_token_secrets_are_refused() {
+        let budget = |spec: Value| json!({"apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": {"name": "b"}, "spec": spec});
+        assert!(reasons(budget(json!({"maxUnavailable": 1})), &PolicySpec::default()).is_empty());
+        for blocking in [
+            json!({"maxUnavailable": 0}),
+            json!({"maxUnavailable": "0%"}),
+            json!({"minAvailable": 1}),
+        ] {
+            assert_eq!(
+                reasons(budget(blocking.clone()), &PolicySpec::default()).len(),
+                1,
+                "{blocking}"
+            );
+        }
+        let allowing = PolicySpec {
+            allow_min_available: true,
+            ..Default::default()
+        };
+        assert!(reasons(budget(json!({"minAvailable": 1})), &allowing).is_empty());
+        let token = json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "t",
+            "annotations": {"kubernetes.io/service-account.name": "default"}}, "type": "kubernetes.io/service-account-token"});
+        assert!(reasons(token, &PolicySpec::default())[0].contains("long-lived token"));
+        let opaque = json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "s"}, "stringData": {"a": "b"}});
+        assert!(reasons(opaque, &PolicySpec::default()).is_empty());
+    }
+
+    #[test]
+    fn a_claim_binds_no_existing_volume_unless_allowed() {
+        let claim = json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": "data"},
+            "spec": {"volumeName": "team-b-database", "accessModes": ["ReadWriteOnce"]}});
+        let found = reasons(claim.clone(), &PolicySpec::default());
+        assert!(
+            found[0].contains("spec.volumeName binds an existing PersistentVolume"),
+            "{found:?}"
+        );
+        let allowing = PolicySpec {
+            allow_volume_names: true,
+            ..Default::default()
+        };
+        assert!(reasons(claim, &allowing).is_empty());
+        let provisioned = json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": "data"},
+            "spec": {"accessModes": ["ReadWriteOnce"]}});
+        assert!(reasons(provisioned, &PolicySpec::default()).is_empty());
+    }
+
+    #[test]
+    fn replication_controllers_pods_are_checked_too() {
+        let controller = json!({"apiVersion": "v1", "kind": "ReplicationController", "metadata": {"name": "old"},
+            "spec": {"template": {"spec": {"volumes": [{"name": "v", "nfs": {"server": "10.0.0.1", "path": "/"}}],
+                                           "containers": [{"name": "c", "image": "x", "securityContext": {"privileged": true}}]}}}});
+        let found = reasons(controller, &PolicySpec::default());
+        assert_eq!(found.len(), 2, "{found:?}");
     }
 
     #[test]
@@ -255,7 +367,7 @@ mod tests {
         );
         assert_eq!(stolen.len(), 1, "{stolen:?}");
         assert!(
-            stolen[0].contains("\"login.bank.com\" is outside"),
+            stolen[0].contains("\"login.bank.com\" is not the environment's URL host"),
             "{stolen:?}"
         );
         let everything = reasons(route(json!([])), &policy);
@@ -278,27 +390,31 @@ mod tests {
             "example.com",
         );
         assert_eq!(reasons(theirs, &policy).len(), 2, "dnsNames and commonName");
-        // The same names in another group are not cert-manager's.
+        // The same kind in another group is not cert-manager's: it has no rules, so it is
+        // refused as such, not judged by cert-manager's.
         let other = json!({"apiVersion": "example.com/v1", "kind": "Certificate",
             "metadata": {"name": "x"}, "spec": {"dnsNames": ["www.example.com"]}});
-        assert!(reasons(other, &policy).is_empty());
+        let found = reasons(other, &policy);
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert!(
+            found[0].contains("no content policy for kind Certificate"),
+            "{found:?}"
+        );
     }
 
     #[test]
     fn ingress_hosts_stay_in_the_environments_domain() {
         let policy = PolicySpec::default();
         let ingress = |host: &str| {
-            json!({"kind": "Ingress", "metadata": {"name": "web"},
+            json!({"apiVersion": "networking.k8s.io/v1", "kind": "Ingress", "metadata": {"name": "web"},
                    "spec": {"rules": [{"host": host}], "tls": [{"hosts": [host]}]}})
         };
-        for fine in [
-            "pr-1.preview.example.com",
-            "api.pr-1.preview.example.com",
-            "api-pr-1.preview.example.com",
-        ] {
+        for fine in ["pr-1.preview.example.com", "api.pr-1.preview.example.com"] {
             assert!(reasons(ingress(fine), &policy).is_empty(), "{fine}");
         }
         for hostile in [
+            "api-pr-1.preview.example.com",
+            "pr-2.preview.example.com",
             "www.example.com",
             "example.com",
             "login.bank.com",
@@ -317,15 +433,15 @@ mod tests {
         };
         assert!(reasons(ingress("demo.example.com"), &allowing).is_empty());
         // A URL host of two labels does not open its whole top-level domain.
-        assert!(!host_allowed("evil.com", "example.com", &[]));
-        assert!(host_allowed("a.example.com", "example.com", &[]));
+        assert!(!hosts::host_allowed("evil.com", "example.com", &[]));
+        assert!(hosts::host_allowed("a.example.com", "example.com", &[]));
     }
 
     #[test]
     fn role_bindings_stay_in_the_namespace() {
         let policy = PolicySpec::default();
         let binding = |role_kind: &str, role: &str, subject: Value| {
-            json!({"kind": "RoleBinding", "metadata": {"name": "b"},
+            json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": {"name": "b"},
                    "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": role_kind, "name": role},
                    "subjects": [subject]})
         };
@@ -356,7 +472,7 @@ mod tests {
 
     #[test]
     fn pods_in_workloads_are_checked_at_the_templates_level() {
-        let deployment = json!({"kind": "Deployment", "metadata": {"name": "web"},
+        let deployment = json!({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "web"},
             "spec": {"template": {"spec": {"hostNetwork": true, "containers": [{"name": "c", "image": "x"}]}}}});
         let found = reasons(deployment.clone(), &PolicySpec::default());
         assert!(

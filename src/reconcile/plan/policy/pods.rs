@@ -47,8 +47,9 @@ const SELINUX_TYPES: &[&str] = &[
     "container_engine_t",
 ];
 
-/// Volume types the restricted level allows.
-const RESTRICTED_VOLUMES: &[&str] = &[
+/// Volume types the restricted level allows (and every level but `Privileged`, see
+/// [`super::reach`]).
+pub const RESTRICTED_VOLUMES: &[&str] = &[
     "configMap",
     "csi",
     "downwardAPI",
@@ -61,18 +62,32 @@ const RESTRICTED_VOLUMES: &[&str] = &[
 
 /// The pod spec inside an object of `kind`, with the path to it (for the message).
 pub fn pod_spec<'a>(kind: &str, object: &'a Value) -> Option<(&'a Value, &'static str)> {
-    let (spec, path) = match kind {
-        "Pod" => (&object["spec"], "spec"),
-        "Deployment" | "StatefulSet" | "DaemonSet" | "ReplicaSet" | "Job" => {
-            (&object["spec"]["template"]["spec"], "spec.template.spec")
-        }
+    pod_template(kind, object).map(|(_, spec, path)| (spec, path))
+}
+
+/// The pod template inside an object of `kind`: its metadata, its spec and the spec's path.
+/// Every built-in kind that carries one.
+pub fn pod_template<'a>(
+    kind: &str,
+    object: &'a Value,
+) -> Option<(&'a Value, &'a Value, &'static str)> {
+    let (template, path) = match kind {
+        "Pod" => (object, "spec"),
+        "Deployment"
+        | "StatefulSet"
+        | "DaemonSet"
+        | "ReplicaSet"
+        | "ReplicationController"
+        | "Job" => (&object["spec"]["template"], "spec.template.spec"),
         "CronJob" => (
-            &object["spec"]["jobTemplate"]["spec"]["template"]["spec"],
+            &object["spec"]["jobTemplate"]["spec"]["template"],
             "spec.jobTemplate.spec.template.spec",
         ),
         _ => return None,
     };
-    spec.is_object().then_some((spec, path))
+    let spec = &template["spec"];
+    spec.is_object()
+        .then_some((&template["metadata"], spec, path))
 }
 
 /// What `spec` (at `path`) breaks of `level`: one sentence per rule, naming the field.
@@ -345,6 +360,10 @@ mod tests {
         for (kind, object) in [
             ("Pod", json!({"spec": spec})),
             ("Deployment", json!({"spec": {"template": {"spec": spec}}})),
+            (
+                "ReplicationController",
+                json!({"spec": {"template": {"spec": spec}}}),
+            ),
             ("Job", json!({"spec": {"template": {"spec": spec}}})),
             (
                 "CronJob",
