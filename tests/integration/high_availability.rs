@@ -549,8 +549,9 @@ async fn a_restarted_previewd_writes_nothing_for_an_unchanged_environment_and_re
             (versions_in(&client, &namespace).await == earlier).then_some(earlier)
         })
         .await;
-        // The application's six objects, the quota and the default-deny NetworkPolicy.
-        assert_eq!(before.len(), 8, "{before:?}");
+        // The application's six objects, the quota, the default LimitRange and the default-deny
+        // NetworkPolicy.
+        assert_eq!(before.len(), 9, "{before:?}");
 
         // SIGKILL (no hand-over); meanwhile, someone edits one ConfigMap by hand.
         drop(first);

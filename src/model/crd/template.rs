@@ -141,10 +141,15 @@ pub struct PolicySpec {
     /// persistentVolumeClaim, projected and secret (e.g. `nfs`: the node mounts it for the pod).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub allowed_volume_types: Vec<String>,
-    /// Let PersistentVolumeClaims bind an existing PersistentVolume by `spec.volumeName`
-    /// (another tenant's data, unless the volume is meant for previews).
+    /// Let PersistentVolumeClaims (objects, StatefulSet claim templates, ephemeral volumes) bind
+    /// existing PersistentVolumes: by `volumeName`, by `selector`, or with an empty
+    /// `storageClassName` (another tenant's data, unless the volumes are meant for previews).
     #[serde(default)]
-    pub allow_volume_names: bool,
+    pub allow_existing_volumes: bool,
+    /// CSI drivers pods may use for inline `csi` volumes (the driver mounts with the node's
+    /// identity; some mount network shares).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub allowed_csi_drivers: Vec<String>,
     /// PriorityClasses pods may name (a high one evicts other teams' pods).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub allowed_priority_classes: Vec<String>,

@@ -34,9 +34,11 @@ pub fn check(objects: &[RenderedObject], namespace: &str, kinds: &TemplateKinds)
             )));
             continue;
         }
-        let target = object.object["metadata"]["namespace"]
-            .as_str()
-            .unwrap_or(namespace);
+        let target = match &object.object["metadata"]["namespace"] {
+            serde_json::Value::Null => namespace,
+            // A number or an object here would pass as "no namespace" and reach the applier.
+            other => other.as_str().unwrap_or("(not a string)"),
+        };
         if target != namespace {
             violations.push(violation(format!(
                 "targets namespace {target:?}; objects may only go into the environment's namespace {namespace:?}"
@@ -108,6 +110,19 @@ mod tests {
             )
             .len(),
             1
+        );
+    }
+
+    #[test]
+    fn a_namespace_that_is_not_a_string_is_refused() {
+        let mut odd = object("v1", "ConfigMap", None);
+        odd.object["metadata"]["namespace"] = serde_json::json!(7);
+        let violations = check(&[odd], "env", &TemplateKinds::default());
+        assert_eq!(violations.len(), 1);
+        assert!(
+            violations[0].reason.contains("not a string"),
+            "{}",
+            violations[0]
         );
     }
 

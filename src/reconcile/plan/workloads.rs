@@ -80,14 +80,35 @@ pub fn prepare(
             rendered.object["spec"]["replicas"] = Value::from(*before);
         }
         if let Some(token) = redeploy {
-            let pod_metadata = &mut rendered.object["spec"]["template"]["metadata"];
-            if !pod_metadata.is_object() {
-                *pod_metadata = Value::Object(Default::default());
-            }
-            pod_metadata["annotations"][ANNOTATION_REDEPLOY] = Value::from(token);
+            mark_redeploy(&mut rendered.object, token);
         }
     }
     remember
+}
+
+/// Writes the redeploy token into the workload's pod template. Each level is checked to be an
+/// object first: assigning into a JSON string or number by index panics. (The policy has
+/// refused a workload whose pod template is not an object already; this only guards.)
+fn mark_redeploy(object: &mut Value, token: &str) {
+    let Some(template) = object
+        .get_mut("spec")
+        .and_then(|spec| spec.get_mut("template"))
+        .and_then(Value::as_object_mut)
+    else {
+        return;
+    };
+    let metadata = template
+        .entry("metadata")
+        .or_insert_with(|| Value::Object(Default::default()));
+    let Some(metadata) = metadata.as_object_mut() else {
+        return;
+    };
+    let annotations = metadata
+        .entry("annotations")
+        .or_insert_with(|| Value::Object(Default::default()));
+    if let Some(annotations) = annotations.as_object_mut() {
+        annotations.insert(ANNOTATION_REDEPLOY.to_string(), Value::from(token));
+    }
 }
 
 fn is_cron_job(object: &Value) -> bool {

@@ -24,26 +24,41 @@ pub fn gateway_route(
     url_host: &str,
 ) -> Vec<String> {
     let kind = object["kind"].as_str().unwrap_or_default();
-    let mut broken = match kind {
-        "HTTPRoute" | "GRPCRoute" | "TLSRoute" => hosts::gateway_route(object, policy, url_host),
-        _ => Vec::new(),
+    // TCP and UDP routes have no host names: attached to a shared Gateway, one takes the
+    // listener's whole port.
+    let by_host = matches!(kind, "HTTPRoute" | "GRPCRoute" | "TLSRoute");
+    let mut broken = match by_host {
+        true => hosts::gateway_route(object, policy, url_host),
+        false => Vec::new(),
     };
     let spec = &object["spec"];
     for (i, parent) in list(&spec["parentRefs"]).enumerate() {
-        let parent_namespace = parent["namespace"].as_str().unwrap_or(namespace);
-        let name = parent["name"].as_str().unwrap_or_default();
-        let named = format!("{parent_namespace}/{name}");
-        if parent_namespace != namespace && !policy.allowed_gateways.contains(&named) {
-            broken.push(format!(
-                "spec.parentRefs[{i}] attaches to {named}, a Gateway of another namespace: only those the template's policy.allowedGateways lists"
-            ));
-        }
+        broken.extend(parent_refusal(parent, i, by_host, policy, namespace));
     }
     for (i, rule) in list(&spec["rules"]).enumerate() {
-        for (j, backend) in list(&rule["backendRefs"]).enumerate() {
+        let backends = list(&rule["backendRefs"])
+            .enumerate()
+            .map(|(j, b)| (format!("backendRefs[{j}]"), b));
+        // A mirror filter sends a copy of the traffic elsewhere: the same rule as a backend.
+        let mirrors = list(&rule["filters"])
+            .enumerate()
+            .map(|(j, f)| {
+                (
+                    format!("filters[{j}].requestMirror.backendRef"),
+                    &f["requestMirror"]["backendRef"],
+                )
+            })
+            .filter(|(_, backend)| !backend.is_null());
+        for (at, backend) in backends.chain(mirrors) {
             if let Some(other) = backend["namespace"].as_str().filter(|n| *n != namespace) {
                 broken.push(format!(
-                    "spec.rules[{i}].backendRefs[{j}] sends traffic to namespace {other:?}: only Services of the environment's namespace"
+                    "spec.rules[{i}].{at} sends traffic to namespace {other:?}: only Services of the environment's namespace"
+                ));
+            }
+            if !matches!(backend["kind"].as_str(), None | Some("Service")) {
+                broken.push(format!(
+                    "spec.rules[{i}].{at} is a {}, not a Service: only Services of the environment's namespace",
+                    backend["kind"].as_str().unwrap_or_default()
                 ));
             }
         }
@@ -51,20 +66,96 @@ pub fn gateway_route(
     broken
 }
 
+/// Why a route may not attach to `parent`: a Gateway of another namespace the template does
+/// not name, anything but a Gateway (a Service as parent routes the mesh's traffic to it,
+/// GAMMA), or, for a TCP or UDP route, any Gateway outside the namespace.
+fn parent_refusal(
+    parent: &Value,
+    i: usize,
+    by_host: bool,
+    policy: &PolicySpec,
+    namespace: &str,
+) -> Option<String> {
+    let kind = parent["kind"].as_str().unwrap_or("Gateway");
+    let group = parent["group"]
+        .as_str()
+        .unwrap_or("gateway.networking.k8s.io");
+    if kind != "Gateway" || group != "gateway.networking.k8s.io" {
+        return Some(format!(
+            "spec.parentRefs[{i}] is a {kind} ({group}), not a Gateway: routes attach to Gateways only"
+        ));
+    }
+    let parent_namespace = parent["namespace"].as_str().unwrap_or(namespace);
+    let named = format!(
+        "{parent_namespace}/{}",
+        parent["name"].as_str().unwrap_or_default()
+    );
+    if parent_namespace == namespace {
+        None
+    } else if !by_host {
+        Some(format!(
+            "spec.parentRefs[{i}] attaches a TCP or UDP route to {named}, a Gateway of another namespace: without host names it would take the listener's whole port"
+        ))
+    } else if !policy.allowed_gateways.contains(&named) {
+        Some(format!(
+            "spec.parentRefs[{i}] attaches to {named}, a Gateway of another namespace: only those the template's policy.allowedGateways lists"
+        ))
+    } else {
+        None
+    }
+}
+
+/// The fields of a cert-manager Certificate's spec this check knows; any other is refused
+/// (`literalSubject`, say, names a subject without `dnsNames` or `commonName`).
+const CERTIFICATE_FIELDS: &[&str] = &[
+    "secretName",
+    "secretTemplate",
+    "dnsNames",
+    "commonName",
+    "issuerRef",
+    "duration",
+    "renewBefore",
+    "revisionHistoryLimit",
+    "privateKey",
+    "usages",
+    "isCA",
+    "subject",
+    "uris",
+    "emailAddresses",
+    "ipAddresses",
+    "otherNames",
+    "encodeUsagesInRequest",
+    "keystores",
+    "additionalOutputFormats",
+];
+
 pub fn certificate(object: &Value, policy: &PolicySpec, url_host: &str) -> Vec<String> {
     let mut broken = hosts::certificate(object, policy, url_host);
     let spec = &object["spec"];
+    for field in spec
+        .as_object()
+        .into_iter()
+        .flat_map(|fields| fields.keys())
+        .filter(|field| !CERTIFICATE_FIELDS.contains(&field.as_str()))
+    {
+        broken.push(format!(
+            "spec.{field} is not a field this check knows; refused"
+        ));
+    }
     let issuer = &spec["issuerRef"];
     let issuer_kind = issuer["kind"].as_str().unwrap_or("Issuer");
     let issuer_group = issuer["group"].as_str().unwrap_or("cert-manager.io");
     let issuer_name = issuer["name"].as_str().unwrap_or_default();
     let namespaced = issuer_kind == "Issuer" && issuer_group == "cert-manager.io";
-    if !namespaced
-        && !policy
+    // Listed by name, for cert-manager's own ClusterIssuer kind only: an external issuer kind
+    // of the same name is another issuer.
+    let listed = issuer_kind == "ClusterIssuer"
+        && issuer_group == "cert-manager.io"
+        && policy
             .allowed_cluster_issuers
             .iter()
-            .any(|n| n == issuer_name)
-    {
+            .any(|n| n == issuer_name);
+    if !namespaced && !listed {
         broken.push(format!(
             "spec.issuerRef is {issuer_kind} {issuer_name:?} ({issuer_group}), an issuer beyond the namespace: only those the template's policy.allowedClusterIssuers lists"
         ));
@@ -96,22 +187,34 @@ pub fn external_secret(object: &Value, policy: &PolicySpec) -> Vec<String> {
             ));
         }
     }
-    stores
+    let mut broken: Vec<String> = stores
         .into_iter()
         .filter(|(_, store)| !store.is_null())
         .filter_map(|(at, store)| {
             let kind = store["kind"].as_str().unwrap_or("SecretStore");
             let name = store["name"].as_str().unwrap_or_default();
             let allowed = kind == "SecretStore"
-                || policy
-                    .allowed_cluster_secret_stores
-                    .iter()
-                    .any(|n| n == name);
+                || (kind == "ClusterSecretStore"
+                    && policy
+                        .allowed_cluster_secret_stores
+                        .iter()
+                        .any(|n| n == name));
             (!allowed).then(|| format!(
-                "{at} is {kind} {name:?}, a store that reads secrets for every namespace: only those the template's policy.allowedClusterSecretStores lists"
+                "{at} is {kind} {name:?}, a store that reads secrets beyond the namespace: only SecretStores, or the ClusterSecretStores the template's policy.allowedClusterSecretStores lists"
             ))
         })
-        .collect()
+        .collect();
+    // Generators (passwords, registry tokens, cloud credentials) may be cluster-wide too.
+    for (field, entries) in [("data", &spec["data"]), ("dataFrom", &spec["dataFrom"])] {
+        for (i, entry) in list(entries).enumerate() {
+            if !entry["sourceRef"]["generatorRef"].is_null() {
+                broken.push(format!(
+                    "spec.{field}[{i}].sourceRef.generatorRef asks a generator for secrets: not for previews"
+                ));
+            }
+        }
+    }
+    broken
 }
 
 fn list(value: &Value) -> impl Iterator<Item = &Value> {
@@ -145,6 +248,72 @@ mod tests {
         );
         let own = json!({"kind": "TCPRoute", "spec": {"parentRefs": [{"name": "local"}], "rules": [{"backendRefs": [{"name": "web", "port": 80}]}]}});
         assert!(gateway_route(&own, &PolicySpec::default(), NAMESPACE, HOST).is_empty());
+    }
+
+    #[test]
+    fn routes_attach_to_gateways_only_and_l4_routes_stay_home() {
+        let route = |kind: &str, spec: Value| json!({"apiVersion": "gateway.networking.k8s.io/v1alpha2", "kind": kind, "metadata": {"name": "r"}, "spec": spec});
+        let policy = PolicySpec {
+            allowed_gateways: vec!["gateway-system/previews".into()],
+            ..Default::default()
+        };
+        let mesh = route(
+            "HTTPRoute",
+            json!({"hostnames": [HOST], "parentRefs": [{"group": "", "kind": "Service", "name": "payments-api", "namespace": "payments"}]}),
+        );
+        assert!(gateway_route(&mesh, &policy, NAMESPACE, HOST)[0].contains("not a Gateway"));
+        let tcp = route(
+            "TCPRoute",
+            json!({"parentRefs": [{"name": "previews", "namespace": "gateway-system"}], "rules": [{"backendRefs": [{"name": "db", "port": 5432}]}]}),
+        );
+        assert!(
+            gateway_route(&tcp, &policy, NAMESPACE, HOST)[0]
+                .contains("take the listener's whole port")
+        );
+        let mirror = route(
+            "HTTPRoute",
+            json!({"hostnames": [HOST], "parentRefs": [{"name": "local"}],
+            "rules": [{"filters": [{"type": "RequestMirror", "requestMirror": {"backendRef": {"name": "sink", "namespace": "attacker", "port": 80}}}],
+                       "backendRefs": [{"name": "bucket", "kind": "Bucket", "group": "storage.example.com"}]}]}),
+        );
+        let found = gateway_route(&mirror, &policy, NAMESPACE, HOST);
+        assert_eq!(found.len(), 2, "{found:?}");
+        assert!(
+            found.iter().any(|f| f.contains(
+                "filters[0].requestMirror.backendRef sends traffic to namespace \"attacker\""
+            )),
+            "{found:?}"
+        );
+        assert!(
+            found
+                .iter()
+                .any(|f| f.contains("backendRefs[0] is a Bucket")),
+            "{found:?}"
+        );
+    }
+
+    #[test]
+    fn a_certificate_names_no_subject_beyond_its_fields_and_issuers_are_matched_by_kind() {
+        let literal = json!({"spec": {"literalSubject": "CN=login.bank.com", "issuerRef": {"name": "local"}}});
+        assert!(
+            certificate(&literal, &PolicySpec::default(), HOST)[0].contains("spec.literalSubject")
+        );
+        let policy = PolicySpec {
+            allowed_cluster_issuers: vec!["letsencrypt".into()],
+            ..Default::default()
+        };
+        let external = json!({"spec": {"dnsNames": [HOST], "issuerRef": {"name": "letsencrypt", "kind": "AWSPCAClusterIssuer", "group": "awspca.cert-manager.io"}}});
+        assert_eq!(
+            certificate(&external, &policy, HOST).len(),
+            1,
+            "same name, another issuer"
+        );
+    }
+
+    #[test]
+    fn a_generator_is_refused() {
+        let generated = json!({"spec": {"dataFrom": [{"sourceRef": {"generatorRef": {"apiVersion": "generators.external-secrets.io/v1alpha1", "kind": "ClusterGenerator", "name": "ecr"}}}]}});
+        assert!(external_secret(&generated, &PolicySpec::default())[0].contains("generatorRef"));
     }
 
     #[test]

@@ -1,7 +1,12 @@
 //! Host names (pure): which names an Ingress, a Gateway API route or a certificate may claim.
-//! Only the environment's URL host and names below it (`api.<host>`), or names the template
-//! lists: not a sibling in the same domain, which is another environment's URL host (or a
-//! name another team's environment might get), and never every host.
+//! Only the environment's URL host, or names the template lists: never every host, and not a
+//! sibling in the same domain (another environment's URL host).
+//!
+//! Not names below the URL host either: the URL host's first label comes from the branch name,
+//! which the pull request's author picks, so a branch named `boutique` of a template whose
+//! hosts are `{{ slug }}.preview.example.com` has the URL host `boutique.preview.example.com`,
+//! and every name below it (`main.boutique.preview.example.com`) may be another template's
+//! environment. A template that wants more names for its environments lists fixed extra names.
 
 use serde_json::Value;
 
@@ -42,14 +47,13 @@ pub fn hosts_outside<'a>(
     hosts
         .filter(|host| !host_allowed(host, url_host, &policy.allowed_ingress_hosts))
         .map(|host| format!(
-            "host {host:?} is not the environment's URL host {url_host:?} or a name below it: list it in the template's policy.allowedIngressHosts"
+            "host {host:?} is not the environment's URL host {url_host:?}: list it in the template's policy.allowedIngressHosts"
         ))
         .collect()
 }
 
-/// Whether a route may claim `host`: the URL host, a name below it, or a host the template
-/// allows. An empty host (every host) and wildcards are allowed only where the template lists
-/// them.
+/// Whether a route may claim `host`: the URL host, or a host the template allows. An empty
+/// host (every host) never; a wildcard only where the template lists it.
 pub fn host_allowed(host: &str, url_host: &str, allowed: &[String]) -> bool {
     let host = host.trim_end_matches('.').to_ascii_lowercase();
     let url_host = url_host.trim_end_matches('.').to_ascii_lowercase();
@@ -59,7 +63,7 @@ pub fn host_allowed(host: &str, url_host: &str, allowed: &[String]) -> bool {
     if host.is_empty() || host.contains('*') || url_host.is_empty() {
         return false;
     }
-    host == url_host || host.ends_with(&format!(".{url_host}"))
+    host == url_host
 }
 
 #[cfg(test)]
@@ -69,15 +73,14 @@ mod tests {
     #[test]
     fn only_the_url_host_and_names_below_it() {
         let url_host = "pr-1.preview.example.com";
-        for fine in [
-            "pr-1.preview.example.com",
-            "api.pr-1.preview.example.com",
-            "PR-1.preview.example.com.",
-        ] {
+        for fine in ["pr-1.preview.example.com", "PR-1.preview.example.com."] {
             assert!(host_allowed(fine, url_host, &[]), "{fine}");
         }
         for hostile in [
             "pr-2.preview.example.com",
+            // Below the URL host: a branch named like another template's domain label would
+            // reach that template's environments.
+            "api.pr-1.preview.example.com",
             "api-pr-1.preview.example.com",
             "x-pr-1.preview.example.com",
             "preview.example.com",

@@ -10,7 +10,7 @@
 //!   volume by name;
 //! * Services are `ClusterIP` without `externalIPs` (no node ports, load balancers or DNS
 //!   aliases to elsewhere);
-//! * host names are the environment's URL host or names below it ([`hosts`]; no claiming
+//! * host names are the environment's URL host ([`hosts`]; no claiming
 //!   another environment's or team's host): an Ingress's rules and TLS hosts, a Gateway API
 //!   route's `hostnames` (which may not be empty: that would take every host of the Gateway's
 //!   listener), a cert-manager Certificate's `dnsNames` and `commonName` (a cluster issuer
@@ -27,6 +27,9 @@
 //! One violation rejects the whole render, as the guard does; each names the object, the
 //! field and the rule.
 
+pub mod claims;
+#[cfg(test)]
+mod corpus;
 pub mod custom;
 pub mod hosts;
 pub mod ingress;
@@ -58,7 +61,7 @@ pub struct Scope<'a> {
 /// Checks every object against `policy` (the template's) and `scope`. Returns all violations
 /// (empty: everything may be applied).
 pub fn check(objects: &[RenderedObject], policy: &PolicySpec, scope: &Scope) -> Vec<Violation> {
-    let mut violations = Vec::new();
+    let mut violations = overlapping_budgets(objects);
     for object in objects {
         let mut reasons = reserved_name(object.name());
         reasons.extend(judge(object, policy, scope));
@@ -83,7 +86,7 @@ fn judge(object: &RenderedObject, policy: &PolicySpec, scope: &Scope) -> Vec<Str
         }
         ("", "Secret") => secret(value),
         ("", "Service") => service(value, policy),
-        ("", "PersistentVolumeClaim") => volume_claim(value, policy),
+        ("", "PersistentVolumeClaim") => claims::claim(&value["spec"], "spec", policy),
         ("policy", "PodDisruptionBudget") => disruption_budget(value, policy),
         ("networking.k8s.io" | "extensions", "Ingress") => {
             ingress::ingress(value, policy, &scope.operator.ingress_annotations, url_host)
@@ -116,12 +119,20 @@ fn judge(object: &RenderedObject, policy: &PolicySpec, scope: &Scope) -> Vec<Str
 /// for an object without one, or at `Privileged`.
 fn pod_template(kind: &str, object: &Value, policy: &PolicySpec) -> Vec<String> {
     let Some((metadata, spec, path)) = pods::pod_template(kind, object) else {
-        return Vec::new();
+        // Nothing to judge is nothing to apply: previewd cannot say what it would run.
+        return vec![
+            "has no pod template previewd can read (the pod spec is missing or not an object)"
+                .into(),
+        ];
     };
+    if !(metadata.is_null() || metadata.is_object()) {
+        return vec!["the pod template's metadata is not an object".into()];
+    }
     let mut broken = pods::check(spec, path, policy.pod_security);
     if policy.pod_security != PodSecurityLevel::Privileged {
         broken.extend(reach::check(metadata, spec, path, policy));
     }
+    broken.extend(claims::embedded(object, spec, path, policy));
     broken
 }
 
@@ -149,6 +160,49 @@ fn secret(object: &Value) -> Vec<String> {
     }
 }
 
+/// Two budgets over one pod make the eviction API refuse every eviction of it ("more than one
+/// PodDisruptionBudget"), which blocks node drains like a budget of zero. Budgets whose
+/// selectors could match one pod (their `matchLabels` agree wherever both set a key, or either
+/// has `matchExpressions`, which this check does not solve) are refused together.
+fn overlapping_budgets(objects: &[RenderedObject]) -> Vec<Violation> {
+    let budgets: Vec<&RenderedObject> = objects
+        .iter()
+        .filter(|o| group_of(o.api_version()) == "policy" && o.kind() == "PodDisruptionBudget")
+        .collect();
+    let mut violations = Vec::new();
+    for (i, budget) in budgets.iter().enumerate() {
+        let other = budgets
+            .iter()
+            .enumerate()
+            .find(|(j, other)| *j != i && may_overlap(&budget.object, &other.object));
+        if let Some((_, other)) = other {
+            violations.push(Violation {
+                manifest: budget.manifest.clone(),
+                kind: budget.kind().to_string(),
+                name: budget.name().to_string(),
+                reason: format!(
+                    "spec.selector may match the same pods as PodDisruptionBudget {:?}, and two budgets over one pod block its eviction, and so node drains: give them disjoint matchLabels",
+                    other.name()
+                ),
+            });
+        }
+    }
+    violations
+}
+
+fn may_overlap(a: &Value, b: &Value) -> bool {
+    let (a, b) = (&a["spec"]["selector"], &b["spec"]["selector"]);
+    if !a["matchExpressions"].is_null() || !b["matchExpressions"].is_null() {
+        return true;
+    }
+    let empty = serde_json::Map::new();
+    let labels_a = a["matchLabels"].as_object().unwrap_or(&empty);
+    let labels_b = b["matchLabels"].as_object().unwrap_or(&empty);
+    labels_a
+        .iter()
+        .all(|(key, value)| labels_b.get(key).is_none_or(|other| other == value))
+}
+
 /// A budget that allows no disruption keeps the cluster's operators from draining the nodes
 /// its pods run on (every team's nodes): `maxUnavailable` must allow one, and `minAvailable`
 /// (which previewd cannot compare with a replica count) only as the template allows.
@@ -167,18 +221,6 @@ fn disruption_budget(object: &Value, policy: &PolicySpec) -> Vec<String> {
         broken.push("spec.maxUnavailable is 0, which blocks every node drain for every team: allow at least one".into());
     }
     broken
-}
-
-/// A claim that names a PersistentVolume binds that volume, whoever's data it holds.
-fn volume_claim(object: &Value, policy: &PolicySpec) -> Vec<String> {
-    let named = object["spec"]["volumeName"]
-        .as_str()
-        .is_some_and(|name| !name.is_empty());
-    if named && !policy.allow_volume_names {
-        vec!["spec.volumeName binds an existing PersistentVolume: let the claim be provisioned, or set the template's policy.allowVolumeNames".into()]
-    } else {
-        Vec::new()
-    }
 }
 
 fn service(object: &Value, policy: &PolicySpec) -> Vec<String> {
@@ -274,6 +316,38 @@ mod tests {
     }
 
     #[test]
+    fn budgets_over_the_same_pods_are_refused_together() {
+        let budget = |name: &str, labels: Value| {
+            object(
+                json!({"apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": {"name": name},
+                          "spec": {"maxUnavailable": 1, "selector": {"matchLabels": labels}}}),
+            )
+        };
+        let scope = Scope {
+            namespace: "preview-x",
+            url_host: "pr-1.preview.example.com",
+            operator: &OperatorPolicy::default(),
+            kinds: &TemplateKinds::default(),
+        };
+        let disjoint = [
+            budget("web", json!({"app": "web"})),
+            budget("db", json!({"app": "db"})),
+        ];
+        assert!(check(&disjoint, &PolicySpec::default(), &scope).is_empty());
+        let overlapping = [
+            budget("web", json!({"app": "web"})),
+            budget("all", json!({})),
+        ];
+        let found = check(&overlapping, &PolicySpec::default(), &scope);
+        assert_eq!(found.len(), 2, "{found:?}");
+        assert!(
+            found[0]
+                .to_string()
+                .contains("may match the same pods as PodDisruptionBudget \"all\"")
+        );
+    }
+
+    #[test]
     fn budgets_that_block_node_drains_and_token_secrets_are_refused() {
         let budget = |spec: Value| json!({"apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": {"name": "b"}, "spec": spec});
         assert!(reasons(budget(json!({"maxUnavailable": 1})), &PolicySpec::default()).is_empty());
@@ -310,7 +384,7 @@ mod tests {
             "{found:?}"
         );
         let allowing = PolicySpec {
-            allow_volume_names: true,
+            allow_existing_volumes: true,
             ..Default::default()
         };
         assert!(reasons(claim, &allowing).is_empty());
@@ -409,10 +483,9 @@ mod tests {
             json!({"apiVersion": "networking.k8s.io/v1", "kind": "Ingress", "metadata": {"name": "web"},
                    "spec": {"rules": [{"host": host}], "tls": [{"hosts": [host]}]}})
         };
-        for fine in ["pr-1.preview.example.com", "api.pr-1.preview.example.com"] {
-            assert!(reasons(ingress(fine), &policy).is_empty(), "{fine}");
-        }
+        assert!(reasons(ingress("pr-1.preview.example.com"), &policy).is_empty());
         for hostile in [
+            "api.pr-1.preview.example.com",
             "api-pr-1.preview.example.com",
             "pr-2.preview.example.com",
             "www.example.com",
@@ -434,7 +507,7 @@ mod tests {
         assert!(reasons(ingress("demo.example.com"), &allowing).is_empty());
         // A URL host of two labels does not open its whole top-level domain.
         assert!(!hosts::host_allowed("evil.com", "example.com", &[]));
-        assert!(hosts::host_allowed("a.example.com", "example.com", &[]));
+        assert!(!hosts::host_allowed("a.example.com", "example.com", &[]));
     }
 
     #[test]

@@ -44,7 +44,13 @@ fn volumes(spec: &Value, path: &str, policy: &PolicySpec) -> Vec<String> {
         {
             let allowed = RESTRICTED_VOLUMES.contains(&kind.as_str())
                 || policy.allowed_volume_types.iter().any(|t| t == kind);
-            if !allowed && kind != "hostPath" {
+            if kind == "csi" {
+                broken.extend(csi_driver(
+                    &volume["csi"],
+                    &format!("{path}.volumes[{i}]"),
+                    policy,
+                ));
+            } else if !allowed && kind != "hostPath" {
                 broken.push(format!(
                     "{path}.volumes[{i}] is a {kind} volume, which the node mounts for the pod: only {} unless the template's policy.allowedVolumeTypes lists it",
                     RESTRICTED_VOLUMES.join(", ")
@@ -53,6 +59,17 @@ fn volumes(spec: &Value, path: &str, policy: &PolicySpec) -> Vec<String> {
         }
     }
     broken
+}
+
+/// An inline CSI volume is mounted by its driver with the node's identity, and drivers that
+/// support inline volumes include network shares (NFS, SMB): only drivers the template names.
+fn csi_driver(csi: &Value, at: &str, policy: &PolicySpec) -> Option<String> {
+    let driver = csi["driver"].as_str().unwrap_or_default();
+    (!policy.allowed_csi_drivers.iter().any(|d| d == driver)).then(|| {
+        format!(
+            "{at} is an inline csi volume of driver {driver:?}, which mounts with the node's identity: only drivers the template's policy.allowedCsiDrivers lists"
+        )
+    })
 }
 
 fn scheduling(spec: &Value, path: &str, policy: &PolicySpec) -> Vec<String> {
@@ -181,6 +198,24 @@ mod tests {
             };
             assert!(found(json!({}), spec, &allowing).is_empty(), "{kind}");
         }
+    }
+
+    #[test]
+    fn inline_csi_volumes_need_a_named_driver() {
+        let spec = json!({"volumes": [{"name": "share", "csi": {"driver": "nfs.csi.k8s.io",
+            "volumeAttributes": {"server": "10.0.0.5", "share": "/team-b"}}}], "containers": []});
+        let refused = found(json!({}), spec.clone(), &PolicySpec::default());
+        assert!(
+            refused[0].contains("driver \"nfs.csi.k8s.io\""),
+            "{refused:?}"
+        );
+        let allowing = PolicySpec {
+            allowed_csi_drivers: vec!["secrets-store.csi.k8s.io".into()],
+            ..Default::default()
+        };
+        assert_eq!(found(json!({}), spec, &allowing).len(), 1, "another driver");
+        let secrets = json!({"volumes": [{"name": "s", "csi": {"driver": "secrets-store.csi.k8s.io"}}], "containers": []});
+        assert!(found(json!({}), secrets, &allowing).is_empty());
     }
 
     #[test]
