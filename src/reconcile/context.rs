@@ -80,14 +80,28 @@ pub struct Memory {
     /// When this process last wrote each environment's status after a reconcile
     /// ([`super::coalesce`]).
     pub last_status_write: Locked<EnvironmentRef, Instant>,
-    /// The status writes the environment cache may not show yet ([`Memory::cache_is_behind`]).
+    /// The status writes the environment cache may not show yet ([`Memory::judge_cache`]).
     pub unseen_writes: Locked<EnvironmentRef, UnseenWrite>,
 }
 
-/// A status write this process made: the resourceVersion it was computed from, and when.
+/// A status write this process made: the resourceVersion it was computed from, the one it
+/// produced, and when.
 pub struct UnseenWrite {
     pub based_on: String,
+    pub written: String,
     pub at: Instant,
+}
+
+/// What a cached copy of an environment is, next to this process's last status write.
+#[derive(Debug, PartialEq, Eq)]
+pub enum CachedCopy {
+    /// No write of ours is outstanding, or the copy is the write itself.
+    Current,
+    /// The copy is the very version the write was computed from: the write is not in it.
+    Behind,
+    /// Another version: the write and a change by someone else may each be in it or not
+    /// (resourceVersions have no order to compare); only the API server can say.
+    Unsure,
 }
 
 /// How long a status write is waited for in the cache at most: the watch brings it within
@@ -106,40 +120,46 @@ impl Memory {
         self.unseen_writes.lock().remove(environment);
     }
 
-    /// Remembers that a status write changed the environment from `based_on` to a new
-    /// resourceVersion (a write the server found unchanged keeps `based_on`, and is not
-    /// remembered: the cache would never show another version).
-    pub fn wrote_status(&self, environment: &EnvironmentRef, based_on: &str, now_at: &str) {
-        if based_on.is_empty() || based_on == now_at {
+    /// Remembers that a status write changed the environment from `based_on` to `written`
+    /// (a write the server found unchanged keeps `based_on`, and is not remembered: the cache
+    /// would never show another version).
+    pub fn wrote_status(&self, environment: &EnvironmentRef, based_on: &str, written: &str) {
+        if based_on.is_empty() || written.is_empty() || based_on == written {
             return;
         }
         let write = UnseenWrite {
             based_on: based_on.to_string(),
+            written: written.to_string(),
             at: Instant::now(),
         };
         self.unseen_writes.lock().insert(environment.clone(), write);
     }
 
-    /// Whether the cache still shows the very version this process's last status write was
-    /// computed from, so the write is not in it yet. A reconcile from that copy would compute
-    /// its status from a stale base and undo the write (seen: a sleep remembered 1 replica
-    /// instead of 3, read from a copy without the first sleeping reconcile's status). Equality
-    /// only, no ordering of resourceVersions: any other version is the write or newer.
-    pub fn cache_is_behind(&self, environment: &EnvironmentRef, cached_version: &str) -> bool {
+    /// Judges a cached copy (its resourceVersion) against this process's last status write.
+    /// A reconcile from a copy without that write computes its status from a stale base and
+    /// undoes the write (seen: a sleep remembered 1 replica instead of 3, read from a copy
+    /// without the first sleeping reconcile's status). Equality only: resourceVersions have no
+    /// order. Past [`UNSEEN_WRITE_PATIENCE`] the write is forgotten (the watch restarted, the
+    /// object was replaced) and the copy taken as it is.
+    pub fn judge_cache(&self, environment: &EnvironmentRef, cached_version: &str) -> CachedCopy {
         let mut unseen = self.unseen_writes.lock();
-        match unseen.get(environment) {
-            Some(write)
-                if write.based_on == cached_version
-                    && write.at.elapsed() < UNSEEN_WRITE_PATIENCE =>
-            {
-                true
-            }
-            Some(_) => {
-                unseen.remove(environment);
-                false
-            }
-            None => false,
+        let Some(write) = unseen.get(environment) else {
+            return CachedCopy::Current;
+        };
+        if write.written == cached_version || write.at.elapsed() >= UNSEEN_WRITE_PATIENCE {
+            unseen.remove(environment);
+            CachedCopy::Current
+        } else if write.based_on == cached_version {
+            CachedCopy::Behind
+        } else {
+            CachedCopy::Unsure
         }
+    }
+
+    /// A fresh read from the API server found the cache's version: the cache holds every
+    /// write, ours included.
+    pub fn cache_caught_up(&self, environment: &EnvironmentRef) {
+        self.unseen_writes.lock().remove(environment);
     }
 
     /// Counts a failure; returns how long to wait before the next attempt: 2 s, doubling, at
@@ -181,15 +201,34 @@ mod tests {
     fn a_cache_that_shows_the_version_a_status_write_was_computed_from_is_behind() {
         let memory = Memory::default();
         memory.wrote_status(&environment(), "41", "42");
-        assert!(memory.cache_is_behind(&environment(), "41"));
-        assert!(
-            memory.cache_is_behind(&environment(), "41"),
+        assert_eq!(memory.judge_cache(&environment(), "41"), CachedCopy::Behind);
+        assert_eq!(
+            memory.judge_cache(&environment(), "41"),
+            CachedCopy::Behind,
             "until the cache moves on"
         );
-        assert!(!memory.cache_is_behind(&environment(), "42"));
-        assert!(
-            !memory.cache_is_behind(&environment(), "41"),
-            "once the write was seen, the entry is gone (a later reread of 41 is not ours to judge)"
+        assert_eq!(
+            memory.judge_cache(&environment(), "42"),
+            CachedCopy::Current
+        );
+        assert_eq!(
+            memory.judge_cache(&environment(), "41"),
+            CachedCopy::Current,
+            "once the write was seen, the entry is gone"
+        );
+    }
+
+    #[test]
+    fn a_version_that_is_neither_the_base_nor_the_write_needs_the_api_server() {
+        // Someone else wrote between this process's read and its write (a `/preview sleep`
+        // patch, say): the cache may show theirs without ours.
+        let memory = Memory::default();
+        memory.wrote_status(&environment(), "41", "43");
+        assert_eq!(memory.judge_cache(&environment(), "42"), CachedCopy::Unsure);
+        memory.cache_caught_up(&environment());
+        assert_eq!(
+            memory.judge_cache(&environment(), "42"),
+            CachedCopy::Current
         );
     }
 
@@ -197,9 +236,12 @@ mod tests {
     fn a_write_the_server_found_unchanged_is_not_waited_for() {
         let memory = Memory::default();
         memory.wrote_status(&environment(), "41", "41");
-        assert!(!memory.cache_is_behind(&environment(), "41"));
+        assert_eq!(
+            memory.judge_cache(&environment(), "41"),
+            CachedCopy::Current
+        );
         memory.wrote_status(&environment(), "", "42");
-        assert!(!memory.cache_is_behind(&environment(), ""));
+        assert_eq!(memory.judge_cache(&environment(), ""), CachedCopy::Current);
     }
 
     #[test]
@@ -207,6 +249,6 @@ mod tests {
         let memory = Memory::default();
         memory.wrote_status(&environment(), "41", "42");
         let other = ObjectRef::new("pr-8").within("previews");
-        assert!(!memory.cache_is_behind(&other, "41"));
+        assert_eq!(memory.judge_cache(&other, "41"), CachedCopy::Current);
     }
 }

@@ -16,7 +16,7 @@ use tracing::Instrument;
 use super::ControllerMetrics;
 use super::cleanup::cleanup;
 use super::config::ControllerConfig;
-use super::context::{Context, Memory};
+use super::context::{CachedCopy, Context, Memory};
 use super::error::ReconcileError;
 use super::pipeline::reconcile_environment;
 use crate::cluster::applier::Applier;
@@ -195,19 +195,15 @@ async fn reconcile_in_span(
     context.wait_for_caches().await;
     let started = Instant::now();
     let key = ObjectRef::from_obj(&*environment);
-    let version = environment.resource_version().unwrap_or_default();
-    if context.memory.cache_is_behind(&key, &version) {
-        // The watch brings our own write soon and that triggers a reconcile from it; the
-        // requeue is only a safety net.
-        tracing::debug!(
-            "the cache does not show this process's last status write yet; waiting for it"
-        );
-        return Ok(Action::requeue(STALE_READ_RETRY));
-    }
     let api: Api<PreviewEnvironment> = Api::namespaced(
         context.client.clone(),
         &environment.namespace().unwrap_or_default(),
     );
+    let Some(environment) = with_own_writes(environment, &key, &api, &context).await? else {
+        // The watch brings our own write soon, and that triggers a reconcile from it; the
+        // requeue is only a safety net.
+        return Ok(Action::requeue(STALE_READ_RETRY));
+    };
     let has_finalizer = environment.finalizers().iter().any(|f| f == FINALIZER);
     if !has_finalizer && environment.meta().deletion_timestamp.is_none() {
         context.writer.counted("finalizer");
@@ -248,6 +244,42 @@ async fn reconcile_in_span(
         .with_label_values(&[outcome])
         .observe(started.elapsed().as_secs_f64());
     result
+}
+
+/// The environment as a reconcile must see it: at least as new as this process's last status
+/// write (see [`Memory::judge_cache`]). `None` when the cache surely lacks that write (wait for
+/// the watch); a fresh read from the API server when it may; the cached copy otherwise (nearly
+/// always: one GET per reconcile only between a write and the watch bringing it).
+async fn with_own_writes(
+    environment: Arc<PreviewEnvironment>,
+    key: &ObjectRef<PreviewEnvironment>,
+    api: &Api<PreviewEnvironment>,
+    context: &Context,
+) -> Result<Option<Arc<PreviewEnvironment>>, ReconcileError> {
+    let version = environment.resource_version().unwrap_or_default();
+    match context.memory.judge_cache(key, &version) {
+        CachedCopy::Current => Ok(Some(environment)),
+        CachedCopy::Behind => {
+            tracing::debug!("the cache does not show this process's last status write yet");
+            Ok(None)
+        }
+        CachedCopy::Unsure => {
+            let fresh = api
+                .get_opt(&environment.name_any())
+                .await
+                .map_err(ReconcileError::Read)?;
+            let Some(fresh) = fresh else {
+                return Ok(None);
+            };
+            if fresh.resource_version() == environment.resource_version() {
+                context.memory.cache_caught_up(key);
+            }
+            tracing::debug!(
+                "read the environment from the API server: the cache may lack this process's last status write"
+            );
+            Ok(Some(Arc::new(fresh)))
+        }
+    }
 }
 
 /// How soon a reconcile that read a stale cache looks again.

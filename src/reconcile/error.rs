@@ -29,6 +29,8 @@ pub enum ReconcileError {
     Prune(#[source] kube::Error),
     #[error("writing status: {}", in_words(.0))]
     Status(#[source] kube::Error),
+    #[error("reading the environment: {}", in_words(.0))]
+    Read(#[source] kube::Error),
     #[error("deleting the namespace: {}", in_words(.0))]
     Cleanup(#[source] kube::Error),
     #[error("namespace {0} is still terminating")]
@@ -60,7 +62,7 @@ impl ReconcileError {
             | ReconcileError::Secrets(_)
             | ReconcileError::Engine(_) => "apply",
             ReconcileError::Prune(_) => "prune",
-            ReconcileError::Status(_) => "status",
+            ReconcileError::Status(_) | ReconcileError::Read(_) => "status",
             ReconcileError::Cleanup(_) | ReconcileError::NamespaceTerminating(_) => "cleanup",
             ReconcileError::Finalizer(_) => "finalizer",
             ReconcileError::Forge(_) => "forge",

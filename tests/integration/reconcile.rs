@@ -110,7 +110,17 @@ async fn web_postgres_reaches_ready_seeded_in_order_then_writes_nothing_until_so
         assert_eq!(status.seeds[0].state, "Succeeded");
         assert!(status.timings.as_ref().unwrap().seconds_to_ready.is_some());
         eprintln!("web-postgres: Ready {:.1} s after the request", status.timings.as_ref().unwrap().seconds_to_ready.unwrap());
-        // The metrics of that: one seed run timed, no failure, one commit Ready.
+        // The metrics of that: one seed run timed, no failure, one commit Ready. They are
+        // recorded once the reconcile that wrote Ready is done (after its Event), which the
+        // test can see before: wait for that reconcile to end, then read them.
+        let reconciled = reconciles(&context);
+        eventually("the reconcile that wrote Ready to end", Duration::from_secs(30), || {
+            let text = context.metrics.render();
+            let recorded = text.lines().any(|l| l == "previewd_time_to_ready_seconds_count 1");
+            let done = recorded || reconciles(&context) > reconciled;
+            async move { done.then_some(()) }
+        })
+        .await;
         let text = context.metrics.render();
         for series in ["previewd_seed_duration_seconds_count 1", "previewd_seed_failures_total 0", "previewd_time_to_ready_seconds_count 1"] {
             assert!(text.lines().any(|l| l == series), "{series} in:\n{text}");
@@ -165,8 +175,14 @@ async fn web_postgres_reaches_ready_seeded_in_order_then_writes_nothing_until_so
         assert_eq!(events_before, events_after, "no Event about a PreviewEnvironment was recorded");
         let pokes = served.count("PATCH", "previewenvironments");
         assert_eq!(pokes, 3, "the API server saw the test's three pokes: {}", served.describe());
+        // Pod status PATCHes are the node simulator's (pods of earlier tests' namespaces
+        // still moving), Event PATCHes the controller manager's; previewd writes neither
+        // (its Events are compared above).
+        let previewds = |r: &support::apiserver::Requests| {
+            r.is_previewd_shaped() && r.resource != "pods" && r.resource != "events"
+        };
         assert_eq!(
-            served.writes(support::apiserver::Requests::is_previewd_shaped),
+            served.writes(previewds),
             3,
             "an unchanged environment sends no write request; the API server served: {}",
             served.describe()
@@ -559,6 +575,17 @@ async fn resync_of_an_unchanged_environment_writes_nothing_yet_reverts_a_kubectl
             ..Default::default()
         };
         let (context, target) = ready_small_environment(&client, &ns, config).await;
+        // The reconcile that wrote Ready counts its Event once it ends: let it end first.
+        let reconciled = reconciles(&context);
+        eventually(
+            "the reconcile that wrote Ready to end",
+            Duration::from_secs(30),
+            || {
+                let done = reconciles(&context) > reconciled;
+                async move { done.then_some(()) }
+            },
+        )
+        .await;
 
         // Three resyncs of an environment where nothing changed: reconciled (waited for, however
         // long they take), nothing written.
