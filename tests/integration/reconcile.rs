@@ -344,6 +344,10 @@ async fn an_object_the_api_server_refuses_is_named_on_the_environment_until_the_
         // Retried with backoff (2 s, 4 s, 8 s, …), never in a loop driven by previewd's own
         // status writes: the failed reconciles of the next 15 s are counted and their spacing
         // measured (a slow machine can only make fewer of them).
+        let status_writes = |context: &Running| {
+            support::webhooks::metric_value(&context.metrics.render(), r#"previewd_write_requests_total{operation="status"}"#).unwrap_or(0.0)
+        };
+        let status_writes_before = status_writes(&context);
         let watched = std::time::Instant::now();
         let mut failures = Vec::new();
         let mut last = failed_reconciles(&context);
@@ -355,6 +359,11 @@ async fn an_object_the_api_server_refuses_is_named_on_the_environment_until_the_
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
+        // The mechanism first: a retry of an unchanged refusal writes no status, so no watch
+        // event of previewd's own can trigger a reconcile outside the backoff. (Should this
+        // fail, rerun with PREVIEWD_TEST_LOG=previewd=debug,kube_runtime=debug: each
+        // reconcile's reason is logged.)
+        assert_eq!(status_writes(&context), status_writes_before, "a retry wrote the status; failed reconciles at {failures:?}");
         assert!(!failures.is_empty() && failures.len() <= 4, "failed reconciles in 15 s at {failures:?}: expected the retries at about 2, 6 and 14 s");
         for pair in failures.windows(2) {
             assert!(pair[1] - pair[0] >= Duration::from_millis(1_500), "retries {:?} apart: {failures:?}", pair[1] - pair[0]);
