@@ -27,7 +27,7 @@ use super::context::{Context, EnvironmentRef};
 use super::error::{ReconcileError, Refusal, Stop};
 use super::hold::{hold, start_queued};
 use super::metrics::Observations;
-use super::plan::{Limits, Manifests, Plan, plan};
+use super::plan::{Limits, Manifests, Plan, host_claims, plan};
 use super::status::{
     Placement, Progress, ReadyCondition, condition, held_status, progress_status, refused_status,
 };
@@ -124,6 +124,7 @@ async fn deploy(
     };
     let mut plan =
         plan_off_the_runtime(environment, template, manifests, namespace, context).await?;
+    refuse_a_taken_host(environment, &plan.host, context)?;
     secrets::add_copies(&mut plan, template, context).await?;
     waves::check_served(&plan, context).await?;
     let uid = environment.metadata.uid.as_deref().unwrap_or_default();
@@ -148,6 +149,28 @@ async fn deploy(
             .insert(key.clone(), Instant::now());
     }
     Ok(finish(environment, context, &key, plan, progress, held).await?)
+}
+
+/// Refuses the environment when another one holds its URL host (see [`host_claims`]): nothing
+/// is applied, and the other keeps its traffic.
+fn refuse_a_taken_host(
+    environment: &PreviewEnvironment,
+    host: &str,
+    context: &Context,
+) -> Result<(), Refusal> {
+    let everyone = context.caches.environments.state();
+    let Some(holder) = host_claims::taken_by(environment, host, everyone.iter().map(|e| &**e))
+    else {
+        return Ok(());
+    };
+    Err(Refusal::new(
+        "HostTaken",
+        format!(
+            "the URL host {host:?} is held by environment {}/{} (a pull request and a branch of the same name, or two forks' branches, render one host): it keeps it; this one deploys once that one is gone, or with a url.host that tells them apart (e.g. with {{{{ pr }}}})",
+            holder.metadata.namespace.as_deref().unwrap_or_default(),
+            holder.metadata.name.as_deref().unwrap_or_default(),
+        ),
+    ))
 }
 
 /// The plan step on a blocking thread: a template may take up to its render fuel, and that
@@ -269,6 +292,7 @@ fn next_status(
     let placement = Placement {
         namespace: &plan.namespace,
         url: &plan.url,
+        host: &plan.host,
         routes: &plan.routes,
     };
     let mut status = progress_status(environment, progress, placement, remembered, now);

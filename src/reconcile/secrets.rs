@@ -260,6 +260,7 @@ mod tests {
             namespace: "preview-x".into(),
             labels: BTreeMap::from([("previewd.dev/environment".into(), "pr-1".into())]),
             url: String::new(),
+            host: String::new(),
             routes: Vec::new(),
             objects: vec![RenderedObject {
                 manifest: "app.yaml".into(),

@@ -171,6 +171,8 @@ pub fn held_status(
 pub struct Placement<'a> {
     pub namespace: &'a str,
     pub url: &'a str,
+    /// The URL's host, which the environment now holds.
+    pub host: &'a str,
     /// The objects that route the URL's host ([`crate::reconcile::plan::routes`]).
     pub routes: &'a [Route],
 }
@@ -203,6 +205,7 @@ pub fn progress_status(
         phase: progress.phase,
         namespace: Some(placement.namespace.to_string()),
         url: routed_url(&placement, &progress.resources),
+        host: Some(placement.host.to_string()),
         deployed_sha: if ready {
             Some(sha.clone())
         } else {

@@ -95,6 +95,20 @@ async fn environment_namespaces(client: &kube::Client, namespace: &str) -> usize
         .len()
 }
 
+/// Waits until `pr-7` is refused by the policy, checks that the refusal names each of
+/// `named`, and that nothing was applied, not even the namespace.
+async fn assert_refused_naming(client: &kube::Client, namespace: &str, named: &[&str]) {
+    let message = refusal(client, namespace).await;
+    for named in named {
+        assert!(message.contains(named), "{named:?} not in: {message}");
+    }
+    assert_eq!(
+        environment_namespaces(client, namespace).await,
+        0,
+        "nothing was applied"
+    );
+}
+
 /// The HTTP status of a refused call; `None` when it was allowed.
 fn refused_with<T>(result: Result<T, kube::Error>) -> Option<u16> {
     match result {
@@ -129,16 +143,17 @@ subjects: [{kind: ServiceAccount, name: app}]
 "#;
     in_namespace("policy-roles", |client, ns| async move {
         let _running = deploy(&client, &ns, ESCAPE, json!({})).await;
-        let message = refusal(&client, &ns).await;
-        for named in [
-            "Role/escape (from app.yaml): rules[0] grants get, patch on namespaces",
-            "rules[1] grants create on pods; create on pods/exec",
-            "rules[2] grants get, list on secrets",
-            "--template-role-rules",
-        ] {
-            assert!(message.contains(named), "{named:?} not in: {message}");
-        }
-        assert_eq!(environment_namespaces(&client, &ns).await, 0);
+        assert_refused_naming(
+            &client,
+            &ns,
+            &[
+                "Role/escape (from app.yaml): rules[0] grants get, patch on namespaces",
+                "rules[1] grants create on pods; create on pods/exec",
+                "rules[2] grants get, list on secrets",
+                "--template-role-rules",
+            ],
+        )
+        .await;
     })
     .await;
 }
@@ -240,17 +255,14 @@ spec:
 "#;
     in_namespace("policy-network", |client, ns| async move {
         let _running = deploy(&client, &ns, OPENING, json!({})).await;
-        let message = refusal(&client, &ns).await;
-        for named in [
+        assert_refused_naming(&client, &ns, &[
             "NetworkPolicy/out (from app.yaml): spec.egress[0].to[0] names ipBlock",
             "spec.ingress[0].from[0] names namespaceSelector",
             "spec.ingress[1] has no from, which allows every peer",
             "policy.allowNetworkPeersOutside",
             "NetworkPolicy/previewd-default-deny (from app.yaml): names starting with \"previewd-\" are previewd's own",
-        ] {
-            assert!(message.contains(named), "{named:?} not in: {message}");
-        }
-        assert_eq!(environment_namespaces(&client, &ns).await, 0);
+        ])
+        .await;
     })
     .await;
 }
@@ -325,17 +337,14 @@ spec:
 "#;
     in_namespace("policy-ingress", |client, ns| async move {
         let _running = deploy(&client, &ns, GREEDY, json!({})).await;
-        let message = refusal(&client, &ns).await;
-        for named in [
+        assert_refused_naming(&client, &ns, &[
             "Ingress/web (from app.yaml): metadata.annotations has \"nginx.ingress.kubernetes.io/configuration-snippet\"",
             "--ingress-annotations",
             "spec.defaultBackend would receive the traffic of every host",
             "spec.ingressClassName is \"internet-facing\"",
             "host \"neighbour.preview.localhost\" is not the environment's URL host",
-        ] {
-            assert!(message.contains(named), "{named:?} not in: {message}");
-        }
-        assert_eq!(environment_namespaces(&client, &ns).await, 0);
+        ])
+        .await;
     })
     .await;
 }
@@ -394,8 +403,7 @@ spec:
         )
         .await;
         create_template_and_environment(&client, &ns, REACHING, json!({})).await;
-        let message = refusal(&client, &ns).await;
-        for named in [
+        assert_refused_naming(&client, &ns, &[
             "Deployment/web (from app.yaml): spec.template.spec.volumes[0] is a nfs volume",
             "spec.template.spec.nodeName is set",
             "spec.template.spec.priorityClassName is \"system-node-critical\"",
@@ -403,10 +411,8 @@ spec:
             "annotation container.apparmor.security.beta.kubernetes.io/web is unconfined",
             "ReplicationController/legacy (from app.yaml): spec.template.spec.hostNetwork is true",
             "PersistentVolumeClaim/data (from app.yaml): spec.volumeName binds an existing PersistentVolume",
-        ] {
-            assert!(message.contains(named), "{named:?} not in: {message}");
-        }
-        assert_eq!(environment_namespaces(&client, &ns).await, 0);
+        ])
+        .await;
     })
     .await;
 }
@@ -484,18 +490,15 @@ spec:
         )
         .await;
         create_template_and_environment(&client, &ns, OPERATOR_KINDS, json!({})).await;
-        let message = refusal(&client, &ns).await;
-        for named in [
+        assert_refused_naming(&client, &ns, &[
             "Widget/w (from app.yaml): previewd has no content policy for kind Widget of group \"example.com\"",
             "inert: true",
             "ExternalSecret/db (from app.yaml): spec.secretStoreRef is ClusterSecretStore \"vault\"",
             "Certificate/ca (from app.yaml): spec.issuerRef is ClusterIssuer \"corporate-root\"",
             "spec.isCA is true",
             "HTTPRoute/web (from app.yaml): spec.parentRefs[0] attaches to payments/internal",
-        ] {
-            assert!(message.contains(named), "{named:?} not in: {message}");
-        }
-        assert_eq!(environment_namespaces(&client, &ns).await, 0);
+        ])
+        .await;
     })
     .await;
 }
@@ -602,6 +605,78 @@ spec:
             suspended(false)
         })
         .await;
+    })
+    .await;
+}
+
+/// Class 3, one host per environment: a pull request and a branch environment of the same
+/// branch render the same URL host (`{{ slug }}`). The first to hold it keeps it; the other is
+/// refused with `HostTaken`, naming the holder, and applies nothing. On main both applied an
+/// Ingress for one host, and the ingress controller merged their traffic.
+#[tokio::test]
+async fn two_environments_never_hold_one_url_host() {
+    const ROUTED: &str = r#"apiVersion: networking.k8s.io/v1
+kind: Ingress
+metadata: {name: web}
+spec:
+  rules:
+  - host: "{{ host }}"
+    http: {paths: [{path: /, pathType: Prefix, backend: {service: {name: web, port: {number: 80}}}}]}
+"#;
+    in_namespace("policy-one-host", |client, ns| async move {
+        let _running = support::start_controller_with(
+            &client,
+            ControllerConfig {
+                namespace: Some(ns.clone()),
+                ..Default::default()
+            },
+        )
+        .await;
+        let template: PreviewTemplate = serde_json::from_value(json!({
+            "apiVersion": "previewd.dev/v1alpha1", "kind": "PreviewTemplate", "metadata": {"name": "app"},
+            "spec": {"forge": {"kind": "github", "repository": "Codertocat/Hello-World"},
+                     "url": {"host": "{{ slug }}.preview.example.com"},
+                     "manifests": {"inline": [{"name": "app.yaml", "template": ROUTED}]}}
+        }))
+        .unwrap();
+        Api::<PreviewTemplate>::namespaced(client.clone(), &ns)
+            .create(&PostParams::default(), &template)
+            .await
+            .unwrap();
+        let api = environments(&client, &ns);
+        let environment_of = |name: &str, pull_request: Option<u64>| -> PreviewEnvironment {
+            serde_json::from_value(json!({
+                "apiVersion": "previewd.dev/v1alpha1", "kind": "PreviewEnvironment", "metadata": {"name": name},
+                "spec": {"template": "app", "source": {"repository": "Codertocat/Hello-World", "branch": "feature-x",
+                         "pullRequest": pull_request, "headSha": "abc1234"}}
+            }))
+            .unwrap()
+        };
+        api.create(&PostParams::default(), &environment_of("pr-7", Some(7))).await.unwrap();
+        let first = wait_for_phase(&api, "pr-7", Phase::Ready, Duration::from_secs(60)).await;
+        assert_eq!(
+            first.status.unwrap().host.as_deref(),
+            Some("feature-x.preview.example.com")
+        );
+        api.create(&PostParams::default(), &environment_of("branch-feature-x", None)).await.unwrap();
+        let refused = eventually("the second environment refused", Duration::from_secs(60), || async {
+            let status = api.get("branch-feature-x").await.ok()?.status?;
+            let ready = status.conditions.iter().find(|c| c.type_ == "Ready")?;
+            (ready.reason == "HostTaken").then(|| (ready.message.clone(), status.host.clone()))
+        })
+        .await;
+        assert!(
+            refused.0.contains("\"feature-x.preview.example.com\" is held by environment") && refused.0.contains("/pr-7"),
+            "{}",
+            refused.0
+        );
+        assert_eq!(refused.1, None, "the refused one holds nothing");
+        let selector = format!("previewd.dev/environment=branch-feature-x,previewd.dev/environment-namespace={ns}");
+        let namespaces = Api::<Namespace>::all(client.clone())
+            .list(&ListParams::default().labels(&selector))
+            .await
+            .unwrap();
+        assert!(namespaces.items.is_empty(), "nothing applied for the second one");
     })
     .await;
 }

@@ -180,6 +180,9 @@ pub struct PreviewEnvironmentStatus {
     /// Where developers open it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub url: Option<String>,
+    /// The URL host this environment holds: no other environment may route it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host: Option<String>,
     /// The head SHA that is deployed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub deployed_sha: Option<String>,

@@ -8,6 +8,7 @@
 
 pub mod guard;
 pub mod hooks;
+pub mod host_claims;
 pub mod policy;
 pub mod render;
 pub mod routes;
@@ -34,6 +35,8 @@ pub struct Plan {
     pub labels: BTreeMap<String, String>,
     /// The environment's URL, as the template's `url` renders it.
     pub url: String,
+    /// The URL's host (`status.host` once the environment holds it, see [`host_claims`]).
+    pub host: String,
     /// The objects that route the URL's host; the URL is reported once one of them is healthy.
     pub routes: Vec<routes::Route>,
     pub objects: Vec<RenderedObject>,
@@ -106,6 +109,7 @@ pub fn plan(
         labels,
         url,
         routes: routes::routes_to(&objects, &host),
+        host,
         objects,
         replicas_before_sleep,
     })

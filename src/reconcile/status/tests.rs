@@ -73,6 +73,7 @@ fn becoming_ready_times_the_commit_from_its_push_and_records_the_deployed_sha() 
     let placement = Placement {
         namespace: "preview-team-a-web-pr-2-abc123",
         url: "https://feature-login.preview.example.com",
+        host: "feature-login.preview.example.com",
         routes: &[],
     };
     let status = progress_status(&environment, Progress::default(), placement, None, now);
@@ -97,6 +98,7 @@ fn a_commit_already_ready_keeps_its_time_and_its_condition_keeps_its_transition(
     let placement = || Placement {
         namespace: "preview-x",
         url: "https://x",
+        host: "x",
         routes: &[],
     };
     environment.status = Some(progress_status(
@@ -119,6 +121,7 @@ fn a_refusal_keeps_the_previous_status_and_says_why() {
     let placement = Placement {
         namespace: "preview-x",
         url: "https://x",
+        host: "x",
         routes: &routes,
     };
     let now = at("2026-11-22T10:00:03Z");
@@ -192,6 +195,7 @@ fn the_url_is_reported_only_once_a_healthy_object_routes_its_host() {
     let placement = |routes| Placement {
         namespace: "preview-x",
         url: "https://pr-2.preview.example.com",
+        host: "pr-2.preview.example.com",
         routes,
     };
     let status = |progress, routes| {

@@ -4,14 +4,15 @@
 //! the defaults are safe for untrusted code and every exception is named in the template's
 //! `policy`:
 //!
+//! * every kind has rules in [`judge`]'s table, or the operator declared it inert; any other
+//!   kind is refused;
 //! * pods meet the template's Pod Security Standard ([`pods`], `Baseline` by default), mount
 //!   only volume types the node does not fetch for them, and reach no other tenant's nodes or
-//!   pods through scheduling fields ([`reach`]); a PersistentVolumeClaim binds no existing
-//!   volume by name;
+//!   pods through scheduling fields ([`reach`]); no claim binds an existing volume ([`claims`]);
 //! * Services are `ClusterIP` without `externalIPs` (no node ports, load balancers or DNS
 //!   aliases to elsewhere);
-//! * host names are the environment's URL host ([`hosts`]; no claiming
-//!   another environment's or team's host): an Ingress's rules and TLS hosts, a Gateway API
+//! * host names are the environment's URL host ([`hosts`]; no claiming another environment's
+//!   or team's host): an Ingress's rules and TLS hosts, a Gateway API
 //!   route's `hostnames` (which may not be empty: that would take every host of the Gateway's
 //!   listener), a cert-manager Certificate's `dnsNames` and `commonName` (a cluster issuer
 //!   would otherwise sign another team's name);
@@ -22,7 +23,10 @@
 //!   and to subjects of the namespace (no `cluster-admin`, no other namespace's
 //!   ServiceAccounts, no users or groups);
 //! * NetworkPolicies allow only peers of the namespace ([`network`]) unless the template says
-//!   otherwise, and no object takes a name previewd uses (`previewd-…`).
+//!   otherwise, and no object takes a name previewd uses (`previewd-…`);
+//! * the custom kinds the chart suggests (Gateway API routes, cert-manager Certificates,
+//!   ExternalSecrets) reach beyond the namespace only by references the template names
+//!   ([`custom`]).
 //!
 //! One violation rejects the whole render, as the guard does; each names the object, the
 //! field and the rule.
