@@ -103,14 +103,15 @@ fn peers_of<'a>(
 }
 
 /// A slot of `environment`'s template just freed up (it is being deleted, or fell asleep):
-/// reconcile the queued environments of that template now, so the first in line starts.
+/// reconcile the queued environments of that template now, so the first in line starts, and
+/// those refused because `environment` held their URL host (`HostTaken`; a deleted environment
+/// holds nothing), so they need not wait for the resync.
 pub fn start_queued(environment: &PreviewEnvironment, context: &Context) {
     for peer in peers_of(environment, context) {
-        let queued = peer
-            .status
-            .as_ref()
-            .is_some_and(|s| s.phase == Phase::Queued);
-        if queued && peer.name_any() != environment.name_any() {
+        let waiting = peer.status.as_ref().is_some_and(|s| {
+            s.phase == Phase::Queued || s.conditions.iter().any(|c| c.reason == "HostTaken")
+        });
+        if waiting && peer.name_any() != environment.name_any() {
             let _ = context.reconcile_trigger.send(ObjectRef::from_obj(&*peer));
         }
     }

@@ -677,6 +677,11 @@ spec:
             .await
             .unwrap();
         assert!(namespaces.items.is_empty(), "nothing applied for the second one");
+
+        // The holder goes: the other deploys at once, not at the next resync (10 minutes).
+        api.delete("pr-7", &Default::default()).await.unwrap();
+        let second = wait_for_phase(&api, "branch-feature-x", Phase::Ready, Duration::from_secs(60)).await;
+        assert_eq!(second.status.unwrap().host.as_deref(), Some("feature-x.preview.example.com"));
     })
     .await;
 }
