@@ -397,7 +397,9 @@ spec:
             &client,
             ControllerConfig {
                 namespace: Some(ns.clone()),
-                template_kinds: with_replication_controllers(),
+                template_kinds: support::template_kinds_and(&[json!(
+                    {"group": "", "kind": "ReplicationController", "resource": "replicationcontrollers"}
+                )]),
                 ..Default::default()
             },
         )
@@ -415,18 +417,6 @@ spec:
         .await;
     })
     .await;
-}
-
-/// The default kinds and ReplicationControllers, as an operator might allow them.
-fn with_replication_controllers() -> previewd::model::kinds::TemplateKinds {
-    let mut kinds: Vec<Value> = previewd::model::kinds::TemplateKinds::default()
-        .iter()
-        .map(|kind| serde_json::to_value(kind).unwrap())
-        .collect();
-    kinds.push(
-        json!({"group": "", "kind": "ReplicationController", "resource": "replicationcontrollers"}),
-    );
-    previewd::model::kinds::TemplateKinds::parse(&Value::from(kinds).to_string()).unwrap()
 }
 
 /// Class 5: a kind the operator allows but previewd has no rules for is refused unless the
@@ -466,20 +456,16 @@ spec:
   rules: [{backendRefs: [{name: web, port: 80}]}]
 "#;
     in_namespace("policy-kinds", |client, ns| async move {
-        let mut kinds: Vec<Value> = previewd::model::kinds::TemplateKinds::default()
-            .iter()
-            .map(|kind| serde_json::to_value(kind).unwrap())
-            .collect();
-        for (group, kind, resource) in [
+        let extra: Vec<Value> = [
             ("example.com", "Widget", "widgets"),
             ("external-secrets.io", "ExternalSecret", "externalsecrets"),
             ("cert-manager.io", "Certificate", "certificates"),
             ("gateway.networking.k8s.io", "HTTPRoute", "httproutes"),
-        ] {
-            kinds.push(json!({"group": group, "kind": kind, "resource": resource}));
-        }
-        let template_kinds =
-            previewd::model::kinds::TemplateKinds::parse(&Value::from(kinds).to_string()).unwrap();
+        ]
+        .into_iter()
+        .map(|(group, kind, resource)| json!({"group": group, "kind": kind, "resource": resource}))
+        .collect();
+        let template_kinds = support::template_kinds_and(&extra);
         let _running = support::start_controller_with(
             &client,
             ControllerConfig {

@@ -949,25 +949,11 @@ async fn install_crds(client: &Client, crds: &[serde_json::Value]) {
 /// The built-in kinds plus `extra` (group example.com, declared inert: the content policy has
 /// no rules of its own for them), as `--template-kinds` would give them.
 fn template_kinds_with(extra: &[(&str, &str)]) -> previewd::model::kinds::TemplateKinds {
-    let mut kinds = serde_json::to_value(previewd::model::kinds::DEFAULT_TEMPLATE_KINDS).unwrap();
-    for (kind, resource) in extra {
-        kinds.as_array_mut().unwrap().push(
-            json!({"group": "example.com", "kind": kind, "resource": resource, "inert": true}),
-        );
-    }
-    previewd::model::kinds::TemplateKinds::parse(&kinds.to_string()).unwrap()
-}
-
-/// The built-in kinds plus `extra` as (group, kind, resource).
-fn template_kinds_in(extra: &[(&str, &str, &str)]) -> previewd::model::kinds::TemplateKinds {
-    let mut kinds = serde_json::to_value(previewd::model::kinds::DEFAULT_TEMPLATE_KINDS).unwrap();
-    for (group, kind, resource) in extra {
-        kinds
-            .as_array_mut()
-            .unwrap()
-            .push(json!({"group": group, "kind": kind, "resource": resource}));
-    }
-    previewd::model::kinds::TemplateKinds::parse(&kinds.to_string()).unwrap()
+    let extra: Vec<serde_json::Value> = extra
+        .iter()
+        .map(|(kind, resource)| json!({"group": "example.com", "kind": kind, "resource": resource, "inert": true}))
+        .collect();
+    support::template_kinds_and(&extra)
 }
 
 #[tokio::test]
@@ -1126,7 +1112,7 @@ async fn the_url_is_reported_once_a_gateway_accepts_the_route_for_its_host() {
         // The operator allows HTTPRoutes (extraTemplateKinds); the test plays the Gateway.
         let config = ControllerConfig {
             namespace: Some(ns.clone()),
-            template_kinds: template_kinds_in(&[(gateway_api, "HTTPRoute", "httproutes")]),
+            template_kinds: support::template_kinds_and(&[json!({"group": gateway_api, "kind": "HTTPRoute", "resource": "httproutes"})]),
             ..Default::default()
         };
         let _context = start_controller_with(&client, config).await;

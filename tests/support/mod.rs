@@ -168,6 +168,14 @@ pub async fn client() -> Client {
         .expect("test client")
 }
 
+/// The built-in template kinds plus `extra` (`{"group", "kind", "resource"[, "inert"]}` each),
+/// as the operator's `--template-kinds` would give them.
+pub fn template_kinds_and(extra: &[serde_json::Value]) -> previewd::model::kinds::TemplateKinds {
+    let mut kinds = serde_json::to_value(previewd::model::kinds::DEFAULT_TEMPLATE_KINDS).unwrap();
+    kinds.as_array_mut().unwrap().extend_from_slice(extra);
+    previewd::model::kinds::TemplateKinds::parse(&kinds.to_string()).unwrap()
+}
+
 /// A kubeconfig that acts as `user` in `groups`: the admin token of the shared cluster,
 /// impersonating (written into `dir`).
 pub fn impersonating_kubeconfig(user: &str, groups: &[String], dir: &std::path::Path) -> PathBuf {

@@ -28,7 +28,7 @@ pub fn gateway_route(
     // listener's whole port.
     let by_host = matches!(kind, "HTTPRoute" | "GRPCRoute" | "TLSRoute");
     let mut broken = match by_host {
-        true => hosts::gateway_route(object, policy, url_host),
+        true => hosts::route_hostnames(object, policy, url_host),
         false => Vec::new(),
     };
     let spec = &object["spec"];
@@ -130,7 +130,7 @@ const CERTIFICATE_FIELDS: &[&str] = &[
 ];
 
 pub fn certificate(object: &Value, policy: &PolicySpec, url_host: &str) -> Vec<String> {
-    let mut broken = hosts::certificate(object, policy, url_host);
+    let mut broken = hosts::certificate_names(object, policy, url_host);
     let spec = &object["spec"];
     for field in spec
         .as_object()

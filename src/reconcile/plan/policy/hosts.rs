@@ -12,7 +12,8 @@ use serde_json::Value;
 
 use crate::model::crd::PolicySpec;
 
-pub fn gateway_route(object: &Value, policy: &PolicySpec, url_host: &str) -> Vec<String> {
+/// A Gateway API route's `hostnames` (never empty: that takes every host of the listener).
+pub fn route_hostnames(object: &Value, policy: &PolicySpec, url_host: &str) -> Vec<String> {
     let hostnames = strings(&object["spec"]["hostnames"]);
     if hostnames.is_empty() {
         return vec![format!(
@@ -22,7 +23,8 @@ pub fn gateway_route(object: &Value, policy: &PolicySpec, url_host: &str) -> Vec
     hosts_outside(hostnames.into_iter(), policy, url_host)
 }
 
-pub fn certificate(object: &Value, policy: &PolicySpec, url_host: &str) -> Vec<String> {
+/// A cert-manager Certificate's `dnsNames` and `commonName`.
+pub fn certificate_names(object: &Value, policy: &PolicySpec, url_host: &str) -> Vec<String> {
     let spec = &object["spec"];
     let names = strings(&spec["dnsNames"])
         .into_iter()

@@ -60,11 +60,6 @@ pub const RESTRICTED_VOLUMES: &[&str] = &[
     "secret",
 ];
 
-/// The pod spec inside an object of `kind`, with the path to it (for the message).
-pub fn pod_spec<'a>(kind: &str, object: &'a Value) -> Option<(&'a Value, &'static str)> {
-    pod_template(kind, object).map(|(_, spec, path)| (spec, path))
-}
-
 /// The pod template inside an object of `kind`: its metadata, its spec and the spec's path.
 /// Every built-in kind that carries one.
 pub fn pod_template<'a>(
@@ -370,8 +365,8 @@ mod tests {
                 json!({"spec": {"jobTemplate": {"spec": {"template": {"spec": spec}}}}}),
             ),
         ] {
-            assert!(pod_spec(kind, &object).is_some(), "{kind}");
+            assert!(pod_template(kind, &object).is_some(), "{kind}");
         }
-        assert!(pod_spec("ConfigMap", &json!({"data": {}})).is_none());
+        assert!(pod_template("ConfigMap", &json!({"data": {}})).is_none());
     }
 }
