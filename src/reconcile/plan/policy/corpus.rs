@@ -11,9 +11,10 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use super::{Scope, check};
-use crate::model::crd::PolicySpec;
+use crate::model::crd::{InlineManifest, PolicySpec};
 use crate::model::grants::{OperatorPolicy, RoleGrants};
 use crate::model::kinds::TemplateKinds;
+use crate::reconcile::plan::hooks;
 use crate::reconcile::plan::render::RenderedObject;
 
 #[derive(Deserialize)]
@@ -36,7 +37,12 @@ struct Case {
     /// `--template-kinds` (default: the built-in kinds).
     #[serde(default)]
     template_kinds: Option<Value>,
+    #[serde(default)]
     objects: Vec<Value>,
+    /// A chart's output as the Helm engine printed it (a file under `tests/policy/charts/`),
+    /// placed as previewd places it: test and delete hooks left out.
+    #[serde(default)]
+    rendered: Option<String>,
 }
 
 const URL_HOST: &str = "pr-7.preview.example.com";
@@ -63,7 +69,7 @@ fn run(path: &Path) -> Result<(), String> {
         operator: &operator,
         kinds: &kinds,
     };
-    let objects: Vec<RenderedObject> = case
+    let mut objects: Vec<RenderedObject> = case
         .objects
         .into_iter()
         .map(|object| RenderedObject {
@@ -73,6 +79,9 @@ fn run(path: &Path) -> Result<(), String> {
             object,
         })
         .collect();
+    if let Some(file) = &case.rendered {
+        objects.extend(rendered_chart(path, file)?);
+    }
     let refusal: Vec<String> = check(&objects, &case.policy, &scope)
         .iter()
         .map(ToString::to_string)
@@ -88,6 +97,18 @@ fn run(path: &Path) -> Result<(), String> {
         },
         other => Err(format!("expect is {other:?}, not allowed or refused")),
     }
+}
+
+/// The objects of a rendered chart, as previewd's Helm path places them (hooks in waves, test
+/// hooks left out).
+fn rendered_chart(case: &Path, file: &str) -> Result<Vec<RenderedObject>, String> {
+    let path = case.parent().unwrap_or(Path::new(".")).join(file);
+    let template = std::fs::read_to_string(&path).map_err(|e| format!("{file}: {e}"))?;
+    let manifest = InlineManifest {
+        name: file.into(),
+        template,
+    };
+    hooks::place(&[manifest]).map_err(|e| e.to_string())
 }
 
 #[test]

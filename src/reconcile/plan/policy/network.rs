@@ -12,7 +12,7 @@ use serde_json::{Map, Value};
 use crate::model::crd::PolicySpec;
 
 const SPEC_FIELDS: &[&str] = &["podSelector", "policyTypes", "ingress", "egress"];
-const HOW_TO_ALLOW: &str = "template NetworkPolicies may allow only pods of the environment's namespace unless the template's policy.allowNetworkPeersOutside is true";
+const HOW_TO_ALLOW: &str = "template NetworkPolicies may allow only pods of the environment's namespace unless the template's policy.allowNetworkPeersOutside is true (a chart's own NetworkPolicies can instead be turned off in its values: previewd's guard rail already isolates the environment)";
 
 pub fn network_policy(object: &Value, policy: &PolicySpec) -> Vec<String> {
     let Some(spec) = object["spec"].as_object() else {
