@@ -22,11 +22,32 @@ pub struct OperatorPolicy {
     /// Ingress annotations templates may set, by exact key (previewd's own `previewd.dev/`
     /// ones always pass). Each configures the ingress controller every team shares.
     pub ingress_annotations: Vec<String>,
+    /// Annotations with a DNS-named prefix that other objects may carry besides the built-in
+    /// inert ones: exact keys or `prefix/*`. Each configures a controller (a mesh, an API
+    /// gateway, a secret injector, external-dns).
+    pub object_annotations: Vec<String>,
 }
 
 /// Annotation keys, each named exactly (`--ingress-annotations`).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct AnnotationKeys(pub Vec<String>);
+
+/// Parses `--object-annotations`: a JSON list of exact keys or `prefix/*` (every key of one
+/// prefix); no other wildcard.
+pub fn parse_annotation_patterns(text: &str) -> Result<AnnotationKeys, String> {
+    let keys: Vec<String> = serde_json::from_str(text)
+        .map_err(|e| format!("expected a JSON list of annotation keys: {e}"))?;
+    let bad = |key: &String| {
+        let exact = key.strip_suffix("/*").unwrap_or(key);
+        exact.is_empty() || exact.contains('*')
+    };
+    match keys.iter().find(|key| bad(key)) {
+        Some(key) => Err(format!(
+            "annotation key {key:?}: name a key exactly or every key of one prefix (prefix/*)"
+        )),
+        None => Ok(AnnotationKeys(keys)),
+    }
+}
 
 /// Parses `--ingress-annotations`: a JSON list of annotation keys.
 pub fn parse_annotation_keys(text: &str) -> Result<AnnotationKeys, String> {
@@ -189,6 +210,25 @@ mod tests {
         assert!(parse_annotation_keys(r#"["nginx.ingress.kubernetes.io/*"]"#).is_err());
         assert!(parse_annotation_keys(r#"[""]"#).is_err());
         assert!(parse_annotation_keys("cert-manager.io/cluster-issuer").is_err());
+    }
+
+    #[test]
+    fn object_annotation_patterns_name_a_key_or_one_prefix() {
+        assert_eq!(
+            parse_annotation_patterns(r#"["konghq.com/*", "linkerd.io/inject"]"#),
+            Ok(AnnotationKeys(vec![
+                "konghq.com/*".to_string(),
+                "linkerd.io/inject".to_string()
+            ]))
+        );
+        for bad in [
+            r#"["*"]"#,
+            r#"["/*"]"#,
+            r#"["*.io/*"]"#,
+            r#"["konghq.com/plug*"]"#,
+        ] {
+            assert!(parse_annotation_patterns(bad).is_err(), "{bad}");
+        }
     }
 
     #[test]

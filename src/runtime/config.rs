@@ -8,7 +8,9 @@ use std::time::Duration;
 use clap::Args;
 
 use crate::model::durations::parse_duration;
-use crate::model::grants::{AnnotationKeys, OperatorPolicy, RoleGrants, parse_annotation_keys};
+use crate::model::grants::{
+    AnnotationKeys, OperatorPolicy, RoleGrants, parse_annotation_keys, parse_annotation_patterns,
+};
 use crate::model::kinds::TemplateKinds;
 
 #[derive(Clone, Copy, Debug, clap::ValueEnum, PartialEq, Eq)]
@@ -62,6 +64,12 @@ pub struct ControllerArgs {
     /// shares: allow only what no pull request can turn against it (docs/security.md).
     #[arg(long, env = "PREVIEWD_INGRESS_ANNOTATIONS", value_parser = parse_annotation_keys)]
     pub ingress_annotations: Option<AnnotationKeys>,
+    /// Annotations with a DNS-named prefix that other objects (Services, pod templates, …) may
+    /// carry beyond the built-in inert ones, as a JSON list of exact keys or `prefix/*` (the
+    /// chart's `objectAnnotations`; default none). Each configures a controller other teams
+    /// share: a mesh, an API gateway, a secret injector, external-dns (docs/security.md).
+    #[arg(long, env = "PREVIEWD_OBJECT_ANNOTATIONS", value_parser = parse_annotation_patterns)]
+    pub object_annotations: Option<AnnotationKeys>,
     /// The `helm` program that renders templates' Helm charts (`helm template`); a bare name is
     /// looked up in previewd's PATH. The container image must carry it (docs/installing.md).
     #[arg(long, env = "PREVIEWD_HELM", default_value = "helm")]
@@ -120,6 +128,7 @@ impl ControllerArgs {
             operator_policy: OperatorPolicy {
                 role_grants: self.template_role_rules.clone().unwrap_or_default(),
                 ingress_annotations: self.ingress_annotations.clone().unwrap_or_default().0,
+                object_annotations: self.object_annotations.clone().unwrap_or_default().0,
             },
             engines: crate::engines::EngineConfig {
                 helm: self.helm.clone(),

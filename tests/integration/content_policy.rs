@@ -9,7 +9,7 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod, Secret};
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use previewd::model::crd::{Phase, PreviewEnvironment, PreviewTemplate};
-use previewd::model::grants::RoleGrants;
+use previewd::model::grants::{OperatorPolicy, RoleGrants};
 use previewd::reconcile::ControllerConfig;
 use serde_json::{Value, json};
 use support::{eventually, in_namespace, wait_for_phase};
@@ -345,6 +345,96 @@ spec:
             "host \"neighbour.preview.localhost\" is not the environment's URL host",
         ])
         .await;
+    })
+    .await;
+}
+
+/// Class 3, beyond Ingresses: annotations through which a Service or a pod configures a
+/// controller other teams share (an API gateway's route to another host, external-dns, a mesh
+/// sidecar mounting the node's root, a secret injector) are refused by key and path, nothing
+/// applied; the same keys pass once the operator names them, and reach the API server. On main
+/// every one was applied.
+#[tokio::test]
+async fn annotations_that_configure_shared_controllers_are_refused() {
+    const ANNOTATED: &str = r#"apiVersion: v1
+kind: Service
+metadata:
+  name: api
+  annotations:
+    getambassador.io/config: "kind: Mapping\nname: steal\nhostname: www.example.com\nprefix: /\nservice: api"
+    external-dns.alpha.kubernetes.io/hostname: www.example.com
+    checksum/config: "abc"
+spec:
+  selector: {app: api}
+  ports: [{port: 80, protocol: TCP}]
+---
+apiVersion: v1
+kind: ConfigMap
+metadata:
+  name: settings
+  annotations: {prometheus.io/scrape: "true"}
+data: {mode: preview}
+"#;
+    const INJECTED: &str = r#"---
+apiVersion: batch/v1
+kind: Job
+metadata: {name: migrate}
+spec:
+  template:
+    metadata:
+      annotations:
+        sidecar.istio.io/userVolume: '[{"name":"root","hostPath":{"path":"/"}}]'
+        vault.hashicorp.com/agent-inject-secret-db: secret/data/payments/db
+    spec:
+      restartPolicy: Never
+      containers: [{name: migrate, image: busybox}]
+"#;
+    let hostile = format!("{ANNOTATED}{INJECTED}");
+    in_namespace("policy-annotations", |client, ns| async move {
+        let _running = deploy(&client, &ns, &hostile, json!({})).await;
+        assert_refused_naming(&client, &ns, &[
+            "Service/api (from app.yaml): metadata.annotations has \"getambassador.io/config\"",
+            "metadata.annotations has \"external-dns.alpha.kubernetes.io/hostname\"",
+            "Job/migrate (from app.yaml): spec.template.metadata.annotations has \"sidecar.istio.io/userVolume\"",
+            "spec.template.metadata.annotations has \"vault.hashicorp.com/agent-inject-secret-db\"",
+            "--object-annotations",
+        ])
+        .await;
+    })
+    .await;
+    in_namespace("policy-annotations-allowed", |client, ns| async move {
+        let _running = support::start_controller_with(
+            &client,
+            ControllerConfig {
+                namespace: Some(ns.clone()),
+                operator_policy: OperatorPolicy {
+                    object_annotations: vec![
+                        "getambassador.io/*".into(),
+                        "external-dns.alpha.kubernetes.io/hostname".into(),
+                    ],
+                    ..Default::default()
+                },
+                ..Default::default()
+            },
+        )
+        .await;
+        create_template_and_environment(&client, &ns, ANNOTATED, json!({})).await;
+        let api = environments(&client, &ns);
+        let ready = wait_for_phase(&api, "pr-7", Phase::Ready, Duration::from_secs(60)).await;
+        let target = ready.status.unwrap().namespace.unwrap();
+        let service =
+            Api::<k8s_openapi::api::core::v1::Service>::namespaced(client.clone(), &target)
+                .get("api")
+                .await
+                .unwrap();
+        let annotations = service.metadata.annotations.unwrap_or_default();
+        assert_eq!(
+            annotations
+                .get("external-dns.alpha.kubernetes.io/hostname")
+                .map(String::as_str),
+            Some("www.example.com"),
+            "what the operator names is applied as written"
+        );
     })
     .await;
 }

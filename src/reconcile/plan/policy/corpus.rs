@@ -31,6 +31,9 @@ struct Case {
     /// `--ingress-annotations`.
     #[serde(default)]
     ingress_annotations: Vec<String>,
+    /// `--object-annotations`.
+    #[serde(default)]
+    object_annotations: Vec<String>,
     /// `--template-role-rules` (default: the built-in rules).
     #[serde(default)]
     role_rules: Option<Value>,
@@ -58,6 +61,7 @@ fn run(path: &Path) -> Result<(), String> {
             None => RoleGrants::default(),
         },
         ingress_annotations: case.ingress_annotations.clone(),
+        object_annotations: case.object_annotations.clone(),
     };
     let kinds = match &case.template_kinds {
         Some(kinds) => TemplateKinds::parse(&kinds.to_string())?,

@@ -16,6 +16,8 @@
 //!   route's `hostnames` (which may not be empty: that would take every host of the Gateway's
 //!   listener), a cert-manager Certificate's `dnsNames` and `commonName` (a cluster issuer
 //!   would otherwise sign another team's name);
+//! * annotations that configure a controller other teams share (a DNS-named prefix) are
+//!   refused unless built-in inert or the operator allows them ([`annotations`]);
 //! * Ingresses carry no annotation the operator did not allow, no `defaultBackend`, and the
 //!   class the template names ([`ingress`]);
 //! * Roles grant only what the operator's role rules name ([`roles`]; by default reads of the
@@ -31,6 +33,7 @@
 //! One violation rejects the whole render, as the guard does; each names the object, the
 //! field and the rule.
 
+pub mod annotations;
 pub mod claims;
 #[cfg(test)]
 mod corpus;
@@ -69,6 +72,7 @@ pub fn check(objects: &[RenderedObject], policy: &PolicySpec, scope: &Scope) -> 
     for object in objects {
         let mut reasons = reserved_name(object.name());
         reasons.extend(judge(object, policy, scope));
+        reasons.extend(controller_annotations(object, scope));
         violations.extend(reasons.into_iter().map(|reason| Violation {
             manifest: object.manifest.clone(),
             kind: object.kind().to_string(),
@@ -77,6 +81,21 @@ pub fn check(objects: &[RenderedObject], policy: &PolicySpec, scope: &Scope) -> 
         }));
     }
     violations
+}
+
+/// Annotations that configure a shared controller, on every object but an Ingress (whose
+/// annotations all configure one: [`ingress`] has its own list).
+fn controller_annotations(object: &RenderedObject, scope: &Scope) -> Vec<String> {
+    let group = group_of(object.api_version());
+    if object.kind() == "Ingress" && matches!(group, "networking.k8s.io" | "extensions") {
+        return Vec::new();
+    }
+    annotations::metadata_of(&object.object)
+        .into_iter()
+        .flat_map(|(metadata, path)| {
+            annotations::check(metadata, &path, &scope.operator.object_annotations)
+        })
+        .collect()
 }
 
 /// The table of kinds: every kind a template may create has its rules here, or is declared

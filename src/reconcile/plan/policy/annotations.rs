@@ -1,0 +1,192 @@
+//! Annotations a controller reads (pure). A key with a DNS-named prefix (`getambassador.io/config`,
+//! `sidecar.istio.io/userVolume`, `vault.hashicorp.com/agent-inject-secret-db`,
+//! `external-dns.alpha.kubernetes.io/hostname`) is the interface of a controller that serves
+//! every team: through it a pull request could route another host to itself, mount a host path
+//! into a sidecar, read any secret an injector's role can read, publish a DNS name, or step out
+//! of the mesh. So such keys pass only when named: the built-in inert ones
+//! ([`INERT_ANNOTATIONS`]) and the operator's (`--object-annotations`, the chart's
+//! `objectAnnotations`). Keys without a DNS-named prefix (`checksum/config`, `description`)
+//! are the application's own and pass. Ingresses have their own, stricter list
+//! ([`super::ingress`]).
+//!
+//! Checked on every object's metadata and on the metadata inside it that becomes another
+//! object's: pod templates, a CronJob's job template, volume claim templates (where
+//! `volume.beta.kubernetes.io/storage-class: ""` would bind an existing volume).
+
+use serde_json::Value;
+
+/// Keys no controller acts on beyond the object itself, or whose values another rule checks.
+/// `prefix/*` names every key of the prefix.
+pub const INERT_ANNOTATIONS: &[&str] = &[
+    // previewd's own (waves, seeds) and Helm's hook bookkeeping: read by previewd.
+    "previewd.dev/*",
+    "helm.sh/*",
+    "meta.helm.sh/*",
+    // What kubectl and the API server write on objects they touch.
+    "kubectl.kubernetes.io/*",
+    "kubernetes.io/change-cause",
+    "kubernetes.io/description",
+    "deployment.kubernetes.io/revision",
+    // Scrape hints: a metrics scraper reads the pod's own port and path.
+    "prometheus.io/*",
+    // The autoscaler may evict the pod: about the pod itself.
+    "cluster-autoscaler.kubernetes.io/safe-to-evict",
+    // Istio rewrites the pod's own probes through its sidecar (Online Boutique sets it).
+    "sidecar.istio.io/rewriteAppHTTPProbers",
+    // AppArmor and seccomp by annotation: their values are checked by `reach`.
+    "container.apparmor.security.beta.kubernetes.io/*",
+    "seccomp.security.alpha.kubernetes.io/*",
+];
+
+/// Whether `key` is named by `entry` (an exact key, or `prefix/*`).
+fn names(entry: &str, key: &str) -> bool {
+    match entry.strip_suffix("/*") {
+        Some(prefix) => key
+            .split_once('/')
+            .is_some_and(|(key_prefix, _)| key_prefix == prefix),
+        None => entry == key,
+    }
+}
+
+/// Whether `key` belongs to a controller: its prefix is a DNS name (has a dot).
+fn controller_key(key: &str) -> Option<&str> {
+    key.split_once('/')
+        .map(|(prefix, _)| prefix)
+        .filter(|prefix| prefix.contains('.'))
+}
+
+/// The annotations of `metadata` (at `path`) that configure a controller and that neither the
+/// built-in list nor `allowed` (the operator's) names: one sentence each.
+pub fn check(metadata: &Value, path: &str, allowed: &[String]) -> Vec<String> {
+    let Some(annotations) = metadata["annotations"].as_object() else {
+        return Vec::new();
+    };
+    annotations
+        .keys()
+        .filter_map(|key| controller_key(key).map(|prefix| (key, prefix)))
+        .filter(|(key, _)| {
+            !INERT_ANNOTATIONS.iter().any(|entry| names(entry, key))
+                && !allowed.iter().any(|entry| names(entry, key))
+        })
+        .map(|(key, prefix)| format!(
+            "{path}.annotations has {key:?}, which configures a controller of {prefix} that other teams share too: only annotations this previewd allows (--object-annotations; the chart's objectAnnotations)"
+        ))
+        .collect()
+}
+
+/// Every metadata of `object` that becomes an object's, with its path: the object's own, its
+/// pod template's, a CronJob's job template's, and volume claim templates'.
+pub fn metadata_of(object: &Value) -> Vec<(&Value, String)> {
+    let spec = &object["spec"];
+    let mut found = vec![(&object["metadata"], "metadata".to_string())];
+    let job_template = &spec["jobTemplate"];
+    let pod_template = if job_template.is_object() {
+        found.push((
+            &job_template["metadata"],
+            "spec.jobTemplate.metadata".into(),
+        ));
+        &job_template["spec"]["template"]
+    } else {
+        &spec["template"]
+    };
+    let pod_path = if job_template.is_object() {
+        "spec.jobTemplate.spec.template"
+    } else {
+        "spec.template"
+    };
+    found.push((&pod_template["metadata"], format!("{pod_path}.metadata")));
+    for (i, claim) in spec["volumeClaimTemplates"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .enumerate()
+    {
+        found.push((
+            &claim["metadata"],
+            format!("spec.volumeClaimTemplates[{i}].metadata"),
+        ));
+    }
+    let pod_spec = if object["kind"] == "Pod" {
+        (spec, "spec".to_string())
+    } else {
+        (&pod_template["spec"], format!("{pod_path}.spec"))
+    };
+    for (i, volume) in pod_spec.0["volumes"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .enumerate()
+    {
+        let claim = &volume["ephemeral"]["volumeClaimTemplate"];
+        if claim.is_object() {
+            found.push((
+                &claim["metadata"],
+                format!(
+                    "{}.volumes[{i}].ephemeral.volumeClaimTemplate.metadata",
+                    pod_spec.1
+                ),
+            ));
+        }
+    }
+    found
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn controller_annotations_pass_only_when_named() {
+        let metadata = json!({"annotations": {
+            "getambassador.io/config": "---\nkind: Mapping\nhost: www.example.com",
+            "checksum/config": "abc",
+            "prometheus.io/scrape": "true",
+            "previewd.dev/wave": "1",
+            "konghq.com/plugins": "x",
+        }});
+        let found = check(&metadata, "metadata", &[]);
+        assert_eq!(found.len(), 2, "{found:?}");
+        assert!(
+            found[0].contains("\"getambassador.io/config\"")
+                && found[0].contains("getambassador.io that other teams share")
+        );
+        assert!(
+            found[1].contains("konghq.com/plugins") && found[1].contains("--object-annotations")
+        );
+        let operator = vec![
+            "konghq.com/*".to_string(),
+            "getambassador.io/config".to_string(),
+        ];
+        assert!(check(&metadata, "metadata", &operator).is_empty());
+        // A prefix entry names its own prefix only, not a longer one that ends the same.
+        assert!(!names("konghq.com/*", "evilkonghq.com/plugins"));
+        assert!(!names("konghq.com/*", "konghq.com.evil.io/plugins"));
+    }
+
+    #[test]
+    fn every_metadata_that_becomes_an_object_is_found() {
+        let cron = json!({"kind": "CronJob", "metadata": {}, "spec": {"jobTemplate": {"metadata": {}, "spec": {"template": {
+            "metadata": {}, "spec": {"volumes": [{"name": "s", "ephemeral": {"volumeClaimTemplate": {"metadata": {}}}}]}}}}}});
+        let paths: Vec<String> = metadata_of(&cron).into_iter().map(|(_, p)| p).collect();
+        assert_eq!(
+            paths,
+            [
+                "metadata",
+                "spec.jobTemplate.metadata",
+                "spec.jobTemplate.spec.template.metadata",
+                "spec.jobTemplate.spec.template.spec.volumes[0].ephemeral.volumeClaimTemplate.metadata",
+            ]
+        );
+        let set = json!({"kind": "StatefulSet", "spec": {"template": {"metadata": {}}, "volumeClaimTemplates": [{"metadata": {}}]}});
+        let paths: Vec<String> = metadata_of(&set).into_iter().map(|(_, p)| p).collect();
+        assert_eq!(
+            paths,
+            [
+                "metadata",
+                "spec.template.metadata",
+                "spec.volumeClaimTemplates[0].metadata"
+            ]
+        );
+    }
+}
