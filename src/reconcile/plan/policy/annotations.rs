@@ -18,8 +18,10 @@ use serde_json::Value;
 /// Keys no controller acts on beyond the object itself, or whose values another rule checks.
 /// `prefix/*` names every key of the prefix.
 pub const INERT_ANNOTATIONS: &[&str] = &[
-    // previewd's own (waves, seeds) and Helm's hook bookkeeping: read by previewd.
+    // previewd's own (waves, seeds), its sandbox's pretend kubelet (how long a pod runs,
+    // whether it fails), and Helm's hook bookkeeping: read by previewd only.
     "previewd.dev/*",
+    "sandbox.previewd.dev/*",
     "helm.sh/*",
     "meta.helm.sh/*",
     // What kubectl and the API server write on objects they touch.
@@ -143,6 +145,7 @@ mod tests {
             "checksum/config": "abc",
             "prometheus.io/scrape": "true",
             "previewd.dev/wave": "1",
+            "sandbox.previewd.dev/run-seconds": "3",
             "konghq.com/plugins": "x",
         }});
         let found = check(&metadata, "metadata", &[]);
