@@ -22,6 +22,17 @@ pub const MAX_MANIFEST_FILE_BYTES: usize = 1 << 20;
 /// The most manifest text previewd reads for one commit (4 MiB, the render output limit).
 pub const MAX_MANIFEST_BYTES: usize = 4 << 20;
 
+/// Who previewd is on the forge, to tell its own comments from copies: a comment anyone can
+/// start with previewd's marker, and previewd must never adopt (and edit, and point its record
+/// at) a comment a pull request's author wrote.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum CommentAuthor {
+    /// The user the token belongs to (`GET /user`, asked once per client).
+    Token,
+    /// A GitHub App: its comments carry `performed_via_github_app.id`.
+    GithubApp(u64),
+}
+
 /// A client for one forge API URL and token.
 pub enum ForgeClient {
     Github(GithubApi),
@@ -38,7 +49,8 @@ pub enum DeploymentState {
 }
 
 impl ForgeClient {
-    /// The id of the comment on PR/MR `number` whose text starts with `marker`.
+    /// The id of previewd's own comment on PR/MR `number` whose text starts with `marker`
+    /// (a copy of the marker in anyone else's comment is not previewd's comment).
     pub async fn find_comment(
         &self,
         repository: &str,
@@ -267,14 +279,29 @@ impl ForgeClients {
         }
     }
 
-    /// The client of `token` at `api_url`; `budget` names whose rate limit it spends
-    /// ([`TOKEN_BUDGET`], or `installation-<id>` for a GitHub App's installation token).
+    /// The client of a user's `token` at `api_url`; `budget` names whose rate limit it spends
+    /// ([`TOKEN_BUDGET`]).
     pub async fn get(
         &self,
         kind: ForgeKind,
         api_url: Option<&str>,
         token: &[u8],
         budget: &str,
+    ) -> Result<Arc<ForgeClient>, ForgeApiError> {
+        self.get_as(kind, api_url, token, budget, CommentAuthor::Token)
+            .await
+    }
+
+    /// The client of `token` at `api_url`, commenting as `author`; `budget` names whose rate
+    /// limit it spends ([`TOKEN_BUDGET`], or `installation-<id>` for a GitHub App's
+    /// installation token).
+    pub async fn get_as(
+        &self,
+        kind: ForgeKind,
+        api_url: Option<&str>,
+        token: &[u8],
+        budget: &str,
+        author: CommentAuthor,
     ) -> Result<Arc<ForgeClient>, ForgeApiError> {
         let key = (
             kind,
@@ -292,12 +319,8 @@ impl ForgeClients {
         let client = Arc::new(match kind {
             ForgeKind::Github => {
                 let budget = budget.to_string();
-                ForgeClient::Github(GithubApi::new(
-                    api_url,
-                    token,
-                    budget,
-                    self.metrics.clone(),
-                )?)
+                let api = GithubApi::new(api_url, token, budget, self.metrics.clone())?;
+                ForgeClient::Github(api.commenting_as(author))
             }
             ForgeKind::Gitlab => {
                 ForgeClient::Gitlab(GitlabApi::connect(api_url, token, self.metrics.clone()).await?)

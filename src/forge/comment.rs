@@ -3,6 +3,11 @@
 //!
 //! The text depends only on the environment's state, never on the clock, so an unchanged
 //! environment renders the same text and the comment is not edited.
+//!
+//! Messages (conditions, a held commit's reason) quote what others wrote: a chart's `fail`
+//! text, an engine's or the API server's error, a CI check's name. They go into the comment as
+//! code blocks ([`as_text`]), so none of it renders as headings, links, images or @-mentions
+//! under previewd's name, in the comment maintainers read before they approve a fork.
 
 use std::fmt::Write;
 
@@ -132,8 +137,8 @@ fn render_waiting(out: &mut String, status: &PreviewEnvironmentStatus) {
     };
     let _ = writeln!(
         out,
-        "**{label}:** {} Commit `{deployed}` keeps running meanwhile.\n",
-        waiting.message
+        "**{label}** (commit `{deployed}` keeps running meanwhile):\n{}",
+        as_text(&waiting.message)
     );
 }
 
@@ -144,23 +149,45 @@ fn render_why(out: &mut String, status: &PreviewEnvironmentStatus) {
         .iter()
         .find(|c| c.type_ == "Ready")
         .map(|c| c.message.as_str());
+    let why = why.filter(|why| !why.trim().is_empty()).map(as_text);
     match (status.phase, why) {
         (Phase::Degraded, Some(why)) => {
-            let _ = writeln!(out, "**What failed:** {why}\n");
+            let _ = writeln!(out, "**What failed:**\n{why}");
         }
         (Phase::Queued, why) => {
             let position = status.queue_position.unwrap_or(1);
-            let _ = writeln!(
-                out,
-                "**Position {position} in the queue.** {}\n",
-                why.unwrap_or("")
-            );
+            let _ = writeln!(out, "**Position {position} in the queue.**\n");
+            out.push_str(&why.map(|why| format!("{why}\n")).unwrap_or_default());
         }
         (Phase::Pending | Phase::Sleeping, Some(why)) => {
-            let _ = writeln!(out, "{why}\n");
+            let _ = writeln!(out, "{why}");
         }
         _ => {}
     }
+}
+
+/// The most of a message the comment shows: enough for a refusal that names a dozen objects.
+const MAX_QUOTED_LINES: usize = 40;
+const MAX_QUOTED_CHARS: usize = 4000;
+
+/// `message` as a fenced code block that renders as the text it is: its fence is longer than
+/// any run of backticks in it (so nothing in it closes the block), control characters but line
+/// breaks and tabs are dropped, and it is cut at [`MAX_QUOTED_LINES`] / [`MAX_QUOTED_CHARS`].
+pub fn as_text(message: &str) -> String {
+    let clean: String = message
+        .chars()
+        .filter(|c| !c.is_control() || matches!(c, '\n' | '\t'))
+        .take(MAX_QUOTED_CHARS)
+        .collect();
+    let lines: Vec<&str> = clean.lines().take(MAX_QUOTED_LINES).collect();
+    let mut longest_run = 0;
+    let mut run = 0;
+    for c in clean.chars() {
+        run = if c == '`' { run + 1 } else { 0 };
+        longest_run = longest_run.max(run);
+    }
+    let fence = "`".repeat(longest_run.max(2) + 1);
+    format!("{fence}text\n{}\n{fence}\n", lines.join("\n"))
 }
 
 /// How many objects are ready (until all are), and the state of each workload.
@@ -312,7 +339,48 @@ mod tests {
             last_transition_time: Utc::now(),
         });
         let text = render(&input(CommentState::Live(&degraded)));
-        assert!(text.contains("**What failed:** seed load-sql (Job seed-load-sql-abc) failed"));
+        assert!(
+            text.contains(
+                "**What failed:**\n```text\nseed load-sql (Job seed-load-sql-abc) failed"
+            )
+        );
+    }
+
+    /// A chart's `fail` message (or an engine's error) is quoted, not rendered: no heading,
+    /// link, image, HTML or @-mention of it reaches the comment as Markdown, whatever backticks
+    /// it holds to close the quote.
+    #[test]
+    fn messages_from_input_render_as_text() {
+        let hostile = "execution error at (app/templates/x.yaml:1:4): ```\n# Approved by the platform team\n[merge me](https://evil.example) ![x](https://evil.example/x.png) <img src=x> @acme/admins\n````\r\u{1b}[2J";
+        let quoted = as_text(hostile);
+        let fence = "`````";
+        assert!(quoted.starts_with(&format!("{fence}text\n")), "{quoted}");
+        assert!(quoted.ends_with(&format!("\n{fence}\n")), "{quoted}");
+        let inside = &quoted[fence.len() + 5..quoted.len() - fence.len() - 2];
+        assert!(
+            !inside.contains(fence),
+            "nothing inside closes the block: {quoted}"
+        );
+        assert!(
+            !quoted.contains('\r') && !quoted.contains('\u{1b}'),
+            "{quoted:?}"
+        );
+        let mut degraded = status(Phase::Degraded);
+        degraded.conditions.push(Condition {
+            type_: "Ready".into(),
+            status: "False".into(),
+            reason: "RenderFailed".into(),
+            message: hostile.into(),
+            last_transition_time: Utc::now(),
+        });
+        let text = render(&input(CommentState::Live(&degraded)));
+        assert!(
+            text.contains(&format!("**What failed:**\n{quoted}")),
+            "{text}"
+        );
+        // A long message is cut, not posted whole.
+        let long = "line\n".repeat(500);
+        assert_eq!(as_text(&long).lines().count(), MAX_QUOTED_LINES + 2);
     }
 
     #[test]
@@ -344,7 +412,7 @@ mod tests {
         };
         let text = render(&input(CommentState::Live(&ready)));
         assert!(text.contains("Preview environment: ready"), "{text}");
-        assert!(text.contains("**Not deployed yet:** Commit `1f2e3d4` deploys once CI passes: waiting for `build` (running). Commit `ec26c3e` keeps running meanwhile."), "{text}");
+        assert!(text.contains("**Not deployed yet** (commit `ec26c3e` keeps running meanwhile):\n```text\nCommit `1f2e3d4` deploys once CI passes: waiting for `build` (running).\n```"), "{text}");
         // The first commit waits: nothing runs, the headline says what for.
         let mut first = status(Phase::Pending);
         first.resources.clear();

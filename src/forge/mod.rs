@@ -39,6 +39,9 @@ pub enum EventKind {
         number: u64,
         branch: String,
         merged: bool,
+        /// When the forge says the request last changed (the close): a close older than the
+        /// state the environment recorded (a reopen after it) is a replay, and deletes nothing.
+        changed_at: Option<DateTime<Utc>>,
     },
     /// New commits on a branch (also the first push of a new branch).
     Push(Push),

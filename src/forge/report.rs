@@ -16,7 +16,9 @@ use std::sync::{Arc, Mutex};
 use kube::ResourceExt;
 use sha2::{Digest, Sha256};
 
-use super::client::{DeploymentState, ForgeApiError, ForgeClient, ForgeClients, TOKEN_BUDGET};
+use super::client::{
+    CommentAuthor, DeploymentState, ForgeApiError, ForgeClient, ForgeClients, TOKEN_BUDGET,
+};
 use super::comment::{self, CommentInput, CommentState, CommitState};
 use super::github::app::AppTokens;
 use super::gitlab::api::GitlabApi;
@@ -126,7 +128,7 @@ impl Reporter {
     ) -> Result<Option<Arc<ForgeClient>>, ReportError> {
         let forge = &template.spec.forge;
         let namespace = template.namespace().unwrap_or_default();
-        let (token, budget) = match (&forge.github_app, &forge.token_secret_ref) {
+        let (token, budget, author) = match (&forge.github_app, &forge.token_secret_ref) {
             (Some(app), _) if forge.kind == ForgeKind::Github => {
                 let key = self
                     .secrets
@@ -137,16 +139,20 @@ impl Reporter {
                 let minted = self.app_tokens.token(api_url, app.app_id, &key, repository);
                 let minted = minted.await?;
                 let budget = format!("installation-{}", minted.installation);
-                (minted.token.into_bytes(), budget)
+                let author = CommentAuthor::GithubApp(app.app_id);
+                (minted.token.into_bytes(), budget, author)
             }
             (_, Some(reference)) => (
                 self.secrets.get(&namespace, reference).await?,
                 TOKEN_BUDGET.to_string(),
+                CommentAuthor::Token,
             ),
             _ => return Ok(None),
         };
         let api_url = forge.api_url.as_deref();
-        let client = self.clients.get(forge.kind, api_url, &token, &budget);
+        let client = self
+            .clients
+            .get_as(forge.kind, api_url, &token, &budget, author);
         Ok(Some(client.await?))
     }
 

@@ -67,7 +67,8 @@ fn awaiting_approval(
         ForkPolicy::RequireApproval => (
             "AwaitingApproval",
             format!(
-                "This pull request comes from a fork: a maintainer must review it and comment `/preview approve {short_sha}` to deploy commit `{short_sha}`."
+                "This pull request comes from a fork: a maintainer must review it and comment `/preview approve {}` to deploy commit `{short_sha}`.",
+                environment.spec.source.head_sha
             ),
         ),
         _ => (

@@ -28,8 +28,11 @@ pub const MAX_EXTENSION: TimeDelta = TimeDelta::days(30);
 
 const USAGE: &str = "use `/preview deploy`, `extend <duration>` (e.g. `3d`), `sleep`, `wake`, `destroy` or `approve <commit>`";
 
-/// The shortest commit prefix `/preview approve` accepts (as short as GitHub shows one).
-pub const MIN_APPROVED_PREFIX: usize = 7;
+/// The lengths of a whole commit SHA: SHA-1 (40 hexadecimal digits) and SHA-256 (64), as Git
+/// names commits. `/preview approve` takes nothing shorter: two commits that share a 7-digit
+/// prefix can be made in minutes, so a prefix the reviewer read could approve a commit pushed
+/// after the review.
+const WHOLE_SHA_LENGTHS: [usize; 2] = [40, 64];
 
 #[derive(Clone, Debug, PartialEq)]
 pub enum CommentCommand {
@@ -39,8 +42,8 @@ pub enum CommentCommand {
     Sleep,
     Wake,
     Destroy,
-    /// Approve the fork's head commit, named by a prefix of its SHA (lower case): a push that
-    /// lands between the reviewer's reading and approving is not approved by accident.
+    /// Approve the fork's head commit, named by its whole SHA (lower case): a push that lands
+    /// between the reviewer's reading and approving is not approved by accident.
     Approve(String),
 }
 
@@ -74,9 +77,9 @@ pub fn parse(body: &str) -> Option<Result<CommentCommand, String>> {
         }
         ("extend", None) => Err("`/preview extend` needs a duration, e.g. `3d`".to_string()),
         ("approve", Some(commit)) => approved_commit(commit).map(CommentCommand::Approve),
-        ("approve", None) => Err(format!(
-            "`/preview approve` needs the commit you reviewed: `/preview approve <sha>` (at least {MIN_APPROVED_PREFIX} characters)"
-        )),
+        ("approve", None) => Err(
+            "`/preview approve` needs the commit you reviewed: `/preview approve <sha>`, its whole SHA (40 characters, as previewd's comment shows it)".to_string()
+        ),
         (_, Some(argument)) => Err(format!(
             "`/preview {}` takes no argument (got `{}`)",
             quote_user_text(verb),
@@ -100,14 +103,14 @@ pub fn parse(body: &str) -> Option<Result<CommentCommand, String>> {
     })
 }
 
-/// A commit prefix as `/preview approve` takes it: 7 to 40 hexadecimal digits, lower-cased.
+/// A commit as `/preview approve` takes it: its whole SHA, lower-cased.
 fn approved_commit(text: &str) -> Result<String, String> {
     let hex = text.chars().all(|c| c.is_ascii_hexdigit());
-    if hex && (MIN_APPROVED_PREFIX..=40).contains(&text.len()) {
+    if hex && WHOLE_SHA_LENGTHS.contains(&text.len()) {
         Ok(text.to_ascii_lowercase())
     } else {
         Err(format!(
-            "`{}` is not a commit: write its SHA, at least {MIN_APPROVED_PREFIX} characters",
+            "`{}` is not a whole commit SHA: write all 40 characters, as previewd's comment shows them (a prefix could name a commit pushed after your review)",
             quote_user_text(text)
         ))
     }
@@ -211,7 +214,7 @@ pub fn effect(
             "the template does not deploy fork pull requests on approval (forkPolicy is not RequireApproval)"
                 .to_string(),
         ),
-        CommentCommand::Approve(commit) if !spec.source.head_sha.to_ascii_lowercase().starts_with(commit.as_str()) => (
+        CommentCommand::Approve(commit) if !spec.source.head_sha.eq_ignore_ascii_case(commit) => (
             json!({}),
             format!("`{commit}` is not the head of this pull request (`{short_sha}`): nothing approved; review the new commits, then approve the head"),
         ),
@@ -371,8 +374,10 @@ mod tests {
         assert_eq!(parse("/preview wake"), Some(Ok(CommentCommand::Wake)));
         assert_eq!(parse("/preview destroy"), Some(Ok(CommentCommand::Destroy)));
         assert_eq!(
-            parse("/preview approve EC26C3E"),
-            Some(Ok(CommentCommand::Approve("ec26c3e".into())))
+            parse("/preview approve EC26C3E57CA3A959CA5AAD62DE7213C562F8C821"),
+            Some(Ok(CommentCommand::Approve(
+                "ec26c3e57ca3a959ca5aad62de7213c562f8c821".into()
+            )))
         );
         assert_eq!(
             parse("/preview extend 3d"),
@@ -384,10 +389,16 @@ mod tests {
     fn bad_commands_get_an_answer_that_says_why() {
         let answer = |text: &str| parse(text).unwrap().unwrap_err();
         assert!(answer("/preview").contains("which command"));
-        // An approval names the commit reviewed, long enough to be that commit.
+        // An approval names the commit reviewed, whole: a 7-digit prefix (what GitHub shows)
+        // could be shared by a commit made after the review.
         assert!(answer("/preview approve").contains("needs the commit you reviewed"));
-        assert!(answer("/preview approve ec26c3").contains("is not a commit"));
-        assert!(answer("/preview approve main").contains("is not a commit"));
+        for short in ["ec26c3e", "ec26c3e57ca3a959ca5aad62de7213c562f8c82", "main"] {
+            let said = answer(&format!("/preview approve {short}"));
+            assert!(
+                said.contains("is not a whole commit SHA"),
+                "{short}: {said}"
+            );
+        }
         assert!(answer("/preview frobnicate").contains("unknown command `frobnicate`"));
         assert!(answer("/preview extend").contains("needs a duration"));
         assert!(answer("/preview extend forever").contains("`forever` is not a duration"));
@@ -445,13 +456,12 @@ mod tests {
         let mut fork = environment();
         fork.spec.source.fork = true;
         let approving = template(ForkPolicy::RequireApproval);
-        let head: String = fork.spec.source.head_sha.chars().take(7).collect();
-        let approve = CommentCommand::Approve(head);
+        let approve = CommentCommand::Approve(fork.spec.source.head_sha.clone());
         let approved = spec_of(effect(&approve, &fork, &approving, "maintainer", now()));
         assert_eq!(approved["approvedSha"], fork.spec.source.head_sha.as_str());
         // A commit that is not the head (a push landed after the review): nothing approved.
         let Effect::Patch(stale) = effect(
-            &CommentCommand::Approve("0123456".into()),
+            &CommentCommand::Approve("0123456789012345678901234567890123456789".into()),
             &fork,
             &approving,
             "maintainer",

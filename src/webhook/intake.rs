@@ -110,7 +110,9 @@ fn keep_known_skip(decision: &mut Decision, existing: &[&PreviewEnvironment]) {
 pub const ACTIVITY_GRANULARITY: chrono::TimeDelta = chrono::TimeDelta::seconds(60);
 
 /// True if `decision` applies an environment identical to an existing one except for a
-/// `lastActivity` less than [`ACTIVITY_GRANULARITY`] old.
+/// `lastActivity` less than [`ACTIVITY_GRANULARITY`] old, or identical down to the forge's
+/// time of the change: a delivery replayed (with a new delivery id) or redelivered says
+/// nothing new, and keeps nothing alive.
 fn is_mere_activity_refresh(
     decision: &Decision,
     existing: &[&PreviewEnvironment],
@@ -129,10 +131,11 @@ fn is_mere_activity_refresh(
                 .labels()
                 .iter()
                 .all(|(k, v)| current.labels().get(k) == Some(v))
-            && current
-                .spec
-                .last_activity
-                .is_some_and(|at| now - at < ACTIVITY_GRANULARITY)
+            && (current.spec.source.changed_at.is_some()
+                || current
+                    .spec
+                    .last_activity
+                    .is_some_and(|at| now - at < ACTIVITY_GRANULARITY))
     })
 }
 
@@ -172,6 +175,7 @@ fn decide_for_template(
             number,
             branch,
             merged,
+            changed_at,
         } => {
             let name = naming::environment_name(&template.name_any(), branch, Some(*number));
             let reason = if *merged {
@@ -179,10 +183,22 @@ fn decide_for_template(
             } else {
                 "the pull request was closed"
             };
-            vec![delete(template, name, reason)]
+            // A close older than what the environment recorded (it was reopened, or pushed to,
+            // since) is a replayed or late delivery: the request is open again.
+            let closed = Source {
+                changed_at: *changed_at,
+                ..Source::default()
+            };
+            let superseded = existing
+                .iter()
+                .any(|e| e.name_any() == name && closed.is_older_than(&e.spec.source));
+            (!superseded)
+                .then(|| delete(template, name, reason))
+                .into_iter()
+                .collect()
         }
         EventKind::Push(push) => pushed(event, push, template, existing, now),
-        EventKind::BranchDeleted { branch } => branch_deleted(branch, template, existing),
+        EventKind::BranchDeleted { branch } => branch_deleted(event, branch, template, existing),
         // Comment commands and pings change no environment here.
         // Check results are recorded by the check step, not decided on here.
         EventKind::Comment(_) | EventKind::Check(_) | EventKind::Ping | EventKind::Ignored(_) => {
@@ -242,6 +258,11 @@ fn change_request(
 
 /// A push: it updates the environments of the pull requests of that branch (not a second
 /// environment), else a branch environment when the branch matches the template's globs.
+///
+/// A push names a branch of the delivery's repository. A fork pull request's head branch lives
+/// in the fork: it may share the name (`main`), but the base repository's pushes are not its
+/// commits. So only pull requests from the repository itself follow its pushes; a fork's new
+/// commits arrive as `synchronize` deliveries of the pull request.
 fn pushed(
     event: &ForgeEvent,
     push: &Push,
@@ -251,7 +272,9 @@ fn pushed(
 ) -> Vec<Decision> {
     let pr_environments: Vec<&&PreviewEnvironment> = existing
         .iter()
-        .filter(|e| e.spec.source.pull_request.is_some() && e.spec.source.branch == push.branch)
+        .filter(|e| {
+            e.spec.source.pull_request.is_some() && same_repository_branch(e, event, &push.branch)
+        })
         .collect();
     // The same verdict for every environment of this template: the push decides it.
     let skip = pushed_skip(template, push);
@@ -290,9 +313,24 @@ fn pushed_skip(template: &PreviewTemplate, push: &Push) -> Option<SkippedCommit>
     )
 }
 
-/// A deleted branch: every environment of it goes, and its branch environment by name even if
-/// the cache does not show it yet (just created?); a 404 is fine.
+/// Whether `environment` follows `branch` of the delivery's repository: not a fork pull
+/// request whose head branch in the fork only has the same name.
+fn same_repository_branch(
+    environment: &PreviewEnvironment,
+    event: &ForgeEvent,
+    branch: &str,
+) -> bool {
+    let source = &environment.spec.source;
+    !source.fork
+        && source.branch == branch
+        && source.repository.eq_ignore_ascii_case(&event.repository)
+}
+
+/// A deleted branch: every environment of it goes (not a fork's pull request from a branch of
+/// the same name), and its branch environment by name even if the cache does not show it yet
+/// (just created?); a 404 is fine.
 fn branch_deleted(
+    event: &ForgeEvent,
     branch: &str,
     template: &PreviewTemplate,
     existing: &[&PreviewEnvironment],
@@ -300,7 +338,7 @@ fn branch_deleted(
     const REASON: &str = "the branch was deleted";
     let mut decisions: Vec<Decision> = existing
         .iter()
-        .filter(|e| e.spec.source.branch == branch)
+        .filter(|e| same_repository_branch(e, event, branch))
         .map(|e| delete(template, e.name_any(), REASON))
         .collect();
     let branch_env = naming::environment_name(&template.name_any(), branch, None);

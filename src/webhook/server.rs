@@ -9,10 +9,12 @@
 //!    [`SLOW_CLIENT_TIMEOUT`]: 408. A slow or hostile client holds at most one turn, briefly;
 //! 1. a body over the size limit: 413;
 //! 2. a body that is not JSON: 400;
-//! 3. no `PreviewTemplate` for the delivery's repository: 202, ignored (logged);
+//! 3. no `PreviewTemplate` for the delivery's repository, or
 //! 4. a missing or wrong signature (checked against the webhook secret of each template of that
-//!    repository, in constant time): 401. The delivery then acts only for the templates whose
-//!    own secret verified it;
+//!    repository, in constant time): 401 with one fixed body for both ([`NOT_ACCEPTED`]), so an
+//!    outsider cannot tell which repositories previewd serves, nor learn a template's or a
+//!    Secret's name; the log and the metric say which it was. The delivery then acts only for
+//!    the templates whose own secret verified it;
 //! 5. a delivery id already handled: 200, nothing written again;
 //! 6. otherwise the event is parsed (400 if it does not fit its type), decided on and written:
 //!    202 with what was done. An unknown event type is 202, ignored.
@@ -165,9 +167,16 @@ async fn gitlab_webhook(State(state): State<Arc<ServerState>>, request: Request)
 /// What a delivery came to: the HTTP answer and the metric outcome.
 struct DeliveryAnswer {
     status: StatusCode,
+    /// For the metric and the log (may say more than the body).
     outcome: &'static str,
     body: serde_json::Value,
+    /// For the log only, when the body must not say it.
+    detail: Option<String>,
 }
+
+/// The one answer to a delivery no template accepts, whether its repository is served or not.
+pub const NOT_ACCEPTED: &str =
+    "not accepted: no webhook secret or token of this previewd verifies this delivery";
 
 impl DeliveryAnswer {
     fn new(status: StatusCode, outcome: &'static str, message: impl Into<String>) -> Self {
@@ -175,6 +184,18 @@ impl DeliveryAnswer {
             status,
             outcome,
             body: json!({ "outcome": outcome, "message": message.into() }),
+            detail: None,
+        }
+    }
+
+    /// 401 with [`NOT_ACCEPTED`]; `outcome` and `detail` (names included) go to the metric
+    /// and the log only.
+    fn not_accepted(outcome: &'static str, detail: String) -> Self {
+        Self {
+            status: StatusCode::UNAUTHORIZED,
+            outcome,
+            body: json!({ "outcome": "unauthorized", "message": NOT_ACCEPTED }),
+            detail: Some(detail),
         }
     }
 }
@@ -224,8 +245,13 @@ async fn handle(state: &ServerState, forge: ForgeKind, request: Request) -> Resp
         .duration
         .with_label_values(&[forge_label])
         .observe(started.elapsed().as_secs_f64());
-    let message = answer.body["message"].as_str().unwrap_or_default();
-    if answer.status.is_client_error() || answer.status.is_server_error() {
+    let message = match &answer.detail {
+        Some(detail) => detail.as_str(),
+        None => answer.body["message"].as_str().unwrap_or_default(),
+    };
+    // A delivery for a repository nobody serves is routine (an organisation-wide hook).
+    let refused = answer.outcome != "ignored";
+    if refused && (answer.status.is_client_error() || answer.status.is_server_error()) {
         tracing::warn!(
             status = answer.status.as_u16(),
             outcome = answer.outcome,
@@ -314,8 +340,7 @@ async fn checked_event(
     tracing::Span::current().record("repository", repository.as_str());
     let templates = templates_of(state, forge, &repository);
     if templates.is_empty() {
-        return Err(DeliveryAnswer::new(
-            StatusCode::ACCEPTED,
+        return Err(DeliveryAnswer::not_accepted(
             "ignored",
             format!("no PreviewTemplate serves repository {repository:?}"),
         ));
@@ -461,11 +486,7 @@ async fn verify(
             "error",
             error,
         )),
-        (true, None) => Err(DeliveryAnswer::new(
-            StatusCode::UNAUTHORIZED,
-            "unauthorized",
-            last_error,
-        )),
+        (true, None) => Err(DeliveryAnswer::not_accepted("unauthorized", last_error)),
     }
 }
 

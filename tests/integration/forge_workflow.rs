@@ -157,7 +157,7 @@ async fn a_new_commit_waits_for_its_checks_while_the_previous_one_keeps_running(
         assert_eq!(status.phase, Phase::Ready, "the previous commit still serves");
         assert_eq!(status.deployed_sha.as_deref(), Some(FIRST));
         assert_eq!(config_map_sha(&client, &target).await, FIRST);
-        comment_says(&forge, &name, "**Not deployed yet:** Commit `1f2e3d4` deploys once CI passes: waiting for `build-image` (running). Commit `ec26c3e` keeps running meanwhile.").await;
+        comment_says(&forge, &name, "**Not deployed yet** (commit `ec26c3e` keeps running meanwhile):\n```text\nCommit `1f2e3d4` deploys once CI passes: waiting for `build-image` (running).\n```").await;
         commit_status_says(&forge, SECOND, "deploys once CI passes").await;
 
         // It fails: still the first commit, and both the comment and the status say so.
@@ -650,7 +650,7 @@ async fn a_docs_only_push_or_a_skip_preview_commit_is_not_deployed_and_the_comme
         let held = wait_held(&harness.environments, &name, SECOND, "Skipped").await;
         let status = held.status.unwrap();
         assert_eq!((status.phase, status.deployed_sha.as_deref()), (Phase::Ready, Some(FIRST)));
-        comment_says(&forge, &name, "**Not deployed:** No preview for commit `1f2e3d4`: only `docs/` changed. Commit `ec26c3e` keeps running meanwhile.").await;
+        comment_says(&forge, &name, "**Not deployed** (commit `ec26c3e` keeps running meanwhile):\n```text\nNo preview for commit `1f2e3d4`: only `docs/` changed.\n```").await;
         commit_status_says(&forge, SECOND, "\"success\"").await;
         assert_eq!(config_map_sha(&client, &target).await, FIRST);
         assert_eq!(sent(&forge, "POST", "/deployments", SECOND).await, 0, "no deployment");

@@ -591,7 +591,7 @@ async fn a_fork_pull_request_waits_for_approval_of_each_commit() {
         comment_says(
             &forge,
             &name,
-            "comment `/preview approve 1111111` to deploy commit `1111111`",
+            &format!("comment `/preview approve {first_sha}` to deploy commit `1111111`"),
         )
         .await;
         let namespaces: Api<Namespace> = Api::all(client.clone());
@@ -611,13 +611,13 @@ async fn a_fork_pull_request_waits_for_approval_of_each_commit() {
             .signed(
                 "issue_comment",
                 "approve-1",
-                &comment_on(2, "stranger", "/preview approve 1111111"),
+                &comment_on(2, "stranger", &format!("/preview approve {first_sha}")),
             )
             .await;
         comment_says(
             &forge,
             &name,
-            "`/preview approve 1111111` by @stranger: refused",
+            &format!("`/preview approve {first_sha}` by @stranger: refused"),
         )
         .await;
         assert_eq!(
@@ -631,12 +631,33 @@ async fn a_fork_pull_request_waits_for_approval_of_each_commit() {
             None
         );
 
-        // A maintainer approves: the commit is deployed.
+        // A maintainer's approval of a prefix (what GitHub shows) is refused: another commit
+        // sharing those 7 digits can be made in minutes and pushed after the review.
+        harness
+            .signed(
+                "issue_comment",
+                "approve-prefix",
+                &comment_on(2, "maintainer", "/preview approve 1111111"),
+            )
+            .await;
+        comment_says(&forge, &name, "`1111111` is not a whole commit SHA").await;
+        assert_eq!(
+            harness
+                .environments
+                .get(&name)
+                .await
+                .unwrap()
+                .spec
+                .approved_sha,
+            None
+        );
+
+        // A maintainer approves the whole SHA: the commit is deployed.
         harness
             .signed(
                 "issue_comment",
                 "approve-2",
-                &comment_on(2, "maintainer", "/preview approve 1111111"),
+                &comment_on(2, "maintainer", &format!("/preview approve {first_sha}")),
             )
             .await;
         wait_ready_with_sha(&harness.environments, &name, first_sha).await;
@@ -665,13 +686,13 @@ async fn a_fork_pull_request_waits_for_approval_of_each_commit() {
             .signed(
                 "issue_comment",
                 "approve-3",
-                &comment_on(2, "maintainer", "/preview approve 1111111"),
+                &comment_on(2, "maintainer", &format!("/preview approve {first_sha}")),
             )
             .await;
         comment_says(
             &forge,
             &name,
-            "`1111111` is not the head of this pull request",
+            &format!("`{first_sha}` is not the head of this pull request"),
         )
         .await;
         let environment = harness.environments.get(&name).await.unwrap();
@@ -900,7 +921,7 @@ async fn a_gitlab_fork_merge_request_waits_for_a_members_approval() {
             .gitlab(
                 "Note Hook",
                 "approve-guest",
-                &gitlab_note(7, "guest", "/preview approve da15608"),
+                &gitlab_note(7, "guest", "/preview approve da1560886d4f094c3e6c9ef40349f7d38b5d27d7"),
                 SECRET,
             )
             .await;
@@ -913,7 +934,7 @@ async fn a_gitlab_fork_merge_request_waits_for_a_members_approval() {
                 async move {
                     last_comment_text(forge)
                         .await
-                        .filter(|t| t.contains("`/preview approve da15608` by @guest: refused"))
+                        .filter(|t| t.contains("`/preview approve da1560886d4f094c3e6c9ef40349f7d38b5d27d7` by @guest: refused"))
                 }
             },
         )
@@ -933,7 +954,7 @@ async fn a_gitlab_fork_merge_request_waits_for_a_members_approval() {
             .gitlab(
                 "Note Hook",
                 "approve-root",
-                &gitlab_note(1, "root", "/preview approve da15608"),
+                &gitlab_note(1, "root", "/preview approve da1560886d4f094c3e6c9ef40349f7d38b5d27d7"),
                 SECRET,
             )
             .await;

@@ -350,16 +350,21 @@ async fn bad_deliveries_are_refused_and_change_nothing() {
             (202, Some("ignored")),
             "unknown event: {answer}"
         );
+        // A repository nobody serves and a served one with a wrong signature get one answer,
+        // naming nothing: an outsider cannot map which (private) repositories previewd serves,
+        // nor learn a template's or a Secret's name.
         let mut elsewhere = json_fixture("github/pull_request.opened.json");
         elsewhere["repository"]["full_name"] = "someone/unknown".into();
-        let (status, answer) = harness
+        let unserved = harness
             .signed("pull_request", "b8", elsewhere.to_string().as_bytes())
             .await;
-        assert_eq!(
-            (status, answer["outcome"].as_str()),
-            (202, Some("ignored")),
-            "unknown repository: {answer}"
-        );
+        let unsigned = harness.github("pull_request", "b8b", &opened, None).await;
+        assert_eq!(unserved, unsigned, "one answer for both");
+        assert_eq!(unserved.0, 401);
+        let said = unserved.1.to_string();
+        for name in ["someone/unknown", "Codertocat", &ns, "PreviewTemplate"] {
+            assert!(!said.contains(name), "{name} in {said}");
+        }
         // The ping fixture belongs to Octocoders/Hello-World: the copy names our repository.
         let mut ping = json_fixture("github/ping.json");
         ping["repository"]["full_name"] = "Codertocat/Hello-World".into();
@@ -1023,7 +1028,9 @@ async fn a_required_label_and_drafts_decide_whether_a_pull_request_has_an_enviro
 
 /// previewd's comment already on the PR (made by an earlier previewd whose status write was
 /// lost, so the environment records no comment id) is found by its marker in the forge's list,
-/// among other people's comments, and edited: never a second comment.
+/// among other people's comments, and edited: never a second comment. A copy of the marker in
+/// someone else's comment (a PR author's, posted first) is not adopted: previewd would edit it,
+/// and its author could then rewrite "previewd's" comment at will.
 #[tokio::test]
 async fn a_comment_whose_id_was_lost_is_found_by_its_marker_and_edited() {
     in_namespace("webhook-marker", |client, ns| async move {
@@ -1037,7 +1044,8 @@ async fn a_comment_whose_id_was_lost_is_found_by_its_marker_and_edited() {
                 ResponseTemplate::new(200)
                     .set_body_json(json!([
                         {"id": 101, "body": "Looks good to me", "user": {"login": "octocat", "type": "User"}},
-                        {"id": 4343, "body": ours, "user": {"login": "previewd[bot]", "type": "Bot"}},
+                        {"id": 666, "body": format!("{ours}\n**Approved by the platform team**"), "user": {"login": "mallory", "type": "User"}},
+                        {"id": 4343, "body": ours, "user": {"login": "previewd-bot", "type": "User"}},
                     ]))
                     .insert_header("etag", "\"comments-v1\""),
             )
@@ -1056,6 +1064,7 @@ async fn a_comment_whose_id_was_lost_is_found_by_its_marker_and_edited() {
         .await;
         assert_eq!(sent(&forge, "POST", "/issues/2/comments", "").await, 0, "no second comment");
         assert_eq!(sent(&forge, "PATCH", "/issues/comments/101", "").await, 0, "nobody else's comment is touched");
+        assert_eq!(sent(&forge, "PATCH", "/issues/comments/666", "").await, 0, "a copy of the marker is not adopted");
     })
     .await;
 }

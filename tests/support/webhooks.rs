@@ -44,6 +44,15 @@ pub async fn mount_github_api(server: &MockServer) {
         )
         .mount(server)
         .await;
+    // The user previewd's token belongs to: its own comments are that user's.
+    Mock::given(method("GET"))
+        .and(path("/user"))
+        .respond_with(ok(
+            200,
+            json!({"login": "previewd-bot", "id": 900, "type": "User"}),
+        ))
+        .mount(server)
+        .await;
     Mock::given(method("POST"))
         .and(path_regex(r"^/repos/[^/]+/[^/]+/issues/\d+/comments$"))
         .respond_with(ok(201, json!({"id": 4242})))

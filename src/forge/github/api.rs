@@ -9,7 +9,9 @@ use std::sync::{Arc, Mutex};
 use http::{HeaderMap, Method, StatusCode};
 use serde_json::{Value, json};
 
-use crate::forge::client::{DeploymentState, check_manifest_count, check_manifest_size, is_yaml};
+use crate::forge::client::{
+    CommentAuthor, DeploymentState, check_manifest_count, check_manifest_size, is_yaml,
+};
 use crate::forge::comment::CommitState;
 use crate::forge::metrics::ForgeMetrics;
 use crate::forge::transport::{
@@ -44,6 +46,10 @@ pub struct GithubApi {
     budget: String,
     /// Last answer of each list page with its ETag: a `304 Not Modified` costs no rate limit.
     etags: Mutex<HashMap<String, KeptPage>>,
+    /// Who previewd comments as, to know its own comments.
+    author: CommentAuthor,
+    /// The token's login, once asked (`GET /user`).
+    own_login: tokio::sync::OnceCell<String>,
 }
 
 impl GithubApi {
@@ -72,6 +78,42 @@ impl GithubApi {
             metrics,
             budget,
             etags: Mutex::new(HashMap::new()),
+            author: CommentAuthor::Token,
+            own_login: tokio::sync::OnceCell::new(),
+        })
+    }
+
+    /// This client, commenting as `author`.
+    pub fn commenting_as(self, author: CommentAuthor) -> Self {
+        Self { author, ..self }
+    }
+
+    /// Whether `comment` (as GitHub lists it) was written by previewd: by its App, or by the
+    /// user its token belongs to.
+    async fn is_own(&self, comment: &Value) -> Result<bool, ForgeApiError> {
+        Ok(match self.author {
+            CommentAuthor::GithubApp(app_id) => {
+                comment["performed_via_github_app"]["id"].as_u64() == Some(app_id)
+            }
+            CommentAuthor::Token => {
+                let login = self
+                    .own_login
+                    .get_or_try_init(|| async {
+                        let user = self.request("own_user", Method::GET, "/user", None).await?;
+                        user["login"]
+                            .as_str()
+                            .map(str::to_string)
+                            .ok_or(ForgeApiError::Http {
+                                operation: "own_user",
+                                status: 200,
+                                message: "GET /user named no login".into(),
+                            })
+                    })
+                    .await?;
+                comment["user"]["login"]
+                    .as_str()
+                    .is_some_and(|author| author.eq_ignore_ascii_case(login))
+            }
         })
     }
 
@@ -238,11 +280,13 @@ impl GithubApi {
                 .request("list_comments", Method::GET, &path, None)
                 .await?;
             let comments = comments.as_array().cloned().unwrap_or_default();
-            if let Some(found) = comments
+            let marked = comments
                 .iter()
-                .find(|c| c["body"].as_str().is_some_and(|b| b.starts_with(marker)))
-            {
-                return Ok(found["id"].as_u64());
+                .filter(|c| c["body"].as_str().is_some_and(|b| b.starts_with(marker)));
+            for comment in marked {
+                if self.is_own(comment).await? {
+                    return Ok(comment["id"].as_u64());
+                }
             }
             if comments.len() < 100 {
                 break;

@@ -319,6 +319,7 @@ fn parse_pull_request(body: &[u8]) -> Result<ForgeEvent, ParseError> {
             number: pr.number,
             branch: pr.head.name,
             merged: pr.merged,
+            changed_at: crate::forge::forge_time(&pr.updated_at),
         },
         "opened" | "reopened" | "synchronize" | "ready_for_review" | "converted_to_draft"
         | "labeled" | "unlabeled" | "edited" => {
@@ -458,7 +459,8 @@ mod tests {
             EventKind::ChangeRequestClosed {
                 number: 2,
                 branch: "changes".into(),
-                merged: false
+                merged: false,
+                changed_at: Some("2019-05-15T15:21:18Z".parse().unwrap()),
             }
         );
         // The fixture was closed without merging; flip `merged` in a copy for the merged case.

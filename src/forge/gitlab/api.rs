@@ -15,6 +15,7 @@ use gitlab::api::projects::merge_requests::{MergeRequestState, MergeRequestView,
 use gitlab::api::projects::repository::branches::Branches;
 use gitlab::api::projects::repository::commits::{CommitStatusState, CreateCommitStatus};
 use gitlab::api::projects::repository::files::FileRaw;
+use gitlab::api::users::CurrentUser;
 use gitlab::api::{AsyncQuery, Endpoint, Pageable, Pagination};
 use serde::de::DeserializeOwned;
 
@@ -96,6 +97,9 @@ pub struct GitlabApi {
     client: ObservedGitlab,
     gate: Arc<Gate>,
     metrics: ForgeMetrics,
+    /// The id of the user the token belongs to, once asked (`GET /user`): previewd's own
+    /// notes are that user's.
+    own_user: tokio::sync::OnceCell<u64>,
 }
 
 #[derive(serde::Deserialize)]
@@ -103,6 +107,12 @@ struct Note {
     id: u64,
     #[serde(default)]
     body: String,
+    author: Option<UserId>,
+}
+
+#[derive(serde::Deserialize)]
+struct UserId {
+    id: u64,
 }
 
 impl GitlabApi {
@@ -147,7 +157,18 @@ impl GitlabApi {
             },
             gate,
             metrics,
+            own_user: tokio::sync::OnceCell::new(),
         })
+    }
+
+    /// The id of the user the token belongs to.
+    async fn own_user(&self) -> Result<u64, ForgeApiError> {
+        let id = self.own_user.get_or_try_init(|| async {
+            let endpoint = built("own_user", CurrentUser::builder().build())?;
+            let user: UserId = self.query("own_user", endpoint).await?;
+            Ok::<u64, ForgeApiError>(user.id)
+        });
+        id.await.copied()
     }
 
     async fn run<T, F, Fut>(&self, operation: &'static str, call: F) -> Result<T, ForgeApiError>
@@ -251,9 +272,14 @@ impl GitlabApi {
         let notes: Vec<Note> = self
             .list("list_comments", endpoint, Pagination::Limit(1000))
             .await?;
+        if !notes.iter().any(|n| n.body.starts_with(marker)) {
+            return Ok(None);
+        }
+        // Anyone can start a note with previewd's marker: only the token's user's count.
+        let own = self.own_user().await?;
         Ok(notes
             .into_iter()
-            .find(|n| n.body.starts_with(marker))
+            .find(|n| n.body.starts_with(marker) && n.author.as_ref().is_some_and(|a| a.id == own))
             .map(|n| n.id))
     }
 

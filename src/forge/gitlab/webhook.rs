@@ -267,15 +267,11 @@ fn parse_merge_request(body: &[u8]) -> Result<ForgeEvent, ParseError> {
         })
         .unwrap_or_default();
     let kind = match action.as_str() {
-        "close" | "closed" => EventKind::ChangeRequestClosed {
+        "close" | "closed" | "merge" | "merged" => EventKind::ChangeRequestClosed {
             number: mr.iid,
             branch: mr.source_branch,
-            merged: false,
-        },
-        "merge" | "merged" => EventKind::ChangeRequestClosed {
-            number: mr.iid,
-            branch: mr.source_branch,
-            merged: true,
+            merged: action.starts_with("merge"),
+            changed_at: crate::forge::forge_time(&mr.updated_at),
         },
         "open" | "reopen" | "update" => {
             let last_commit = mr

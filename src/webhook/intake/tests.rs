@@ -226,6 +226,93 @@ fn an_older_delivery_never_replaces_a_newer_head() {
     );
 }
 
+/// A fork's pull request from its own `main` does not take over the base repository's `main`:
+/// a push there updates (or creates) the branch environment and leaves the fork's alone, and
+/// deleting the base's branch does not delete it.
+/// A `closed` delivery replayed after the pull request was reopened (its time is older than
+/// the reopen the environment recorded) deletes nothing; a close newer than the environment
+/// does.
+#[test]
+fn a_replayed_close_does_not_delete_a_reopened_environment() {
+    let templates = [template("web", |_| {})];
+    let reopened = github_event("pull_request", "pull_request.reopened.json");
+    let closed = github_event("pull_request", "pull_request.closed.json");
+    let environment = |event: &ForgeEvent| -> Vec<Arc<PreviewEnvironment>> {
+        applied(&decide(event, &templates, &[], now()))
+            .into_iter()
+            .map(|e| Arc::new(e.clone()))
+            .collect()
+    };
+    // The fixtures: reopened at 15:20:33, closed at 15:21:18. The close is newer: it deletes.
+    let open = environment(&reopened);
+    assert_eq!(open.len(), 1);
+    let deletes = |existing: &[Arc<PreviewEnvironment>]| {
+        decide(&closed, &templates, existing, now())
+            .iter()
+            .filter(|d| matches!(d, Decision::Delete { .. }))
+            .count()
+    };
+    assert_eq!(deletes(&open), 1);
+    // Reopened again after that close: the old close, replayed, deletes nothing.
+    let reopened_later = change_request(|c| {
+        c.changed_at = Some("2019-05-15T15:30:00Z".parse().unwrap());
+    });
+    let open_again = environment(&reopened_later);
+    assert_eq!(deletes(&open_again), 0);
+}
+
+#[test]
+fn a_fork_branch_named_like_a_base_branch_does_not_follow_its_pushes() {
+    let templates = [template("web", |s| {
+        s.triggers.branches = vec!["main".into()];
+        s.triggers.fork_policy = crate::model::crd::ForkPolicy::Allow;
+    })];
+    let fork_pr: Vec<Arc<PreviewEnvironment>> = applied(&decide(
+        &change_request(|c| {
+            c.fork = true;
+            c.branch = "main".into();
+        }),
+        &templates,
+        &[],
+        now(),
+    ))
+    .into_iter()
+    .map(|e| Arc::new(e.clone()))
+    .collect();
+    assert_eq!(fork_pr.len(), 1);
+    let base = |kind| ForgeEvent {
+        forge: ForgeKind::Github,
+        repository: "Codertocat/Hello-World".into(),
+        kind,
+    };
+    let push = base(EventKind::Push(Push {
+        branch: "main".into(),
+        head_sha: "feedbeef".into(),
+        author: None,
+        changed_at: None,
+        files: None,
+        head_message: None,
+    }));
+    let decisions = decide(&push, &templates, &fork_pr, now());
+    let environments = applied(&decisions);
+    assert_eq!(environments.len(), 1, "{decisions:?}");
+    assert_eq!(
+        environments[0].spec.source.pull_request, None,
+        "the branch environment"
+    );
+    assert_ne!(environments[0].name_any(), fork_pr[0].name_any());
+    let deleted = base(EventKind::BranchDeleted {
+        branch: "main".into(),
+    });
+    let decisions = decide(&deleted, &templates, &fork_pr, now());
+    assert!(
+        decisions
+            .iter()
+            .all(|d| !matches!(d, Decision::Delete { name, .. } if *name == fork_pr[0].name_any())),
+        "{decisions:?}"
+    );
+}
+
 #[test]
 fn branch_pushes_follow_the_globs_and_deletions_remove_them() {
     let templates = [template("web", |s| {
@@ -305,9 +392,20 @@ fn a_burst_of_identical_deliveries_writes_once_a_minute() {
         decide(&event, &templates, &existing, soon).is_empty(),
         "nothing new within a minute"
     );
-    let later = now() + chrono::TimeDelta::seconds(61);
+    // The same delivery again later (a replay with a new delivery id, a redelivery): the
+    // forge's time of the change is the same, so it says nothing new and refreshes nothing.
+    let later = now() + chrono::TimeDelta::hours(3);
+    assert!(
+        decide(&event, &templates, &existing, later).is_empty(),
+        "a replay changes nothing"
+    );
+    // Without the forge's time (GitLab's push), identical deliveries count as activity once a
+    // minute.
+    let mut untimed: Vec<Arc<PreviewEnvironment>> = existing.clone();
+    Arc::make_mut(&mut untimed[0]).spec.source.changed_at = None;
+    let untimed_event = change_request(|c| c.changed_at = None);
     assert_eq!(
-        applied(&decide(&event, &templates, &existing, later)).len(),
+        applied(&decide(&untimed_event, &templates, &untimed, later)).len(),
         1,
         "activity refreshed after a minute"
     );
