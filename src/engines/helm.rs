@@ -120,7 +120,12 @@ impl Chart<'_> {
 impl Engines {
     /// The chart's objects as `helm template` prints them (one YAML stream), from the cache
     /// when nothing it depends on changed.
-    pub async fn helm_template(&self, render: &HelmRender<'_>) -> Result<Rendered, EngineError> {
+    /// `owner` (the template) is whose fair turn the render takes.
+    pub async fn helm_template(
+        &self,
+        render: &HelmRender<'_>,
+        owner: &str,
+    ) -> Result<Rendered, EngineError> {
         let key = render.key();
         if let Some(text) = self.cache.get(&key) {
             return Ok(Rendered { text, cached: true });
@@ -129,7 +134,9 @@ impl Engines {
             serde_json::to_vec(render.values).map_err(|e| EngineError::Io(e.to_string()))?;
         let mut top = vec![("values.json".to_string(), values)];
         if let Some(pull) = render.chart.pull_args() {
-            let archive = self.published_chart(key_of_pull(&pull), pull).await?;
+            let archive = self
+                .published_chart(key_of_pull(&pull), pull, owner)
+                .await?;
             top.push((ARCHIVE.to_string(), archive.to_vec()));
         }
         let mut files = vec![("", &top[..])];
@@ -137,6 +144,7 @@ impl Engines {
             files.push(("chart", chart));
         }
         self.render(Job {
+            owner,
             key,
             files,
             program: &self.config.helm,
@@ -153,11 +161,12 @@ impl Engines {
         &self,
         key: [u8; 32],
         pull: Vec<String>,
+        owner: &str,
     ) -> Result<Arc<Vec<u8>>, EngineError> {
         if let Some(archive) = self.archives.get(&key) {
             return Ok(archive);
         }
-        let (_slot, folder) = self.private_folder().await?;
+        let (_turn, folder) = self.private_folder(owner).await?;
         // `helm pull --destination` writes into a folder that must exist.
         std::fs::create_dir(folder.path().join(PULLED))
             .map_err(|e| EngineError::Io(e.to_string()))?;

@@ -1,7 +1,8 @@
 //! The third-party engines previewd renders manifests with: Helm (`helm template`) and
 //! Kustomize (`kubectl kustomize`). They are real programs run on input from pull requests, so
 //! every run has a time limit, an output limit and a private folder, and at most
-//! [`CONCURRENT_RENDERS`] run at once.
+//! [`CONCURRENT_RENDERS`] run at once, in fair turns between templates ([`turns`]): one
+//! template's hanging renders delay another template's by at most one render.
 //! What they print is kept by digest of their input ([`cache`]): an unchanged commit renders
 //! nothing. A published chart is downloaded once per version.
 //!
@@ -12,6 +13,7 @@ pub mod cache;
 pub mod helm;
 pub mod kustomize;
 pub mod process;
+pub mod turns;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -19,6 +21,7 @@ use std::time::Duration;
 
 use cache::RenderCache;
 use process::{Run, RunError};
+use turns::{FairTurns, Turn};
 
 /// How many engine programs run at once (each is a process of its own; the machine previewd
 /// runs on may have two cores).
@@ -27,13 +30,20 @@ pub const CONCURRENT_RENDERS: usize = 2;
 /// The most text one render may print (the same bound as a minijinja template's).
 pub const MAX_OUTPUT_BYTES: usize = 4 << 20;
 
-/// Where the engines are and how long they may take (`--helm`, `--kubectl`,
-/// `--render-timeout`).
+/// The most memory one engine program may take by default (`--render-memory-limit`): Helm
+/// renders a large chart in well under 200 MiB; two renders at once stay well below the chart's
+/// 1 GiB container limit, which previewd shares with them.
+pub const DEFAULT_MEMORY_LIMIT: u64 = 384 << 20;
+
+/// Where the engines are, how long they may take and how much memory (`--helm`, `--kubectl`,
+/// `--render-timeout`, `--render-memory-limit`).
 #[derive(Clone, Debug)]
 pub struct EngineConfig {
     pub helm: PathBuf,
     pub kubectl: PathBuf,
     pub timeout: Duration,
+    /// Bytes of private writable memory per engine program.
+    pub memory_limit: u64,
 }
 
 impl Default for EngineConfig {
@@ -42,6 +52,7 @@ impl Default for EngineConfig {
             helm: PathBuf::from("helm"),
             kubectl: PathBuf::from("kubectl"),
             timeout: Duration::from_secs(30),
+            memory_limit: DEFAULT_MEMORY_LIMIT,
         }
     }
 }
@@ -78,7 +89,7 @@ pub struct Engines {
     cache: RenderCache,
     /// Published charts' archives, by `helm pull`'s arguments (repository, name, version).
     archives: RenderCache<Vec<u8>>,
-    slots: tokio::sync::Semaphore,
+    turns: FairTurns,
 }
 
 impl Engines {
@@ -87,7 +98,7 @@ impl Engines {
             config,
             cache: RenderCache::default(),
             archives: RenderCache::default(),
-            slots: tokio::sync::Semaphore::new(CONCURRENT_RENDERS),
+            turns: FairTurns::new(CONCURRENT_RENDERS),
         }
     }
 
@@ -96,7 +107,7 @@ impl Engines {
         if let Some(text) = self.cache.get(&job.key) {
             return Ok(Rendered { text, cached: true });
         }
-        let (_slot, folder) = self.private_folder().await?;
+        let (_turn, folder) = self.private_folder(job.owner).await?;
         for (under, files) in job.files {
             write_files(&folder.path().join(under), files)?;
         }
@@ -110,18 +121,17 @@ impl Engines {
         })
     }
 
-    /// A turn among the [`CONCURRENT_RENDERS`], and a fresh private folder (removed when
-    /// dropped) to run an engine in.
-    async fn private_folder(
-        &self,
-    ) -> Result<(tokio::sync::SemaphorePermit<'_>, tempfile::TempDir), EngineError> {
-        let slot = self
-            .slots
-            .acquire()
-            .await
-            .map_err(|_| EngineError::ShuttingDown)?;
+    /// A turn among the [`CONCURRENT_RENDERS`], fair between owners (templates), and a fresh
+    /// private folder (removed when dropped) to run an engine in.
+    async fn private_folder(&self, owner: &str) -> Result<(Turn, tempfile::TempDir), EngineError> {
+        let turn = self.turns.acquire(owner).await;
         let folder = tempfile::tempdir().map_err(|e| EngineError::Io(e.to_string()))?;
-        Ok((slot, folder))
+        Ok((turn, folder))
+    }
+
+    /// Engine turns held and waited for.
+    pub fn turns_in_use(&self) -> (usize, usize) {
+        self.turns.load()
     }
 
     async fn run(
@@ -143,6 +153,7 @@ impl Engines {
             env,
             timeout: self.config.timeout,
             max_output: MAX_OUTPUT_BYTES,
+            max_memory: self.config.memory_limit,
         })
         .await?)
     }
@@ -154,6 +165,8 @@ pub type Files = [(String, Vec<u8>)];
 /// One engine run: what it depends on (`key`), the files to write into its private folder
 /// (each list under a sub-folder, `""` for the folder itself), and the program to run there.
 struct Job<'a> {
+    /// Whose turn it takes (the template, `namespace/name`).
+    owner: &'a str,
     key: [u8; 32],
     files: Vec<(&'a str, &'a Files)>,
     program: &'a Path,

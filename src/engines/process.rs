@@ -1,6 +1,15 @@
 //! Runs an engine program (`helm`, `kubectl`) the way input from a pull request must be run:
-//! with a time limit, an output limit, no inherited environment (so no operator credentials,
-//! kubeconfig or proxy settings reach it) and killed when previewd stops waiting.
+//! with a time limit, an output limit, a memory limit, no inherited environment (so no
+//! operator credentials, kubeconfig or proxy settings reach it) and killed when previewd stops
+//! waiting.
+//!
+//! The memory limit holds twice: the kernel refuses the program's private writable memory
+//! beyond it (`RLIMIT_DATA`), and previewd reads the program's resident memory every
+//! [`MEMORY_CHECK_INTERVAL`] and kills it once over (Go's runtime sometimes maps its heap in a
+//! way the first does not count: measured, a 1 GiB `repeat` in a chart passed a 384 MiB
+//! `RLIMIT_DATA` in 2 runs of 6). A chart or overlay that builds a gigabyte from a few lines is
+//! stopped and said, instead of growing previewd's container to its limit, where the kernel
+//! would kill whichever process it chose, previewd included.
 
 use std::path::Path;
 use std::process::Stdio;
@@ -19,10 +28,16 @@ pub enum RunError {
     TimedOut { program: String, limit: Duration },
     #[error("{program} printed more than {limit} bytes and was stopped")]
     TooMuchOutput { program: String, limit: usize },
+    #[error("{program} needed more than {} MiB of memory and was stopped (--render-memory-limit)", limit >> 20)]
+    OutOfMemory { program: String, limit: u64 },
     /// The program's own error message (its standard error, shortened).
     #[error("{message}")]
     Failed { message: String },
 }
+
+/// How often the program's resident memory is read: at memory's speed of filling, a program
+/// gets at most a few dozen MiB past its limit between two reads.
+pub const MEMORY_CHECK_INTERVAL: Duration = Duration::from_millis(5);
 
 /// The most of a program's standard error previewd repeats in a condition.
 const MAX_MESSAGE_CHARS: usize = 2_000;
@@ -36,12 +51,16 @@ pub struct Run<'a> {
     pub env: Vec<(&'static str, String)>,
     pub timeout: Duration,
     pub max_output: usize,
+    /// The most private writable memory the program may map, in bytes.
+    pub max_memory: u64,
 }
 
 /// Runs the program and returns its standard output, or why not.
 pub async fn run(run: Run<'_>) -> Result<String, RunError> {
     let program = run.program.display().to_string();
-    let mut child = Command::new(run.program)
+    let mut command = Command::new(run.program);
+    limit_memory(&mut command, run.max_memory);
+    let mut child = command
         .args(&run.args)
         .current_dir(run.folder)
         .env_clear()
@@ -62,7 +81,8 @@ pub async fn run(run: Run<'_>) -> Result<String, RunError> {
         });
     };
     let limit = run.max_output;
-    let finished = tokio::time::timeout(run.timeout, async {
+    let over_memory = watch_memory(child.id(), run.max_memory);
+    let running = tokio::time::timeout(run.timeout, async {
         // One byte over the limit is enough to know: the rest of the output is never read.
         // Standard error is read to its end (a program blocked on a full pipe would only time
         // out) but only its beginning is kept.
@@ -79,8 +99,14 @@ pub async fn run(run: Run<'_>) -> Result<String, RunError> {
         let status = child.wait().await;
         let err = reading_err.await.unwrap_or_default();
         Ok((status, out, err))
-    })
-    .await;
+    });
+    let finished = tokio::select! {
+        finished = running => finished,
+        () = over_memory => {
+            // Returning drops the child, which kills it (kill_on_drop).
+            return Err(RunError::OutOfMemory { program, limit: run.max_memory });
+        }
+    };
     let (status, out, err) = match finished {
         Err(_) => {
             return Err(RunError::TimedOut {
@@ -94,6 +120,12 @@ pub async fn run(run: Run<'_>) -> Result<String, RunError> {
     if !succeeded {
         // The private folder's name means nothing to the template's author: paths are said
         // relative to it.
+        if ran_out_of_memory(&err) {
+            return Err(RunError::OutOfMemory {
+                program,
+                limit: run.max_memory,
+            });
+        }
         let mut message = message_of(&err, status.ok());
         let folder = run.folder.display().to_string();
         if folder.len() > 1 {
@@ -104,6 +136,66 @@ pub async fn run(run: Run<'_>) -> Result<String, RunError> {
     String::from_utf8(out).map_err(|_| RunError::Failed {
         message: format!("{program} printed something that is not UTF-8 text"),
     })
+}
+
+/// Makes the kernel refuse the program's memory beyond `bytes` (its heap and other private
+/// writable mappings), set in the child between fork and exec.
+fn limit_memory(command: &mut Command, bytes: u64) {
+    let limit = libc::rlimit {
+        rlim_cur: bytes,
+        rlim_max: bytes,
+    };
+    // SAFETY: the closure runs in the forked child before exec and calls only setrlimit(2),
+    // which is async-signal-safe; it allocates nothing and takes no lock.
+    unsafe {
+        command.pre_exec(move || {
+            if libc::setrlimit(libc::RLIMIT_DATA, &limit) == 0 {
+                Ok(())
+            } else {
+                Err(std::io::Error::last_os_error())
+            }
+        });
+    }
+}
+
+/// Resolves once process `pid` holds more than `limit` bytes of resident memory; never if
+/// its memory cannot be read (it has exited: its status says the rest).
+async fn watch_memory(pid: Option<u32>, limit: u64) {
+    let Some(pid) = pid else {
+        return std::future::pending().await;
+    };
+    let path = format!("/proc/{pid}/statm");
+    // SAFETY: sysconf only reads a constant of the system.
+    let page = u64::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096);
+    loop {
+        tokio::time::sleep(MEMORY_CHECK_INTERVAL).await;
+        let Ok(statm) = tokio::fs::read_to_string(&path).await else {
+            return std::future::pending().await;
+        };
+        let resident = statm
+            .split_whitespace()
+            .nth(1)
+            .and_then(|pages| pages.parse::<u64>().ok())
+            .map_or(0, |pages| pages.saturating_mul(page));
+        if resident > limit {
+            return;
+        }
+    }
+}
+
+/// Whether the program's standard error says an allocation failed: Go's runtime (`fatal error:
+/// out of memory`, or a thread it could not start), Python's `MemoryError`, C's `Cannot allocate
+/// memory`, Perl's `Out of memory`.
+fn ran_out_of_memory(stderr: &[u8]) -> bool {
+    let text = String::from_utf8_lossy(stderr).to_ascii_lowercase();
+    [
+        "out of memory",
+        "memoryerror",
+        "cannot allocate memory",
+        "pthread_create failed",
+    ]
+    .iter()
+    .any(|sign| text.contains(sign))
 }
 
 /// Reads `reader` to its end, keeping its first `keep` bytes.
@@ -149,6 +241,7 @@ mod tests {
             env: vec![("PATH", "/usr/bin:/bin".into())],
             timeout,
             max_output,
+            max_memory: 256 << 20,
         }
     }
 
@@ -192,5 +285,42 @@ mod tests {
             matches!(missing, Err(RunError::NotStarted { .. })),
             "{missing:?}"
         );
+    }
+
+    /// A program that builds more than its memory limit fails its own allocation and is said
+    /// to; previewd's memory is not touched (the limit is the child's).
+    #[tokio::test]
+    async fn a_program_over_its_memory_limit_is_stopped_and_said() {
+        let greedy = Run {
+            max_memory: 64 << 20,
+            ..shell(
+                "exec perl -e '$x = q(x) x 1_000_000_000; print length $x'",
+                Duration::from_secs(20),
+                100,
+            )
+        };
+        let refused = run(greedy).await;
+        assert_eq!(
+            refused,
+            Err(RunError::OutOfMemory {
+                program: "/bin/sh".into(),
+                limit: 64 << 20
+            })
+        );
+        let said = refused.unwrap_err().to_string();
+        assert!(
+            said.contains("more than 64 MiB") && said.contains("--render-memory-limit"),
+            "{said}"
+        );
+        // Within the limit, the same program runs.
+        let modest = Run {
+            max_memory: 256 << 20,
+            ..shell(
+                "exec perl -e '$x = q(x) x 1_000_000; print length $x'",
+                Duration::from_secs(20),
+                100,
+            )
+        };
+        assert_eq!(run(modest).await, Ok("1000000".into()));
     }
 }

@@ -81,6 +81,11 @@ pub struct ControllerArgs {
     /// How long one chart render or overlay build may take before it is stopped and the environment says so.
     #[arg(long, env = "PREVIEWD_RENDER_TIMEOUT", default_value = "30s", value_parser = parse_duration)]
     pub render_timeout: Duration,
+    /// How much memory one `helm` or `kubectl kustomize` run may take (`384Mi`, `1Gi`, or
+    /// bytes): the kernel refuses it more, and the environment says so. Keep two of them and
+    /// previewd itself under the container's memory limit (they share it).
+    #[arg(long, env = "PREVIEWD_RENDER_MEMORY_LIMIT", default_value = "384Mi", value_parser = parse_size)]
+    pub render_memory_limit: u64,
     /// The ClusterRole previewd binds to its own ServiceAccount in each environment namespace
     /// it creates (the chart's `<release>-environment`). Set it when previewd's RBAC lets it
     /// write only there; it needs `--service-account` too.
@@ -90,6 +95,37 @@ pub struct ControllerArgs {
     /// bindings.
     #[arg(long, env = "PREVIEWD_SERVICE_ACCOUNT", value_parser = parse_service_account, requires = "environment_role")]
     pub service_account: Option<(String, String)>,
+}
+
+/// A size as Kubernetes writes memory: bytes, or a number with `Ki`, `Mi` or `Gi`; at least
+/// 16 MiB (less than any engine needs to start).
+fn parse_size(text: &str) -> Result<u64, String> {
+    let (number, unit) = match text.find(|c: char| !c.is_ascii_digit()) {
+        Some(at) => text.split_at(at),
+        None => (text, ""),
+    };
+    let shift = match unit {
+        "" => 0,
+        "Ki" => 10,
+        "Mi" => 20,
+        "Gi" => 30,
+        _ => {
+            return Err(format!(
+                "{text:?}: write bytes, or a number with Ki, Mi or Gi"
+            ));
+        }
+    };
+    let bytes = number
+        .parse::<u64>()
+        .ok()
+        .and_then(|n| n.checked_mul(1 << shift))
+        .ok_or_else(|| format!("{text:?} is not a size previewd can hold"))?;
+    if bytes < 16 << 20 {
+        return Err(format!(
+            "{text:?} is less than 16Mi, too little for any engine to start"
+        ));
+    }
+    Ok(bytes)
 }
 
 /// `namespace/name`, both non-empty.
@@ -134,6 +170,7 @@ impl ControllerArgs {
                 helm: self.helm.clone(),
                 kubectl: self.kubectl.clone(),
                 timeout: self.render_timeout,
+                memory_limit: self.render_memory_limit,
             },
         }
     }
@@ -213,4 +250,27 @@ pub struct WebhookArgs {
     /// are typically 20-40 KB; 2 MiB leaves room for pushes with many commits.
     #[arg(long, env = "PREVIEWD_WEBHOOK_MAX_BODY_BYTES", default_value_t = 2 * 1024 * 1024)]
     pub webhook_max_body_bytes: usize,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_size;
+
+    #[test]
+    fn sizes_are_read_as_kubernetes_writes_memory() {
+        assert_eq!(parse_size("384Mi"), Ok(384 << 20));
+        assert_eq!(parse_size("1Gi"), Ok(1 << 30));
+        assert_eq!(parse_size("20000000"), Ok(20_000_000));
+        for bad in [
+            "",
+            "Mi",
+            "1G",
+            "12Mi",
+            "-1Gi",
+            "99999999999999999999Gi",
+            "17179869184Gi",
+        ] {
+            assert!(parse_size(bad).is_err(), "{bad}");
+        }
+    }
 }

@@ -268,8 +268,8 @@ async fn helm(engines: &Engines, objects: &[Value]) -> Figures {
             values: &values,
         };
         let (new_commit, unchanged) = (
-            engines.helm_template(&render),
-            engines.helm_template(&render),
+            engines.helm_template(&render, "bench/app"),
+            engines.helm_template(&render, "bench/app"),
         );
         rounds.previewd(new_commit, unchanged, &printed, &tag).await;
     }
@@ -310,8 +310,8 @@ async fn kustomize(engines: &Engines, objects: &[Value]) -> Figures {
             patches: &[],
         };
         let (new_commit, unchanged) = (
-            engines.kustomize_build(&render),
-            engines.kustomize_build(&render),
+            engines.kustomize_build(&render, "bench/app"),
+            engines.kustomize_build(&render, "bench/app"),
         );
         rounds.previewd(new_commit, unchanged, &printed, &tag).await;
     }

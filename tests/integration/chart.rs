@@ -195,6 +195,50 @@ async fn assert_extra_kind_confined(as_chart: &kube::Client, target: &str, bysta
     assert!(may_route(as_chart, "watch", "").await, "watch HTTPRoutes");
 }
 
+/// previewd's own NetworkPolicy (issue 35 §1): every egress rule names its peers (no rule open
+/// to every address), the API server only at its address, and HTTPS to public addresses never
+/// reaches a private range (cloud metadata at 169.254.169.254, internal services): an engine
+/// made to fetch an internal URL finds no way there.
+fn assert_egress_stays_out_of_private_ranges(rendered: &[Value]) {
+    let policy = rendered
+        .iter()
+        .find(|o| o["kind"] == "NetworkPolicy")
+        .expect("the chart renders previewd's NetworkPolicy");
+    assert_eq!(policy["spec"]["policyTypes"], json!(["Ingress", "Egress"]));
+    let egress = policy["spec"]["egress"].as_array().unwrap();
+    for rule in egress {
+        let peers = rule["to"].as_array().map_or(0, Vec::len);
+        assert!(peers > 0, "an egress rule open to every address: {rule}");
+    }
+    let blocks: Vec<&Value> = egress
+        .iter()
+        .flat_map(|r| r["to"].as_array().unwrap().iter())
+        .filter_map(|peer| peer.get("ipBlock"))
+        .collect();
+    assert!(
+        blocks.contains(&&json!({"cidr": "127.0.0.1/32"})),
+        "{blocks:?}"
+    );
+    let public = blocks
+        .iter()
+        .find(|b| b["cidr"] == "0.0.0.0/0")
+        .expect("HTTPS to public addresses");
+    for private in [
+        "10.0.0.0/8",
+        "172.16.0.0/12",
+        "192.168.0.0/16",
+        "169.254.0.0/16",
+    ] {
+        assert!(
+            public["except"]
+                .as_array()
+                .unwrap()
+                .contains(&json!(private)),
+            "{private} reachable: {public}"
+        );
+    }
+}
+
 #[tokio::test]
 async fn the_chart_lints_renders_applies_and_its_rbac_carries_a_lifecycle() {
     in_namespace("chart", |client, ns| async move {
@@ -208,6 +252,8 @@ async fn the_chart_lints_renders_applies_and_its_rbac_carries_a_lifecycle() {
             // The sandbox is Kubernetes 1.20, which has no policy/v1 (1.21+); the offline
             // render assumes a current cluster. Lint and render cover the PDB; it is not applied.
             "podDisruptionBudget": {"enabled": false},
+            // The API server's address, as an operator who renders with `helm template` sets it.
+            "networkPolicy": {"apiServer": {"cidrs": ["127.0.0.1/32"]}},
         });
         let engine = helm_engine(&release, &ns, &values);
 
@@ -260,6 +306,7 @@ async fn the_chart_lints_renders_applies_and_its_rbac_carries_a_lifecycle() {
                 "the chart renders a {kind}: {kinds:?}"
             );
         }
+        assert_egress_stays_out_of_private_ranges(&rendered);
         apply_all(&client, &ns, &rendered).await;
         let deployment = rendered.iter().find(|o| o["kind"] == "Deployment").unwrap();
         let pod = &deployment["spec"]["template"]["spec"];

@@ -547,6 +547,25 @@ async fn a_kustomize_overlay_from_the_repository_is_built_by_kustomize_with_the_
         })
         .await;
 
+        // The same escape spelled another way: Kustomize reads `Resources` as `resources` (Go's
+        // JSON decoder ignores case) and applies YAML merge keys; previewd refuses what it
+        // would read otherwise, before Kustomize runs.
+        for (sha, hostile, said) in [
+            ("9999999999999999999999999999999999999991", format!("{overlay_text}\nResources: [../../../../../../etc/kubernetes]\n"), "spelled \"resources\""),
+            ("9999999999999999999999999999999999999992", format!("{overlay_text}\nx: &more {{patches: [{{path: /etc/passwd}}]}}\n"), "is not a kustomization field"),
+            ("9999999999999999999999999999999999999993", format!("{overlay_text}\n<<: {{openapi: {{path: /etc/passwd}}}}\n"), "YAML merge keys"),
+            ("9999999999999999999999999999999999999994", format!("{overlay_text}\ntransformers: [t.yaml]\n"), "configures Kustomize plugins"),
+        ] {
+            serve_folder(&forge, REPOSITORY, OVERLAY_ROOT, sha, &with_file(&files, overlay, &hostile)).await;
+            set_head(&client, &ns, &name, sha).await;
+            eventually(said, Duration::from_secs(60), || async {
+                let message = refused_with(&client, &ns, &name, "RenderFailed").await;
+                message.contains(said).then_some(())
+            })
+            .await;
+            assert!(running_first().await);
+        }
+
         // A patch for an object the overlay does not have: Kustomize's own message, with the
         // repository's paths (not previewd's private folder).
         let broken = "2222222222222222222222222222222222222222";
@@ -582,6 +601,180 @@ async fn a_kustomize_overlay_from_the_repository_is_built_by_kustomize_with_the_
         })
         .await;
         wait_for_phase(&environments, &name, Phase::Ready, Duration::from_secs(120)).await;
+    })
+    .await;
+}
+
+/// Fair turns at the engines (issue 35 §3): a template whose renders hang (here 6 environments
+/// of a chart that loops until `--render-timeout`, 3 s, stops it) holds both engine turns, and
+/// another template's environment, created after all of them, waits for one of those renders
+/// to end, not for every render queued before it. With one first-come queue it rendered after
+/// at least four of them had timed out; here when it is Ready at most two have.
+#[tokio::test]
+async fn a_template_whose_renders_hang_delays_another_by_one_render_at_most() {
+    in_namespace("helm-fair-turns", |client, ns| async move {
+        let forge = MockServer::start().await;
+        serve_chart(&forge, FIRST, &files_of(&example_chart())).await;
+        let hanging =
+            "{{- range $i := until 20000 }}{{- range $j := until 20000 }}{{- end }}{{- end }}\n";
+        let slow_chart = chart_with("templates/slow.yaml", hanging);
+        serve_folder(&forge, REPOSITORY, "deploy/slow", FIRST, &slow_chart).await;
+        let _running = support::start_controller_with(
+            &client,
+            ControllerConfig {
+                namespace: Some(ns.clone()),
+                engines: EngineConfig {
+                    helm: support::helm::template_command(),
+                    timeout: Duration::from_secs(3),
+                    ..Default::default()
+                },
+                ..Default::default()
+            },
+        )
+        .await;
+        create_forge_token(&client, &ns).await;
+        let templates: Api<PreviewTemplate> = Api::namespaced(client.clone(), &ns);
+        let environments: Api<PreviewEnvironment> = Api::namespaced(client.clone(), &ns);
+        let (template, environment) = example("web-chart");
+        let variant = |name: &str, path: &str| {
+            let mut variant = template.clone();
+            variant.metadata.name = Some(name.into());
+            variant.spec.forge.api_url = Some(forge.uri());
+            variant.spec.seeds.clear();
+            if let Some(helm) = variant.spec.manifests.helm.as_mut() {
+                helm.chart.path = Some(path.into());
+            }
+            variant
+        };
+        for made in [variant("slow", "deploy/slow"), variant("quick", CHART_PATH)] {
+            templates
+                .create(&PostParams::default(), &made)
+                .await
+                .unwrap();
+        }
+        let environment_of = |template: &str, number: u64| {
+            let mut made = environment.clone();
+            made.metadata.name = Some(format!("{template}-pr-{number}"));
+            made.spec.template = template.into();
+            made.spec.source.branch = format!("branch-{number}");
+            made.spec.source.pull_request = Some(number);
+            made
+        };
+        let slow: Vec<String> = (1..=6).map(|n| format!("slow-pr-{n}")).collect();
+        for number in 1..=6 {
+            environments
+                .create(&PostParams::default(), &environment_of("slow", number))
+                .await
+                .unwrap();
+        }
+        // Every slow render has asked for its turn before the quick one does.
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        environments
+            .create(&PostParams::default(), &environment_of("quick", 7))
+            .await
+            .unwrap();
+        wait_for_phase(
+            &environments,
+            "quick-pr-7",
+            Phase::Ready,
+            Duration::from_secs(60),
+        )
+        .await;
+
+        let mut timed_out = 0;
+        for name in &slow {
+            let status = environments
+                .get(name)
+                .await
+                .unwrap()
+                .status
+                .unwrap_or_default();
+            let failed = status
+                .conditions
+                .iter()
+                .any(|c| c.type_ == "Ready" && c.reason == "RenderFailed");
+            timed_out += usize::from(failed);
+        }
+        assert!(
+            timed_out <= 2,
+            "{timed_out} of the hanging renders ended before the quick one was Ready"
+        );
+        // The hanging ones are stopped and said, as ever.
+        let message = refused_with(&client, &ns, &slow[5], "RenderFailed").await;
+        assert!(message.contains("took longer than 3s"), "{message}");
+    })
+    .await;
+}
+
+/// The peak resident memory of this process so far, in bytes (`VmHWM` of /proc/self/status).
+fn peak_memory() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let line = status.lines().find(|l| l.starts_with("VmHWM:")).unwrap();
+    let kib: u64 = line.split_whitespace().nth(1).unwrap().parse().unwrap();
+    kib * 1024
+}
+
+/// Memory is bounded, not only time (issue 35 §2): a chart of one line that builds a gigabyte
+/// (`repeat`) fails its own allocation under the engine's memory limit and says so, while
+/// previewd (this process, which runs the controller) stays far below a gigabyte and another
+/// template's environment deploys meanwhile. Before, Helm grew to a gigabyte in previewd's
+/// container, whose limit was 256 MiB: the kernel killed a process of its choosing.
+#[tokio::test]
+async fn a_chart_that_builds_a_gigabyte_is_stopped_by_its_memory_limit_and_said() {
+    in_namespace("helm-memory", |client, ns| async move {
+        let forge = MockServer::start().await;
+        serve_chart(&forge, FIRST, &files_of(&example_chart())).await;
+        let greedy = "# {{ len (repeat 1073741824 \"x\") }}\n";
+        serve_folder(
+            &forge,
+            REPOSITORY,
+            "deploy/greedy",
+            FIRST,
+            &chart_with("templates/greedy.yaml", greedy),
+        )
+        .await;
+        let _running = start_controller(&client, &ns).await;
+        create_forge_token(&client, &ns).await;
+        let templates: Api<PreviewTemplate> = Api::namespaced(client.clone(), &ns);
+        let environments: Api<PreviewEnvironment> = Api::namespaced(client.clone(), &ns);
+        let (template, environment) = example("web-chart");
+        for (name, path) in [("greedy", "deploy/greedy"), ("quick", CHART_PATH)] {
+            let mut variant = template.clone();
+            variant.metadata.name = Some(name.into());
+            variant.spec.forge.api_url = Some(forge.uri());
+            variant.spec.seeds.clear();
+            if let Some(helm) = variant.spec.manifests.helm.as_mut() {
+                helm.chart.path = Some(path.into());
+            }
+            templates
+                .create(&PostParams::default(), &variant)
+                .await
+                .unwrap();
+            let mut made = environment.clone();
+            made.metadata.name = Some(format!("{name}-pr-2"));
+            made.spec.template = name.into();
+            // A branch of its own: one URL host each.
+            made.spec.source.branch = format!("{name}-branch");
+            environments
+                .create(&PostParams::default(), &made)
+                .await
+                .unwrap();
+        }
+        let message = refused_with(&client, &ns, "greedy-pr-2", "RenderFailed").await;
+        assert!(
+            message.contains("needed more than 384 MiB of memory"),
+            "{message}"
+        );
+        wait_for_phase(
+            &environments,
+            "quick-pr-2",
+            Phase::Ready,
+            Duration::from_secs(120),
+        )
+        .await;
+        let peak = peak_memory();
+        // The whole test process (every test of this binary runs in it) never held the gigabyte.
+        assert!(peak < 1 << 30, "previewd's peak memory: {} MiB", peak >> 20);
     })
     .await;
 }

@@ -6,7 +6,7 @@
 
 use serde_json::Value;
 
-use super::{counted, has_content, render_strings, with_facts};
+use super::{counted, has_content, render_strings, turn_owner, with_facts};
 use crate::engines::helm::{Chart, HelmRender};
 use crate::model::crd::{HelmSource, InlineManifest, PreviewEnvironment, PreviewTemplate};
 use crate::reconcile::context::Context;
@@ -51,7 +51,10 @@ pub async fn render_chart(
         namespace,
         values: &values,
     };
-    let rendered = context.engines.helm_template(&render).await;
+    let rendered = context
+        .engines
+        .helm_template(&render, &turn_owner(template))
+        .await;
     let rendered = counted(rendered, "helm", "helm template", context)?;
     Ok(split_by_source(&rendered.text))
 }

@@ -5,7 +5,7 @@
 
 use serde_json::Value;
 
-use super::{counted, render_strings, with_facts};
+use super::{counted, render_strings, turn_owner, with_facts};
 use crate::engines::kustomize::KustomizeRender;
 use crate::model::crd::{InlineManifest, KustomizeSource, PreviewEnvironment, PreviewTemplate};
 use crate::reconcile::context::Context;
@@ -40,7 +40,10 @@ pub async fn build_overlay(
         images: &images,
         patches: &patches,
     };
-    let rendered = context.engines.kustomize_build(&render).await;
+    let rendered = context
+        .engines
+        .kustomize_build(&render, &turn_owner(template))
+        .await;
     let rendered = counted(rendered, "kustomize", "kubectl kustomize", context)?;
     Ok(vec![InlineManifest {
         name: format!("kustomize {}", kustomize.path.trim_matches('/')),

@@ -118,6 +118,17 @@ fn engine_refusal(command: &str, error: EngineError) -> Refusal {
     }
 }
 
+/// Whose turn at the engines a template's renders take: the template's (`namespace/name`), so
+/// that one template's slow renders cannot hold every turn.
+fn turn_owner(template: &crate::model::crd::PreviewTemplate) -> String {
+    use kube::ResourceExt;
+    format!(
+        "{}/{}",
+        template.namespace().unwrap_or_default(),
+        template.name_any()
+    )
+}
+
 /// Whether a piece of a YAML stream holds more than separators and blank lines.
 fn has_content(text: &str) -> bool {
     text.lines().any(|line| {

@@ -7,7 +7,9 @@
 //! anywhere on the file system. On input from a pull request that would mean requests from
 //! inside the cluster to any address, and the controller's own files. So before Kustomize runs,
 //! every file and folder a kustomization refers to must be one previewd wrote
-//! ([`check_references`]); nothing else is built.
+//! ([`check_references`]), and every kustomization must read to previewd as it reads to
+//! Kustomize ([`shape`]: no case-variant or unknown fields, merge keys, tags or plugins);
+//! nothing else is built.
 
 use std::collections::{BTreeSet, VecDeque};
 use std::path::Path;
@@ -18,6 +20,8 @@ use sha2::{Digest, Sha256};
 
 use super::{EngineError, Engines, Job, Rendered};
 
+pub mod shape;
+
 /// Where previewd writes the repository's folder, and its own kustomization, in the private
 /// folder.
 const REPOSITORY_FOLDER: &str = "repo";
@@ -26,16 +30,14 @@ const OWN_FOLDER: &str = "previewd";
 /// The names Kustomize looks for in a folder, in its order.
 const KUSTOMIZATION_FILES: [&str; 3] = ["kustomization.yaml", "kustomization.yml", "Kustomization"];
 
-/// Fields of a kustomization that list files or folders (a string per entry).
-const PATH_LISTS: [&str; 9] = [
+/// Fields of a kustomization that list files or folders (a string per entry). Plugin
+/// configurations (`generators`, …) are refused outright ([`shape`]).
+const PATH_LISTS: [&str; 6] = [
     "resources",
     "bases",
     "components",
     "crds",
     "configurations",
-    "generators",
-    "transformers",
-    "validators",
     "patchesStrategicMerge",
 ];
 
@@ -100,9 +102,11 @@ impl KustomizeRender<'_> {
 impl Engines {
     /// The overlay's objects as `kubectl kustomize` prints them (one YAML stream), from the
     /// cache when nothing they depend on changed.
+    /// `owner` (the template) is whose fair turn the build takes.
     pub async fn kustomize_build(
         &self,
         render: &KustomizeRender<'_>,
+        owner: &str,
     ) -> Result<Rendered, EngineError> {
         check_references(render.files, render.overlay)
             .map_err(|e| EngineError::Refused(in_root(render.root, &e)))?;
@@ -111,6 +115,7 @@ impl Engines {
         let own_file = [("kustomization.yaml".to_string(), own)];
         let rendered = self
             .render(Job {
+                owner,
                 key: render.key(&own_file[0].1),
                 files: vec![(REPOSITORY_FOLDER, render.files), (OWN_FOLDER, &own_file)],
                 program: &self.config.kubectl,
@@ -208,6 +213,7 @@ fn kustomization_in<'a>(
 fn references(file: &str, text: &[u8]) -> Result<Vec<(&'static str, String)>, String> {
     let parsed: Yaml =
         serde_yaml_ng::from_slice(text).map_err(|e| format!("{file}: not a kustomization: {e}"))?;
+    shape::check(file, text, &parsed)?;
     let mut found = Vec::new();
     let mut add = |field: &'static str, entry: &Yaml| {
         // An entry over several lines is an inline patch or configuration, not a path.
