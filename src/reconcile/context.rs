@@ -75,6 +75,9 @@ pub struct Memory {
     pub ready_timings: Locked<EnvironmentRef, Timings>,
     /// Failed reconciles in a row, for the backoff.
     pub failures: Locked<EnvironmentRef, u32>,
+    /// Environments whose objects the API server refused, until their backoff ends or their
+    /// inputs change ([`Memory::held_back_for`]).
+    pub held_back: Locked<EnvironmentRef, HeldBack>,
     /// When each environment was last re-applied in full (`--reapply-interval`).
     pub last_full_apply: Locked<EnvironmentRef, Instant>,
     /// When this process last wrote each environment's status after a reconcile
@@ -82,6 +85,27 @@ pub struct Memory {
     pub last_status_write: Locked<EnvironmentRef, Instant>,
     /// The status writes the environment cache may not show yet ([`Memory::judge_cache`]).
     pub unseen_writes: Locked<EnvironmentRef, UnseenWrite>,
+}
+
+/// An environment waiting out its backoff after the API server refused one of its objects:
+/// until when, and what its inputs were then (see [`inputs_of`]).
+pub struct HeldBack {
+    pub until: Instant,
+    pub inputs: String,
+}
+
+/// What an environment's render depends on, as one comparable text: its spec (generation),
+/// its annotations, whether it is being deleted, and its template's version. Not its status,
+/// and not the objects it owns: their events cannot make a refused object acceptable.
+pub fn inputs_of(environment: &PreviewEnvironment, template: Option<&PreviewTemplate>) -> String {
+    use kube::ResourceExt;
+    format!(
+        "{:?}|{:?}|{}|{:?}",
+        environment.metadata.generation,
+        environment.annotations(),
+        environment.metadata.deletion_timestamp.is_some(),
+        template.and_then(|t| t.resource_version()),
+    )
 }
 
 /// A status write this process made: the resourceVersion it was computed from, the one it
@@ -115,6 +139,7 @@ impl Memory {
     pub fn forget(&self, environment: &EnvironmentRef) {
         self.ready_timings.lock().remove(environment);
         self.failures.lock().remove(environment);
+        self.held_back.lock().remove(environment);
         self.last_full_apply.lock().remove(environment);
         self.last_status_write.lock().remove(environment);
         self.unseen_writes.lock().remove(environment);
@@ -162,6 +187,16 @@ impl Memory {
         self.unseen_writes.lock().remove(environment);
     }
 
+    /// How long the environment still waits out the backoff of a refused apply, if its inputs
+    /// are still `inputs`: a watch event of an object it owns (a quota's usage, a pod) then
+    /// changes nothing, and a retry before the backoff ends would only be refused again.
+    pub fn held_back_for(&self, environment: &EnvironmentRef, inputs: &str) -> Option<Duration> {
+        let held = self.held_back.lock();
+        let entry = held.get(environment)?;
+        let left = entry.until.checked_duration_since(Instant::now())?;
+        (entry.inputs == inputs).then_some(left)
+    }
+
     /// Counts a failure; returns how long to wait before the next attempt: 2 s, doubling, at
     /// most 256 s (the attempt count is capped before shifting, so it cannot overflow).
     pub fn backoff_after_failure(&self, environment: &EnvironmentRef) -> (u32, Duration) {
@@ -195,6 +230,40 @@ mod tests {
 
     fn environment() -> EnvironmentRef {
         ObjectRef::new("pr-7").within("previews")
+    }
+
+    #[test]
+    fn a_refused_environment_is_held_back_until_its_backoff_ends_or_its_inputs_change() {
+        let memory = Memory::default();
+        assert_eq!(memory.held_back_for(&environment(), "v1"), None);
+        let until = Instant::now() + Duration::from_secs(60);
+        let held = HeldBack {
+            until,
+            inputs: "v1".into(),
+        };
+        memory.held_back.lock().insert(environment(), held);
+        let left = memory.held_back_for(&environment(), "v1");
+        assert!(
+            left.is_some_and(|left| left <= Duration::from_secs(60)),
+            "{left:?}"
+        );
+        assert_eq!(
+            memory.held_back_for(&environment(), "v2"),
+            None,
+            "inputs changed"
+        );
+        let ended = HeldBack {
+            until: Instant::now(),
+            inputs: "v1".into(),
+        };
+        memory.held_back.lock().insert(environment(), ended);
+        assert_eq!(
+            memory.held_back_for(&environment(), "v1"),
+            None,
+            "backoff over"
+        );
+        memory.forget(&environment());
+        assert!(memory.held_back.lock().is_empty());
     }
 
     #[test]

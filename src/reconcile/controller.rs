@@ -16,7 +16,7 @@ use tracing::Instrument;
 use super::ControllerMetrics;
 use super::cleanup::cleanup;
 use super::config::ControllerConfig;
-use super::context::{CachedCopy, Context, Memory};
+use super::context::{CachedCopy, Context, HeldBack, Memory, inputs_of};
 use super::error::ReconcileError;
 use super::pipeline::reconcile_environment;
 use crate::cluster::applier::Applier;
@@ -204,6 +204,14 @@ async fn reconcile_in_span(
         // requeue is only a safety net.
         return Ok(Action::requeue(STALE_READ_RETRY));
     };
+    let inputs = inputs_of(&environment, context.template_of(&environment).as_deref());
+    if let Some(left) = context.memory.held_back_for(&key, &inputs) {
+        // Leaves the failure count as it is: the retry at the end continues the backoff.
+        tracing::debug!(
+            "the API server refused an object and nothing it depends on changed; retrying in {left:?}"
+        );
+        return Ok(Action::requeue(left));
+    }
     let has_finalizer = environment.finalizers().iter().any(|f| f == FINALIZER);
     if !has_finalizer && environment.meta().deletion_timestamp.is_none() {
         context.writer.counted("finalizer");
@@ -221,6 +229,7 @@ async fn reconcile_in_span(
         Ok(action) => {
             // Backoff restarts only when a whole reconcile, forge report included, succeeded.
             context.memory.failures.lock().remove(&key);
+            context.memory.held_back.lock().remove(&key);
             Ok(action)
         }
         Err(kube::runtime::finalizer::Error::AddFinalizer(e)) if is_stale_read(&e) => {
@@ -304,9 +313,18 @@ fn error_policy(
     if let ReconcileError::NamespaceTerminating(_) = error {
         return Action::requeue(Duration::from_secs(1));
     }
-    let (attempt, delay) = context
-        .memory
-        .backoff_after_failure(&ObjectRef::from_obj(&*environment));
+    let key = ObjectRef::from_obj(&*environment);
+    let (attempt, delay) = context.memory.backoff_after_failure(&key);
+    if matches!(error, ReconcileError::Apply(refused) if refused.is_refused()) {
+        // Only a change of the environment or its template can help before the next try.
+        let inputs = inputs_of(&environment, context.template_of(&environment).as_deref());
+        let until = Instant::now() + delay;
+        context
+            .memory
+            .held_back
+            .lock()
+            .insert(key, HeldBack { until, inputs });
+    }
     tracing::warn!(environment = %environment.name_any(), attempt, error = %error, "reconcile failed; retrying in {delay:?}");
     Action::requeue(delay)
 }

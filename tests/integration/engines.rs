@@ -67,19 +67,66 @@ fn chart_with(path: &str, text: &str) -> Vec<(String, Vec<u8>)> {
 }
 
 async fn start_controller(client: &Client, namespace: &str) -> Running {
+    start_controller_timing_out(client, namespace, Duration::from_secs(60)).await
+}
+
+/// A controller whose renders are stopped after `timeout`.
+async fn start_controller_timing_out(
+    client: &Client,
+    namespace: &str,
+    timeout: Duration,
+) -> Running {
     support::start_controller_with(
         client,
         ControllerConfig {
             namespace: Some(namespace.to_string()),
             engines: EngineConfig {
                 helm: support::helm::template_command(),
-                timeout: Duration::from_secs(60),
+                timeout,
                 ..Default::default()
             },
             ..Default::default()
         },
     )
     .await
+}
+
+/// The web-chart example as template `name`, its chart read from `path` at `forge`, without
+/// seeds.
+async fn create_chart_variant(
+    client: &Client,
+    namespace: &str,
+    forge: &MockServer,
+    name: &str,
+    path: &str,
+) {
+    let (mut template, _) = example("web-chart");
+    template.metadata.name = Some(name.into());
+    template.spec.forge.api_url = Some(forge.uri());
+    template.spec.seeds.clear();
+    if let Some(helm) = template.spec.manifests.helm.as_mut() {
+        helm.chart.path = Some(path.into());
+    }
+    let templates: Api<PreviewTemplate> = Api::namespaced(client.clone(), namespace);
+    templates
+        .create(&PostParams::default(), &template)
+        .await
+        .unwrap();
+}
+
+/// Environment `{template}-pr-{number}` of `template`, on branch `branch-{number}` (a URL host
+/// of its own).
+async fn create_variant_environment(client: &Client, namespace: &str, template: &str, number: u64) {
+    let (_, mut environment) = example("web-chart");
+    environment.metadata.name = Some(format!("{template}-pr-{number}"));
+    environment.spec.template = template.into();
+    environment.spec.source.branch = format!("branch-{number}");
+    environment.spec.source.pull_request = Some(number);
+    let environments: Api<PreviewEnvironment> = Api::namespaced(client.clone(), namespace);
+    environments
+        .create(&PostParams::default(), &environment)
+        .await
+        .unwrap();
 }
 
 /// The example `name` in `namespace`, reading the repository from `forge`.
@@ -619,60 +666,18 @@ async fn a_template_whose_renders_hang_delays_another_by_one_render_at_most() {
             "{{- range $i := until 20000 }}{{- range $j := until 20000 }}{{- end }}{{- end }}\n";
         let slow_chart = chart_with("templates/slow.yaml", hanging);
         serve_folder(&forge, REPOSITORY, "deploy/slow", FIRST, &slow_chart).await;
-        let _running = support::start_controller_with(
-            &client,
-            ControllerConfig {
-                namespace: Some(ns.clone()),
-                engines: EngineConfig {
-                    helm: support::helm::template_command(),
-                    timeout: Duration::from_secs(3),
-                    ..Default::default()
-                },
-                ..Default::default()
-            },
-        )
-        .await;
+        let _running = start_controller_timing_out(&client, &ns, Duration::from_secs(3)).await;
         create_forge_token(&client, &ns).await;
-        let templates: Api<PreviewTemplate> = Api::namespaced(client.clone(), &ns);
+        create_chart_variant(&client, &ns, &forge, "slow", "deploy/slow").await;
+        create_chart_variant(&client, &ns, &forge, "quick", CHART_PATH).await;
         let environments: Api<PreviewEnvironment> = Api::namespaced(client.clone(), &ns);
-        let (template, environment) = example("web-chart");
-        let variant = |name: &str, path: &str| {
-            let mut variant = template.clone();
-            variant.metadata.name = Some(name.into());
-            variant.spec.forge.api_url = Some(forge.uri());
-            variant.spec.seeds.clear();
-            if let Some(helm) = variant.spec.manifests.helm.as_mut() {
-                helm.chart.path = Some(path.into());
-            }
-            variant
-        };
-        for made in [variant("slow", "deploy/slow"), variant("quick", CHART_PATH)] {
-            templates
-                .create(&PostParams::default(), &made)
-                .await
-                .unwrap();
-        }
-        let environment_of = |template: &str, number: u64| {
-            let mut made = environment.clone();
-            made.metadata.name = Some(format!("{template}-pr-{number}"));
-            made.spec.template = template.into();
-            made.spec.source.branch = format!("branch-{number}");
-            made.spec.source.pull_request = Some(number);
-            made
-        };
         let slow: Vec<String> = (1..=6).map(|n| format!("slow-pr-{n}")).collect();
         for number in 1..=6 {
-            environments
-                .create(&PostParams::default(), &environment_of("slow", number))
-                .await
-                .unwrap();
+            create_variant_environment(&client, &ns, "slow", number).await;
         }
         // Every slow render has asked for its turn before the quick one does.
         tokio::time::sleep(Duration::from_secs(1)).await;
-        environments
-            .create(&PostParams::default(), &environment_of("quick", 7))
-            .await
-            .unwrap();
+        create_variant_environment(&client, &ns, "quick", 7).await;
         wait_for_phase(
             &environments,
             "quick-pr-7",
@@ -735,31 +740,11 @@ async fn a_chart_that_builds_a_gigabyte_is_stopped_by_its_memory_limit_and_said(
         .await;
         let _running = start_controller(&client, &ns).await;
         create_forge_token(&client, &ns).await;
-        let templates: Api<PreviewTemplate> = Api::namespaced(client.clone(), &ns);
-        let environments: Api<PreviewEnvironment> = Api::namespaced(client.clone(), &ns);
-        let (template, environment) = example("web-chart");
-        for (name, path) in [("greedy", "deploy/greedy"), ("quick", CHART_PATH)] {
-            let mut variant = template.clone();
-            variant.metadata.name = Some(name.into());
-            variant.spec.forge.api_url = Some(forge.uri());
-            variant.spec.seeds.clear();
-            if let Some(helm) = variant.spec.manifests.helm.as_mut() {
-                helm.chart.path = Some(path.into());
-            }
-            templates
-                .create(&PostParams::default(), &variant)
-                .await
-                .unwrap();
-            let mut made = environment.clone();
-            made.metadata.name = Some(format!("{name}-pr-2"));
-            made.spec.template = name.into();
-            // A branch of its own: one URL host each.
-            made.spec.source.branch = format!("{name}-branch");
-            environments
-                .create(&PostParams::default(), &made)
-                .await
-                .unwrap();
+        for (name, path, number) in [("greedy", "deploy/greedy", 2), ("quick", CHART_PATH, 3)] {
+            create_chart_variant(&client, &ns, &forge, name, path).await;
+            create_variant_environment(&client, &ns, name, number).await;
         }
+        let environments: Api<PreviewEnvironment> = Api::namespaced(client.clone(), &ns);
         let message = refused_with(&client, &ns, "greedy-pr-2", "RenderFailed").await;
         assert!(
             message.contains("needed more than 384 MiB of memory"),
@@ -767,7 +752,7 @@ async fn a_chart_that_builds_a_gigabyte_is_stopped_by_its_memory_limit_and_said(
         );
         wait_for_phase(
             &environments,
-            "quick-pr-2",
+            "quick-pr-3",
             Phase::Ready,
             Duration::from_secs(120),
         )

@@ -351,11 +351,21 @@ async fn an_object_the_api_server_refuses_is_named_on_the_environment_until_the_
         let watched = std::time::Instant::now();
         let mut failures = Vec::new();
         let mut last = failed_reconciles(&context);
+        // Something that cannot make the refused object acceptable changes meanwhile (here a
+        // label on the environment; on a loaded machine once a watch event of unknown origin,
+        // and a retry came 21 ms after another): no retry before the backoff ends.
+        let mut touched = false;
         while watched.elapsed() < Duration::from_secs(15) {
             let now = failed_reconciles(&context);
             if now > last {
                 failures.push(watched.elapsed());
                 last = now;
+                // Right after a retry: a reconcile now would be a second one within ms.
+                if !touched {
+                    let label = json!({"metadata": {"labels": {"test.previewd.dev/touched": "yes"}}});
+                    environments.patch("pr-7", &PatchParams::default(), &Patch::Merge(label)).await.unwrap();
+                    touched = true;
+                }
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
@@ -365,6 +375,7 @@ async fn an_object_the_api_server_refuses_is_named_on_the_environment_until_the_
         // reconcile's reason is logged.)
         assert_eq!(status_writes(&context), status_writes_before, "a retry wrote the status; failed reconciles at {failures:?}");
         assert!(!failures.is_empty() && failures.len() <= 4, "failed reconciles in 15 s at {failures:?}: expected the retries at about 2, 6 and 14 s");
+        assert!(touched, "the environment was touched after a retry");
         for pair in failures.windows(2) {
             assert!(pair[1] - pair[0] >= Duration::from_millis(1_500), "retries {:?} apart: {failures:?}", pair[1] - pair[0]);
         }
