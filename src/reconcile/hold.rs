@@ -106,14 +106,36 @@ fn peers_of<'a>(
 /// A slot of `environment`'s template just freed up (it is being deleted, or fell asleep):
 /// reconcile the queued environments of that template now, so the first in line starts, and
 /// those refused because `environment` held their URL host (`HostTaken`; a deleted environment
-/// holds nothing), so they need not wait for the resync.
+/// holds nothing), of any template, so they need not wait for the resync.
 pub fn start_queued(environment: &PreviewEnvironment, context: &Context) {
     for peer in peers_of(environment, context) {
-        let waiting = peer.status.as_ref().is_some_and(|s| {
-            s.phase == Phase::Queued || s.conditions.iter().any(|c| c.reason == "HostTaken")
-        });
-        if waiting && peer.name_any() != environment.name_any() {
+        let queued = peer
+            .status
+            .as_ref()
+            .is_some_and(|s| s.phase == Phase::Queued);
+        if queued && peer.name_any() != environment.name_any() {
             let _ = context.reconcile_trigger.send(ObjectRef::from_obj(&*peer));
+        }
+    }
+    // Two templates may render one host: those refused for it may be anyone's (few, and a
+    // reconcile of one that still cannot have the host only says so again).
+    if environment
+        .status
+        .as_ref()
+        .and_then(|s| s.host.as_ref())
+        .is_none()
+    {
+        return;
+    }
+    let me = ObjectRef::from_obj(environment);
+    for other in context.caches.environments.state() {
+        let host_taken = other
+            .status
+            .as_ref()
+            .is_some_and(|s| s.conditions.iter().any(|c| c.reason == "HostTaken"));
+        let reference = ObjectRef::from_obj(&*other);
+        if host_taken && reference != me {
+            let _ = context.reconcile_trigger.send(reference);
         }
     }
 }

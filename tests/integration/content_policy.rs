@@ -686,9 +686,11 @@ spec:
 }
 
 /// Class 3, one host per environment: a pull request and a branch environment of the same
-/// branch render the same URL host (`{{ slug }}`). The first to hold it keeps it; the other is
-/// refused with `HostTaken`, naming the holder, and applies nothing. On main both applied an
-/// Ingress for one host, and the ingress controller merged their traffic.
+/// branch render the same URL host (`{{ slug }}`), and so does another template's environment
+/// of that branch. The first to hold it keeps it; the others are refused with `HostTaken`,
+/// naming the holder, and apply nothing; each deploys at once when the host is free, whichever
+/// template it is of. On main both applied an Ingress for one host, and the ingress controller
+/// merged their traffic; and another template's waited for the resync.
 #[tokio::test]
 async fn two_environments_never_hold_one_url_host() {
     const ROUTED: &str = r#"apiVersion: networking.k8s.io/v1
@@ -708,22 +710,26 @@ spec:
             },
         )
         .await;
-        let template: PreviewTemplate = serde_json::from_value(json!({
-            "apiVersion": "previewd.dev/v1alpha1", "kind": "PreviewTemplate", "metadata": {"name": "app"},
-            "spec": {"forge": {"kind": "github", "repository": "Codertocat/Hello-World"},
-                     "url": {"host": "{{ slug }}.preview.example.com"},
-                     "manifests": {"inline": [{"name": "app.yaml", "template": ROUTED}]}}
-        }))
-        .unwrap();
-        Api::<PreviewTemplate>::namespaced(client.clone(), &ns)
-            .create(&PostParams::default(), &template)
-            .await
+        // Two templates that render the same host for a branch: "app" and another team's "other".
+        for name in ["app", "other"] {
+            let template: PreviewTemplate = serde_json::from_value(json!({
+                "apiVersion": "previewd.dev/v1alpha1", "kind": "PreviewTemplate", "metadata": {"name": name},
+                "spec": {"forge": {"kind": "github", "repository": "Codertocat/Hello-World"},
+                         "url": {"host": "{{ slug }}.preview.example.com"},
+                         "manifests": {"inline": [{"name": "app.yaml", "template": ROUTED}]}}
+            }))
             .unwrap();
+            Api::<PreviewTemplate>::namespaced(client.clone(), &ns)
+                .create(&PostParams::default(), &template)
+                .await
+                .unwrap();
+        }
         let api = environments(&client, &ns);
         let environment_of = |name: &str, pull_request: Option<u64>| -> PreviewEnvironment {
+            let template = if name.starts_with("other") { "other" } else { "app" };
             serde_json::from_value(json!({
                 "apiVersion": "previewd.dev/v1alpha1", "kind": "PreviewEnvironment", "metadata": {"name": name},
-                "spec": {"template": "app", "source": {"repository": "Codertocat/Hello-World", "branch": "feature-x",
+                "spec": {"template": template, "source": {"repository": "Codertocat/Hello-World", "branch": "feature-x",
                          "pullRequest": pull_request, "headSha": "abc1234"}}
             }))
             .unwrap()
@@ -754,10 +760,38 @@ spec:
             .unwrap();
         assert!(namespaces.items.is_empty(), "nothing applied for the second one");
 
-        // The holder goes: the other deploys at once, not at the next resync (10 minutes).
+        api.create(&PostParams::default(), &environment_of("other-feature-x", None)).await.unwrap();
+        let host_taken = |name: &'static str| {
+            let api = api.clone();
+            async move {
+                let status = api.get(name).await.ok()?.status?;
+                status.conditions.iter().any(|c| c.reason == "HostTaken").then_some(())
+            }
+        };
+        eventually("the other template's environment refused too", Duration::from_secs(60), || host_taken("other-feature-x")).await;
+
+        // The holder goes: one of the two deploys at once, not at the next resync (10 minutes);
+        // when that one goes too, the last one deploys at once, whichever template it is of.
         api.delete("pr-7", &Default::default()).await.unwrap();
-        let second = wait_for_phase(&api, "branch-feature-x", Phase::Ready, Duration::from_secs(60)).await;
-        assert_eq!(second.status.unwrap().host.as_deref(), Some("feature-x.preview.example.com"));
+        let mut waiting = vec!["branch-feature-x", "other-feature-x"];
+        while !waiting.is_empty() {
+            let ready = eventually("one of them Ready", Duration::from_secs(60), || {
+                let (api, waiting) = (api.clone(), waiting.clone());
+                async move {
+                    for name in waiting {
+                        let status = api.get(name).await.ok()?.status?;
+                        if status.phase == Phase::Ready {
+                            assert_eq!(status.host.as_deref(), Some("feature-x.preview.example.com"));
+                            return Some(name);
+                        }
+                    }
+                    None
+                }
+            })
+            .await;
+            waiting.retain(|name| *name != ready);
+            api.delete(ready, &Default::default()).await.unwrap();
+        }
     })
     .await;
 }
