@@ -59,7 +59,7 @@ fn controller_key(key: &str) -> Option<&str> {
 
 /// The annotations of `metadata` (at `path`) that configure a controller and that neither the
 /// built-in list nor `allowed` (the operator's) names: one sentence each.
-pub fn check(metadata: &Value, path: &str, allowed: &[String]) -> Vec<String> {
+pub fn check(metadata: &Value, path: &dyn std::fmt::Display, allowed: &[String]) -> Vec<String> {
     let Some(annotations) = metadata["annotations"].as_object() else {
         return Vec::new();
     };
@@ -76,59 +76,91 @@ pub fn check(metadata: &Value, path: &str, allowed: &[String]) -> Vec<String> {
         .collect()
 }
 
-/// Every metadata of `object` that becomes an object's, with its path: the object's own, its
-/// pod template's, a CronJob's job template's, and volume claim templates'.
-pub fn metadata_of(object: &Value) -> Vec<(&Value, String)> {
+/// Where a metadata is in its object, said only when a key is refused (most objects carry
+/// no annotation: finding their metadata allocates nothing).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Place {
+    Object,
+    JobTemplate,
+    /// A pod template's metadata: in a CronJob's job template, or in `spec.template`.
+    PodTemplate {
+        in_job: bool,
+    },
+    ClaimTemplate(usize),
+    /// A pod's ephemeral volume's claim template: of a Pod itself, or of a pod template.
+    EphemeralClaim {
+        pod: Option<bool>,
+        volume: usize,
+    },
+}
+
+impl std::fmt::Display for Place {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let pod_template = |in_job: bool| {
+            if in_job {
+                "spec.jobTemplate.spec.template"
+            } else {
+                "spec.template"
+            }
+        };
+        match self {
+            Place::Object => write!(f, "metadata"),
+            Place::JobTemplate => write!(f, "spec.jobTemplate.metadata"),
+            Place::PodTemplate { in_job } => write!(f, "{}.metadata", pod_template(*in_job)),
+            Place::ClaimTemplate(i) => write!(f, "spec.volumeClaimTemplates[{i}].metadata"),
+            Place::EphemeralClaim { pod, volume } => {
+                let spec = match pod {
+                    None => "spec".to_string(),
+                    Some(in_job) => format!("{}.spec", pod_template(*in_job)),
+                };
+                write!(
+                    f,
+                    "{spec}.volumes[{volume}].ephemeral.volumeClaimTemplate.metadata"
+                )
+            }
+        }
+    }
+}
+
+fn push_annotated<'a>(found: &mut Vec<(&'a Value, Place)>, metadata: &'a Value, place: Place) {
+    let annotated = metadata["annotations"].as_object();
+    if annotated.is_some_and(|annotations| !annotations.is_empty()) {
+        found.push((metadata, place));
+    }
+}
+
+/// Every annotated metadata of `object` that becomes an object's, with its place: the
+/// object's own, its pod template's, a CronJob's job template's, and volume claim templates'.
+pub fn metadata_of(object: &Value) -> Vec<(&Value, Place)> {
+    let mut found = Vec::new();
+    let mut add = |metadata, place| push_annotated(&mut found, metadata, place);
     let spec = &object["spec"];
-    let mut found = vec![(&object["metadata"], "metadata".to_string())];
+    add(&object["metadata"], Place::Object);
     let job_template = &spec["jobTemplate"];
-    let pod_template = if job_template.is_object() {
-        found.push((
-            &job_template["metadata"],
-            "spec.jobTemplate.metadata".into(),
-        ));
+    let in_job = job_template.is_object();
+    let pod_template = if in_job {
+        add(&job_template["metadata"], Place::JobTemplate);
         &job_template["spec"]["template"]
     } else {
         &spec["template"]
     };
-    let pod_path = if job_template.is_object() {
-        "spec.jobTemplate.spec.template"
-    } else {
-        "spec.template"
-    };
-    found.push((&pod_template["metadata"], format!("{pod_path}.metadata")));
-    for (i, claim) in spec["volumeClaimTemplates"]
+    add(&pod_template["metadata"], Place::PodTemplate { in_job });
+    let claims = spec["volumeClaimTemplates"]
         .as_array()
         .into_iter()
-        .flatten()
-        .enumerate()
-    {
-        found.push((
-            &claim["metadata"],
-            format!("spec.volumeClaimTemplates[{i}].metadata"),
-        ));
+        .flatten();
+    for (i, claim) in claims.enumerate() {
+        add(&claim["metadata"], Place::ClaimTemplate(i));
     }
-    let pod_spec = if object["kind"] == "Pod" {
-        (spec, "spec".to_string())
+    let (pod_spec, pod) = if object["kind"] == "Pod" {
+        (spec, None)
     } else {
-        (&pod_template["spec"], format!("{pod_path}.spec"))
+        (&pod_template["spec"], Some(in_job))
     };
-    for (i, volume) in pod_spec.0["volumes"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .enumerate()
-    {
-        let claim = &volume["ephemeral"]["volumeClaimTemplate"];
-        if claim.is_object() {
-            found.push((
-                &claim["metadata"],
-                format!(
-                    "{}.volumes[{i}].ephemeral.volumeClaimTemplate.metadata",
-                    pod_spec.1
-                ),
-            ));
-        }
+    let volumes = pod_spec["volumes"].as_array().into_iter().flatten();
+    for (volume, entry) in volumes.enumerate() {
+        let claim = &entry["ephemeral"]["volumeClaimTemplate"];
+        add(&claim["metadata"], Place::EphemeralClaim { pod, volume });
     }
     found
 }
@@ -148,7 +180,7 @@ mod tests {
             "sandbox.previewd.dev/run-seconds": "3",
             "konghq.com/plugins": "x",
         }});
-        let found = check(&metadata, "metadata", &[]);
+        let found = check(&metadata, &"metadata", &[]);
         assert_eq!(found.len(), 2, "{found:?}");
         assert!(
             found[0].contains("\"getambassador.io/config\"")
@@ -161,7 +193,7 @@ mod tests {
             "konghq.com/*".to_string(),
             "getambassador.io/config".to_string(),
         ];
-        assert!(check(&metadata, "metadata", &operator).is_empty());
+        assert!(check(&metadata, &"metadata", &operator).is_empty());
         // A prefix entry names its own prefix only, not a longer one that ends the same.
         assert!(!names("konghq.com/*", "evilkonghq.com/plugins"));
         assert!(!names("konghq.com/*", "konghq.com.evil.io/plugins"));
@@ -169,9 +201,13 @@ mod tests {
 
     #[test]
     fn every_metadata_that_becomes_an_object_is_found() {
-        let cron = json!({"kind": "CronJob", "metadata": {}, "spec": {"jobTemplate": {"metadata": {}, "spec": {"template": {
-            "metadata": {}, "spec": {"volumes": [{"name": "s", "ephemeral": {"volumeClaimTemplate": {"metadata": {}}}}]}}}}}});
-        let paths: Vec<String> = metadata_of(&cron).into_iter().map(|(_, p)| p).collect();
+        let annotated = json!({"annotations": {"k": "v"}});
+        let cron = json!({"kind": "CronJob", "metadata": annotated, "spec": {"jobTemplate": {"metadata": annotated, "spec": {"template": {
+            "metadata": annotated, "spec": {"volumes": [{"name": "s", "ephemeral": {"volumeClaimTemplate": {"metadata": annotated}}}]}}}}}});
+        let paths: Vec<String> = metadata_of(&cron)
+            .into_iter()
+            .map(|(_, p)| p.to_string())
+            .collect();
         assert_eq!(
             paths,
             [
@@ -181,15 +217,27 @@ mod tests {
                 "spec.jobTemplate.spec.template.spec.volumes[0].ephemeral.volumeClaimTemplate.metadata",
             ]
         );
-        let set = json!({"kind": "StatefulSet", "spec": {"template": {"metadata": {}}, "volumeClaimTemplates": [{"metadata": {}}]}});
-        let paths: Vec<String> = metadata_of(&set).into_iter().map(|(_, p)| p).collect();
+        let set = json!({"kind": "StatefulSet", "spec": {"template": {"metadata": annotated}, "volumeClaimTemplates": [{"metadata": {}}, {"metadata": annotated}]}});
+        let paths: Vec<String> = metadata_of(&set)
+            .into_iter()
+            .map(|(_, p)| p.to_string())
+            .collect();
         assert_eq!(
             paths,
             [
-                "metadata",
                 "spec.template.metadata",
-                "spec.volumeClaimTemplates[0].metadata"
-            ]
+                "spec.volumeClaimTemplates[1].metadata"
+            ],
+            "only annotated ones"
+        );
+        let pod = json!({"kind": "Pod", "spec": {"volumes": [{"name": "e", "ephemeral": {"volumeClaimTemplate": {"metadata": annotated}}}]}});
+        let paths: Vec<String> = metadata_of(&pod)
+            .into_iter()
+            .map(|(_, p)| p.to_string())
+            .collect();
+        assert_eq!(
+            paths,
+            ["spec.volumes[0].ephemeral.volumeClaimTemplate.metadata"]
         );
     }
 }

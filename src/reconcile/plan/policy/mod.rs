@@ -92,8 +92,8 @@ fn controller_annotations(object: &RenderedObject, scope: &Scope) -> Vec<String>
     }
     annotations::metadata_of(&object.object)
         .into_iter()
-        .flat_map(|(metadata, path)| {
-            annotations::check(metadata, &path, &scope.operator.object_annotations)
+        .flat_map(|(metadata, place)| {
+            annotations::check(metadata, &place, &scope.operator.object_annotations)
         })
         .collect()
 }
