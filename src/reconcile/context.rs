@@ -55,6 +55,11 @@ impl Context {
     }
 
     /// The environment's template, from the watch cache.
+    /// What `environment`'s render depends on ([`inputs_of`]), with its template from the cache.
+    pub fn inputs_of(&self, environment: &PreviewEnvironment) -> String {
+        inputs_of(environment, self.template_of(environment).as_deref())
+    }
+
     pub fn template_of(&self, environment: &PreviewEnvironment) -> Option<Arc<PreviewTemplate>> {
         use kube::ResourceExt;
         self.caches.template(
@@ -188,13 +193,18 @@ impl Memory {
     }
 
     /// How long the environment still waits out the backoff of a refused apply, if its inputs
-    /// are still `inputs`: a watch event of an object it owns (a quota's usage, a pod) then
-    /// changes nothing, and a retry before the backoff ends would only be refused again.
-    pub fn held_back_for(&self, environment: &EnvironmentRef, inputs: &str) -> Option<Duration> {
+    /// are still those `inputs` computes: a watch event of an object it owns (a quota's usage,
+    /// a pod) then changes nothing, and a retry before the backoff ends would only be refused
+    /// again. `inputs` runs only for an environment held back (every reconcile asks).
+    pub fn held_back_for(
+        &self,
+        environment: &EnvironmentRef,
+        inputs: impl FnOnce() -> String,
+    ) -> Option<Duration> {
         let held = self.held_back.lock();
         let entry = held.get(environment)?;
         let left = entry.until.checked_duration_since(Instant::now())?;
-        (entry.inputs == inputs).then_some(left)
+        (entry.inputs == inputs()).then_some(left)
     }
 
     /// Counts a failure; returns how long to wait before the next attempt: 2 s, doubling, at
@@ -235,20 +245,20 @@ mod tests {
     #[test]
     fn a_refused_environment_is_held_back_until_its_backoff_ends_or_its_inputs_change() {
         let memory = Memory::default();
-        assert_eq!(memory.held_back_for(&environment(), "v1"), None);
+        assert_eq!(memory.held_back_for(&environment(), || "v1".into()), None);
         let until = Instant::now() + Duration::from_secs(60);
         let held = HeldBack {
             until,
             inputs: "v1".into(),
         };
         memory.held_back.lock().insert(environment(), held);
-        let left = memory.held_back_for(&environment(), "v1");
+        let left = memory.held_back_for(&environment(), || "v1".into());
         assert!(
             left.is_some_and(|left| left <= Duration::from_secs(60)),
             "{left:?}"
         );
         assert_eq!(
-            memory.held_back_for(&environment(), "v2"),
+            memory.held_back_for(&environment(), || "v2".into()),
             None,
             "inputs changed"
         );
@@ -258,7 +268,7 @@ mod tests {
         };
         memory.held_back.lock().insert(environment(), ended);
         assert_eq!(
-            memory.held_back_for(&environment(), "v1"),
+            memory.held_back_for(&environment(), || "v1".into()),
             None,
             "backoff over"
         );

@@ -16,7 +16,7 @@ use tracing::Instrument;
 use super::ControllerMetrics;
 use super::cleanup::cleanup;
 use super::config::ControllerConfig;
-use super::context::{CachedCopy, Context, HeldBack, Memory, inputs_of};
+use super::context::{CachedCopy, Context, HeldBack, Memory};
 use super::error::ReconcileError;
 use super::pipeline::reconcile_environment;
 use crate::cluster::applier::Applier;
@@ -204,8 +204,8 @@ async fn reconcile_in_span(
         // requeue is only a safety net.
         return Ok(Action::requeue(STALE_READ_RETRY));
     };
-    let inputs = inputs_of(&environment, context.template_of(&environment).as_deref());
-    if let Some(left) = context.memory.held_back_for(&key, &inputs) {
+    let inputs = || context.inputs_of(&environment);
+    if let Some(left) = context.memory.held_back_for(&key, inputs) {
         // Leaves the failure count as it is: the retry at the end continues the backoff.
         tracing::debug!(
             "the API server refused an object and nothing it depends on changed; retrying in {left:?}"
@@ -317,7 +317,7 @@ fn error_policy(
     let (attempt, delay) = context.memory.backoff_after_failure(&key);
     if matches!(error, ReconcileError::Apply(refused) if refused.is_refused()) {
         // Only a change of the environment or its template can help before the next try.
-        let inputs = inputs_of(&environment, context.template_of(&environment).as_deref());
+        let inputs = context.inputs_of(&environment);
         let until = Instant::now() + delay;
         context
             .memory

@@ -132,7 +132,8 @@ pub fn check(file: &str, text: &[u8], parsed: &Yaml) -> Result<(), String> {
 
 /// The first line (1-based) where a YAML tag may start: a `!` at the start of a node (after
 /// a space, a line start, `[`, `{`, `,` or `-`). A `!` inside a word passes; one after a space
-/// in a plain value is refused too, which only costs quoting it.
+/// anywhere else (a plain or a quoted value) is refused too: a rare false alarm, the price of
+/// not parsing YAML a second way.
 fn tag_line(text: &[u8]) -> Option<usize> {
     let text = String::from_utf8_lossy(text);
     text.lines()
