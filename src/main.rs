@@ -34,10 +34,17 @@ enum Command {
     /// Run a real Kubernetes control plane with simulated nodes on this machine (no cluster
     /// needed), with previewd's CRDs installed, until Ctrl-C or SIGTERM.
     Sandbox(SandboxArgs),
+    /// Render one template request read on standard input (JSON) and print the result: the
+    /// child process the controller renders untrusted templates in, under a memory limit.
+    #[command(name = "render-worker", hide = true)]
+    RenderWorker,
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    if matches!(cli.command, Command::RenderWorker) {
+        return render_worker();
+    }
     let quiet = matches!(&cli.command, Command::Sandbox(args) if args.demo);
     previewd::runtime::telemetry::init(cli.log_format, quiet);
     previewd::install_crypto_provider();
@@ -52,12 +59,31 @@ fn main() -> ExitCode {
         match cli.command {
             Command::Sandbox(args) => Ok(previewd::sandbox::session::run(args).await?),
             Command::Run(args) => Ok(previewd::runtime::service::run_controller(args).await?),
+            Command::RenderWorker => Ok(()),
         }
     });
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("previewd: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// The render child: no logging, no runtime, no network; standard input to standard output.
+fn render_worker() -> ExitCode {
+    use std::io::{Read, Write};
+    let mut input = Vec::new();
+    if let Err(e) = std::io::stdin().read_to_end(&mut input) {
+        eprintln!("previewd render-worker: reading the request: {e}");
+        return ExitCode::FAILURE;
+    }
+    let answer = previewd::reconcile::plan::request::serve(&input);
+    match std::io::stdout().write_all(&answer) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("previewd render-worker: writing the answer: {e}");
             ExitCode::FAILURE
         }
     }

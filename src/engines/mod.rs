@@ -14,6 +14,7 @@ pub mod helm;
 pub mod kustomize;
 pub mod process;
 pub mod turns;
+pub mod worker;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -41,6 +42,9 @@ pub const DEFAULT_MEMORY_LIMIT: u64 = 384 << 20;
 pub struct EngineConfig {
     pub helm: PathBuf,
     pub kubectl: PathBuf,
+    /// The program that renders templates in a child process ([`worker`]): previewd itself
+    /// (tests that run the controller in their own process name the built `previewd`).
+    pub worker: PathBuf,
     pub timeout: Duration,
     /// Bytes of private writable memory per engine program.
     pub memory_limit: u64,
@@ -51,6 +55,7 @@ impl Default for EngineConfig {
         Self {
             helm: PathBuf::from("helm"),
             kubectl: PathBuf::from("kubectl"),
+            worker: worker::this_program(),
             timeout: Duration::from_secs(30),
             memory_limit: DEFAULT_MEMORY_LIMIT,
         }
@@ -90,6 +95,7 @@ pub struct Engines {
     /// Published charts' archives, by `helm pull`'s arguments (repository, name, version).
     archives: RenderCache<Vec<u8>>,
     turns: FairTurns,
+    workers: worker::Workers,
 }
 
 impl Engines {
@@ -99,6 +105,7 @@ impl Engines {
             cache: RenderCache::default(),
             archives: RenderCache::default(),
             turns: FairTurns::new(CONCURRENT_RENDERS),
+            workers: worker::Workers::default(),
         }
     }
 
@@ -154,6 +161,7 @@ impl Engines {
             timeout: self.config.timeout,
             max_output: MAX_OUTPUT_BYTES,
             max_memory: self.config.memory_limit,
+            input: Vec::new(),
         })
         .await?)
     }

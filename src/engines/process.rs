@@ -15,12 +15,12 @@ use std::path::Path;
 use std::process::Stdio;
 use std::time::Duration;
 
-use tokio::io::AsyncReadExt;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::process::Command;
 
 /// Why a program gave no output previewd can use. The messages speak to the template's
 /// author: they end up in the environment's condition.
-#[derive(Debug, thiserror::Error, PartialEq)]
+#[derive(Clone, Debug, thiserror::Error, PartialEq)]
 pub enum RunError {
     #[error("could not start {program}: {reason} (is it installed? see docs/installing.md)")]
     NotStarted { program: String, reason: String },
@@ -53,6 +53,8 @@ pub struct Run<'a> {
     pub max_output: usize,
     /// The most private writable memory the program may map, in bytes.
     pub max_memory: u64,
+    /// What the program reads on its standard input (nothing when empty).
+    pub input: Vec<u8>,
 }
 
 /// Runs the program and returns its standard output, or why not.
@@ -65,7 +67,11 @@ pub async fn run(run: Run<'_>) -> Result<String, RunError> {
         .current_dir(run.folder)
         .env_clear()
         .envs(run.env.iter().map(|(k, v)| (*k, v)))
-        .stdin(Stdio::null())
+        .stdin(if run.input.is_empty() {
+            Stdio::null()
+        } else {
+            Stdio::piped()
+        })
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .kill_on_drop(true)
@@ -80,6 +86,14 @@ pub async fn run(run: Run<'_>) -> Result<String, RunError> {
             reason: "no pipes".into(),
         });
     };
+    if let Some(mut stdin) = child.stdin.take() {
+        // Written beside the reading (a program may print before it has read everything);
+        // a program that stops reading early just closes the pipe.
+        let input = run.input;
+        tokio::spawn(async move {
+            let _ = stdin.write_all(&input).await;
+        });
+    }
     let limit = run.max_output;
     let over_memory = watch_memory(child.id(), run.max_memory);
     let running = tokio::time::timeout(run.timeout, async {
@@ -185,7 +199,8 @@ async fn watch_memory(pid: Option<u32>, limit: u64) {
 
 /// Whether the program's standard error says an allocation failed: Go's runtime (`fatal error:
 /// out of memory`, or a thread it could not start), Python's `MemoryError`, C's `Cannot allocate
-/// memory`, Perl's `Out of memory`.
+/// memory`, Perl's `Out of memory`, Rust's `memory allocation of N bytes failed` (previewd's own
+/// render process).
 fn ran_out_of_memory(stderr: &[u8]) -> bool {
     let text = String::from_utf8_lossy(stderr).to_ascii_lowercase();
     [
@@ -193,6 +208,7 @@ fn ran_out_of_memory(stderr: &[u8]) -> bool {
         "memoryerror",
         "cannot allocate memory",
         "pthread_create failed",
+        "memory allocation of",
     ]
     .iter()
     .any(|sign| text.contains(sign))
@@ -242,6 +258,7 @@ mod tests {
             timeout,
             max_output,
             max_memory: 256 << 20,
+            input: Vec::new(),
         }
     }
 

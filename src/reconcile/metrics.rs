@@ -24,7 +24,8 @@ pub struct ReconcileMetrics {
     pub seed_duration: Histogram,
     /// Seed Jobs that failed.
     pub seed_failures: IntCounter,
-    /// Chart renders by engine and outcome (`rendered`, `cached`: nothing ran, `failed`).
+    /// Engine renders by engine (`helm`, `kustomize`, `templates`: previewd's own render in a
+    /// child process) and outcome (`rendered`, `cached`: nothing ran, `failed`).
     pub engine_renders: IntCounterVec,
 }
 
@@ -57,12 +58,12 @@ fn engine_renders() -> IntCounterVec {
     let counter = IntCounterVec::new(
         Opts::new(
             "previewd_engine_renders_total",
-            "Helm chart renders and Kustomize builds by engine and outcome (rendered, cached: nothing ran, failed)",
+            "Helm chart renders, Kustomize builds and template renders in a child process by engine and outcome (rendered, cached: nothing ran, failed)",
         ),
         &["engine", "outcome"],
     )
     .expect("valid metric");
-    for engine in ["helm", "kustomize"] {
+    for engine in ["helm", "kustomize", "templates"] {
         for outcome in ["rendered", "cached", "failed"] {
             counter.with_label_values(&[engine, outcome]);
         }

@@ -27,7 +27,7 @@ use super::context::{Context, EnvironmentRef};
 use super::error::{ReconcileError, Refusal, Stop};
 use super::hold::{hold, start_queued};
 use super::metrics::Observations;
-use super::plan::{Limits, Manifests, Plan, host_claims, plan};
+use super::plan::{Limits, Manifests, Plan, host_claims, plan_rendered, templates_request};
 use super::status::{
     Placement, Progress, ReadyCondition, condition, held_status, progress_status, refused_status,
 };
@@ -173,8 +173,9 @@ fn refuse_a_taken_host(
     ))
 }
 
-/// The plan step on a blocking thread: a template may take up to its render fuel, and that
-/// time must not stall the runtime's workers (webhooks, watches, other reconciles).
+/// The plan step: the templates rendered where their memory is bounded
+/// ([`renders::isolated`]), then every check on a blocking thread (a large render's checks
+/// must not stall the runtime's workers: webhooks, watches, other reconciles).
 async fn plan_off_the_runtime(
     environment: &PreviewEnvironment,
     template: &Arc<PreviewTemplate>,
@@ -182,6 +183,11 @@ async fn plan_off_the_runtime(
     namespace: &str,
     context: &Context,
 ) -> Result<Plan, Refusal> {
+    let request = templates_request(environment, template, &manifests.templates, namespace);
+    let rendered = renders::isolated::render(request, template, context)
+        .await?
+        .templates()
+        .map_err(super::plan::render_failed)?;
     let (environment, template) = (environment.clone(), template.clone());
     let namespace = namespace.to_string();
     let limits = Limits {
@@ -191,10 +197,11 @@ async fn plan_off_the_runtime(
     };
     let observed = context.applier.observed();
     let planned = tokio::task::spawn_blocking(move || {
-        plan(
+        plan_rendered(
             &environment,
             &template,
-            &manifests,
+            rendered,
+            &manifests.rendered,
             &namespace,
             &limits,
             |object| observed.live_replicas(&ObjectKey::of(object)),

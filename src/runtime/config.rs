@@ -171,6 +171,7 @@ impl ControllerArgs {
                 kubectl: self.kubectl.clone(),
                 timeout: self.render_timeout,
                 memory_limit: self.render_memory_limit,
+                worker: crate::engines::worker::this_program(),
             },
         }
     }

@@ -763,3 +763,71 @@ async fn a_chart_that_builds_a_gigabyte_is_stopped_by_its_memory_limit_and_said(
     })
     .await;
 }
+
+/// The inline template `name` of `manifest` and its environment `<name>-pr-<number>`.
+async fn create_inline(client: &Client, namespace: &str, name: &str, manifest: &str, number: u64) {
+    let template: PreviewTemplate = serde_json::from_value(json!({
+        "apiVersion": "previewd.dev/v1alpha1", "kind": "PreviewTemplate", "metadata": {"name": name},
+        "spec": {"forge": {"kind": "github", "repository": "Codertocat/Hello-World"},
+                 "manifests": {"inline": [{"name": "app.yaml", "template": manifest}]}}
+    }))
+    .unwrap();
+    Api::<PreviewTemplate>::namespaced(client.clone(), namespace)
+        .create(&PostParams::default(), &template)
+        .await
+        .unwrap();
+    let environment: PreviewEnvironment = serde_json::from_value(json!({
+        "apiVersion": "previewd.dev/v1alpha1", "kind": "PreviewEnvironment",
+        "metadata": {"name": format!("{name}-pr-{number}")},
+        "spec": {"template": name, "source": {"repository": "Codertocat/Hello-World",
+                 "branch": format!("branch-{number}"), "pullRequest": number, "headSha": "abc1234"}}
+    }))
+    .unwrap();
+    Api::<PreviewEnvironment>::namespaced(client.clone(), namespace)
+        .create(&PostParams::default(), &environment)
+        .await
+        .unwrap();
+}
+
+/// Memory is bounded for previewd's own renders too (issue 35 §2): fuel counts instructions,
+/// and 27 of them double a string to a gigabyte. The template renders in a child process under
+/// the memory limit, whose allocation fails there and is said; previewd (this process, which
+/// runs the controller) never holds the gigabyte; the same input is not run again (a reconcile
+/// after a poke runs no child); another template's environment deploys. Before, the string
+/// grew inside previewd: this test's process peaked at 1.5 GiB.
+#[tokio::test]
+async fn a_template_that_builds_a_gigabyte_is_rendered_apart_and_stopped_by_its_memory_limit() {
+    in_namespace("template-memory", |client, ns| async move {
+        let doubling = "{% set s = s ~ s %}".repeat(26);
+        let greedy = format!(
+            "{{% set s = \"xxxxxxxxxxxxxxxx\" %}}{doubling}apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: big\ndata:\n  size: \"{{{{ s | length }}}}\"\n"
+        );
+        let quick = "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: small\ndata:\n  sha: \"{{ short_sha }}\"\n";
+        let running = start_controller(&client, &ns).await;
+        create_inline(&client, &ns, "greedy", &greedy, 2).await;
+        let message = refused_with(&client, &ns, "greedy-pr-2", "RenderFailed").await;
+        assert!(
+            message.contains("the template render needed more than 128 MiB of memory"),
+            "{message}"
+        );
+        assert_eq!(renders_by(&running, "templates", "failed"), 1);
+        let environments: Api<PreviewEnvironment> = Api::namespaced(client.clone(), &ns);
+        poke(&running, &environments, "greedy-pr-2", "templates", 1).await;
+        assert_eq!(
+            renders_by(&running, "templates", "failed"),
+            1,
+            "the input that ran out of memory is not run again"
+        );
+        create_inline(&client, &ns, "quick", quick, 3).await;
+        wait_for_phase(
+            &environments,
+            "quick-pr-3",
+            Phase::Ready,
+            Duration::from_secs(60),
+        )
+        .await;
+        let peak = peak_memory();
+        assert!(peak < 1 << 30, "previewd's peak memory: {} MiB", peak >> 20);
+    })
+    .await;
+}

@@ -438,11 +438,13 @@ pub async fn start_controller(client: &Client, namespace: &str) -> Running {
     start_controller_with(client, config).await
 }
 
-/// Starts previewd's controller with `config` on the calling test's runtime.
+/// Starts previewd's controller with `config` on the calling test's runtime. Its templates
+/// render in the built `previewd` (by default the controller's own program, here the test's).
 pub async fn start_controller_with(
     client: &Client,
-    config: previewd::reconcile::ControllerConfig,
+    mut config: previewd::reconcile::ControllerConfig,
 ) -> Running {
+    config.engines.worker = std::path::PathBuf::from(env!("CARGO_BIN_EXE_previewd"));
     let (tx, rx) = tokio::sync::oneshot::channel();
     let metrics = Arc::new(previewd::runtime::metrics::Metrics::new());
     tokio::spawn(previewd::reconcile::run(

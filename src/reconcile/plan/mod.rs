@@ -11,6 +11,7 @@ pub mod hooks;
 pub mod host_claims;
 pub mod policy;
 pub mod render;
+pub mod request;
 pub mod routes;
 pub mod values;
 pub mod workloads;
@@ -26,6 +27,7 @@ use crate::model::kinds::TemplateKinds;
 use crate::model::metadata::environment_labels;
 use guard::Violation;
 use render::RenderedObject;
+use request::{RenderJob, RenderRequest, RenderedTemplates};
 
 /// What a reconcile will apply, in the environment's namespace.
 #[derive(Debug)]
@@ -61,8 +63,9 @@ pub struct Limits {
     pub operator: OperatorPolicy,
 }
 
-/// Plans `environment` from `template` and `manifests` into `namespace`. `live_replicas` says
-/// how many replicas a workload runs now (from the watch), for the count to restore on waking.
+/// Plans `environment` from `template` and `manifests` into `namespace`, rendering its
+/// templates in this process. `live_replicas` says how many replicas a workload runs now (from
+/// the watch), for the count to restore on waking.
 pub fn plan(
     environment: &PreviewEnvironment,
     template: &PreviewTemplate,
@@ -71,19 +74,65 @@ pub fn plan(
     limits: &Limits,
     live_replicas: impl Fn(&Value) -> Option<i32>,
 ) -> Result<Plan, Refusal> {
+    let request = templates_request(environment, template, &manifests.templates, namespace);
+    let rendered = request
+        .render()
+        .and_then(request::RenderOutput::templates)
+        .map_err(render_failed)?;
+    plan_rendered(
+        environment,
+        template,
+        rendered,
+        &manifests.rendered,
+        namespace,
+        limits,
+        live_replicas,
+    )
+}
+
+/// What minijinja renders of `environment`: the template's manifests (`templates`) and seeds.
+pub fn templates_request(
+    environment: &PreviewEnvironment,
+    template: &PreviewTemplate,
+    templates: &[InlineManifest],
+    namespace: &str,
+) -> RenderRequest {
+    RenderRequest {
+        facts: values::facts(environment, &template.spec, namespace),
+        url: template.spec.url.clone(),
+        job: RenderJob::Objects {
+            manifests: templates.to_vec(),
+            seeds: template.spec.seeds.clone(),
+            labels: environment_labels(environment, template),
+        },
+    }
+}
+
+/// A broken template is not retried until it changes (or the slow resync).
+pub fn render_failed(error: render::RenderError) -> Refusal {
+    Refusal::new("RenderFailed", error.to_string())
+}
+
+/// Plans `environment` from its rendered templates and what its engines rendered
+/// (`from_engines`): every check after the render.
+pub fn plan_rendered(
+    environment: &PreviewEnvironment,
+    template: &PreviewTemplate,
+    rendered: RenderedTemplates,
+    from_engines: &[InlineManifest],
+    namespace: &str,
+    limits: &Limits,
+    live_replicas: impl Fn(&Value) -> Option<i32>,
+) -> Result<Plan, Refusal> {
     let labels = environment_labels(environment, template);
-    let rendered =
-        values::render_context(environment, &template.spec, namespace).and_then(|values| {
-            let mut objects =
-                render::render(&manifests.templates, &template.spec.seeds, &values, &labels)?;
-            let mut from_engines = hooks::place(&manifests.rendered)?;
-            render::stamp(&mut from_engines, namespace, &labels);
-            objects.append(&mut from_engines);
-            Ok((values.url, values.host, objects))
-        });
-    // A broken template is not retried until it changes (or the slow resync).
-    let (url, host, mut objects) =
-        rendered.map_err(|e: render::RenderError| Refusal::new("RenderFailed", e.to_string()))?;
+    let RenderedTemplates {
+        url,
+        host,
+        mut objects,
+    } = rendered;
+    let mut placed = hooks::place(from_engines).map_err(render_failed)?;
+    render::stamp(&mut placed, namespace, &labels);
+    objects.append(&mut placed);
     refuse_crds(&objects)?;
     check_object_limit(objects.len(), limits.max_objects)?;
     let guarded = guard::check(&objects, namespace, &limits.kinds);

@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
@@ -16,7 +16,7 @@ pub const ANNOTATION_WAVE: &str = "previewd.dev/wave";
 pub const LABEL_SEED: &str = "previewd.dev/seed";
 
 /// What the templates see.
-#[derive(Clone, Debug, serde::Serialize)]
+#[derive(Clone, Debug, Deserialize, Serialize)]
 pub struct RenderContext {
     pub name: String,
     pub branch: String,
@@ -35,7 +35,7 @@ pub struct RenderContext {
 }
 
 /// One object to apply.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, Deserialize, PartialEq, Serialize)]
 pub struct RenderedObject {
     pub manifest: String,
     pub wave: i32,
@@ -57,7 +57,7 @@ impl RenderedObject {
 }
 
 /// A render failure, located.
-#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+#[derive(Clone, Debug, Deserialize, PartialEq, Serialize, thiserror::Error)]
 #[error("{manifest}{}: {message}", line.map(|l| format!(" line {l}")).unwrap_or_default())]
 pub struct RenderError {
     pub manifest: String,
@@ -98,6 +98,51 @@ pub fn render_string(
         });
     }
     Ok(text)
+}
+
+/// Whether a string of `value` holds template syntax (what [`render_strings`] renders).
+pub fn holds_templates(value: &Value) -> bool {
+    match value {
+        Value::String(text) => is_template(text),
+        Value::Array(items) => items.iter().any(holds_templates),
+        Value::Object(fields) => fields.values().any(holds_templates),
+        _ => false,
+    }
+}
+
+fn is_template(text: &str) -> bool {
+    text.contains("{{") || text.contains("{%")
+}
+
+/// Renders every string of `value` that holds template syntax; `at` names where it is, for
+/// errors (`helm.values.image.tag`).
+pub fn render_strings(
+    value: &mut Value,
+    at: &str,
+    facts: &RenderContext,
+) -> Result<(), RenderError> {
+    match value {
+        Value::String(text) if is_template(text) => {
+            *text = render_string(at, text, facts)?;
+        }
+        Value::Array(items) => {
+            for (index, item) in items.iter_mut().enumerate() {
+                render_strings(item, &format!("{at}[{index}]"), facts)?;
+            }
+        }
+        Value::Object(fields) => {
+            for (key, field) in fields.iter_mut() {
+                let inner = if at.is_empty() {
+                    key.clone()
+                } else {
+                    format!("{at}.{key}")
+                };
+                render_strings(field, &inner, facts)?;
+            }
+        }
+        _ => {}
+    }
+    Ok(())
 }
 
 fn located(name: &str, error: &minijinja::Error) -> RenderError {

@@ -4,7 +4,7 @@
 use kube::ResourceExt;
 
 use super::render::{self, RenderContext, RenderError};
-use crate::model::crd::{PreviewEnvironment, PreviewTemplateSpec};
+use crate::model::crd::{PreviewEnvironment, PreviewTemplateSpec, UrlSpec};
 use crate::model::naming;
 
 /// The render values for `environment` deployed into `namespace`. The host is itself a template
@@ -14,8 +14,17 @@ pub fn render_context(
     template: &PreviewTemplateSpec,
     namespace: &str,
 ) -> Result<RenderContext, RenderError> {
+    with_url(facts(environment, template, namespace), &template.url)
+}
+
+/// The render values without the host and URL (which are rendered from them, [`with_url`]).
+pub fn facts(
+    environment: &PreviewEnvironment,
+    template: &PreviewTemplateSpec,
+    namespace: &str,
+) -> RenderContext {
     let source = &environment.spec.source;
-    let mut context = RenderContext {
+    RenderContext {
         name: environment.name_any(),
         branch: source.branch.clone(),
         slug: naming::unique_slug(&source.branch),
@@ -28,14 +37,19 @@ pub fn render_context(
         host: String::new(),
         url: String::new(),
         values: template.values.clone(),
-    };
-    context.host = match &template.url.host {
+    }
+}
+
+/// `context` with its host rendered from `url.host` (by default `<namespace>.preview.localhost`)
+/// and its URL.
+pub fn with_url(mut context: RenderContext, url: &UrlSpec) -> Result<RenderContext, RenderError> {
+    context.host = match &url.host {
         Some(host) => render::render_string("url.host", host, &context)?,
-        None => format!("{namespace}.preview.localhost"),
+        None => format!("{}.preview.localhost", context.namespace),
     };
     context.url = format!(
         "{}://{}",
-        template.url.scheme.as_deref().unwrap_or("https"),
+        url.scheme.as_deref().unwrap_or("https"),
         context.host
     );
     Ok(context)

@@ -6,12 +6,11 @@
 
 use serde_json::Value;
 
-use super::{counted, has_content, render_strings, turn_owner, with_facts};
+use super::{counted, has_content, isolated, turn_owner};
 use crate::engines::helm::{Chart, HelmRender};
 use crate::model::crd::{HelmSource, InlineManifest, PreviewEnvironment, PreviewTemplate};
 use crate::reconcile::context::Context;
 use crate::reconcile::error::Refusal;
-use crate::reconcile::plan::render;
 use crate::reconcile::resolve;
 
 /// The rendered objects of the template's chart, one manifest per source file; none when the
@@ -25,7 +24,7 @@ pub async fn render_chart(
     let Some(helm) = &template.spec.manifests.helm else {
         return Ok(Vec::new());
     };
-    let (release, values) = chart_values(environment, template, helm, namespace).await?;
+    let (release, values) = chart_values(environment, template, helm, namespace, context).await?;
     let head_sha = &environment.spec.source.head_sha;
     let files;
     let chart = match (&helm.chart.path, &helm.chart.repository) {
@@ -107,18 +106,19 @@ async fn chart_values(
     template: &PreviewTemplate,
     helm: &HelmSource,
     namespace: &str,
+    context: &Context,
 ) -> Result<(String, Value), Refusal> {
-    let helm = helm.clone();
-    with_facts(environment, template, namespace, move |facts| {
-        let release = match &helm.release_name {
-            Some(name) => render::render_string("helm.releaseName", name, facts)?,
-            None => facts.name.clone(),
-        };
-        let mut values = Value::Object(helm.values.into_iter().collect());
-        render_strings(&mut values, "helm.values", facts)?;
-        Ok((release, values))
-    })
-    .await
+    let given = serde_json::json!({
+        "helm.releaseName": helm.release_name,
+        "helm.values": Value::Object(helm.values.clone().into_iter().collect()),
+    });
+    let mut rendered =
+        isolated::render_strings(environment, template, namespace, given, context).await?;
+    let release = match rendered["helm.releaseName"].take() {
+        Value::String(name) => name,
+        _ => kube::ResourceExt::name_any(environment),
+    };
+    Ok((release, rendered["helm.values"].take()))
 }
 
 /// Helm's output split into one manifest per `# Source:` file (Helm prints every document

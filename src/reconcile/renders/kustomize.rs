@@ -5,7 +5,7 @@
 
 use serde_json::Value;
 
-use super::{counted, render_strings, turn_owner, with_facts};
+use super::{counted, isolated, turn_owner};
 use crate::engines::kustomize::KustomizeRender;
 use crate::model::crd::{InlineManifest, KustomizeSource, PreviewEnvironment, PreviewTemplate};
 use crate::reconcile::context::Context;
@@ -24,7 +24,7 @@ pub async fn build_overlay(
         return Ok(Vec::new());
     };
     let (root, overlay) = folders(kustomize)?;
-    let (images, patches) = on_top(environment, template, kustomize, namespace).await?;
+    let (images, patches) = on_top(environment, template, kustomize, namespace, context).await?;
     let head_sha = &environment.spec.source.head_sha;
     let client = resolve::forge_client(template, &root, context).await?;
     let files = context
@@ -83,21 +83,24 @@ async fn on_top(
     template: &PreviewTemplate,
     kustomize: &KustomizeSource,
     namespace: &str,
+    context: &Context,
 ) -> Result<(Vec<Value>, Vec<Value>), Refusal> {
     let entries = |list: Result<Vec<Value>, serde_json::Error>| {
         list.map_err(|e| Refusal::new("RenderFailed", format!("kustomize entries: {e}")))
     };
-    let mut images = entries(kustomize.images.iter().map(serde_json::to_value).collect())?;
-    let mut patches = entries(kustomize.patches.iter().map(serde_json::to_value).collect())?;
-    with_facts(environment, template, namespace, move |facts| {
-        for (at, list) in [("images", &mut images), ("patches", &mut patches)] {
-            for (index, entry) in list.iter_mut().enumerate() {
-                render_strings(entry, &format!("kustomize.{at}[{index}]"), facts)?;
-            }
-        }
-        Ok((images, patches))
-    })
-    .await
+    let images = entries(kustomize.images.iter().map(serde_json::to_value).collect())?;
+    let patches = entries(kustomize.patches.iter().map(serde_json::to_value).collect())?;
+    let given = serde_json::json!({"kustomize.images": images, "kustomize.patches": patches});
+    let mut rendered =
+        isolated::render_strings(environment, template, namespace, given, context).await?;
+    let list = |value: Value| match value {
+        Value::Array(items) => items,
+        _ => Vec::new(),
+    };
+    Ok((
+        list(rendered["kustomize.images"].take()),
+        list(rendered["kustomize.patches"].take()),
+    ))
 }
 
 #[cfg(test)]

@@ -4,18 +4,16 @@
 //! marked as already rendered (never rendered again as a minijinja template).
 //!
 //! What the template gives an engine (values, images, patches) is rendered first, every string
-//! a template of the environment's facts, on a blocking thread. Engine failures are said the
+//! a template of the environment's facts, in a child process the first time ([`isolated`], as
+//! the template's manifests are). Engine failures are said the
 //! same way for both ([`engine_refusal`]), and counted in `previewd_engine_renders_total`.
 
 mod helm;
+pub mod isolated;
 mod kustomize;
-
-use serde_json::Value;
 
 use super::context::Context;
 use super::error::{ReconcileError, Refusal};
-use super::plan::render::{self, RenderContext, RenderError};
-use super::plan::values::render_context;
 use crate::engines::{EngineError, Rendered, process::RunError};
 use crate::model::crd::{InlineManifest, PreviewEnvironment, PreviewTemplate};
 
@@ -30,52 +28,6 @@ pub async fn render_engines(
     let mut rendered = helm::render_chart(environment, template, namespace, context).await?;
     rendered.extend(kustomize::build_overlay(environment, template, namespace, context).await?);
     Ok(rendered)
-}
-
-/// Runs `render` with the environment's facts on a blocking thread (a template may take up to
-/// its render fuel); a template error is a `RenderFailed` refusal.
-async fn with_facts<T: Send + 'static>(
-    environment: &PreviewEnvironment,
-    template: &PreviewTemplate,
-    namespace: &str,
-    render: impl FnOnce(&RenderContext) -> Result<T, RenderError> + Send + 'static,
-) -> Result<T, Refusal> {
-    let (environment, spec) = (environment.clone(), template.spec.clone());
-    let namespace = namespace.to_string();
-    let rendered = tokio::task::spawn_blocking(move || {
-        let facts = render_context(&environment, &spec, &namespace)?;
-        render(&facts)
-    })
-    .await;
-    match rendered {
-        Ok(Ok(done)) => Ok(done),
-        Ok(Err(e)) => Err(Refusal::new("RenderFailed", e.to_string())),
-        Err(stopped) => Err(Refusal::new(
-            "RenderFailed",
-            format!("rendering stopped unexpectedly, a bug in previewd: {stopped}"),
-        )),
-    }
-}
-
-/// Renders every string in `value` as a template; `at` names where it is, for errors.
-fn render_strings(value: &mut Value, at: &str, facts: &RenderContext) -> Result<(), RenderError> {
-    match value {
-        Value::String(text) if text.contains("{{") || text.contains("{%") => {
-            *text = render::render_string(at, text, facts)?;
-        }
-        Value::Array(items) => {
-            for (index, item) in items.iter_mut().enumerate() {
-                render_strings(item, &format!("{at}[{index}]"), facts)?;
-            }
-        }
-        Value::Object(fields) => {
-            for (key, field) in fields.iter_mut() {
-                render_strings(field, &format!("{at}.{key}"), facts)?;
-            }
-        }
-        _ => {}
-    }
-    Ok(())
 }
 
 /// Counts the render (`previewd_engine_renders_total{engine, outcome}`) and says a failure.

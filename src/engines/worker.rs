@@ -1,0 +1,204 @@
+//! previewd's own template render (minijinja) run like an engine: in a child process
+//! (`previewd render-worker`, the same program), under [`TEMPLATE_MEMORY_LIMIT`] and the
+//! engines' time limit, so that a template that builds a gigabyte from a few instructions fails
+//! its own allocation there, instead of growing previewd until the kernel kills it, and the
+//! standby after it. At most [`CONCURRENT_RENDERS`] such children run at once, in fair turns of
+//! their own: a template's hanging Helm renders do not hold up another template's manifests.
+//!
+//! Fuel bounds a render's instructions, not its bytes; the child bounds both. Rendering is
+//! pure (the same input renders the same output with the same memory), so an input is known
+//! by its digest ([`Engines::known`]): one that fitted in the child once renders in-process from
+//! then on (no process per reconcile), and one that ran out of memory is refused again without
+//! running; neither is tried blindly twice.
+
+use std::collections::{HashSet, VecDeque};
+use std::path::Path;
+use std::sync::{Mutex, PoisonError};
+
+use super::cache::RenderKey;
+use super::process::{self, Run, RunError};
+use super::turns::FairTurns;
+use super::{CONCURRENT_RENDERS, EngineError, Engines, MAX_OUTPUT_BYTES};
+
+/// The most memory one template render may take: the output is at most 4 MiB per manifest, so
+/// an ordinary template's render needs a few MiB; the program itself takes about 10 MiB.
+pub const TEMPLATE_MEMORY_LIMIT: u64 = 128 << 20;
+
+/// The subcommand of `previewd` that renders one request read on its standard input.
+pub const WORKER_COMMAND: &str = "render-worker";
+
+/// The most a render's answer may take (its objects as JSON): four times one template's
+/// output limit, far above any application's manifests and below the memory limit.
+pub const MAX_ANSWER_BYTES: usize = 4 * MAX_OUTPUT_BYTES;
+
+/// How many inputs are remembered either way (32 bytes each; a thousand environments with a
+/// few renders each fit several times).
+const REMEMBERED: usize = 16_384;
+
+/// The children's turns, and the inputs whose render fitted in a child and those that ran out
+/// of memory there (with what was said), each bounded, oldest out first.
+pub struct Workers {
+    turns: FairTurns,
+    fitted: Mutex<Remembered<()>>,
+    overgrown: Mutex<Remembered<RunError>>,
+}
+
+impl Default for Workers {
+    fn default() -> Self {
+        Self {
+            turns: FairTurns::new(CONCURRENT_RENDERS),
+            fitted: Mutex::default(),
+            overgrown: Mutex::default(),
+        }
+    }
+}
+
+struct Remembered<T> {
+    keys: HashSet<RenderKey>,
+    order: VecDeque<(RenderKey, T)>,
+}
+
+impl<T> Default for Remembered<T> {
+    fn default() -> Self {
+        Self {
+            keys: HashSet::new(),
+            order: VecDeque::new(),
+        }
+    }
+}
+
+impl<T: Clone> Remembered<T> {
+    fn get(&self, key: &RenderKey) -> Option<T> {
+        if !self.keys.contains(key) {
+            return None;
+        }
+        self.order
+            .iter()
+            .find(|(k, _)| k == key)
+            .map(|(_, value)| value.clone())
+    }
+
+    fn keep(&mut self, key: RenderKey, value: T) {
+        if !self.keys.insert(key) {
+            return;
+        }
+        self.order.push_back((key, value));
+        while self.order.len() > REMEMBERED {
+            if let Some((dropped, _)) = self.order.pop_front() {
+                self.keys.remove(&dropped);
+            }
+        }
+    }
+}
+
+/// What a child process showed of an input before.
+#[derive(Debug)]
+pub enum Known {
+    /// It rendered within the limits: it may render in-process, with the same memory.
+    Fits,
+    /// It ran out of memory, as said.
+    Overgrew(RunError),
+}
+
+impl Engines {
+    /// What is known of the input with digest `key`; `None` when no child rendered it yet.
+    pub fn known(&self, key: &RenderKey) -> Option<Known> {
+        let fitted = self.workers.fitted.lock();
+        if fitted
+            .unwrap_or_else(PoisonError::into_inner)
+            .keys
+            .contains(key)
+        {
+            return Some(Known::Fits);
+        }
+        let overgrown = self.workers.overgrown.lock();
+        let said = overgrown.unwrap_or_else(PoisonError::into_inner).get(key);
+        said.map(Known::Overgrew)
+    }
+
+    /// Renders `input` (digest `key`) in a child process, in `owner`'s turn, and returns what
+    /// it printed; remembers whether it fitted ([`Engines::known`]).
+    pub async fn render_isolated(
+        &self,
+        owner: &str,
+        key: RenderKey,
+        input: Vec<u8>,
+    ) -> Result<String, EngineError> {
+        let _turn = self.workers.turns.acquire(owner).await;
+        let folder = tempfile::tempdir().map_err(|e| EngineError::Io(e.to_string()))?;
+        let ran = process::run(Run {
+            program: &self.config.worker,
+            args: vec![WORKER_COMMAND.into()],
+            folder: folder.path(),
+            env: Vec::new(),
+            timeout: self.config.timeout,
+            max_output: MAX_ANSWER_BYTES,
+            max_memory: TEMPLATE_MEMORY_LIMIT,
+            input,
+        })
+        .await;
+        let overgrew = matches!(ran, Err(RunError::OutOfMemory { .. }));
+        let ran = ran.map_err(name_the_render);
+        match &ran {
+            Ok(_) => self.remember(&self.workers.fitted, key, ()),
+            Err(said) if overgrew => self.remember(&self.workers.overgrown, key, said.clone()),
+            // Time depends on the machine's load; the next reconcile may try again.
+            Err(_) => {}
+        }
+        Ok(ran?)
+    }
+
+    fn remember<T: Clone>(&self, memory: &Mutex<Remembered<T>>, key: RenderKey, value: T) {
+        let mut memory = memory.lock().unwrap_or_else(PoisonError::into_inner);
+        memory.keep(key, value);
+    }
+}
+
+/// The child is previewd itself: its errors name the render, not the program's path, and its
+/// memory limit is not `--render-memory-limit` (which is the engines').
+fn name_the_render(error: RunError) -> RunError {
+    let name = "the template render".to_string();
+    match error {
+        RunError::OutOfMemory { limit, .. } => RunError::Failed {
+            message: format!(
+                "{name} needed more than {} MiB of memory and was stopped (a template's output is at most 4 MiB per manifest: look for strings built in a loop or doubled)",
+                limit >> 20
+            ),
+        },
+        RunError::TimedOut { limit, .. } => RunError::TimedOut {
+            program: name,
+            limit,
+        },
+        RunError::TooMuchOutput { limit, .. } => RunError::TooMuchOutput {
+            program: name,
+            limit,
+        },
+        other => other,
+    }
+}
+
+/// The program the child runs by default: this one.
+pub fn this_program() -> std::path::PathBuf {
+    std::env::current_exe().unwrap_or_else(|_| Path::new("previewd").to_path_buf())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn remembers_a_bounded_number_of_inputs_oldest_out_first() {
+        let mut memory: Remembered<u32> = Remembered::default();
+        for n in 0..=REMEMBERED {
+            let mut key = [0u8; 32];
+            key[..8].copy_from_slice(&(n as u64).to_le_bytes());
+            memory.keep(key, n as u32);
+        }
+        assert_eq!(memory.order.len(), REMEMBERED);
+        assert_eq!(memory.keys.len(), REMEMBERED);
+        assert_eq!(memory.get(&[0; 32]), None, "the oldest is forgotten");
+        let mut newest = [0u8; 32];
+        newest[..8].copy_from_slice(&(REMEMBERED as u64).to_le_bytes());
+        assert_eq!(memory.get(&newest), Some(REMEMBERED as u32));
+    }
+}

@@ -1,0 +1,217 @@
+//! A render's whole input as data ([`RenderRequest`]), so that it can run in another process
+//! and be known by its digest: what minijinja renders for one environment (its manifests and
+//! seeds, or the strings a template gives an engine) together with the facts it sees.
+//!
+//! Rendering is pure: the same request renders the same output with the same memory. The
+//! controller runs a request it has not seen in a child process under a memory limit (see
+//! `reconcile::renders::isolated`), and that child runs [`serve`].
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+
+use super::render::{self, RenderContext, RenderError, RenderedObject};
+use super::values::with_url;
+use crate::model::crd::{InlineManifest, SeedSpec, UrlSpec};
+
+/// One render: the facts (without host and URL, which `url` renders), and what to render.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+pub struct RenderRequest {
+    pub facts: RenderContext,
+    pub url: UrlSpec,
+    pub job: RenderJob,
+}
+
+#[derive(Clone, Debug, Deserialize, Serialize)]
+pub enum RenderJob {
+    /// The template's manifests and seeds, into objects with `labels`.
+    Objects {
+        manifests: Vec<InlineManifest>,
+        seeds: Vec<SeedSpec>,
+        labels: BTreeMap<String, String>,
+    },
+    /// Every template string in a value (what a template gives Helm or Kustomize); a field's
+    /// name is where it is, for errors.
+    Strings(Value),
+}
+
+/// What a request rendered.
+#[derive(Clone, Debug, Deserialize, PartialEq, Serialize)]
+pub enum RenderOutput {
+    Objects(RenderedTemplates),
+    Strings(Value),
+}
+
+/// An environment's manifests and seeds, rendered: its objects, its URL and the URL's host.
+#[derive(Clone, Debug, Deserialize, PartialEq, Serialize)]
+pub struct RenderedTemplates {
+    pub url: String,
+    pub host: String,
+    pub objects: Vec<RenderedObject>,
+}
+
+impl RenderOutput {
+    /// The rendered templates of an objects request.
+    pub fn templates(self) -> Result<RenderedTemplates, RenderError> {
+        match self {
+            Self::Objects(templates) => Ok(templates),
+            Self::Strings(_) => Err(mismatch("objects")),
+        }
+    }
+
+    /// The rendered value of a strings request.
+    pub fn strings(self) -> Result<Value, RenderError> {
+        match self {
+            Self::Strings(value) => Ok(value),
+            Self::Objects(_) => Err(mismatch("strings")),
+        }
+    }
+}
+
+/// The render answered another kind of output than asked for (a bug, said, not a panic).
+fn mismatch(expected: &str) -> RenderError {
+    RenderError {
+        manifest: "render".into(),
+        line: None,
+        message: format!("expected rendered {expected}, got something else (a bug in previewd)"),
+    }
+}
+
+impl RenderRequest {
+    /// Renders the request here, in this process.
+    pub fn render(&self) -> Result<RenderOutput, RenderError> {
+        let facts = with_url(self.facts.clone(), &self.url)?;
+        match &self.job {
+            RenderJob::Objects {
+                manifests,
+                seeds,
+                labels,
+            } => Ok(RenderOutput::Objects(RenderedTemplates {
+                objects: render::render(manifests, seeds, &facts, labels)?,
+                url: facts.url,
+                host: facts.host,
+            })),
+            RenderJob::Strings(value) => {
+                let mut value = value.clone();
+                render::render_strings(&mut value, "", &facts)?;
+                Ok(RenderOutput::Strings(value))
+            }
+        }
+    }
+
+    /// The request as the child process reads it, and its digest (what it is known by).
+    pub fn encode(&self) -> Result<(Vec<u8>, [u8; 32]), RenderError> {
+        let bytes = serde_json::to_vec(self).map_err(|e| RenderError {
+            manifest: "render request".into(),
+            line: None,
+            message: format!("could not be written: {e}"),
+        })?;
+        let digest = Sha256::digest(&bytes).into();
+        Ok((bytes, digest))
+    }
+}
+
+/// The child process's work: a request in (JSON), its rendered output or error out (JSON).
+/// Input that is not a request is said as a render error, never a panic.
+pub fn serve(input: &[u8]) -> Vec<u8> {
+    let answer: Result<RenderOutput, RenderError> = serde_json::from_slice::<RenderRequest>(input)
+        .map_err(|e| RenderError {
+            manifest: "render request".into(),
+            line: None,
+            message: format!("could not be read: {e}"),
+        })
+        .and_then(|request| request.render());
+    // A `Result` of plain data always serializes; the fallback is never reached.
+    serde_json::to_vec(&answer).unwrap_or_default()
+}
+
+/// Reads what [`serve`] wrote.
+pub fn decode(output: &[u8]) -> Result<RenderOutput, RenderError> {
+    serde_json::from_slice::<Result<RenderOutput, RenderError>>(output).unwrap_or_else(|e| {
+        Err(RenderError {
+            manifest: "render".into(),
+            line: None,
+            message: format!("the render process answered something unreadable: {e}"),
+        })
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn facts() -> RenderContext {
+        RenderContext {
+            name: "web-pr-2".into(),
+            branch: "feature/login".into(),
+            slug: "feature-login".into(),
+            sha: "ec26c3e57ca3a959ca5aad62de7213c562f8c821".into(),
+            short_sha: "ec26c3e".into(),
+            pr: Some(2),
+            repository: "Codertocat/Hello-World".into(),
+            author: "Codertocat".into(),
+            namespace: "preview-x".into(),
+            host: String::new(),
+            url: String::new(),
+            values: BTreeMap::new(),
+        }
+    }
+
+    fn request(job: RenderJob) -> RenderRequest {
+        RenderRequest {
+            facts: facts(),
+            url: UrlSpec {
+                host: Some("{{ slug }}.preview.example.com".into()),
+                scheme: None,
+            },
+            job,
+        }
+    }
+
+    #[test]
+    fn a_request_renders_the_same_through_the_child_process_protocol() {
+        let objects = request(RenderJob::Objects {
+            manifests: vec![InlineManifest {
+                name: "app.yaml".into(),
+                template: "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: app\ndata:\n  url: \"{{ url }}\"\n".into(),
+            }],
+            seeds: vec![],
+            labels: BTreeMap::new(),
+        });
+        let here = objects.render().unwrap();
+        let (bytes, digest) = objects.encode().unwrap();
+        assert_eq!(decode(&serve(&bytes)), Ok(here.clone()));
+        let RenderOutput::Objects(RenderedTemplates { url, objects, .. }) = here else {
+            panic!("objects expected");
+        };
+        assert_eq!(url, "https://feature-login.preview.example.com");
+        assert_eq!(objects[0].object["data"]["url"], url);
+        // The digest is the request's: another commit is another request.
+        let mut other = request(RenderJob::Strings(Value::Null));
+        other.facts.sha = "0".repeat(40);
+        assert_ne!(other.encode().unwrap().1, digest);
+    }
+
+    #[test]
+    fn strings_are_rendered_and_errors_say_where() {
+        let strings = request(RenderJob::Strings(serde_json::json!({
+            "helm.values": {"image": {"tag": "{{ short_sha }}"}, "replicas": 2}
+        })));
+        assert_eq!(
+            strings.render(),
+            Ok(RenderOutput::Strings(serde_json::json!({
+                "helm.values": {"image": {"tag": "ec26c3e"}, "replicas": 2}
+            })))
+        );
+        let broken = request(RenderJob::Strings(serde_json::json!({
+            "helm.values": {"image": ["{{ nothing }}"]}
+        })));
+        let error = broken.render().unwrap_err();
+        assert_eq!(error.manifest, "helm.values.image[0]");
+        // Whatever the child is given, it answers with an error, never a panic.
+        assert!(decode(&serve(b"{not json")).is_err());
+        assert!(decode(b"Killed").is_err());
+    }
+}
