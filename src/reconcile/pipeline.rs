@@ -183,7 +183,11 @@ async fn plan_off_the_runtime(
     namespace: &str,
     context: &Context,
 ) -> Result<Plan, Refusal> {
-    let request = templates_request(environment, template, &manifests.templates, namespace);
+    let Manifests {
+        templates,
+        rendered: from_engines,
+    } = manifests;
+    let request = templates_request(environment, template, templates, namespace);
     let rendered = renders::isolated::render(request, template, context)
         .await?
         .templates()
@@ -201,7 +205,7 @@ async fn plan_off_the_runtime(
             &environment,
             &template,
             rendered,
-            &manifests.rendered,
+            &from_engines,
             &namespace,
             &limits,
             |object| observed.live_replicas(&ObjectKey::of(object)),

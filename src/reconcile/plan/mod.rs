@@ -74,7 +74,7 @@ pub fn plan(
     limits: &Limits,
     live_replicas: impl Fn(&Value) -> Option<i32>,
 ) -> Result<Plan, Refusal> {
-    let request = templates_request(environment, template, &manifests.templates, namespace);
+    let request = templates_request(environment, template, manifests.templates.clone(), namespace);
     let rendered = request
         .render()
         .and_then(request::RenderOutput::templates)
@@ -94,14 +94,14 @@ pub fn plan(
 pub fn templates_request(
     environment: &PreviewEnvironment,
     template: &PreviewTemplate,
-    templates: &[InlineManifest],
+    templates: Vec<InlineManifest>,
     namespace: &str,
 ) -> RenderRequest {
     RenderRequest {
         facts: values::facts(environment, &template.spec, namespace),
         url: template.spec.url.clone(),
         job: RenderJob::Objects {
-            manifests: templates.to_vec(),
+            manifests: templates,
             seeds: template.spec.seeds.clone(),
             labels: environment_labels(environment, template),
         },
