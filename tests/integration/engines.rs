@@ -831,3 +831,74 @@ async fn a_template_that_builds_a_gigabyte_is_rendered_apart_and_stopped_by_its_
     })
     .await;
 }
+
+/// Charts as people write them (issue 36 §5): a hook Job named by `generateName` (Helm's and
+/// Argo CD's hook examples) and ports without `protocol` (client-side apply never needed it).
+/// Before, the first was refused ("a Job has no metadata.name") and the second failed
+/// server-side apply on this API server ("element 0: associative list with keys has an element
+/// that omits key field \"protocol\""). Now the Job is named by its content (run once per
+/// content, as a seed) and the ports get Kubernetes' default, `TCP`.
+#[tokio::test]
+async fn a_chart_with_a_generate_name_hook_and_ports_without_protocol_deploys() {
+    in_namespace("helm-as-written", |client, ns| async move {
+        let as_written: Vec<(String, Vec<u8>)> = files_of(&example_chart())
+            .into_iter()
+            .map(|(path, bytes)| {
+                let text = String::from_utf8(bytes).unwrap();
+                let text = text
+                    .replace("    protocol: TCP\n", "")
+                    .replace("          protocol: TCP\n", "")
+                    .replace(
+                        "  name: {{ include \"web.fullname\" . }}-migrate\n",
+                        "  generateName: {{ include \"web.fullname\" . }}-migrate-\n",
+                    );
+                (path, text.into_bytes())
+            })
+            .collect();
+        let written = |path: &str| {
+            let file = as_written.iter().find(|(p, _)| p == path).unwrap();
+            String::from_utf8(file.1.clone()).unwrap()
+        };
+        assert!(!written("templates/service.yaml").contains("protocol"));
+        assert!(!written("templates/deployment.yaml").contains("protocol"));
+        assert!(written("templates/migrate-job.yaml").contains("generateName"));
+        let forge = MockServer::start().await;
+        serve_chart(&forge, FIRST, &as_written).await;
+        let running = start_controller(&client, &ns).await;
+        let environment = install_example(&client, &ns, &forge, "web-chart").await;
+        let name = environment.name_any();
+        let environments: Api<PreviewEnvironment> = Api::namespaced(client.clone(), &ns);
+        let ready =
+            wait_for_phase(&environments, &name, Phase::Ready, Duration::from_secs(120)).await;
+        let target = ready.status.unwrap().namespace.unwrap();
+
+        let services: Api<k8s_openapi::api::core::v1::Service> =
+            Api::namespaced(client.clone(), &target);
+        let service = services.get("web-chart-pr-2-web").await.unwrap();
+        let ports = service.spec.unwrap().ports.unwrap();
+        assert_eq!(ports[0].protocol.as_deref(), Some("TCP"));
+        let migrations = || async {
+            let jobs: Api<Job> = Api::namespaced(client.clone(), &target);
+            let listed = jobs.list(&ListParams::default()).await.unwrap().items;
+            listed
+                .into_iter()
+                .filter(|job| job.name_any().contains("web-chart-pr-2-web-migrate-"))
+                .collect::<Vec<_>>()
+        };
+        let migrate = migrations().await;
+        assert_eq!(migrate.len(), 1, "one migration Job");
+        let completed = migrate[0]
+            .status
+            .as_ref()
+            .and_then(|s| s.completion_time.as_ref());
+        assert!(completed.is_some(), "the hook Job ran to completion");
+        // Reconciles of the same commit make no second Job.
+        poke(&running, &environments, &name, "helm", 2).await;
+        assert_eq!(
+            migrations().await.len(),
+            1,
+            "the same content, the same Job"
+        );
+    })
+    .await;
+}

@@ -16,6 +16,7 @@ mod architecture;
 mod chart;
 mod content_policy;
 mod control_plane;
+mod docs;
 mod engines;
 mod faults;
 mod forge_workflow;

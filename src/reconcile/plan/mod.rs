@@ -3,9 +3,11 @@
 //! applied unless the whole plan passes, so a broken or unsafe template leaves the previous
 //! commit running.
 //!
-//! In order: the render values ([`values`]), the render ([`render`]), the object limit, the
-//! guard ([`guard`]), and the workload adjustments for sleep and redeploy ([`workloads`]).
+//! In order: the render values ([`values`]), the render ([`render`]), Kubernetes' defaults that
+//! server-side apply needs ([`defaults`]), the object limit, the guard ([`guard`]), and the
+//! workload adjustments for sleep and redeploy ([`workloads`]).
 
+pub mod defaults;
 pub mod guard;
 pub mod hooks;
 pub mod host_claims;
@@ -74,7 +76,12 @@ pub fn plan(
     limits: &Limits,
     live_replicas: impl Fn(&Value) -> Option<i32>,
 ) -> Result<Plan, Refusal> {
-    let request = templates_request(environment, template, manifests.templates.clone(), namespace);
+    let request = templates_request(
+        environment,
+        template,
+        manifests.templates.clone(),
+        namespace,
+    );
     let rendered = request
         .render()
         .and_then(request::RenderOutput::templates)
@@ -133,6 +140,7 @@ pub fn plan_rendered(
     let mut placed = hooks::place(from_engines).map_err(render_failed)?;
     render::stamp(&mut placed, namespace, &labels);
     objects.append(&mut placed);
+    defaults::fill(&mut objects);
     refuse_crds(&objects)?;
     check_object_limit(objects.len(), limits.max_objects)?;
     let guarded = guard::check(&objects, namespace, &limits.kinds);

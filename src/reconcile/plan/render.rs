@@ -260,17 +260,48 @@ pub(super) fn parse_documents(manifest: &str, text: &str) -> Result<Vec<Value>, 
                 });
             }
         }
-        if !value["metadata"]["name"].is_string() {
+        let mut value = value;
+        if !value["metadata"]["name"].is_string() && !name_generated_job(&mut value) {
             let kind = value["kind"].as_str().unwrap_or_default();
+            let generated = if value["metadata"]["generateName"].is_string() {
+                " (metadata.generateName is taken for Jobs only: server-side apply needs a name)"
+            } else {
+                ""
+            };
             return Err(RenderError {
                 manifest: manifest.to_string(),
                 line: None,
-                message: format!("a {kind} has no metadata.name"),
+                message: format!("a {kind} has no metadata.name{generated}"),
             });
         }
         documents.push(value);
     }
     Ok(documents)
+}
+
+/// Names a Job that has only `metadata.generateName` (as Helm and Argo CD hook examples do):
+/// `<generateName>-<hash of its content>`, so it runs once per content, as a seed does, instead
+/// of once per apply (server-side apply cannot generate names). False for anything else.
+fn name_generated_job(object: &mut Value) -> bool {
+    if object["kind"] != "Job" {
+        return false;
+    }
+    let Some(metadata) = object.get_mut("metadata").and_then(Value::as_object_mut) else {
+        return false;
+    };
+    let Some(Value::String(prefix)) = metadata.remove("generateName") else {
+        return false;
+    };
+    let digest = hex::encode(Sha256::digest(object.to_string().as_bytes()));
+    // A Job's name goes into its pods' `job-name` label: 63 characters at most.
+    let mut base = crate::model::naming::slug(&prefix);
+    base.truncate(52);
+    let base = match base.trim_end_matches('-') {
+        "" => "job",
+        trimmed => trimmed,
+    };
+    object["metadata"]["name"] = Value::String(format!("{base}-{}", &digest[..10]));
+    true
 }
 
 pub(super) fn wave_of(manifest: &str, object: &Value) -> Result<i32, RenderError> {
@@ -416,6 +447,40 @@ mod tests {
         .unwrap_err();
         assert_eq!(error.manifest, "bad.yaml");
         assert!(error.line.is_some(), "{error}");
+    }
+
+    #[test]
+    fn jobs_named_by_generate_name_get_a_name_from_their_content() {
+        let job = |image: &str| {
+            format!(
+                "apiVersion: batch/v1\nkind: Job\nmetadata:\n  generateName: db-migrate-\nspec:\n  template:\n    spec:\n      containers:\n      - name: m\n        image: {image}\n"
+            )
+        };
+        let name = |text: &str| {
+            let objects = parse_documents("hooks.yaml", text).unwrap();
+            assert!(objects[0]["metadata"].get("generateName").is_none());
+            objects[0]["metadata"]["name"].as_str().unwrap().to_string()
+        };
+        let first = name(&job("migrate:1"));
+        assert!(first.starts_with("db-migrate-"), "{first}");
+        assert!(crate::model::naming::is_dns1123_label(&first), "{first}");
+        assert_eq!(
+            name(&job("migrate:1")),
+            first,
+            "the same content, the same Job"
+        );
+        assert_ne!(name(&job("migrate:2")), first, "new content, a new Job");
+        let long = job("x").replace("db-migrate-", &"Very_Long.".repeat(20));
+        assert!(crate::model::naming::is_dns1123_label(&name(&long)));
+        // Other kinds need a name: server-side apply cannot generate one.
+        let deployment = "apiVersion: apps/v1\nkind: Deployment\nmetadata:\n  generateName: web-\n";
+        let error = parse_documents("web.yaml", deployment).unwrap_err();
+        assert!(
+            error
+                .message
+                .contains("generateName is taken for Jobs only"),
+            "{error}"
+        );
     }
 
     #[test]

@@ -1,0 +1,127 @@
+//! What docs/ names exists (issue 36 §4): every repository path a page writes in backticks
+//! (`src/engines/worker.rs`, `templates/web-chart/`, or a file named from its layer as
+//! architecture.md does, `forge/github/webhook.rs`) and every relative link. A page that sends
+//! a newcomer to a file that was moved or never written fails here, not on their machine.
+
+use std::path::{Path, PathBuf};
+
+/// The top-level folders a named path starts with (the repository's layout).
+const TOP_LEVEL: &[&str] = &[
+    "src/",
+    "tests/",
+    "charts/",
+    "templates/",
+    "crds/",
+    "docs/",
+    ".ci/",
+];
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// README.md and every page of docs/.
+fn pages() -> Vec<PathBuf> {
+    let mut pages = vec![root().join("README.md")];
+    for entry in std::fs::read_dir(root().join("docs")).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|e| e == "md") {
+            pages.push(path);
+        }
+    }
+    pages.sort();
+    pages
+}
+
+/// The extensions of the files a page may name from inside a layer (`plan/render.rs`).
+const FILE_ENDINGS: &[&str] = &[".rs", ".md", ".yaml", ".json", ".py", ".toml", ".sh"];
+
+/// The repository paths in backticks on `text`: tokens that start with a top-level folder, or
+/// that hold a `/` and end like a file, without a `:line` or `#anchor` suffix and without glob
+/// or placeholder characters.
+fn named_paths(text: &str) -> Vec<String> {
+    text.split('`')
+        .skip(1)
+        .step_by(2)
+        .filter(|token| !token.contains(['*', '<', '>', ' ', '\n', '{', '$']))
+        .map(|token| token.split([':', '#']).next().unwrap_or_default())
+        .filter(|path| {
+            let top = TOP_LEVEL.iter().any(|top| path.starts_with(top));
+            let file = path.contains('/')
+                && !path.starts_with(['/', '.', '~'])
+                && FILE_ENDINGS.iter().any(|ending| path.ends_with(ending));
+            top || file
+        })
+        .map(str::to_string)
+        .collect()
+}
+
+/// Where a named path may be: from the repository's root, from `src/` or `tests/`, or from
+/// one of `src/`'s layers (architecture.md names `plan/hooks.rs` from `src/reconcile/`).
+fn bases() -> Vec<PathBuf> {
+    let mut bases = vec![root(), root().join("src"), root().join("tests")];
+    for entry in std::fs::read_dir(root().join("src")).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            bases.push(path);
+        }
+    }
+    bases
+}
+
+/// The relative targets of markdown links on `text` (`[words](target)`), without anchors.
+fn linked_paths(text: &str) -> Vec<String> {
+    text.split("](")
+        .skip(1)
+        .filter_map(|rest| rest.split(')').next())
+        .filter(|target| !target.contains("://") && !target.starts_with('#'))
+        .filter(|target| !target.starts_with("mailto:"))
+        .map(|target| target.split('#').next().unwrap_or_default().to_string())
+        .filter(|target| !target.is_empty())
+        .collect()
+}
+
+#[test]
+fn every_path_the_docs_name_exists() {
+    let bases = bases();
+    let mut missing = Vec::new();
+    let mut checked = 0;
+    for page in pages() {
+        let text = std::fs::read_to_string(&page).unwrap();
+        let shown = page.strip_prefix(root()).unwrap().display().to_string();
+        for path in named_paths(&text) {
+            checked += 1;
+            if !bases.iter().any(|base| base.join(&path).exists()) {
+                missing.push(format!("{shown}: `{path}`"));
+            }
+        }
+        let folder = page.parent().unwrap_or(Path::new("."));
+        for target in linked_paths(&text) {
+            checked += 1;
+            if !folder.join(&target).exists() {
+                missing.push(format!("{shown}: link ({target})"));
+            }
+        }
+    }
+    assert!(
+        checked > 50,
+        "only {checked} paths found: is the reader broken?"
+    );
+    assert!(
+        missing.is_empty(),
+        "named in the docs, not in the repository:\n{}",
+        missing.join("\n")
+    );
+}
+
+#[test]
+fn the_reader_finds_named_and_linked_paths_and_skips_patterns() {
+    let text = "see `src/main.rs:12`, `docs/a.md#x`, `templates/<name>/`, `docs/**`, \
+                `cargo test`, `plan/hooks.rs`, `previewd.dev/`, `/etc/passwd`, \
+                [guide](getting-started.md#run) and [site](https://x.dev/a.md)";
+    assert_eq!(
+        named_paths(text),
+        ["src/main.rs", "docs/a.md", "plan/hooks.rs"]
+    );
+    assert_eq!(linked_paths(text), ["getting-started.md"]);
+}
