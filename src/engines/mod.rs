@@ -161,7 +161,7 @@ impl Engines {
             timeout: self.config.timeout,
             max_output: MAX_OUTPUT_BYTES,
             max_memory: self.config.memory_limit,
-            input: Vec::new(),
+            reads_input: false,
         })
         .await?)
     }

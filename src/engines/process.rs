@@ -16,7 +16,7 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::process::Command;
+use tokio::process::{Child, Command};
 
 /// Why a program gave no output previewd can use. The messages speak to the template's
 /// author: they end up in the environment's condition.
@@ -53,24 +53,41 @@ pub struct Run<'a> {
     pub max_output: usize,
     /// The most private writable memory the program may map, in bytes.
     pub max_memory: u64,
-    /// What the program reads on its standard input (nothing when empty).
-    pub input: Vec<u8>,
+    /// Whether the program reads its standard input ([`Started::finish`] gives it); when not,
+    /// it reads nothing.
+    pub reads_input: bool,
 }
 
 /// Runs the program and returns its standard output, or why not.
 pub async fn run(run: Run<'_>) -> Result<String, RunError> {
+    start(run)?.finish(Vec::new()).await
+}
+
+/// A program started, waiting for its input (when it reads any); its limits count from
+/// [`Started::finish`]. Killed when dropped.
+pub struct Started {
+    child: Child,
+    program: String,
+    folder: String,
+    timeout: Duration,
+    max_output: usize,
+    max_memory: u64,
+}
+
+/// Starts the program, under its memory limit, with nothing of previewd's environment.
+pub fn start(run: Run<'_>) -> Result<Started, RunError> {
     let program = run.program.display().to_string();
     let mut command = Command::new(run.program);
     limit_memory(&mut command, run.max_memory);
-    let mut child = command
+    let child = command
         .args(&run.args)
         .current_dir(run.folder)
         .env_clear()
         .envs(run.env.iter().map(|(k, v)| (*k, v)))
-        .stdin(if run.input.is_empty() {
-            Stdio::null()
-        } else {
+        .stdin(if run.reads_input {
             Stdio::piped()
+        } else {
+            Stdio::null()
         })
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -80,76 +97,107 @@ pub async fn run(run: Run<'_>) -> Result<String, RunError> {
             program: program.clone(),
             reason: e.to_string(),
         })?;
-    let (Some(stdout), Some(stderr)) = (child.stdout.take(), child.stderr.take()) else {
-        return Err(RunError::NotStarted {
-            program,
-            reason: "no pipes".into(),
-        });
-    };
-    if let Some(mut stdin) = child.stdin.take() {
-        // Written beside the reading (a program may print before it has read everything);
-        // a program that stops reading early just closes the pipe.
-        let input = run.input;
-        tokio::spawn(async move {
-            let _ = stdin.write_all(&input).await;
-        });
-    }
-    let limit = run.max_output;
-    let over_memory = watch_memory(child.id(), run.max_memory);
-    let running = tokio::time::timeout(run.timeout, async {
-        // One byte over the limit is enough to know: the rest of the output is never read.
-        // Standard error is read to its end (a program blocked on a full pipe would only time
-        // out) but only its beginning is kept.
-        let reading_err = tokio::spawn(read_start(stderr, MAX_MESSAGE_CHARS * 4));
-        let mut out = Vec::new();
-        let read_out = stdout.take(limit as u64 + 1).read_to_end(&mut out).await;
-        if read_out.is_ok_and(|n| n > limit) {
-            reading_err.abort();
-            return Err(RunError::TooMuchOutput {
-                program: program.clone(),
-                limit,
-            });
-        }
-        let status = child.wait().await;
-        let err = reading_err.await.unwrap_or_default();
-        Ok((status, out, err))
-    });
-    let finished = tokio::select! {
-        finished = running => finished,
-        () = over_memory => {
-            // Returning drops the child, which kills it (kill_on_drop).
-            return Err(RunError::OutOfMemory { program, limit: run.max_memory });
-        }
-    };
-    let (status, out, err) = match finished {
-        Err(_) => {
-            return Err(RunError::TimedOut {
-                program,
-                limit: run.timeout,
-            });
-        }
-        Ok(outcome) => outcome?,
-    };
-    let succeeded = status.as_ref().is_ok_and(|s| s.success());
-    if !succeeded {
-        // The private folder's name means nothing to the template's author: paths are said
-        // relative to it.
-        if ran_out_of_memory(&err) {
-            return Err(RunError::OutOfMemory {
-                program,
-                limit: run.max_memory,
-            });
-        }
-        let mut message = message_of(&err, status.ok());
-        let folder = run.folder.display().to_string();
-        if folder.len() > 1 {
-            message = message.replace(&folder, ".");
-        }
-        return Err(RunError::Failed { message });
-    }
-    String::from_utf8(out).map_err(|_| RunError::Failed {
-        message: format!("{program} printed something that is not UTF-8 text"),
+    Ok(Started {
+        child,
+        program,
+        folder: run.folder.display().to_string(),
+        timeout: run.timeout,
+        max_output: run.max_output,
+        max_memory: run.max_memory,
     })
+}
+
+impl Started {
+    /// The program, if it still runs (one started earlier may have been stopped since).
+    pub fn waiting(mut self) -> Option<Self> {
+        matches!(self.child.try_wait(), Ok(None)).then_some(self)
+    }
+
+    /// Gives the program `input`, and returns its standard output, or why not: its time,
+    /// output and memory limits hold from here.
+    pub async fn finish(mut self, input: Vec<u8>) -> Result<String, RunError> {
+        let program = self.program.clone();
+        let (Some(stdout), Some(stderr)) = (self.child.stdout.take(), self.child.stderr.take())
+        else {
+            return Err(RunError::NotStarted {
+                program,
+                reason: "no pipes".into(),
+            });
+        };
+        if let Some(mut stdin) = self.child.stdin.take() {
+            // Written beside the reading (a program may print before it has read everything);
+            // a program that stops reading early just closes the pipe.
+            tokio::spawn(async move {
+                let _ = stdin.write_all(&input).await;
+            });
+        }
+        let limit = self.max_output;
+        let over_memory = watch_memory(self.child.id(), self.max_memory);
+        let child = &mut self.child;
+        let running = tokio::time::timeout(self.timeout, async {
+            // One byte over the limit is enough to know: the rest of the output is never read.
+            // Standard error is read to its end (a program blocked on a full pipe would only
+            // time out) but only its beginning is kept.
+            let reading_err = tokio::spawn(read_start(stderr, MAX_MESSAGE_CHARS * 4));
+            let mut out = Vec::new();
+            let read_out = stdout.take(limit as u64 + 1).read_to_end(&mut out).await;
+            if read_out.is_ok_and(|n| n > limit) {
+                reading_err.abort();
+                return Err(RunError::TooMuchOutput {
+                    program: program.clone(),
+                    limit,
+                });
+            }
+            let status = child.wait().await;
+            let err = reading_err.await.unwrap_or_default();
+            Ok((status, out, err))
+        });
+        let finished = tokio::select! {
+            finished = running => finished,
+            () = over_memory => {
+                // Returning drops the child, which kills it (kill_on_drop).
+                return Err(RunError::OutOfMemory { program, limit: self.max_memory });
+            }
+        };
+        let (status, out, err) = match finished {
+            Err(_) => {
+                return Err(RunError::TimedOut {
+                    program,
+                    limit: self.timeout,
+                });
+            }
+            Ok(outcome) => outcome?,
+        };
+        self.outcome(status, out, &err)
+    }
+
+    /// What the program's exit says: its output, or its error with paths said relative to
+    /// its private folder (whose name means nothing to the template's author).
+    fn outcome(
+        &self,
+        status: std::io::Result<std::process::ExitStatus>,
+        out: Vec<u8>,
+        err: &[u8],
+    ) -> Result<String, RunError> {
+        let program = self.program.clone();
+        let succeeded = status.as_ref().is_ok_and(|s| s.success());
+        if !succeeded {
+            if ran_out_of_memory(err) {
+                return Err(RunError::OutOfMemory {
+                    program,
+                    limit: self.max_memory,
+                });
+            }
+            let mut message = message_of(err, status.ok());
+            if self.folder.len() > 1 {
+                message = message.replace(&self.folder, ".");
+            }
+            return Err(RunError::Failed { message });
+        }
+        String::from_utf8(out).map_err(|_| RunError::Failed {
+            message: format!("{program} printed something that is not UTF-8 text"),
+        })
+    }
 }
 
 /// Makes the kernel refuse the program's memory beyond `bytes` (its heap and other private
@@ -258,7 +306,7 @@ mod tests {
             timeout,
             max_output,
             max_memory: 256 << 20,
-            input: Vec::new(),
+            reads_input: false,
         }
     }
 

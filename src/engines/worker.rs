@@ -16,7 +16,7 @@ use std::path::Path;
 use std::sync::{Mutex, PoisonError};
 
 use super::cache::RenderKey;
-use super::process::{self, Run, RunError};
+use super::process::{self, Run, RunError, Started};
 use super::turns::FairTurns;
 use super::{CONCURRENT_RENDERS, EngineError, Engines, MAX_OUTPUT_BYTES};
 
@@ -39,6 +39,8 @@ const REMEMBERED: usize = 16_384;
 /// of memory there (with what was said), each bounded, oldest out first.
 pub struct Workers {
     turns: FairTurns,
+    /// A child started ahead of its request ([`Engines::keep_a_spare`]).
+    spare: Mutex<Option<Started>>,
     fitted: Mutex<Remembered<()>>,
     overgrown: Mutex<Remembered<RunError>>,
 }
@@ -47,6 +49,7 @@ impl Default for Workers {
     fn default() -> Self {
         Self {
             turns: FairTurns::new(CONCURRENT_RENDERS),
+            spare: Mutex::default(),
             fitted: Mutex::default(),
             overgrown: Mutex::default(),
         }
@@ -125,18 +128,11 @@ impl Engines {
         input: Vec<u8>,
     ) -> Result<String, EngineError> {
         let _turn = self.workers.turns.acquire(owner).await;
-        let folder = tempfile::tempdir().map_err(|e| EngineError::Io(e.to_string()))?;
-        let ran = process::run(Run {
-            program: &self.config.worker,
-            args: vec![WORKER_COMMAND.into()],
-            folder: folder.path(),
-            env: Vec::new(),
-            timeout: self.config.timeout,
-            max_output: MAX_ANSWER_BYTES,
-            max_memory: TEMPLATE_MEMORY_LIMIT,
-            input,
-        })
-        .await;
+        let ran = match self.ready_worker() {
+            Ok(worker) => worker.finish(input).await,
+            Err(not_started) => Err(not_started),
+        };
+        self.keep_a_spare();
         let overgrew = matches!(ran, Err(RunError::OutOfMemory { .. }));
         let ran = ran.map_err(name_the_render);
         match &ran {
@@ -146,6 +142,47 @@ impl Engines {
             Err(_) => {}
         }
         Ok(ran?)
+    }
+
+    /// A child that has started and waits for its request: the spare, unless it is gone.
+    fn ready_worker(&self) -> Result<Started, RunError> {
+        let spare = self
+            .workers
+            .spare
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        match spare.and_then(Started::waiting) {
+            Some(spare) => Ok(spare),
+            None => process::start(self.worker_run()),
+        }
+    }
+
+    /// Starts the next render's child now, so that it does not wait for the program to load
+    /// (about 2 ms of a 4 ms render): each child still renders one request only.
+    fn keep_a_spare(&self) {
+        let mut spare = self
+            .workers
+            .spare
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if spare.is_none() {
+            *spare = process::start(self.worker_run()).ok();
+        }
+    }
+
+    fn worker_run(&self) -> Run<'_> {
+        Run {
+            program: &self.config.worker,
+            args: vec![WORKER_COMMAND.into()],
+            // The child reads no file: its request comes on standard input.
+            folder: Path::new("/"),
+            env: Vec::new(),
+            timeout: self.config.timeout,
+            max_output: MAX_ANSWER_BYTES,
+            max_memory: TEMPLATE_MEMORY_LIMIT,
+            reads_input: true,
+        }
     }
 
     fn remember<T: Clone>(&self, memory: &Mutex<Remembered<T>>, key: RenderKey, value: T) {
