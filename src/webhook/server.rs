@@ -7,7 +7,8 @@
 //! 0. more than [`MAX_DELIVERIES_IN_FLIGHT`] deliveries being handled: this one waits up to
 //!    [`SLOW_CLIENT_TIMEOUT`] for its turn, then 503; a body that has not arrived within
 //!    [`SLOW_CLIENT_TIMEOUT`]: 408. A slow or hostile client holds at most one turn, briefly;
-//! 1. a body over the size limit: 413;
+//! 1. a body over the size limit: 413 (read to its end, up to [`MAX_DRAINED_BYTES`], so that
+//!    the sender receives the answer rather than a reset connection);
 //! 2. a body that is not JSON: 400;
 //! 3. no `PreviewTemplate` for the delivery's repository, or
 //! 4. a missing or wrong signature (checked against the webhook secret of each template of that
@@ -366,12 +367,17 @@ async fn checked_event(
     }
 }
 
+/// The most of an oversized body previewd reads (and drops) before it answers 413: GitHub sends
+/// up to 25 MB. A sender still writing when previewd closes the connection gets a reset
+/// instead of the answer; past this, it does.
+pub const MAX_DRAINED_BYTES: usize = 32 << 20;
+
 /// The body, at most `max_body_bytes`, arrived within [`SLOW_CLIENT_TIMEOUT`].
 async fn read_body(state: &ServerState, body: Body) -> Result<axum::body::Bytes, DeliveryAnswer> {
-    let read = axum::body::to_bytes(body, state.max_body_bytes);
+    let read = read_at_most(body, state.max_body_bytes);
     match tokio::time::timeout(SLOW_CLIENT_TIMEOUT, read).await {
         Ok(Ok(body)) => Ok(body),
-        Ok(Err(_)) => Err(DeliveryAnswer::new(
+        Ok(Err(())) => Err(DeliveryAnswer::new(
             StatusCode::PAYLOAD_TOO_LARGE,
             "too_large",
             format!(
@@ -385,6 +391,30 @@ async fn read_body(state: &ServerState, body: Body) -> Result<axum::body::Bytes,
             format!("the body did not arrive within {SLOW_CLIENT_TIMEOUT:?}"),
         )),
     }
+}
+
+/// The body when it holds at most `limit` bytes. A larger one is read on, and dropped, up to
+/// [`MAX_DRAINED_BYTES`], so that its sender receives the 413 (never more than `limit` bytes
+/// are kept); an error of the connection is the same refusal.
+async fn read_at_most(body: Body, limit: usize) -> Result<axum::body::Bytes, ()> {
+    use futures::StreamExt;
+    let mut chunks = body.into_data_stream();
+    let mut kept = Vec::new();
+    let mut seen: usize = 0;
+    while let Some(chunk) = chunks.next().await {
+        let chunk = chunk.map_err(|_| ())?;
+        seen = seen.saturating_add(chunk.len());
+        if seen > MAX_DRAINED_BYTES {
+            return Err(());
+        }
+        if seen <= limit {
+            kept.extend_from_slice(&chunk);
+        }
+    }
+    if seen > limit {
+        return Err(());
+    }
+    Ok(kept.into())
 }
 
 /// The templates of `forge` for `repository` (GitHub and GitLab names compare without case).

@@ -1068,3 +1068,45 @@ async fn a_comment_whose_id_was_lost_is_found_by_its_marker_and_edited() {
     })
     .await;
 }
+
+/// A body far over the limit (20 MB, GitHub sends up to 25 MB) still gets previewd's 413, not a
+/// reset connection: previewd reads and drops the rest of a body up to 32 MiB before it
+/// answers, so that whoever sent it sees why (GitHub's delivery log, the sandbox's relay,
+/// which passes previewd's answer on as it came). Before, previewd closed the connection after
+/// its limit, the sender was still writing, and got a reset: the relay answered 502.
+#[tokio::test]
+async fn a_body_far_over_the_limit_gets_413_directly_and_through_the_sandbox_relay() {
+    in_namespace("webhook-huge", |client, ns| async move {
+        install_template(&client, &ns, "github", "Codertocat/Hello-World", None).await;
+        let harness = Harness::start(&client, &ns, 64 * 1024).await;
+        let mut huge = github_fixture("pull_request.opened.json");
+        huge.resize(20_000_000, b' ');
+        let signature = github::sign(SECRET.as_bytes(), &huge);
+        let send = |url: String| {
+            let http = reqwest::Client::new();
+            let (huge, signature) = (huge.clone(), signature.clone());
+            async move {
+                http.post(url)
+                    .header("x-github-event", "pull_request")
+                    .header("x-github-delivery", "huge")
+                    .header("x-hub-signature-256", signature)
+                    .header("content-type", "application/json")
+                    .body(huge)
+                    .send()
+                    .await
+                    .map(|answer| answer.status().as_u16())
+                    .map_err(|e| format!("{e:?}"))
+            }
+        };
+        assert_eq!(send(format!("{}/webhooks/github", harness.base)).await, Ok(413));
+        let relay = previewd::sandbox::forge_standin::ForgeStandIn::relaying_to(&harness.base)
+            .await
+            .unwrap();
+        assert_eq!(send(relay.hook_url("github")).await, Ok(413), "through the relay");
+        assert!(
+            harness.environments.list(&Default::default()).await.unwrap().items.is_empty(),
+            "nothing was created"
+        );
+    })
+    .await;
+}
