@@ -12,6 +12,11 @@
 //!   private folder, runs the engine with its limits, and keeps the output;
 //! - previewd, unchanged push: the same input again, which must run no engine (counted).
 //!
+//! And previewd's own template render (minijinja, the Online Boutique's inline template), which
+//! runs in a child process the first time an input is seen and in-process once that input
+//! fitted there: each round, a new commit (a child) next to the same request rendered in
+//! previewd's process, and the same commit again (in-process, no child).
+//!
 //! The Helm engine is the tests' (`tests/support/helm_template.py` on Helm's Go SDK, see
 //! `tests/support/helm.rs`); with the `helm` binary the absolute figures differ, while both
 //! sides of the ratio run the same engine.
@@ -25,7 +30,11 @@ use std::time::{Duration, Instant};
 
 use previewd::engines::helm::{Chart, HelmRender};
 use previewd::engines::kustomize::KustomizeRender;
+use previewd::engines::worker::Known;
 use previewd::engines::{EngineConfig, EngineError, Engines, Rendered};
+use previewd::model::crd::{PreviewEnvironment, PreviewTemplate};
+use previewd::reconcile::plan::request::{RenderRequest, decode};
+use previewd::reconcile::plan::templates_request;
 use serde_json::{Value, json};
 
 const ROUNDS: usize = 5;
@@ -321,9 +330,52 @@ async fn kustomize(engines: &Engines, objects: &[Value]) -> Figures {
 fn engines() -> Engines {
     Engines::new(EngineConfig {
         helm: support::helm::template_command(),
+        worker: env!("CARGO_BIN_EXE_previewd").into(),
         timeout: Duration::from_secs(120),
         ..Default::default()
     })
+}
+
+/// The Online Boutique's template as a render request of commit `sha`.
+fn boutique_request(sha: &str) -> RenderRequest {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("templates/online-boutique/template.yaml");
+    let text = std::fs::read_to_string(path).expect("the example template");
+    let template: PreviewTemplate = serde_yaml_ng::from_str(&text).expect("a PreviewTemplate");
+    let environment: PreviewEnvironment = serde_json::from_value(json!({
+        "apiVersion": "previewd.dev/v1alpha1", "kind": "PreviewEnvironment",
+        "metadata": {"name": "online-boutique-pr-2"},
+        "spec": {"template": "online-boutique", "source": {"repository": "GoogleCloudPlatform/microservices-demo",
+                 "branch": "feature/login", "pullRequest": 2, "headSha": sha}}
+    }))
+    .expect("an environment");
+    templates_request(&environment, &template, template.spec.manifests.inline.clone(), NAMESPACE)
+}
+
+/// previewd's own render of the Online Boutique's template: a child for a new commit, the same
+/// request in-process, and the same commit again (no child); the figures are medians.
+async fn templates(engines: &Engines) -> (Duration, Duration, Duration) {
+    let (mut child, mut here, mut again) = (Vec::new(), Vec::new(), Vec::new());
+    for round in 0..ROUNDS * 4 {
+        let request = boutique_request(&format!("{round:040x}"));
+        let (input, key) = request.encode().expect("a request");
+        let started = Instant::now();
+        let answer = engines
+            .render_isolated("bench/online-boutique", key, input)
+            .await
+            .expect("the child's render");
+        child.push(started.elapsed());
+        let rendered = decode(answer.as_bytes()).expect("rendered objects");
+        let started = Instant::now();
+        let in_process = request.render().expect("rendered here");
+        here.push(started.elapsed());
+        assert_eq!(rendered, in_process, "the child renders what previewd would");
+        let started = Instant::now();
+        let (_, key) = request.encode().expect("a request");
+        assert!(matches!(engines.known(&key), Some(Known::Fits)));
+        request.render().expect("rendered here");
+        again.push(started.elapsed());
+    }
+    (median(child), median(here), median(again))
 }
 
 async fn benchmark() {
@@ -350,5 +402,16 @@ async fn benchmark() {
         chart_figures.engine_runs_unchanged + overlay_figures.engine_runs_unchanged,
         0,
         "an unchanged push ran an engine"
+    );
+    let (child, here, again) = templates(&engines).await;
+    println!(
+        "Templates (the Online Boutique's inline template, 35 objects): a new commit in a child \
+         process {:.2} ms, the same request in previewd's process {:.2} ms ({:.2}x), the same \
+         commit again (digest, known to fit, rendered in-process) {:.2} ms (median of {})",
+        ms(child),
+        ms(here),
+        child.as_secs_f64() / here.as_secs_f64(),
+        ms(again),
+        ROUNDS * 4,
     );
 }
