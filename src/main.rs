@@ -34,8 +34,9 @@ enum Command {
     /// Run a real Kubernetes control plane with simulated nodes on this machine (no cluster
     /// needed), with previewd's CRDs installed, until Ctrl-C or SIGTERM.
     Sandbox(SandboxArgs),
-    /// Render one template request read on standard input (JSON) and print the result: the
-    /// child process the controller renders untrusted templates in, under a memory limit.
+    /// Render template requests read on standard input (JSON, each behind its length as a
+    /// little-endian u32) and answer each the same way: the child process the controller
+    /// renders untrusted templates in, under a memory limit.
     #[command(name = "render-worker", hide = true)]
     RenderWorker,
 }
@@ -71,20 +72,42 @@ fn main() -> ExitCode {
     }
 }
 
-/// The render child: no logging, no runtime, no network; standard input to standard output.
+/// The render child: no logging, no runtime, no network; requests from standard input, one at
+/// a time, answers to standard output, until standard input closes.
 fn render_worker() -> ExitCode {
     use std::io::{Read, Write};
-    let mut input = Vec::new();
-    if let Err(e) = std::io::stdin().read_to_end(&mut input) {
-        eprintln!("previewd render-worker: reading the request: {e}");
-        return ExitCode::FAILURE;
-    }
-    let answer = previewd::reconcile::plan::request::serve(&input);
-    match std::io::stdout().write_all(&answer) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("previewd render-worker: writing the answer: {e}");
-            ExitCode::FAILURE
+    let (mut input, mut output) = (std::io::stdin().lock(), std::io::stdout().lock());
+    loop {
+        let mut header = [0u8; 4];
+        match input.read_exact(&mut header) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("previewd render-worker: reading a request: {e}");
+                return ExitCode::FAILURE;
+            }
+        }
+        let length = u32::from_le_bytes(header) as usize;
+        let mut request = vec![0; length];
+        if let Err(e) = input.read_exact(&mut request) {
+            eprintln!("previewd render-worker: reading a request: {e}");
+            return ExitCode::FAILURE;
+        }
+        let answer = previewd::reconcile::plan::request::serve(&request);
+        let Ok(answer_length) = u32::try_from(answer.len()) else {
+            eprintln!(
+                "previewd render-worker: an answer of {} bytes",
+                answer.len()
+            );
+            return ExitCode::FAILURE;
+        };
+        let written = output
+            .write_all(&answer_length.to_le_bytes())
+            .and_then(|()| output.write_all(&answer))
+            .and_then(|()| output.flush());
+        if let Err(e) = written {
+            eprintln!("previewd render-worker: writing an answer: {e}");
+            return ExitCode::FAILURE;
         }
     }
 }

@@ -14,6 +14,7 @@ pub mod helm;
 pub mod kustomize;
 pub mod process;
 pub mod turns;
+pub mod warm;
 pub mod worker;
 
 use std::path::{Path, PathBuf};

@@ -108,9 +108,10 @@ pub fn start(run: Run<'_>) -> Result<Started, RunError> {
 }
 
 impl Started {
-    /// The program, if it still runs (one started earlier may have been stopped since).
-    pub fn waiting(mut self) -> Option<Self> {
-        matches!(self.child.try_wait(), Ok(None)).then_some(self)
+    /// The running program itself, for a caller that talks to it on its own terms
+    /// (`engines::warm`).
+    pub(super) fn into_child(self) -> Child {
+        self.child
     }
 
     /// Gives the program `input`, and returns its standard output, or why not: its time,
@@ -222,34 +223,36 @@ fn limit_memory(command: &mut Command, bytes: u64) {
 
 /// Resolves once process `pid` holds more than `limit` bytes of resident memory; never if
 /// its memory cannot be read (it has exited: its status says the rest).
-async fn watch_memory(pid: Option<u32>, limit: u64) {
+pub(super) async fn watch_memory(pid: Option<u32>, limit: u64) {
     let Some(pid) = pid else {
         return std::future::pending().await;
     };
-    let path = format!("/proc/{pid}/statm");
-    // SAFETY: sysconf only reads a constant of the system.
-    let page = u64::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096);
     loop {
         tokio::time::sleep(MEMORY_CHECK_INTERVAL).await;
-        let Ok(statm) = tokio::fs::read_to_string(&path).await else {
-            return std::future::pending().await;
-        };
-        let resident = statm
-            .split_whitespace()
-            .nth(1)
-            .and_then(|pages| pages.parse::<u64>().ok())
-            .map_or(0, |pages| pages.saturating_mul(page));
-        if resident > limit {
-            return;
+        match resident_bytes(pid).await {
+            Some(resident) if resident > limit => return,
+            Some(_) => {}
+            None => return std::future::pending().await,
         }
     }
+}
+
+/// The resident memory of process `pid`, in bytes; `None` once it has exited.
+pub(super) async fn resident_bytes(pid: u32) -> Option<u64> {
+    let statm = tokio::fs::read_to_string(format!("/proc/{pid}/statm"))
+        .await
+        .ok()?;
+    // SAFETY: sysconf only reads a constant of the system.
+    let page = u64::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096);
+    let pages = statm.split_whitespace().nth(1)?.parse::<u64>().ok()?;
+    Some(pages.saturating_mul(page))
 }
 
 /// Whether the program's standard error says an allocation failed: Go's runtime (`fatal error:
 /// out of memory`, or a thread it could not start), Python's `MemoryError`, C's `Cannot allocate
 /// memory`, Perl's `Out of memory`, Rust's `memory allocation of N bytes failed` (previewd's own
 /// render process).
-fn ran_out_of_memory(stderr: &[u8]) -> bool {
+pub(super) fn ran_out_of_memory(stderr: &[u8]) -> bool {
     let text = String::from_utf8_lossy(stderr).to_ascii_lowercase();
     [
         "out of memory",
@@ -263,7 +266,10 @@ fn ran_out_of_memory(stderr: &[u8]) -> bool {
 }
 
 /// Reads `reader` to its end, keeping its first `keep` bytes.
-async fn read_start(mut reader: impl tokio::io::AsyncRead + Unpin, keep: usize) -> Vec<u8> {
+pub(super) async fn read_start(
+    mut reader: impl tokio::io::AsyncRead + Unpin,
+    keep: usize,
+) -> Vec<u8> {
     let mut kept = Vec::new();
     let mut buffer = [0u8; 8192];
     while let Ok(read) = reader.read(&mut buffer).await {
@@ -277,7 +283,7 @@ async fn read_start(mut reader: impl tokio::io::AsyncRead + Unpin, keep: usize) 
 }
 
 /// The program's standard error, trimmed and shortened, or its exit status if it said nothing.
-fn message_of(stderr: &[u8], status: Option<std::process::ExitStatus>) -> String {
+pub(super) fn message_of(stderr: &[u8], status: Option<std::process::ExitStatus>) -> String {
     let text = String::from_utf8_lossy(stderr);
     let text = text.trim();
     if text.is_empty() {

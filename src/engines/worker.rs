@@ -4,6 +4,9 @@
 //! its own allocation there, instead of growing previewd until the kernel kills it, and the
 //! standby after it. At most [`CONCURRENT_RENDERS`] such children run at once, in fair turns of
 //! their own: a template's hanging Helm renders do not hold up another template's manifests.
+//! The children stay running between requests ([`warm`](super::warm)), one request at a time
+//! each, and are replaced once their memory has grown past [`RETIRE_ABOVE`] or after
+//! [`MAX_SERVED`] requests.
 //!
 //! Fuel bounds a render's instructions, not its bytes; the child bounds both. Rendering is
 //! pure (the same input renders the same output with the same memory), so an input is known
@@ -16,8 +19,9 @@ use std::path::Path;
 use std::sync::{Mutex, PoisonError};
 
 use super::cache::RenderKey;
-use super::process::{self, Run, RunError, Started};
+use super::process::{Run, RunError};
 use super::turns::FairTurns;
+use super::warm::{Limits, WarmChild};
 use super::{CONCURRENT_RENDERS, EngineError, Engines, MAX_OUTPUT_BYTES};
 
 /// The most memory one template render may take: the output is at most 4 MiB per manifest, so
@@ -31,6 +35,13 @@ pub const WORKER_COMMAND: &str = "render-worker";
 /// output limit, far above any application's manifests and below the memory limit.
 pub const MAX_ANSWER_BYTES: usize = 4 * MAX_OUTPUT_BYTES;
 
+/// A child whose resident memory has grown past this after a request is replaced: what a
+/// request finds left over by the ones before stays small beside [`TEMPLATE_MEMORY_LIMIT`].
+pub const RETIRE_ABOVE: u64 = TEMPLATE_MEMORY_LIMIT / 4;
+
+/// A child is replaced after this many requests all the same.
+pub const MAX_SERVED: u32 = 1_000;
+
 /// How many inputs are remembered either way (32 bytes each; a thousand environments with a
 /// few renders each fit several times).
 const REMEMBERED: usize = 16_384;
@@ -39,8 +50,8 @@ const REMEMBERED: usize = 16_384;
 /// of memory there (with what was said), each bounded, oldest out first.
 pub struct Workers {
     turns: FairTurns,
-    /// A child started ahead of its request ([`Engines::keep_a_spare`]).
-    spare: Mutex<Option<Started>>,
+    /// Children waiting for a request (at most one per turn).
+    idle: Mutex<Vec<WarmChild>>,
     fitted: Mutex<Remembered<()>>,
     overgrown: Mutex<Remembered<RunError>>,
 }
@@ -49,7 +60,7 @@ impl Default for Workers {
     fn default() -> Self {
         Self {
             turns: FairTurns::new(CONCURRENT_RENDERS),
-            spare: Mutex::default(),
+            idle: Mutex::default(),
             fitted: Mutex::default(),
             overgrown: Mutex::default(),
         }
@@ -128,13 +139,19 @@ impl Engines {
         input: Vec<u8>,
     ) -> Result<String, EngineError> {
         let _turn = self.workers.turns.acquire(owner).await;
-        let ran = match self.ready_worker() {
-            Ok(worker) => worker.finish(input).await,
-            Err(not_started) => Err(not_started),
-        };
-        self.keep_a_spare();
+        let (mut ran, served_before) = self.exchange(&input, false).await;
+        if served_before > 0 && matches!(ran, Err(RunError::OutOfMemory { .. })) {
+            // What the requests before left in the child may have counted: a fresh one decides.
+            ran = self.exchange(&input, true).await.0;
+        }
         let overgrew = matches!(ran, Err(RunError::OutOfMemory { .. }));
-        let ran = ran.map_err(name_the_render);
+        let ran = ran
+            .and_then(|answer| {
+                String::from_utf8(answer).map_err(|_| RunError::Failed {
+                    message: "it answered something that is not UTF-8 text".into(),
+                })
+            })
+            .map_err(name_the_render);
         match &ran {
             Ok(_) => self.remember(&self.workers.fitted, key, ()),
             Err(said) if overgrew => self.remember(&self.workers.overgrown, key, said.clone()),
@@ -144,30 +161,56 @@ impl Engines {
         Ok(ran?)
     }
 
-    /// A child that has started and waits for its request: the spare, unless it is gone.
-    fn ready_worker(&self) -> Result<Started, RunError> {
-        let spare = self
-            .workers
-            .spare
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .take();
-        match spare.and_then(Started::waiting) {
-            Some(spare) => Ok(spare),
-            None => process::start(self.worker_run()),
+    /// One request to a waiting child (a new one when none waits, or when `fresh`), and how
+    /// many requests that child had answered before.
+    async fn exchange(&self, input: &[u8], fresh: bool) -> (Result<Vec<u8>, RunError>, u32) {
+        let waiting = if fresh {
+            None
+        } else {
+            let mut idle = self
+                .workers
+                .idle
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            idle.pop()
+        };
+        let mut child = match waiting {
+            Some(child) => child,
+            None => match WarmChild::start(self.worker_run()) {
+                Ok(child) => child,
+                Err(not_started) => return (Err(not_started), 0),
+            },
+        };
+        let served_before = child.served;
+        let limits = Limits {
+            timeout: self.config.timeout,
+            max_answer: MAX_ANSWER_BYTES,
+            max_memory: TEMPLATE_MEMORY_LIMIT,
+        };
+        let answered = child.exchange(input, &limits).await;
+        if answered.is_ok() {
+            self.keep_warm(child).await;
         }
+        (answered, served_before)
     }
 
-    /// Starts the next render's child now, so that it does not wait for the program to load
-    /// (about 2 ms of a 4 ms render): each child still renders one request only.
-    fn keep_a_spare(&self) {
-        let mut spare = self
+    /// Keeps `child` for the next request, unless its memory has grown or it has served long
+    /// enough (then it is dropped, which kills it).
+    async fn keep_warm(&self, child: WarmChild) {
+        let grown = child
+            .resident()
+            .await
+            .is_none_or(|bytes| bytes > RETIRE_ABOVE);
+        if grown || child.served >= MAX_SERVED {
+            return;
+        }
+        let mut idle = self
             .workers
-            .spare
+            .idle
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
-        if spare.is_none() {
-            *spare = process::start(self.worker_run()).ok();
+        if idle.len() < CONCURRENT_RENDERS {
+            idle.push(child);
         }
     }
 
@@ -175,7 +218,7 @@ impl Engines {
         Run {
             program: &self.config.worker,
             args: vec![WORKER_COMMAND.into()],
-            // The child reads no file: its request comes on standard input.
+            // The child reads no file: its requests come on standard input.
             folder: Path::new("/"),
             env: Vec::new(),
             timeout: self.config.timeout,

@@ -338,7 +338,8 @@ fn engines() -> Engines {
 
 /// The Online Boutique's template as a render request of commit `sha`.
 fn boutique_request(sha: &str) -> RenderRequest {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("templates/online-boutique/template.yaml");
+    let path =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("templates/online-boutique/template.yaml");
     let text = std::fs::read_to_string(path).expect("the example template");
     let template: PreviewTemplate = serde_yaml_ng::from_str(&text).expect("a PreviewTemplate");
     let environment: PreviewEnvironment = serde_json::from_value(json!({
@@ -348,7 +349,12 @@ fn boutique_request(sha: &str) -> RenderRequest {
                  "branch": "feature/login", "pullRequest": 2, "headSha": sha}}
     }))
     .expect("an environment");
-    templates_request(&environment, &template, template.spec.manifests.inline.clone(), NAMESPACE)
+    templates_request(
+        &environment,
+        &template,
+        template.spec.manifests.inline.clone(),
+        NAMESPACE,
+    )
 }
 
 /// previewd's own render of the Online Boutique's template: a child for a new commit, the same
@@ -368,7 +374,10 @@ async fn templates(engines: &Engines) -> (Duration, Duration, Duration) {
         let started = Instant::now();
         let in_process = request.render().expect("rendered here");
         here.push(started.elapsed());
-        assert_eq!(rendered, in_process, "the child renders what previewd would");
+        assert_eq!(
+            rendered, in_process,
+            "the child renders what previewd would"
+        );
         let started = Instant::now();
         let (_, key) = request.encode().expect("a request");
         assert!(matches!(engines.known(&key), Some(Known::Fits)));

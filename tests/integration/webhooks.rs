@@ -1098,13 +1098,26 @@ async fn a_body_far_over_the_limit_gets_413_directly_and_through_the_sandbox_rel
                     .map_err(|e| format!("{e:?}"))
             }
         };
-        assert_eq!(send(format!("{}/webhooks/github", harness.base)).await, Ok(413));
+        assert_eq!(
+            send(format!("{}/webhooks/github", harness.base)).await,
+            Ok(413)
+        );
         let relay = previewd::sandbox::forge_standin::ForgeStandIn::relaying_to(&harness.base)
             .await
             .unwrap();
-        assert_eq!(send(relay.hook_url("github")).await, Ok(413), "through the relay");
+        assert_eq!(
+            send(relay.hook_url("github")).await,
+            Ok(413),
+            "through the relay"
+        );
         assert!(
-            harness.environments.list(&Default::default()).await.unwrap().items.is_empty(),
+            harness
+                .environments
+                .list(&Default::default())
+                .await
+                .unwrap()
+                .items
+                .is_empty(),
             "nothing was created"
         );
     })
