@@ -82,6 +82,12 @@ pub enum EngineError {
     Fetch(String),
     #[error("previewd is shutting down")]
     ShuttingDown,
+    /// The same input failed so before (out of memory or time): not run again until the
+    /// template or the commit changes.
+    #[error(
+        "{0} (said before of this same input: not rendered again until the template or the commit changes)"
+    )]
+    SaidBefore(RunError),
 }
 
 /// One render's text, and whether it came from the cache.

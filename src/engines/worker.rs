@@ -8,21 +8,22 @@
 //! each, and are replaced once their memory has grown past [`RETIRE_ABOVE`] or after
 //! [`MAX_SERVED`] requests.
 //!
-//! Fuel bounds a render's instructions, not its bytes; the child bounds both. Rendering is
-//! pure (the same input renders the same output with the same memory), so an input is known
-//! by its digest ([`Engines::known`]): one that fitted in the child once renders in-process from
-//! then on (no process per reconcile), and one that ran out of memory is refused again without
-//! running; neither is tried blindly twice.
+//! Fuel bounds a render's instructions, not its bytes; the child bounds both, and previewd
+//! never renders a template in its own process. Rendering is pure (the same input renders the
+//! same output with the same memory), so what a child answered is kept by the input's digest
+//! (bounded by bytes, like the engines' output: an unchanged commit runs no child), and an input
+//! that ran out of memory or time is refused again at once, without a child, until the template
+//! or commit changes: neither is tried blindly twice.
 
 use std::collections::{HashSet, VecDeque};
 use std::path::Path;
 use std::sync::{Mutex, PoisonError};
 
-use super::cache::RenderKey;
+use super::cache::{RenderCache, RenderKey};
 use super::process::{Run, RunError};
 use super::turns::FairTurns;
 use super::warm::{Limits, WarmChild};
-use super::{CONCURRENT_RENDERS, EngineError, Engines, MAX_OUTPUT_BYTES};
+use super::{CONCURRENT_RENDERS, EngineError, Engines, MAX_OUTPUT_BYTES, Rendered};
 
 /// The most memory one template render may take: the output is at most 4 MiB per manifest, so
 /// an ordinary template's render needs a few MiB; the program itself takes about 10 MiB.
@@ -42,17 +43,16 @@ pub const RETIRE_ABOVE: u64 = TEMPLATE_MEMORY_LIMIT / 4;
 /// A child is replaced after this many requests all the same.
 pub const MAX_SERVED: u32 = 1_000;
 
-/// How many inputs are remembered either way (32 bytes each; a thousand environments with a
-/// few renders each fit several times).
+/// How many failed inputs are remembered (32 bytes and a message each).
 const REMEMBERED: usize = 16_384;
 
-/// The children's turns, and the inputs whose render fitted in a child and those that ran out
-/// of memory there (with what was said), each bounded, oldest out first.
+/// The children's turns, the children waiting, what they answered by input and the inputs that
+/// ran out of memory or time there (with what was said), each bounded, oldest out first.
 pub struct Workers {
     turns: FairTurns,
     /// Children waiting for a request (at most one per turn).
     idle: Mutex<Vec<WarmChild>>,
-    fitted: Mutex<Remembered<()>>,
+    answers: RenderCache,
     overgrown: Mutex<Remembered<RunError>>,
 }
 
@@ -61,7 +61,7 @@ impl Default for Workers {
         Self {
             turns: FairTurns::new(CONCURRENT_RENDERS),
             idle: Mutex::default(),
-            fitted: Mutex::default(),
+            answers: RenderCache::default(),
             overgrown: Mutex::default(),
         }
     }
@@ -105,46 +105,40 @@ impl<T: Clone> Remembered<T> {
     }
 }
 
-/// What a child process showed of an input before.
-#[derive(Debug)]
-pub enum Known {
-    /// It rendered within the limits: it may render in-process, with the same memory.
-    Fits,
-    /// It ran out of memory, as said.
-    Overgrew(RunError),
-}
-
 impl Engines {
-    /// What is known of the input with digest `key`; `None` when no child rendered it yet.
-    pub fn known(&self, key: &RenderKey) -> Option<Known> {
-        let fitted = self.workers.fitted.lock();
-        if fitted
-            .unwrap_or_else(PoisonError::into_inner)
-            .keys
-            .contains(key)
-        {
-            return Some(Known::Fits);
-        }
-        let overgrown = self.workers.overgrown.lock();
-        let said = overgrown.unwrap_or_else(PoisonError::into_inner).get(key);
-        said.map(Known::Overgrew)
-    }
-
-    /// Renders `input` (digest `key`) in a child process, in `owner`'s turn, and returns what
-    /// it printed; remembers whether it fitted ([`Engines::known`]).
+    /// What a child answers for `input` (digest `key`), in `owner`'s turn: kept from before
+    /// when the same input was rendered (`cached`), refused at once when it ran out of memory or
+    /// time before.
     pub async fn render_isolated(
         &self,
         owner: &str,
         key: RenderKey,
         input: Vec<u8>,
-    ) -> Result<String, EngineError> {
+    ) -> Result<Rendered, EngineError> {
+        if let Some(text) = self.workers.answers.get(&key) {
+            return Ok(Rendered { text, cached: true });
+        }
+        let said_before = {
+            let overgrown = self.workers.overgrown.lock();
+            overgrown.unwrap_or_else(PoisonError::into_inner).get(&key)
+        };
+        if let Some(said) = said_before {
+            return Err(EngineError::SaidBefore(said));
+        }
         let _turn = self.workers.turns.acquire(owner).await;
         let (mut ran, served_before) = self.exchange(&input, false).await;
-        if served_before > 0 && matches!(ran, Err(RunError::OutOfMemory { .. })) {
-            // What the requests before left in the child may have counted: a fresh one decides.
+        if served_before > 0 && ran.is_err() {
+            // A child that served others may have been stopped while it waited, or kept what
+            // they left: a fresh one decides.
             ran = self.exchange(&input, true).await.0;
         }
-        let overgrew = matches!(ran, Err(RunError::OutOfMemory { .. }));
+        // Memory, time and output are the input's doing: refused again without a child.
+        let the_inputs = matches!(
+            ran,
+            Err(RunError::OutOfMemory { .. }
+                | RunError::TimedOut { .. }
+                | RunError::TooMuchOutput { .. })
+        );
         let ran = ran
             .and_then(|answer| {
                 String::from_utf8(answer).map_err(|_| RunError::Failed {
@@ -152,13 +146,24 @@ impl Engines {
                 })
             })
             .map_err(name_the_render);
-        match &ran {
-            Ok(_) => self.remember(&self.workers.fitted, key, ()),
-            Err(said) if overgrew => self.remember(&self.workers.overgrown, key, said.clone()),
-            // Time depends on the machine's load; the next reconcile may try again.
-            Err(_) => {}
+        match ran {
+            Ok(text) => {
+                let text = std::sync::Arc::new(text);
+                self.workers.answers.keep(key, text.clone());
+                Ok(Rendered {
+                    text,
+                    cached: false,
+                })
+            }
+            Err(said) => {
+                if the_inputs {
+                    let overgrown = self.workers.overgrown.lock();
+                    let mut overgrown = overgrown.unwrap_or_else(PoisonError::into_inner);
+                    overgrown.keep(key, said.clone());
+                }
+                Err(EngineError::Run(said))
+            }
         }
-        Ok(ran?)
     }
 
     /// One request to a waiting child (a new one when none waits, or when `fresh`), and how
@@ -227,11 +232,6 @@ impl Engines {
             reads_input: true,
         }
     }
-
-    fn remember<T: Clone>(&self, memory: &Mutex<Remembered<T>>, key: RenderKey, value: T) {
-        let mut memory = memory.lock().unwrap_or_else(PoisonError::into_inner);
-        memory.keep(key, value);
-    }
 }
 
 /// The child is previewd itself: its errors name the render, not the program's path, and its
@@ -241,7 +241,7 @@ fn name_the_render(error: RunError) -> RunError {
     match error {
         RunError::OutOfMemory { limit, .. } => RunError::Failed {
             message: format!(
-                "{name} needed more than {} MiB of memory and was stopped (a template's output is at most 4 MiB per manifest: look for strings built in a loop or doubled)",
+                "{name} needed more than {} MiB of memory and was stopped (look for strings or lists built in a loop or doubled)",
                 limit >> 20
             ),
         },

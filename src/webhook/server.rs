@@ -331,7 +331,7 @@ async fn checked_event(
 ) -> Result<(ForgeEvent, Vec<Arc<PreviewTemplate>>), DeliveryAnswer> {
     let malformed =
         |message: String| DeliveryAnswer::new(StatusCode::BAD_REQUEST, "malformed", message);
-    let body = read_body(state, body).await?;
+    let body = read_body(state, headers, body).await?;
     if event_type.is_empty() {
         return Err(malformed("no event type header".into()));
     }
@@ -372,19 +372,31 @@ async fn checked_event(
 /// instead of the answer; past this, it does.
 pub const MAX_DRAINED_BYTES: usize = 32 << 20;
 
-/// The body, at most `max_body_bytes`, arrived within [`SLOW_CLIENT_TIMEOUT`].
-async fn read_body(state: &ServerState, body: Body) -> Result<axum::body::Bytes, DeliveryAnswer> {
-    let read = read_at_most(body, state.max_body_bytes);
-    match tokio::time::timeout(SLOW_CLIENT_TIMEOUT, read).await {
-        Ok(Ok(body)) => Ok(body),
-        Ok(Err(())) => Err(DeliveryAnswer::new(
+/// The body, at most `max_body_bytes`, arrived within [`SLOW_CLIENT_TIMEOUT`]. A body that
+/// says it is longer than [`MAX_DRAINED_BYTES`] is refused before any of it is read.
+async fn read_body(
+    state: &ServerState,
+    headers: &HeaderMap,
+    body: Body,
+) -> Result<axum::body::Bytes, DeliveryAnswer> {
+    let too_large = || {
+        DeliveryAnswer::new(
             StatusCode::PAYLOAD_TOO_LARGE,
             "too_large",
             format!(
                 "the body is over the limit of {} bytes",
                 state.max_body_bytes
             ),
-        )),
+        )
+    };
+    let announced = header(headers, "content-length").and_then(|v| v.parse::<usize>().ok());
+    if announced.is_some_and(|length| length > MAX_DRAINED_BYTES) {
+        return Err(too_large());
+    }
+    let read = read_at_most(body, state.max_body_bytes);
+    match tokio::time::timeout(SLOW_CLIENT_TIMEOUT, read).await {
+        Ok(Ok(body)) => Ok(body),
+        Ok(Err(())) => Err(too_large()),
         Err(_) => Err(DeliveryAnswer::new(
             StatusCode::REQUEST_TIMEOUT,
             "too_slow",
@@ -409,6 +421,9 @@ async fn read_at_most(body: Body, limit: usize) -> Result<axum::body::Bytes, ()>
         }
         if seen <= limit {
             kept.extend_from_slice(&chunk);
+        } else if !kept.is_empty() {
+            // Over the limit: nothing of it is kept while the rest is read.
+            kept = Vec::new();
         }
     }
     if seen > limit {

@@ -793,7 +793,8 @@ async fn create_inline(client: &Client, namespace: &str, name: &str, manifest: &
 /// and 27 of them double a string to a gigabyte. The template renders in a child process under
 /// the memory limit, whose allocation fails there and is said; previewd (this process, which
 /// runs the controller) never holds the gigabyte; the same input is not run again (a reconcile
-/// after a poke runs no child); another template's environment deploys. Before, the string
+/// after a poke says the refusal at once, as said before); another template's environment
+/// deploys. Before, the string
 /// grew inside previewd: this test's process peaked at 1.5 GiB.
 #[tokio::test]
 async fn a_template_that_builds_a_gigabyte_is_rendered_apart_and_stopped_by_its_memory_limit() {
@@ -811,12 +812,23 @@ async fn a_template_that_builds_a_gigabyte_is_rendered_apart_and_stopped_by_its_
             "{message}"
         );
         assert_eq!(renders_by(&running, "templates", "failed"), 1);
+        // A reconcile after a poke runs no child for the same input: it says so at once.
         let environments: Api<PreviewEnvironment> = Api::namespaced(client.clone(), &ns);
-        poke(&running, &environments, "greedy-pr-2", "templates", 1).await;
+        let poke = json!({"metadata": {"annotations": {"test.previewd.dev/poke": "1"}}});
+        environments
+            .patch("greedy-pr-2", &PatchParams::default(), &Patch::Merge(poke))
+            .await
+            .unwrap();
+        let again = eventually("the refusal said again", Duration::from_secs(30), || async {
+            let message = refused_with(&client, &ns, "greedy-pr-2", "RenderFailed").await;
+            message.contains("said before of this same input").then_some(message)
+        })
+        .await;
+        assert!(again.contains("needed more than 128 MiB"), "{again}");
         assert_eq!(
             renders_by(&running, "templates", "failed"),
             1,
-            "the input that ran out of memory is not run again"
+            "one child ran out of memory; the reconciles after it ran none"
         );
         create_inline(&client, &ns, "quick", quick, 3).await;
         wait_for_phase(

@@ -113,6 +113,15 @@ impl RenderRequest {
     }
 }
 
+/// The most values (mappings, lists, strings, numbers…) a render's objects may hold: previewd
+/// reads the answer back into its own memory, where each takes some 50 to 100 bytes. A thousand
+/// ordinary objects hold a tenth of it.
+pub const MAX_VALUES: usize = 1_000_000;
+
+/// The deepest a rendered object may nest: the answer is read back with serde_json's limit of
+/// 128 levels, a few of which the answer's own wrapping takes.
+pub const MAX_DEPTH: usize = 100;
+
 /// The child process's work: a request in (JSON), its rendered output or error out (JSON).
 /// Input that is not a request is said as a render error, never a panic.
 pub fn serve(input: &[u8]) -> Vec<u8> {
@@ -122,9 +131,55 @@ pub fn serve(input: &[u8]) -> Vec<u8> {
             line: None,
             message: format!("could not be read: {e}"),
         })
-        .and_then(|request| request.render());
+        .and_then(|request| request.render())
+        .and_then(within_reading_limits);
     // A `Result` of plain data always serializes; the fallback is never reached.
     serde_json::to_vec(&answer).unwrap_or_default()
+}
+
+/// The output, unless previewd could not read it back within [`MAX_VALUES`] and [`MAX_DEPTH`].
+fn within_reading_limits(output: RenderOutput) -> Result<RenderOutput, RenderError> {
+    let mut values = 0usize;
+    let deepest = match &output {
+        RenderOutput::Objects(rendered) => rendered
+            .objects
+            .iter()
+            .map(|o| depth_and_count(&o.object, &mut values))
+            .max()
+            .unwrap_or(0),
+        RenderOutput::Strings(value) => depth_and_count(value, &mut values),
+    };
+    let refusal = |message: String| RenderError {
+        manifest: "render".into(),
+        line: None,
+        message,
+    };
+    if values > MAX_VALUES {
+        return Err(refusal(format!(
+            "the rendered objects hold {values} values, more than the limit of {MAX_VALUES}"
+        )));
+    }
+    if deepest > MAX_DEPTH {
+        return Err(refusal(format!(
+            "a rendered object nests {deepest} levels deep, more than the limit of {MAX_DEPTH}"
+        )));
+    }
+    Ok(output)
+}
+
+/// How deep `value` nests; adds how many values it holds to `count`.
+fn depth_and_count(value: &Value, count: &mut usize) -> usize {
+    *count = count.saturating_add(1);
+    let children: Box<dyn Iterator<Item = &Value>> = match value {
+        Value::Array(items) => Box::new(items.iter()),
+        Value::Object(fields) => Box::new(fields.values()),
+        _ => return 1,
+    };
+    children
+        .map(|child| depth_and_count(child, count))
+        .max()
+        .unwrap_or(0)
+        .saturating_add(1)
 }
 
 /// Reads what [`serve`] wrote.
@@ -210,6 +265,17 @@ mod tests {
         })));
         let error = broken.render().unwrap_err();
         assert_eq!(error.manifest, "helm.values.image[0]");
+        // What previewd could not read back is refused in the child, and said.
+        let mut deep = serde_json::json!("x");
+        for _ in 0..MAX_DEPTH {
+            deep = serde_json::json!([deep]);
+        }
+        let too_deep = request(RenderJob::Strings(serde_json::json!({"v": deep})));
+        let answer = decode(&serve(&too_deep.encode().unwrap().0));
+        assert!(answer.unwrap_err().message.contains("nests"));
+        let wide = request(RenderJob::Strings(serde_json::json!(vec![0; MAX_VALUES])));
+        let answer = decode(&serve(&wide.encode().unwrap().0));
+        assert!(answer.unwrap_err().message.contains("values"));
         // Whatever the child is given, it answers with an error, never a panic.
         assert!(decode(&serve(b"{not json")).is_err());
         assert!(decode(b"Killed").is_err());
