@@ -41,26 +41,15 @@ async fn create_template_and_environment(
     manifest: &str,
     policy: Value,
 ) {
-    let template: PreviewTemplate = serde_json::from_value(json!({
-        "apiVersion": "previewd.dev/v1alpha1", "kind": "PreviewTemplate", "metadata": {"name": "app"},
-        "spec": {"forge": {"kind": "github", "repository": "Codertocat/Hello-World"},
-                 "policy": policy,
-                 "manifests": {"inline": [{"name": "app.yaml", "template": manifest}]}}
-    }))
-    .unwrap();
-    Api::<PreviewTemplate>::namespaced(client.clone(), namespace)
-        .create(&PostParams::default(), &template)
-        .await
-        .unwrap();
-    let environment: PreviewEnvironment = serde_json::from_value(json!({
-        "apiVersion": "previewd.dev/v1alpha1", "kind": "PreviewEnvironment", "metadata": {"name": "pr-7"},
-        "spec": {"template": "app", "source": {"repository": "Codertocat/Hello-World", "branch": "evil", "pullRequest": 7, "headSha": "abc1234"}}
-    }))
-    .unwrap();
-    environments(client, namespace)
-        .create(&PostParams::default(), &environment)
-        .await
-        .unwrap();
+    let app = support::apps::InlineApp {
+        template: "app",
+        manifest,
+        policy,
+        environment: "pr-7",
+        pull_request: 7,
+        branch: "evil",
+    };
+    support::apps::create_inline(client, namespace, app).await;
 }
 
 fn environments(client: &kube::Client, namespace: &str) -> Api<PreviewEnvironment> {

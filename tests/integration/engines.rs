@@ -766,27 +766,15 @@ async fn a_chart_that_builds_a_gigabyte_is_stopped_by_its_memory_limit_and_said(
 
 /// The inline template `name` of `manifest` and its environment `<name>-pr-<number>`.
 async fn create_inline(client: &Client, namespace: &str, name: &str, manifest: &str, number: u64) {
-    let template: PreviewTemplate = serde_json::from_value(json!({
-        "apiVersion": "previewd.dev/v1alpha1", "kind": "PreviewTemplate", "metadata": {"name": name},
-        "spec": {"forge": {"kind": "github", "repository": "Codertocat/Hello-World"},
-                 "manifests": {"inline": [{"name": "app.yaml", "template": manifest}]}}
-    }))
-    .unwrap();
-    Api::<PreviewTemplate>::namespaced(client.clone(), namespace)
-        .create(&PostParams::default(), &template)
-        .await
-        .unwrap();
-    let environment: PreviewEnvironment = serde_json::from_value(json!({
-        "apiVersion": "previewd.dev/v1alpha1", "kind": "PreviewEnvironment",
-        "metadata": {"name": format!("{name}-pr-{number}")},
-        "spec": {"template": name, "source": {"repository": "Codertocat/Hello-World",
-                 "branch": format!("branch-{number}"), "pullRequest": number, "headSha": "abc1234"}}
-    }))
-    .unwrap();
-    Api::<PreviewEnvironment>::namespaced(client.clone(), namespace)
-        .create(&PostParams::default(), &environment)
-        .await
-        .unwrap();
+    let app = support::apps::InlineApp {
+        template: name,
+        manifest,
+        policy: json!({}),
+        environment: &format!("{name}-pr-{number}"),
+        pull_request: number,
+        branch: &format!("branch-{number}"),
+    };
+    support::apps::create_inline(client, namespace, app).await;
 }
 
 /// Memory is bounded for previewd's own renders too (issue 35 §2): fuel counts instructions,

@@ -60,3 +60,41 @@ pub async fn managed_counts(client: &Client, target: &str) -> (usize, usize, usi
         .len();
     (deployments, services, accounts)
 }
+
+/// An inline template of one manifest, and a pull request's environment of it.
+pub struct InlineApp<'a> {
+    pub template: &'a str,
+    pub manifest: &'a str,
+    /// The template's `spec.policy` (`{}`: the defaults).
+    pub policy: serde_json::Value,
+    pub environment: &'a str,
+    pub pull_request: u64,
+    pub branch: &'a str,
+}
+
+/// Creates `app`'s template and environment in `namespace` (the repository
+/// `Codertocat/Hello-World`, head `abc1234`).
+pub async fn create_inline(client: &Client, namespace: &str, app: InlineApp<'_>) {
+    use kube::api::PostParams;
+    let template: PreviewTemplate = serde_json::from_value(serde_json::json!({
+        "apiVersion": "previewd.dev/v1alpha1", "kind": "PreviewTemplate", "metadata": {"name": app.template},
+        "spec": {"forge": {"kind": "github", "repository": "Codertocat/Hello-World"},
+                 "policy": app.policy,
+                 "manifests": {"inline": [{"name": "app.yaml", "template": app.manifest}]}}
+    }))
+    .unwrap();
+    Api::<PreviewTemplate>::namespaced(client.clone(), namespace)
+        .create(&PostParams::default(), &template)
+        .await
+        .unwrap();
+    let environment: PreviewEnvironment = serde_json::from_value(serde_json::json!({
+        "apiVersion": "previewd.dev/v1alpha1", "kind": "PreviewEnvironment", "metadata": {"name": app.environment},
+        "spec": {"template": app.template, "source": {"repository": "Codertocat/Hello-World",
+                 "branch": app.branch, "pullRequest": app.pull_request, "headSha": "abc1234"}}
+    }))
+    .unwrap();
+    Api::<PreviewEnvironment>::namespaced(client.clone(), namespace)
+        .create(&PostParams::default(), &environment)
+        .await
+        .unwrap();
+}
