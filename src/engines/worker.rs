@@ -127,9 +127,10 @@ impl Engines {
         }
         let _turn = self.workers.turns.acquire(owner).await;
         let (mut ran, served_before) = self.exchange(&input, false).await;
-        if served_before > 0 && ran.is_err() {
+        let timed_out = matches!(ran, Err(RunError::TimedOut { .. }));
+        if served_before > 0 && ran.is_err() && !timed_out {
             // A child that served others may have been stopped while it waited, or kept what
-            // they left: a fresh one decides.
+            // they left: a fresh one decides (time is the input's alone: not tried twice).
             ran = self.exchange(&input, true).await.0;
         }
         // Memory, time and output are the input's doing: refused again without a child.
