@@ -15,7 +15,7 @@ use std::path::Path;
 use std::process::Stdio;
 use std::time::Duration;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncReadExt;
 use tokio::process::{Child, Command};
 
 /// Why a program gave no output previewd can use. The messages speak to the template's
@@ -53,14 +53,14 @@ pub struct Run<'a> {
     pub max_output: usize,
     /// The most private writable memory the program may map, in bytes.
     pub max_memory: u64,
-    /// Whether the program reads its standard input ([`Started::finish`] gives it); when not,
-    /// it reads nothing.
+    /// Whether the program reads its standard input (a warm child's requests, `engines::warm`);
+    /// when not, it reads nothing.
     pub reads_input: bool,
 }
 
 /// Runs the program and returns its standard output, or why not.
 pub async fn run(run: Run<'_>) -> Result<String, RunError> {
-    start(run)?.finish(Vec::new()).await
+    start(run)?.finish().await
 }
 
 /// A program started, waiting for its input (when it reads any); its limits count from
@@ -114,9 +114,9 @@ impl Started {
         self.child
     }
 
-    /// Gives the program `input`, and returns its standard output, or why not: its time,
-    /// output and memory limits hold from here.
-    pub async fn finish(mut self, input: Vec<u8>) -> Result<String, RunError> {
+    /// Its standard output once it ends, or why not: its time, output and memory limits hold
+    /// from here.
+    async fn finish(mut self) -> Result<String, RunError> {
         let program = self.program.clone();
         let (Some(stdout), Some(stderr)) = (self.child.stdout.take(), self.child.stderr.take())
         else {
@@ -125,13 +125,6 @@ impl Started {
                 reason: "no pipes".into(),
             });
         };
-        if let Some(mut stdin) = self.child.stdin.take() {
-            // Written beside the reading (a program may print before it has read everything);
-            // a program that stops reading early just closes the pipe.
-            tokio::spawn(async move {
-                let _ = stdin.write_all(&input).await;
-            });
-        }
         let limit = self.max_output;
         let over_memory = watch_memory(self.child.id(), self.max_memory);
         let child = &mut self.child;
