@@ -35,11 +35,17 @@ fn take_turn() -> std::sync::MutexGuard<'static, ()> {
 }
 
 fn start_sandbox() -> SandboxRun {
+    start_sandbox_with(&[])
+}
+
+/// `previewd sandbox --info-file … <extra>`.
+fn start_sandbox_with(extra: &[&str]) -> SandboxRun {
     let scratch = tempfile::tempdir().unwrap();
     let info_file = scratch.path().join("info.json");
     let child = Command::new(env!("CARGO_BIN_EXE_previewd"))
         .args(["sandbox", "--info-file"])
         .arg(&info_file)
+        .args(extra)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -352,6 +358,172 @@ fn the_printed_curl_lines_create_environments_that_kubectl_shows_ready() {
     assert!(status.success(), "exit on SIGTERM: {status}");
 }
 
+/// A chart of one's own in a git checkout: one Deployment whose annotation says `greeting`.
+fn write_own_chart(folder: &Path, greeting: &str) {
+    let chart = folder.join("chart");
+    std::fs::create_dir_all(chart.join("templates")).unwrap();
+    std::fs::write(
+        chart.join("Chart.yaml"),
+        "apiVersion: v2\nname: mine\nversion: 0.1.0\n",
+    )
+    .unwrap();
+    std::fs::write(chart.join("values.yaml"), format!("greeting: {greeting}\n")).unwrap();
+    let deployment = r#"apiVersion: apps/v1
+kind: Deployment
+metadata:
+  name: {{ .Release.Name }}-web
+  annotations:
+    greeting: {{ .Values.greeting | quote }}
+spec:
+  replicas: 1
+  selector:
+    matchLabels: {app: web}
+  template:
+    metadata:
+      labels: {app: web}
+    spec:
+      containers:
+      - name: web
+        image: "example.com/mine:{{ .Values.tag }}"
+"#;
+    std::fs::write(chart.join("templates/deployment.yaml"), deployment).unwrap();
+}
+
+fn git(folder: &Path, args: &[&str]) -> String {
+    let stdout = checked_stdout(
+        &format!("git {args:?}"),
+        Command::new("git")
+            .arg("-C")
+            .arg(folder)
+            .args(["-c", "user.name=me", "-c", "user.email=me@example.com"])
+            .args(args),
+    );
+    String::from_utf8_lossy(&stdout).trim().to_string()
+}
+
+/// The walk-through of docs/getting-started.md ("Your own repository"): a template for one's
+/// own repository, an environment at a commit of its git checkout, and a new local commit as
+/// the next SHA; and the examples that read the repository, applied as a newcomer applies them.
+#[test]
+fn your_own_chart_and_the_repository_examples_reach_ready_with_kubectl_apply() {
+    let _turn = take_turn();
+    let app = tempfile::tempdir().unwrap();
+    write_own_chart(app.path(), "first");
+    git(app.path(), &["init", "-q", "-b", "main"]);
+    git(app.path(), &["add", "."]);
+    git(app.path(), &["commit", "-q", "-m", "a chart"]);
+    let first = git(app.path(), &["rev-parse", "HEAD"]);
+    let served = format!("me/app={}", app.path().display());
+    let mut run = start_sandbox_with(&["--repository", &served]);
+    let (kubeconfig, _) = wait_for_info(&mut run);
+    // Read both outputs as they come, so that the sandbox never blocks on a full pipe.
+    let lines = stdout_lines(&mut run.child);
+    let stderr = run.child.stderr.take().unwrap();
+    std::thread::spawn(move || std::io::copy(&mut { stderr }, &mut std::io::sink()));
+    line_where(&lines, "the repository served", |l| {
+        l.contains("repositories:") && l.contains("me/app (git checkout")
+    });
+
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    for example in ["web-chart", "web-kustomize"] {
+        let folder = root.join("templates").join(example);
+        kubectl(&kubeconfig, &["apply", "-f", folder.to_str().unwrap()]);
+    }
+    let template = r#"apiVersion: previewd.dev/v1alpha1
+kind: PreviewTemplate
+metadata:
+  name: mine
+spec:
+  forge:
+    kind: github
+    repository: me/app
+    tokenSecretRef: {name: forge-token, key: token}
+  url:
+    host: "{{ slug }}.mine.example.com"
+  manifests:
+    helm:
+      chart:
+        path: chart
+      values:
+        tag: "{{ sha }}"
+"#;
+    let environment = |sha: &str| {
+        format!(
+            "apiVersion: previewd.dev/v1alpha1\nkind: PreviewEnvironment\nmetadata:\n  name: mine-main\nspec:\n  template: mine\n  source:\n    repository: me/app\n    branch: main\n    headSha: {sha}\n"
+        )
+    };
+    let scratch = tempfile::tempdir().unwrap();
+    let apply = |name: &str, text: &str| {
+        let file = scratch.path().join(name);
+        std::fs::write(&file, text).unwrap();
+        kubectl(&kubeconfig, &["apply", "-f", file.to_str().unwrap()]);
+    };
+    apply("template.yaml", template);
+    apply("environment.yaml", &environment(&first));
+    for name in ["web-chart-pr-2", "web-kustomize-pr-2", "mine-main"] {
+        eprintln!("kubectl: {}", wait_for_kubectl_ready(&kubeconfig, name));
+    }
+    let greeting = |sha: &str| {
+        let deadline = Instant::now() + Duration::from_secs(120);
+        loop {
+            let status = kubectl(
+                &kubeconfig,
+                &[
+                    "get",
+                    "previewenvironment",
+                    "mine-main",
+                    "-o",
+                    "jsonpath={.status.phase} {.status.deployedSha} {.status.namespace}",
+                ],
+            );
+            let fields: Vec<&str> = status.split_whitespace().collect();
+            if let ["Ready", deployed, namespace] = fields.as_slice()
+                && *deployed == sha
+            {
+                return kubectl(
+                    &kubeconfig,
+                    &[
+                        "get",
+                        "deployment",
+                        "-n",
+                        namespace,
+                        "-o",
+                        "jsonpath={.items[0].metadata.annotations.greeting}",
+                    ],
+                );
+            }
+            assert!(
+                Instant::now() < deadline,
+                "mine-main never Ready at {sha}: {status}"
+            );
+            std::thread::sleep(Duration::from_millis(250));
+        }
+    };
+    assert_eq!(greeting(&first), "first");
+    // A new local commit is a new SHA to preview.
+    write_own_chart(app.path(), "second");
+    git(app.path(), &["commit", "-q", "-am", "a new greeting"]);
+    let second = git(app.path(), &["rev-parse", "HEAD"]);
+    let patch = format!(r#"{{"spec":{{"source":{{"headSha":"{second}"}}}}}}"#);
+    kubectl(
+        &kubeconfig,
+        &[
+            "patch",
+            "previewenvironment",
+            "mine-main",
+            "--type",
+            "merge",
+            "-p",
+            &patch,
+        ],
+    );
+    assert_eq!(greeting(&second), "second");
+
+    signal(&run.child, libc::SIGTERM);
+    let status = run.child.wait().unwrap();
+    assert!(status.success(), "exit on SIGTERM: {status}");
+}
+
 #[test]
 fn the_demo_plays_a_pull_request_and_exits_0() {
     let _turn = take_turn();
@@ -397,7 +569,16 @@ fn the_demo_plays_a_pull_request_and_exits_0() {
         status.success(),
         "the demo exits 0: {status}\n{stdout}\n{stderr}"
     );
-    for step in ["READY: ", "UPDATED: ", "DESTROYED: ", "demo done"] {
+    for step in [
+        "kubectl apply -f templates/web-chart/",
+        "READY: web-chart-pr-2",
+        "kubectl apply -f templates/web-kustomize/",
+        "READY: web-kustomize-pr-2",
+        "READY: ",
+        "UPDATED: ",
+        "DESTROYED: ",
+        "demo done",
+    ] {
         assert!(stdout.contains(step), "no {step:?} in:\n{stdout}");
     }
     // Nothing is wrong in the demo, so nothing may say so (the sweep at start-up asks the

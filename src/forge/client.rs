@@ -260,6 +260,26 @@ pub(crate) fn is_yaml(name: &str) -> bool {
 
 type ClientKey = (ForgeKind, String, [u8; 32]);
 
+/// Where a template that names no `forge.apiUrl` sends its calls, per forge: the public forge
+/// unless set. Only the sandbox sets it (to its forge stand-in), so that the example templates,
+/// written for GitHub, work there unchanged; a template's own `apiUrl` always wins.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ApiDefaults {
+    pub github: Option<String>,
+    pub gitlab: Option<String>,
+}
+
+impl ApiDefaults {
+    /// The API URL of a template of forge `kind` whose own is `named`.
+    pub fn resolve<'a>(&'a self, kind: ForgeKind, named: Option<&'a str>) -> Option<&'a str> {
+        let default = match kind {
+            ForgeKind::Github => self.github.as_deref(),
+            ForgeKind::Gitlab => self.gitlab.as_deref(),
+        };
+        named.or(default)
+    }
+}
+
 /// The rate-limit budget of a personal or project token (the label of
 /// `previewd_forge_rate_limit_remaining`).
 pub const TOKEN_BUDGET: &str = "token";

@@ -17,7 +17,8 @@ use kube::ResourceExt;
 use sha2::{Digest, Sha256};
 
 use super::client::{
-    CommentAuthor, DeploymentState, ForgeApiError, ForgeClient, ForgeClients, TOKEN_BUDGET,
+    ApiDefaults, CommentAuthor, DeploymentState, ForgeApiError, ForgeClient, ForgeClients,
+    TOKEN_BUDGET,
 };
 use super::comment::{self, CommentInput, CommentState, CommitState};
 use super::github::app::AppTokens;
@@ -25,8 +26,8 @@ use super::gitlab::api::GitlabApi;
 use crate::cluster::secrets::{SecretError, SecretReader};
 use crate::forge::metrics::ForgeMetrics;
 use crate::model::crd::{
-    ForgeKind, ForgeReport, Phase, PreviewEnvironment, PreviewEnvironmentStatus, PreviewTemplate,
-    WaitingCommit,
+    ForgeKind, ForgeReport, ForgeSpec, Phase, PreviewEnvironment, PreviewEnvironmentStatus,
+    PreviewTemplate, WaitingCommit,
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -62,6 +63,8 @@ pub struct Reporter {
     /// for [`ACCESS_TTL`]: a burst of commands costs one forge call, and a revoked permission
     /// stops working within a minute.
     access: Mutex<HashMap<AccessKey, (bool, std::time::Instant)>>,
+    /// Where templates that name no API URL go ([`ApiDefaults`]).
+    api_defaults: ApiDefaults,
 }
 
 /// (forge, API URL, repository in lower case, user).
@@ -82,6 +85,7 @@ impl Reporter {
             secrets,
             sent: Mutex::new(HashMap::new()),
             access: Mutex::new(HashMap::new()),
+            api_defaults: ApiDefaults::default(),
         }
     }
 
@@ -96,7 +100,7 @@ impl Reporter {
         let forge = &template.spec.forge;
         let key = (
             forge.kind,
-            forge.api_url.clone().unwrap_or_default(),
+            self.api_url(forge).unwrap_or_default().to_string(),
             forge.repository.to_lowercase(),
             user.to_string(),
         );
@@ -117,6 +121,21 @@ impl Reporter {
         Ok(answer)
     }
 
+    /// This reporter, sending the calls of templates that name no API URL to `defaults`.
+    pub fn with_api_defaults(self, defaults: ApiDefaults) -> Self {
+        Self {
+            api_defaults: defaults,
+            ..self
+        }
+    }
+
+    /// Where `forge`'s calls go: its own API URL, else this reporter's default for its kind
+    /// (`None`: the public forge).
+    fn api_url<'a>(&'a self, forge: &'a ForgeSpec) -> Option<&'a str> {
+        self.api_defaults
+            .resolve(forge.kind, forge.api_url.as_deref())
+    }
+
     fn last_sent(&self, uid: &str) -> Option<ForgeReport> {
         self.sent.lock().expect("sent reports").get(uid).cloned()
     }
@@ -134,7 +153,7 @@ impl Reporter {
                     .secrets
                     .get(&namespace, &app.private_key_secret_ref)
                     .await?;
-                let api_url = forge.api_url.as_deref();
+                let api_url = self.api_url(forge);
                 let repository = &forge.repository;
                 let minted = self.app_tokens.token(api_url, app.app_id, &key, repository);
                 let minted = minted.await?;
@@ -149,7 +168,7 @@ impl Reporter {
             ),
             _ => return Ok(None),
         };
-        let api_url = forge.api_url.as_deref();
+        let api_url = self.api_url(forge);
         let client = self
             .clients
             .get_as(forge.kind, api_url, &token, &budget, author);

@@ -3,6 +3,7 @@
 use std::time::Duration;
 
 use crate::engines::EngineConfig;
+use crate::forge::client::ApiDefaults;
 use crate::model::grants::OperatorPolicy;
 use crate::model::kinds::TemplateKinds;
 
@@ -45,6 +46,9 @@ pub struct ControllerConfig {
     /// RBAC confines writes to those namespaces (the chart); `None` with a kubeconfig that may
     /// already write everywhere (the sandbox, a developer's cluster).
     pub environment_access: Option<EnvironmentAccess>,
+    /// Where templates that name no `forge.apiUrl` send their calls (the public forges; the
+    /// sandbox: its forge stand-in).
+    pub forge_api_defaults: ApiDefaults,
 }
 
 /// Who previewd is, and which ClusterRole gives it its rights in an environment namespace.
@@ -68,6 +72,7 @@ impl Default for ControllerConfig {
             operator_policy: OperatorPolicy::default(),
             engines: EngineConfig::default(),
             environment_access: None,
+            forge_api_defaults: ApiDefaults::default(),
         }
     }
 }

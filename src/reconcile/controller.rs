@@ -145,10 +145,10 @@ fn build_context(parts: Parts) -> Context {
                 instance: None,
             },
         ),
-        reporter: Arc::new(Reporter::new(
-            metrics.forge,
-            Arc::new(SecretReader::new(client.clone())),
-        )),
+        reporter: Arc::new(
+            Reporter::new(metrics.forge, Arc::new(SecretReader::new(client.clone())))
+                .with_api_defaults(config.forge_api_defaults.clone()),
+        ),
         client,
         config,
         metrics: metrics.reconcile,

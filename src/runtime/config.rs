@@ -173,6 +173,7 @@ impl ControllerArgs {
                 memory_limit: self.render_memory_limit,
                 worker: crate::engines::worker::this_program(),
             },
+            forge_api_defaults: Default::default(),
         }
     }
 }

@@ -57,10 +57,12 @@ pub async fn run(
         config.client.clone(),
         config.controller.namespace.as_deref(),
     );
-    let server_reporter = Arc::new(Reporter::new(
+    let server_reporter = Reporter::new(
         metrics.forge.clone(),
         Arc::new(SecretReader::new(config.client.clone())),
-    ));
+    );
+    let api_defaults = config.controller.forge_api_defaults.clone();
+    let server_reporter = Arc::new(server_reporter.with_api_defaults(api_defaults));
     let state = ServerState::new(
         config.client.clone(),
         caches,

@@ -6,6 +6,8 @@ use std::time::Duration;
 
 use clap::Args;
 
+use super::SandboxError;
+use super::repositories::Repositories;
 use crate::runtime::config::{ControllerArgs, WebhookArgs};
 
 #[derive(Debug, Args)]
@@ -29,6 +31,12 @@ pub struct SandboxArgs {
     /// Only install and build what the sandbox needs (cached), then exit.
     #[arg(long)]
     pub provision_only: bool,
+    /// Serve a repository of one's own through the forge stand-in: `owner/name=PATH`, a git
+    /// checkout (its commits and branches are the forge's SHAs and branches) or a plain folder
+    /// (what is in it, at any SHA). Repeatable. A template with `forge.repository: owner/name`
+    /// then reads its chart, overlay or manifests from there (docs/getting-started.md).
+    #[arg(long = "repository", value_name = "OWNER/NAME=PATH")]
+    pub repositories: Vec<String>,
     /// How many nodes to simulate.
     #[arg(long, default_value_t = 2)]
     pub nodes: usize,
@@ -41,6 +49,20 @@ pub struct SandboxArgs {
 }
 
 impl SandboxArgs {
+    /// The repositories the forge stand-in serves: the examples, and each `--repository`.
+    pub fn repositories(&self) -> Result<Repositories, SandboxError> {
+        let mut repositories = Repositories::default();
+        for named in &self.repositories {
+            let Some((name, path)) = named.split_once('=') else {
+                return Err(SandboxError::Process(format!(
+                    "--repository {named:?}: expected OWNER/NAME=PATH"
+                )));
+            };
+            repositories.add(name, std::path::Path::new(path))?;
+        }
+        Ok(repositories)
+    }
+
     pub fn options(&self) -> super::SandboxOptions {
         super::SandboxOptions {
             cache_dir: self.cache_dir.clone(),

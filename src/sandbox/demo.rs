@@ -1,6 +1,9 @@
-//! `previewd sandbox --demo`: a pull request's life in the sandbox, from the fixture
-//! deliveries, with what happens printed as it happens: opened → Ready → synchronize (a new
-//! commit) → Ready again → closed → gone. The PR comment is printed each time previewd edits it.
+//! `previewd sandbox --demo`: first the examples that read the repository (templates/web-chart,
+//! a Helm chart, and templates/web-kustomize, a Kustomize overlay) applied as `kubectl apply -f
+//! templates/<name>/` applies them, Ready, then removed; then a pull request's life in the
+//! sandbox, from the fixture deliveries, with what happens printed as it happens: opened →
+//! Ready → synchronize (a new commit) → Ready again → closed → gone. The PR comment is printed
+//! each time previewd edits it.
 //!
 //! The `synchronize` fixture carries the same head SHA as `opened` (both are snapshots of one
 //! PR), so the demo sends a copy with a new head SHA, as a real push would, and says so.
@@ -14,7 +17,7 @@ use kube::api::ListParams;
 use super::SandboxError;
 use super::forge_standin::Received;
 use super::playground::{DELIVERIES, GITHUB_TEMPLATE, NAMESPACE, Playground};
-use crate::model::crd::{Phase, PreviewEnvironment};
+use crate::model::crd::{Phase, PreviewEnvironment, PreviewTemplate};
 
 /// How long one step (Ready, gone) may take before the demo gives up.
 const STEP_TIMEOUT: Duration = Duration::from_secs(180);
@@ -24,6 +27,8 @@ const NEW_HEAD: &str = "5a1b2c3d4e5f60718293a4b5c6d7e8f901234567";
 /// How long each step took.
 #[derive(Debug)]
 pub struct DemoTimings {
+    /// From applying the two examples until both were Ready.
+    pub examples_to_ready: Duration,
     pub opened_to_ready: Duration,
     pub synchronize_to_ready: Duration,
     pub closed_to_gone: Duration,
@@ -60,6 +65,7 @@ impl Narrator {
 pub async fn play(
     client: &kube::Client,
     playground: &Playground,
+    with_helm: bool,
 ) -> Result<DemoTimings, SandboxError> {
     let mut demo = Demo {
         client,
@@ -72,10 +78,12 @@ pub async fn play(
         http: reqwest::Client::new(),
         environments: Api::namespaced(client.clone(), NAMESPACE),
     };
+    let examples_to_ready = demo.examples(with_helm).await?;
     let (name, opened_to_ready) = demo.opened().await?;
     let synchronize_to_ready = demo.synchronized(&name).await?;
     let closed_to_gone = demo.closed(&name).await?;
     Ok(DemoTimings {
+        examples_to_ready,
         opened_to_ready,
         synchronize_to_ready,
         closed_to_gone,
@@ -99,6 +107,72 @@ impl Demo<'_> {
 
     async fn send(&self, delivery: &str, body: &[u8]) -> Result<(), SandboxError> {
         send(&self.http, self.playground, delivery, body, &self.narrator).await
+    }
+
+    /// Act 0: the examples that read the repository, applied as `kubectl apply -f
+    /// templates/<name>/` would (the stand-in serves their chart and overlay, and previewd
+    /// sends their calls there); Ready, then removed before the PR's life starts. Without a
+    /// Helm engine the chart is left out, and that is said.
+    async fn examples(&mut self, with_helm: bool) -> Result<Duration, SandboxError> {
+        let started = Instant::now();
+        let mut applied = Vec::new();
+        for example in &REPOSITORY_EXAMPLES {
+            if example.name == "web-chart" && !with_helm {
+                self.narrator.say(
+                    "skipping templates/web-chart: no Helm engine (see the line `Helm:` above)",
+                );
+                continue;
+            }
+            self.narrator.say(&format!(
+                "kubectl apply -f templates/{}/: {}",
+                example.name, example.what
+            ));
+            applied.push(apply_example(self.client, example).await?);
+        }
+        for name in &applied {
+            follow(
+                &self.environments,
+                Some(name),
+                &self.narrator,
+                &mut self.forge_events,
+                |e| ready_at(e, "ec26c3e"),
+            )
+            .await?;
+            let url = self.url_of(name).await;
+            self.narrator.say(&format!("READY: {name}, {url}"));
+        }
+        let took = started.elapsed();
+        // All at once: each removal waits for its namespace to go.
+        let mut namespaces = Vec::new();
+        for name in &applied {
+            let environment = self.environments.get_opt(name).await?;
+            namespaces.push(environment.and_then(|e| e.status.and_then(|s| s.namespace)));
+            self.environments.delete(name, &Default::default()).await?;
+        }
+        for (name, namespace) in applied.iter().zip(namespaces) {
+            self.removed(name, namespace.as_deref()).await?;
+        }
+        Ok(took)
+    }
+
+    /// Waits until an example's environment and its `namespace` are gone, then deletes its
+    /// template.
+    async fn removed(&mut self, name: &str, namespace: Option<&str>) -> Result<(), SandboxError> {
+        wait_gone(
+            self.client,
+            &self.environments,
+            name,
+            namespace,
+            &self.narrator,
+            &mut self.forge_events,
+        )
+        .await?;
+        let template = name.trim_end_matches("-pr-2");
+        let templates: Api<PreviewTemplate> = Api::namespaced(self.client.clone(), NAMESPACE);
+        templates.delete(template, &Default::default()).await?;
+        self.narrator
+            .say(&format!("removed {name} and its template"));
+        Ok(())
     }
 
     /// Act 1: the PR is opened; returns the environment's name and how long Ready took.
@@ -200,6 +274,58 @@ impl Demo<'_> {
         ));
         Ok(took)
     }
+}
+
+/// An example of templates/ whose manifests come from the repository.
+struct Example {
+    name: &'static str,
+    what: &'static str,
+    template: &'static str,
+    environment: &'static str,
+}
+
+const REPOSITORY_EXAMPLES: [Example; 2] = [
+    Example {
+        name: "web-chart",
+        what: "a Helm chart in the repository (deploy/chart), rendered with `helm template`",
+        template: include_str!("../../templates/web-chart/template.yaml"),
+        environment: include_str!("../../templates/web-chart/environment.yaml"),
+    },
+    Example {
+        name: "web-kustomize",
+        what: "a Kustomize overlay in the repository (deploy/overlays/preview), built with `kubectl kustomize`",
+        template: include_str!("../../templates/web-kustomize/template.yaml"),
+        environment: include_str!("../../templates/web-kustomize/environment.yaml"),
+    },
+];
+
+/// Applies an example's template and environment as they are in templates/ (server-side, as
+/// `kubectl apply --server-side` would); returns the environment's name.
+async fn apply_example(client: &kube::Client, example: &Example) -> Result<String, SandboxError> {
+    use kube::api::{Patch, PatchParams};
+    let parse = |text: &str| -> Result<serde_json::Value, SandboxError> {
+        serde_yaml_ng::from_str(text).map_err(|e| {
+            SandboxError::Process(format!("templates/{}/ is not YAML: {e}", example.name))
+        })
+    };
+    let params = PatchParams::apply("previewd-sandbox-demo").force();
+    let (template, environment) = (parse(example.template)?, parse(example.environment)?);
+    let name_of = |object: &serde_json::Value| {
+        object["metadata"]["name"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string()
+    };
+    let templates: Api<PreviewTemplate> = Api::namespaced(client.clone(), NAMESPACE);
+    templates
+        .patch(&name_of(&template), &params, &Patch::Apply(&template))
+        .await?;
+    let name = name_of(&environment);
+    let environments: Api<PreviewEnvironment> = Api::namespaced(client.clone(), NAMESPACE);
+    environments
+        .patch(&name, &params, &Patch::Apply(&environment))
+        .await?;
+    Ok(name)
 }
 
 async fn send(

@@ -9,7 +9,8 @@
 //! Deliveries can reach previewd through it ([`super::forge_relay`]); then it knows which pull
 //! requests are open and which branches exist, and answers the sweep's lists of the
 //! repositories it tracks from that (others: 503, so the sweep removes nothing for them).
-//! Repository contents are 404 (the sandbox templates carry their manifests inline).
+//! Repository contents are served from [`Repositories`] ([`super::forge_contents`]): the
+//! examples' chart and overlay, and the folders named with `--repository`; others are 404.
 //! Every caller has write access, so anyone may use comment commands in the sandbox.
 
 use std::collections::BTreeMap;
@@ -25,7 +26,9 @@ use axum::routing::post;
 use serde_json::{Value, json};
 
 use super::SandboxError;
+use super::forge_contents;
 use super::forge_relay::{self, KnownState};
+use super::repositories::Repositories;
 use crate::forge::ForgeKind::{self, Github, Gitlab};
 
 /// One thing previewd sent to the forge.
@@ -116,6 +119,7 @@ struct Shared {
     /// previewd's HTTP address, where deliveries are relayed (none: no relay).
     previewd: Option<String>,
     http: reqwest::Client,
+    repositories: Arc<Repositories>,
 }
 
 /// The running stand-in. Stops when dropped.
@@ -134,16 +138,22 @@ impl Drop for ForgeStandIn {
 impl ForgeStandIn {
     /// Listens on a free loopback port, relaying no deliveries and tracking no repository.
     pub async fn start() -> Result<Self, SandboxError> {
-        Self::listen(None).await
+        Self::listen(None, Repositories::default()).await
     }
 
     /// Listens on a free loopback port and relays deliveries to previewd at `previewd_base`
     /// (`http://host:port`).
-    pub async fn relaying_to(previewd_base: &str) -> Result<Self, SandboxError> {
-        Self::listen(Some(previewd_base.to_string())).await
+    pub async fn relaying_to(
+        previewd_base: &str,
+        repositories: Repositories,
+    ) -> Result<Self, SandboxError> {
+        Self::listen(Some(previewd_base.to_string()), repositories).await
     }
 
-    async fn listen(previewd: Option<String>) -> Result<Self, SandboxError> {
+    async fn listen(
+        previewd: Option<String>,
+        repositories: Repositories,
+    ) -> Result<Self, SandboxError> {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
             .map_err(|e| SandboxError::Process(format!("forge stand-in: {e}")))?;
@@ -159,6 +169,7 @@ impl ForgeStandIn {
             events,
             previewd,
             http: reqwest::Client::new(),
+            repositories: Arc::new(repositories),
         });
         let app = Router::new()
             .route("/hooks/{forge}", post(relay))
@@ -195,6 +206,13 @@ impl ForgeStandIn {
             .expect("stand-in records")
             .known
             .track(forge, repository);
+    }
+
+    /// Learns what a delivery of `forge` says (open PRs, branches) without passing it on: the
+    /// state the examples' environments are in before any delivery.
+    pub fn learn(&self, forge: ForgeKind, event_type: &str, body: &str) {
+        let mut records = self.shared.records.lock().expect("stand-in records");
+        records.known.learn(forge, event_type, body.as_bytes());
     }
 
     /// Everything received from now on.
@@ -285,6 +303,10 @@ async fn answer(
         })
         .collect();
     let segments: Vec<&str> = segments.iter().map(String::as_str).collect();
+    let contents = forge_contents::answer(&shared.repositories, &method, &segments, uri.query());
+    if let Some(contents) = contents.await {
+        return contents;
+    }
     let page = forge_relay::requested_page(uri.query());
     let mut records = shared.records.lock().expect("stand-in records");
     let (status, answer, received) = route(&mut records, &method, &segments, page, &body);

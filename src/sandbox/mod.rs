@@ -8,7 +8,9 @@
 //! * [`compat`]: the documented rewrite that lets current manifests run on the 1.20 sandbox.
 //! * [`example_templates`]: generates the `online-boutique` example template from the fixture app.
 //! * [`process`]: children that never outlive previewd.
-//! * [`forge_standin`]: a local GitHub and GitLab API that reports what previewd sends.
+//! * [`forge_standin`]: a local GitHub and GitLab API that reports what previewd sends, and
+//!   serves [`repositories`]: the examples' chart and overlay, and folders of one's own.
+//! * [`helm_engine`]: the Helm engine the sandbox brings when no `helm` is on PATH.
 //! * [`playground`]: example templates, fresh webhook credentials, deliveries to `curl`.
 //! * [`demo`]: `previewd sandbox --demo`, a pull request's life played from the fixtures.
 //! * [`cli`]: the sandbox's flags; [`session`]: one `previewd sandbox` run from start to stop.
@@ -18,12 +20,15 @@ pub mod compat;
 pub mod control_plane;
 pub mod demo;
 pub mod example_templates;
+mod forge_contents;
 mod forge_relay;
 pub mod forge_standin;
+pub mod helm_engine;
 pub mod node_simulator;
 pub mod playground;
 pub mod process;
 pub mod provision;
+pub mod repositories;
 pub mod session;
 
 use std::path::{Path, PathBuf};

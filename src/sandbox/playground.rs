@@ -11,6 +11,7 @@ use serde_json::{Value, json};
 
 use super::SandboxError;
 use super::forge_standin::ForgeStandIn;
+use super::repositories::Repositories;
 use crate::model::crd::{ForgeKind, PreviewTemplate};
 
 /// Where the sandbox's templates, their Secret and the environments live.
@@ -20,6 +21,8 @@ pub const GITHUB_REPOSITORY: &str = "Codertocat/Hello-World";
 pub const GITLAB_TEMPLATE: &str = "gitlab-test";
 pub const GITLAB_REPOSITORY: &str = "gitlabhq/gitlab-test";
 const SECRET_NAME: &str = "previewd-sandbox-forge";
+/// The Secret the examples in templates/ read their forge token from.
+const EXAMPLES_TOKEN_SECRET: &str = "forge-token";
 const FIELD_MANAGER: &str = "previewd-sandbox";
 
 /// The app both templates deploy: the web-postgres example (database, seed Job, web app).
@@ -64,17 +67,30 @@ pub struct Playground {
 }
 
 impl Playground {
-    /// Starts the stand-in, writes the Secret and the templates, and the delivery files under
-    /// `data_dir`. `webhook_base` is previewd's HTTP address (`http://host:port`).
+    /// Starts the stand-in (serving `repositories`), writes the Secrets and the templates, and
+    /// the delivery files under `data_dir`. `webhook_base` is previewd's HTTP address
+    /// (`http://host:port`).
     pub async fn set_up(
         client: &kube::Client,
         kubeconfig: &Path,
         data_dir: &Path,
         webhook_base: &str,
+        repositories: Repositories,
     ) -> Result<Self, SandboxError> {
-        let forge = ForgeStandIn::relaying_to(webhook_base).await?;
+        let own = repositories.own();
+        let forge = ForgeStandIn::relaying_to(webhook_base, repositories).await?;
         forge.track(ForgeKind::Github, GITHUB_REPOSITORY);
         forge.track(ForgeKind::Gitlab, GITLAB_REPOSITORY);
+        // One's own repositories: open PRs as the deliveries say, branches as the folder has.
+        for name in own {
+            forge.track(ForgeKind::Github, &name);
+            forge.track(ForgeKind::Gitlab, &name);
+        }
+        // The examples' environments (templates/*/environment.yaml) are PR #2 of
+        // Codertocat/Hello-World, the PR the fixture deliveries open: open from the start, so
+        // the sweep keeps an example applied with kubectl.
+        let (_, opened) = DELIVERIES[0];
+        forge.learn(ForgeKind::Github, "pull_request", opened);
         // Deliveries go through the stand-in, as they come from a forge: it learns which PRs
         // are open and answers the sweep's lists from that (see `forge_relay`).
         let facts = Facts {
@@ -100,6 +116,19 @@ impl Playground {
         });
         secrets
             .patch(SECRET_NAME, &params, &Patch::Apply(&secret))
+            .await?;
+        // The token the examples in templates/ name (`tokenSecretRef: forge-token`).
+        let example_token = json!({
+            "apiVersion": "v1", "kind": "Secret",
+            "metadata": {"name": EXAMPLES_TOKEN_SECRET},
+            "stringData": {"token": "sandbox-token"},
+        });
+        secrets
+            .patch(
+                EXAMPLES_TOKEN_SECRET,
+                &params,
+                &Patch::Apply(&example_token),
+            )
             .await?;
         let templates: Api<PreviewTemplate> = Api::namespaced(client.clone(), NAMESPACE);
         for (name, kind, repository, secret_key) in [

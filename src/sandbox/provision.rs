@@ -85,6 +85,7 @@ pub fn ensure_binaries(
     let _lock = FileLock::acquire(
         &cache_dir.join("control-plane").join(".build.lock"),
         progress,
+        "building the control plane",
     )?;
     if let Some(binaries) = cached(&target) {
         return Ok(binaries); // another process built them while we waited
@@ -131,6 +132,14 @@ pub fn ensure_packages(progress: &dyn Progress) -> Result<(), SandboxError> {
         .filter(|(_, proof)| !Path::new(proof).exists())
         .map(|(package, _)| *package)
         .collect();
+    ensure_debian_packages(&missing, progress)
+}
+
+/// Installs Debian `packages` (none: nothing to do). Needs root; says so plainly otherwise.
+pub(super) fn ensure_debian_packages(
+    missing: &[&str],
+    progress: &dyn Progress,
+) -> Result<(), SandboxError> {
     if missing.is_empty() {
         return Ok(());
     }
@@ -154,7 +163,7 @@ pub fn ensure_packages(progress: &dyn Progress) -> Result<(), SandboxError> {
         Command::new("apt-get")
             .env("DEBIAN_FRONTEND", "noninteractive")
             .args(["install", "-y", "-qq", "--no-install-recommends"])
-            .args(&missing),
+            .args(missing),
         "apt-get install",
     )
 }
@@ -398,7 +407,7 @@ fn find_entry(dir: &Path, matches: impl Fn(&str) -> bool) -> Option<PathBuf> {
     found.into_iter().next()
 }
 
-fn run_logged(command: &mut Command, what: &str) -> Result<(), SandboxError> {
+pub(super) fn run_logged(command: &mut Command, what: &str) -> Result<(), SandboxError> {
     let output = command
         .output()
         .map_err(|e| SandboxError::Provision(format!("{what}: cannot run: {e}")))?;
@@ -414,10 +423,15 @@ fn run_logged(command: &mut Command, what: &str) -> Result<(), SandboxError> {
 }
 
 /// An exclusive `flock` on a file, released on drop.
-struct FileLock(fs::File);
+pub(super) struct FileLock(fs::File);
 
 impl FileLock {
-    fn acquire(path: &Path, progress: &dyn Progress) -> Result<Self, SandboxError> {
+    /// Waits for the lock on `path`; says so when another process holds it (doing `what`).
+    pub(super) fn acquire(
+        path: &Path,
+        progress: &dyn Progress,
+        what: &str,
+    ) -> Result<Self, SandboxError> {
         use std::os::fd::AsRawFd;
         let file = fs::OpenOptions::new()
             .create(true)
@@ -427,7 +441,7 @@ impl FileLock {
             .map_err(|e| SandboxError::io(path, e))?;
         // SAFETY: flock on a descriptor we own.
         if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
-            progress.step("another process is building the control plane; waiting for it");
+            progress.step(&format!("another process is {what}; waiting for it"));
             if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) } != 0 {
                 return Err(SandboxError::io(path, std::io::Error::last_os_error()));
             }

@@ -6,7 +6,8 @@ use std::sync::Arc;
 
 use super::cli::SandboxArgs;
 use super::playground::{self, Playground};
-use super::{Sandbox, SandboxError, StderrProgress, demo, provision};
+use super::{Sandbox, SandboxError, StderrProgress, demo, helm_engine, provision};
+use crate::forge::client::ApiDefaults;
 
 /// `previewd sandbox`: starts the control plane, previewd and the playground; plays the demo
 /// or waits for Ctrl-C; stops everything it started.
@@ -16,6 +17,13 @@ pub async fn run(args: SandboxArgs) -> Result<(), SandboxError> {
     }
     let progress = Arc::new(StderrProgress);
     let started = std::time::Instant::now();
+    let repositories = args.repositories()?;
+    let served = repositories.describe();
+    let mut controller = args.controller.controller_config();
+    let helm = bring_helm(&controller.engines.helm, &args.cache_dir).await;
+    if let Ok((program, _)) = &helm {
+        controller.engines.helm = program.clone();
+    }
     let sandbox = Sandbox::start(args.options(), progress).await?;
     let client = sandbox.control_plane().client().await?;
     let listener = crate::runtime::service::bind(args.listen).await?;
@@ -31,12 +39,19 @@ pub async fn run(args: SandboxArgs) -> Result<(), SandboxError> {
         sandbox.kubeconfig_path(),
         sandbox.control_plane().dir(),
         &webhook_base,
+        repositories,
     )
     .await?;
+    // Templates that name no API URL (the examples in templates/) talk to the stand-in.
+    let stand_in = playground.facts.forge_api_url.clone();
+    controller.forge_api_defaults = ApiDefaults {
+        github: Some(stand_in.clone()),
+        gitlab: Some(stand_in),
+    };
     let (stop, shutdown) = tokio::sync::watch::channel(false);
     let config = crate::runtime::service::ServiceConfig {
         client: client.clone(),
-        controller: args.controller.controller_config(),
+        controller,
         sweep_interval: args.controller.sweep_interval,
         max_body_bytes: args.webhooks.webhook_max_body_bytes,
         // One previewd per sandbox: nobody to elect against.
@@ -45,13 +60,20 @@ pub async fn run(args: SandboxArgs) -> Result<(), SandboxError> {
     };
     let service = tokio::spawn(crate::runtime::service::run(config, listener, shutdown));
     wait_until_ready(&webhook_base).await?;
-    print_facts(&playground, &sandbox, started.elapsed(), args.demo);
+    let served = Served {
+        helm: match &helm {
+            Ok((_, said)) => said.clone(),
+            Err(e) => format!("none, charts will not render ({e})"),
+        },
+        repositories: served,
+    };
+    print_facts(&playground, &sandbox, &served, started.elapsed(), args.demo);
     if let Some(path) = &args.info_file {
         let info = serde_json::to_string_pretty(&playground.facts).unwrap_or_default();
         std::fs::write(path, format!("{info}\n")).map_err(|e| SandboxError::io(path, e))?;
     }
     let outcome = if args.demo {
-        play_demo(&client, &playground).await
+        play_demo(&client, &playground, helm.is_ok()).await
     } else {
         show_forge_until_stopped(&playground).await;
         Ok(())
@@ -66,6 +88,24 @@ pub async fn run(args: SandboxArgs) -> Result<(), SandboxError> {
     outcome
 }
 
+/// The Helm program previewd runs, and where it came from: the one named or on PATH, else the
+/// engine installed once into the cache (minutes the first time: off the async threads).
+async fn bring_helm(
+    named: &std::path::Path,
+    cache_dir: &std::path::Path,
+) -> Result<(std::path::PathBuf, String), SandboxError> {
+    let (named, cache_dir) = (named.to_path_buf(), cache_dir.to_path_buf());
+    tokio::task::spawn_blocking(move || helm_engine::choose(&named, &cache_dir, &StderrProgress))
+        .await
+        .map_err(|e| SandboxError::Provision(format!("installing Helm's engine: {e}")))?
+}
+
+/// What the sandbox serves besides the control plane, for its output.
+struct Served {
+    helm: String,
+    repositories: Vec<String>,
+}
+
 /// `--provision-only`: installs and builds what the sandbox needs (cached), then stops.
 async fn provision_only(args: &SandboxArgs) -> Result<(), SandboxError> {
     let cache_dir = args.cache_dir.clone();
@@ -75,14 +115,21 @@ async fn provision_only(args: &SandboxArgs) -> Result<(), SandboxError> {
     .await
     .map_err(|e| SandboxError::Provision(format!("provisioning task: {e}")))??;
     println!("control-plane binaries ready in {}", binaries.dir.display());
+    let (_, helm) = bring_helm(&args.controller.helm, &args.cache_dir).await?;
+    println!("Helm: {helm}");
     Ok(())
 }
 
 /// `--demo`: a pull request's life, then the timings in one line.
-async fn play_demo(client: &kube::Client, playground: &Playground) -> Result<(), SandboxError> {
-    let timings = demo::play(client, playground).await?;
+async fn play_demo(
+    client: &kube::Client,
+    playground: &Playground,
+    with_helm: bool,
+) -> Result<(), SandboxError> {
+    let timings = demo::play(client, playground, with_helm).await?;
     println!(
-        "demo done: opened → Ready {:.1} s, synchronize → Ready {:.1} s, closed → deleted {:.1} s; the forge stand-in received {} comments and statuses",
+        "demo done: the examples' Helm chart and Kustomize overlay Ready {:.1} s, opened → Ready {:.1} s, synchronize → Ready {:.1} s, closed → deleted {:.1} s; the forge stand-in received {} comments and statuses",
+        timings.examples_to_ready.as_secs_f64(),
         timings.opened_to_ready.as_secs_f64(),
         timings.synchronize_to_ready.as_secs_f64(),
         timings.closed_to_gone.as_secs_f64(),
@@ -130,7 +177,13 @@ async fn wait_until_ready(webhook_base: &str) -> Result<(), SandboxError> {
 }
 
 /// The block a person needs: where everything is and a delivery to paste.
-fn print_facts(playground: &Playground, sandbox: &Sandbox, took: std::time::Duration, demo: bool) {
+fn print_facts(
+    playground: &Playground,
+    sandbox: &Sandbox,
+    served: &Served,
+    took: std::time::Duration,
+    demo: bool,
+) {
     let facts = &playground.facts;
     let kubeconfig = &facts.kubeconfig;
     println!("previewd sandbox is ready ({:.1} s)", took.as_secs_f64());
@@ -148,6 +201,8 @@ fn print_facts(playground: &Playground, sandbox: &Sandbox, took: std::time::Dura
         gl = playground::GITLAB_TEMPLATE,
         glr = playground::GITLAB_REPOSITORY
     );
+    println!("  repositories:    {}", served.repositories.join(", "));
+    println!("  Helm:            {}", served.helm);
     println!("  GitHub webhook:  {}", facts.github_webhook_url);
     println!("  GitHub secret:   {}", facts.github_webhook_secret);
     println!("  GitLab webhook:  {}", facts.gitlab_webhook_url);

@@ -17,7 +17,7 @@
 //! next to the same request rendered in previewd's own process (as before the children), and
 //! the same commit again (the child's answer kept by digest: no child, the answer read back).
 //!
-//! The Helm engine is the tests' (`tests/support/helm_template.py` on Helm's Go SDK, see
+//! The Helm engine is the tests' (`src/sandbox/helm_template.py` on Helm's Go SDK, see
 //! `tests/support/helm.rs`); with the `helm` binary the absolute figures differ, while both
 //! sides of the ratio run the same engine.
 

@@ -276,7 +276,7 @@ async fn a_helm_chart_from_the_repository_is_deployed_per_commit_with_its_hook_b
         let ingresses: Api<Ingress> = Api::namespaced(client.clone(), &target);
         let ingress = ingresses.get("web-chart-pr-2-web").await.unwrap();
         let host = ingress.spec.unwrap().rules.unwrap()[0].host.clone();
-        assert_eq!(host.as_deref(), Some("changes.preview.example.com"));
+        assert_eq!(host.as_deref(), Some("changes.chart.preview.example.com"));
 
         // The pre-install hook ran to completion before the chart's objects were created, the
         // seed after them; the test hook was left out.
@@ -302,7 +302,7 @@ async fn a_helm_chart_from_the_repository_is_deployed_per_commit_with_its_hook_b
 
         // Same objects as Helm's own install makes, for the same chart, release and values.
         let values = json!({"image": {"tag": FIRST}, "greeting": "Preview of changes",
-            "ingress": {"host": "changes.preview.example.com"}});
+            "ingress": {"host": "changes.chart.preview.example.com"}});
         assert_same_objects_as_helm(&client, &target, &name, &values).await;
 
         // Reconciles of the same commit run no Helm.
@@ -434,7 +434,7 @@ async fn a_published_chart_is_downloaded_once_and_deployed_per_commit() {
             format!("ghcr.io/codertocat/hello-world:{FIRST}")
         );
         let values = json!({"image": {"tag": FIRST}, "greeting": "Preview of changes",
-            "ingress": {"host": "changes.preview.example.com"}});
+            "ingress": {"host": "changes.chart.preview.example.com"}});
         assert_same_objects_as_helm(&client, &target, &name, &values).await;
 
         // A new commit renders again with its tag, and downloads nothing: one archive
@@ -557,10 +557,10 @@ async fn a_kustomize_overlay_from_the_repository_is_built_by_kustomize_with_the_
         let ingresses: Api<Ingress> = Api::namespaced(client.clone(), &target);
         let ingress = ingresses.get("web").await.unwrap();
         let host = ingress.spec.unwrap().rules.unwrap()[0].host.clone();
-        assert_eq!(host.as_deref(), Some("changes.preview.example.com"));
+        assert_eq!(host.as_deref(), Some("changes.kustomize.preview.example.com"));
 
         // Same objects as Kustomize builds for the same input written by hand.
-        let expected = kustomize_by_hand(&files, &target, FIRST, "changes.preview.example.com");
+        let expected = kustomize_by_hand(&files, &target, FIRST, "changes.kustomize.preview.example.com");
         assert_eq!(expected.len(), 4, "ConfigMap, Service, Deployment, Ingress: {expected:#?}");
         assert_live_as_rendered(&client, &target, &expected, "Kustomize").await;
 

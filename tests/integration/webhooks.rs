@@ -1102,9 +1102,12 @@ async fn a_body_far_over_the_limit_gets_413_directly_and_through_the_sandbox_rel
             send(format!("{}/webhooks/github", harness.base)).await,
             Ok(413)
         );
-        let relay = previewd::sandbox::forge_standin::ForgeStandIn::relaying_to(&harness.base)
-            .await
-            .unwrap();
+        let relay = previewd::sandbox::forge_standin::ForgeStandIn::relaying_to(
+            &harness.base,
+            Default::default(),
+        )
+        .await
+        .unwrap();
         assert_eq!(
             send(relay.hook_url("github")).await,
             Ok(413),

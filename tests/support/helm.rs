@@ -1,20 +1,33 @@
-//! The Helm engine for chart tests: Helm's Go SDK as the PyPI package `helm-python-sdk` carries
-//! it (a prebuilt native library; no `helm` binary, no Go build). Installed once into a
-//! virtual environment under `~/.cache/previewd/helm-python/` (or `$PREVIEWD_CACHE_DIR`), the
-//! way the control plane is cached, so that `cargo test` works on a fresh machine.
+//! The Helm engine for chart tests: the sandbox's (`previewd::sandbox::helm_engine`), Helm's Go
+//! SDK as the PyPI package `helm-python-sdk` carries it (a prebuilt native library; no `helm`
+//! binary, no Go build). Installed once into a virtual environment under
+//! `~/.cache/previewd/helm-python/` (or `$PREVIEWD_CACHE_DIR`), the way the control plane is
+//! cached, so that `cargo test` works on a fresh machine.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
 
-/// The pinned SDK version: the chart tests read its lint report and render output.
-const SDK: &str = "helm-python-sdk==0.2.2";
+use previewd::sandbox::helm_engine::{self, HelmEngine};
 
-fn works(python: &Path) -> bool {
-    Command::new(python)
-        .args(["-c", "import helm_python"])
-        .output()
-        .is_ok_and(|o| o.status.success())
+/// The engine, installed on first use (`previewd::sandbox::helm_engine`).
+fn engine() -> &'static HelmEngine {
+    static ENGINE: OnceLock<HelmEngine> = OnceLock::new();
+    ENGINE.get_or_init(|| {
+        let progress = previewd::sandbox::StderrProgress;
+        helm_engine::ensure(&super::cache_dir(), &progress)
+            .unwrap_or_else(|e| panic!("installing Helm's engine: {e}"))
+    })
+}
+
+/// The Python that can `import helm_python`.
+pub fn python() -> &'static Path {
+    &engine().python
+}
+
+/// A `helm` command for previewd's `--helm`: the sandbox's, `helm_template.py` on the engine.
+pub fn template_command() -> PathBuf {
+    engine().program.clone()
 }
 
 fn run(what: &str, command: &mut Command) {
@@ -28,56 +41,6 @@ fn run(what: &str, command: &mut Command) {
         String::from_utf8_lossy(&output.stdout),
         String::from_utf8_lossy(&output.stderr)
     );
-}
-
-/// The Python that can `import helm_python`, installing it on first use.
-pub fn python() -> &'static Path {
-    static PYTHON: OnceLock<PathBuf> = OnceLock::new();
-    PYTHON.get_or_init(|| {
-        let venv = super::cache_dir().join("helm-python");
-        let python = venv.join("bin/python");
-        if works(&python) {
-            return python;
-        }
-        eprintln!("installing {SDK} into {} (once)", venv.display());
-        std::fs::create_dir_all(super::cache_dir()).expect("create the cache folder");
-        run(
-            "creating the Helm engine's virtual environment",
-            Command::new("python3").arg("-m").arg("venv").arg(&venv),
-        );
-        run(
-            "installing the Helm engine from PyPI",
-            Command::new(&python).args(["-m", "pip", "install", "--quiet", SDK]),
-        );
-        assert!(works(&python), "{SDK} installed but does not import");
-        python
-    })
-}
-
-/// A `helm` command for previewd's `--helm`: a small script that runs `helm_template.py` on
-/// the Helm engine above (previewd runs it with an empty environment, so every path in it is
-/// absolute).
-pub fn template_command() -> PathBuf {
-    static COMMAND: OnceLock<PathBuf> = OnceLock::new();
-    COMMAND
-        .get_or_init(|| {
-            let folder = super::cache_dir().join("helm-template");
-            std::fs::create_dir_all(&folder).expect("create the helm command's folder");
-            let script =
-                Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/support/helm_template.py");
-            let command = folder.join(format!("helm-{}", std::process::id()));
-            let text = format!(
-                "#!/bin/sh\nexec '{}' '{}' \"$@\"\n",
-                python().display(),
-                script.display()
-            );
-            std::fs::write(&command, text).expect("write the helm command");
-            use std::os::unix::fs::PermissionsExt;
-            std::fs::set_permissions(&command, std::fs::Permissions::from_mode(0o755))
-                .expect("make the helm command executable");
-            command
-        })
-        .clone()
 }
 
 /// The objects Helm's install action (client-only dry run: the code path of `helm template`)

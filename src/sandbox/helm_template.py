@@ -1,6 +1,7 @@
-"""`helm template` for the tests, on the real Helm engine: Helm's Go SDK as the PyPI package
-helm-python-sdk carries it (see tests/support/helm.rs). There is no `helm` binary to install
-from the registries this project may use, so this script takes the place of the command line:
+"""`helm template` for the sandbox and the tests, on the real Helm engine: Helm's Go SDK as the
+PyPI package helm-python-sdk carries it (see src/sandbox/helm_engine.rs, which installs it and
+writes this script beside it). There is no `helm` binary to install from the registries this
+project may use, so this script takes the place of the command line:
 it reads the arguments previewd passes (src/engines/helm.rs) and prints what `helm template`
 prints, one `---` / `# Source: <chart>/<path>` document per rendered file. The rendering itself
 (Go templates, values merging, the values schema, `required`, subcharts) is Helm's.
