@@ -241,3 +241,39 @@ fn the_reader_finds_grouped_and_inline_imports_and_skips_comments() {
     let found: Vec<String> = crate_imports(&code).into_iter().collect();
     assert_eq!(found, ["cluster", "forge", "model"]);
 }
+
+/// The arrows `a --> b` of the first diagram of docs/architecture.md (the layers).
+fn drawn_arrows() -> Vec<(String, String)> {
+    let page =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/architecture.md"))
+            .expect("docs/architecture.md");
+    let diagram = page
+        .split("```mermaid")
+        .nth(1)
+        .and_then(|rest| rest.split("```").next())
+        .expect("a mermaid diagram");
+    diagram
+        .lines()
+        .filter_map(|line| line.trim().split_once("-->"))
+        .map(|(from, to)| (from.trim().to_string(), to.trim().to_string()))
+        .collect()
+}
+
+/// What docs/architecture.md draws is what the code does: each arrow of its layer diagram is
+/// an import of the code (an arrow the code does not have misleads the reader about who may
+/// call whom).
+#[test]
+fn every_arrow_the_architecture_page_draws_is_an_import() {
+    let imports = folder_imports();
+    let arrows = drawn_arrows();
+    assert!(arrows.len() >= 10, "the diagram was not found: {arrows:?}");
+    for (from, to) in arrows {
+        let imported = imports
+            .get(&from)
+            .is_some_and(|targets| targets.contains_key(&to));
+        assert!(
+            imported,
+            "docs/architecture.md draws {from} --> {to}, but no file of src/{from}/ imports crate::{to}"
+        );
+    }
+}

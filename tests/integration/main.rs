@@ -22,6 +22,7 @@ mod faults;
 mod forge_workflow;
 mod high_availability;
 mod hostile;
+mod image;
 mod lifecycle;
 mod reconcile;
 mod security;
