@@ -458,11 +458,12 @@ pub fn sweep_stale_data_dirs() {
     }
 }
 
-fn random_hex(bytes: usize) -> Result<String, SandboxError> {
+/// `bytes` random bytes from the kernel, as hex (tokens, secrets).
+pub(super) fn random_hex(bytes: usize) -> Result<String, SandboxError> {
+    use std::io::Read;
     let mut buffer = vec![0u8; bytes];
-    let mut file = std::fs::File::open("/dev/urandom")
-        .map_err(|e| SandboxError::io(Path::new("/dev/urandom"), e))?;
-    std::io::Read::read_exact(&mut file, &mut buffer)
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut buffer))
         .map_err(|e| SandboxError::io(Path::new("/dev/urandom"), e))?;
     Ok(hex::encode(buffer))
 }

@@ -12,10 +12,11 @@
 
 use std::sync::Arc;
 
-use axum::http::{Method, StatusCode};
+use axum::http::{HeaderMap, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 
+use super::forge_relay::requested_page;
 use super::repositories::{NotServed, Repositories, entries_in};
 
 /// The answer to a contents call, or `None` when `path` is no contents call.
@@ -24,6 +25,7 @@ pub async fn answer(
     method: &Method,
     path: &[&str],
     query: Option<&str>,
+    headers: &HeaderMap,
 ) -> Option<Response> {
     if method != Method::GET {
         return None;
@@ -62,16 +64,20 @@ pub async fn answer(
         },
         _ => return None,
     };
-    let reference = match &call {
-        // The one list previewd pages through: everything on the first page.
-        Call::Branches { .. } => parameter(query, "page").unwrap_or_else(|| "1".into()),
-        _ => parameter(query, "ref").unwrap_or_default(),
-    };
+    if !repositories.admits(headers) {
+        let refused = json!({"message": "Bad credentials"});
+        return Some((StatusCode::UNAUTHORIZED, axum::Json(refused)).into_response());
+    }
+    let reference = parameter(query, "ref").unwrap_or_default();
+    let page = requested_page(query);
     let repositories = repositories.clone();
     // Listing a folder or asking git blocks: off the stand-in's async threads.
     let answered =
-        tokio::task::spawn_blocking(move || call.answer(&repositories, &reference)).await;
-    Some(answered.unwrap_or_else(|e| not_found(&format!("the stand-in failed: {e}"))))
+        tokio::task::spawn_blocking(move || call.answer(&repositories, &reference, page)).await;
+    Some(answered.unwrap_or_else(|e| {
+        let failed = json!({"message": format!("the stand-in failed: {e}")});
+        (StatusCode::INTERNAL_SERVER_ERROR, axum::Json(failed)).into_response()
+    }))
 }
 
 enum Call {
@@ -95,7 +101,7 @@ enum Call {
 }
 
 impl Call {
-    fn answer(&self, repositories: &Repositories, reference: &str) -> Response {
+    fn answer(&self, repositories: &Repositories, reference: &str, page: u64) -> Response {
         let outcome = match self {
             Call::GithubContents { repository, path } => {
                 github_contents(repositories, repository, path.trim_matches('/'), reference)
@@ -109,7 +115,8 @@ impl Call {
                 .read(repository, reference, path)
                 .map(|read| read.map(|bytes| (StatusCode::OK, bytes).into_response())),
             Call::Branches { repository } => repositories.branches(repository).map(|listed| {
-                let names = listed?.into_iter().filter(|_| reference == "1");
+                // The one list previewd pages through: everything on the first page.
+                let names = listed?.into_iter().filter(|_| page <= 1);
                 let named = names.map(|name| json!({"name": name})).collect();
                 Ok(json_ok(Value::Array(named)))
             }),
@@ -227,6 +234,7 @@ fn not_found(message: &str) -> Response {
 mod tests {
     use super::super::forge_standin::ForgeStandIn;
     use super::super::playground::{GITHUB_REPOSITORY, GITLAB_REPOSITORY};
+    use super::super::repositories::Repositories;
     use crate::forge::client::{ForgeApiError, ForgeClients};
     use crate::forge::metrics::ForgeMetrics;
     use crate::model::crd::ForgeKind;
@@ -290,5 +298,39 @@ mod tests {
                 "{kind:?}: {missing:?}"
             );
         }
+    }
+
+    /// Only a caller with the sandbox's token reads the repositories (another local user
+    /// reaches the loopback port too): a wrong or missing token is a 401, as on GitHub.
+    #[tokio::test]
+    async fn a_caller_without_the_token_reads_nothing() {
+        let guarded = Repositories::default().guarded_by("the-token".into());
+        let stand_in = ForgeStandIn::relaying_to("http://127.0.0.1:9", guarded)
+            .await
+            .unwrap();
+        let clients = ForgeClients::new(ForgeMetrics::new());
+        let url = stand_in.url();
+        for (kind, repository) in [
+            (ForgeKind::Github, GITHUB_REPOSITORY),
+            (ForgeKind::Gitlab, GITLAB_REPOSITORY),
+        ] {
+            let wrong = clients
+                .get(kind, Some(&url), b"guess", "token")
+                .await
+                .unwrap();
+            let refused = wrong.read_folder(repository, "deploy/chart", "x").await;
+            let said = refused.err().map(|e| e.to_string()).unwrap_or_default();
+            assert!(said.contains("401"), "{kind:?}: {said}");
+            let right = clients
+                .get(kind, Some(&url), b"the-token", "token")
+                .await
+                .unwrap();
+            let read = right.read_folder(repository, "deploy/chart", "x").await;
+            assert_eq!(read.map(|files| files.len()).ok(), Some(10), "{kind:?}");
+        }
+        let anonymous = reqwest::get(format!("{url}/repos/{GITHUB_REPOSITORY}/contents/deploy"))
+            .await
+            .unwrap();
+        assert_eq!(anonymous.status().as_u16(), 401);
     }
 }

@@ -287,6 +287,7 @@ async fn answer(
     State(shared): State<Arc<Shared>>,
     method: Method,
     uri: Uri,
+    headers: HeaderMap,
     body: Bytes,
 ) -> Response {
     // GitLab project ids arrive URL-encoded (`gitlabhq%2Fgitlab-test`); split first, decode each.
@@ -303,7 +304,9 @@ async fn answer(
         })
         .collect();
     let segments: Vec<&str> = segments.iter().map(String::as_str).collect();
-    let contents = forge_contents::answer(&shared.repositories, &method, &segments, uri.query());
+    let query = uri.query();
+    let contents =
+        forge_contents::answer(&shared.repositories, &method, &segments, query, &headers);
     if let Some(contents) = contents.await {
         return contents;
     }

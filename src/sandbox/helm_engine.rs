@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use super::SandboxError;
-use super::provision::{FileLock, Progress, run_logged, which};
+use super::provision::{FileLock, Progress, is_executable, run_logged, which};
 
 /// The pinned SDK: the script reads its render output and errors.
 pub const SDK: &str = "helm-python-sdk==0.2.2";
@@ -27,18 +27,26 @@ pub struct HelmEngine {
 }
 
 /// The `helm` previewd should run in the sandbox, and where it came from (for the sandbox's
-/// output): `named` when it is a path or found on PATH, else the engine in the cache.
+/// output): `named` when it is found (a path, or a name on PATH); the engine in the cache when
+/// the default `helm` is not on PATH. Another name that is not found is an error, not
+/// silently replaced.
 pub fn choose(
     named: &Path,
     cache_dir: &Path,
     progress: &dyn Progress,
 ) -> Result<(PathBuf, String), SandboxError> {
-    let on_path = match named.to_str() {
+    let found = match named.to_str() {
         Some(name) if !name.contains('/') => which(name),
-        _ => Some(named.to_path_buf()),
+        _ => is_executable(named).then(|| named.to_path_buf()),
     };
-    if let Some(found) = on_path {
+    if let Some(found) = found {
         return Ok((found.clone(), format!("{} (found)", found.display())));
+    }
+    if named != Path::new("helm") {
+        return Err(SandboxError::Provision(format!(
+            "--helm {}: no such program",
+            named.display()
+        )));
     }
     let engine = ensure(cache_dir, progress)?;
     let said = format!(
@@ -57,9 +65,17 @@ pub fn ensure(cache_dir: &Path, progress: &dyn Progress) -> Result<HelmEngine, S
         program: folder.join("helm"),
         python: venv.join("bin/python"),
     };
+    // The shim quotes paths in single quotes: a path with one in it is refused, not mangled.
+    let printable = |path: &Path| path.to_str().is_some_and(|text| !text.contains('\''));
+    if !printable(&engine.python) || !printable(&folder) {
+        return Err(SandboxError::Provision(format!(
+            "the cache folder {} holds a quote or is not UTF-8: set PREVIEWD_CACHE_DIR to a plain path",
+            cache_dir.display()
+        )));
+    }
     std::fs::create_dir_all(&folder).map_err(|e| SandboxError::io(&folder, e))?;
     let _lock = FileLock::acquire(&folder.join(".lock"), progress, "installing Helm's engine")?;
-    if !imports_the_sdk(&engine.python) {
+    if !imports_the_sdk(&engine.python)? {
         install(&venv, &engine.python, progress)?;
     }
     write_if_changed(&folder.join("helm_template.py"), SCRIPT, 0o644)?;
@@ -72,11 +88,29 @@ pub fn ensure(cache_dir: &Path, progress: &dyn Progress) -> Result<HelmEngine, S
     Ok(engine)
 }
 
-fn imports_the_sdk(python: &Path) -> bool {
-    Command::new(python)
+/// Whether `python` imports the SDK: `false` when it is not there or says the module is
+/// missing (then it is installed); an error when it could not be asked (then nothing is
+/// touched: other processes may be using it).
+fn imports_the_sdk(python: &Path) -> Result<bool, SandboxError> {
+    if !python.exists() {
+        return Ok(false);
+    }
+    let output = Command::new(python)
         .args(["-c", "import helm_python"])
         .output()
-        .is_ok_and(|o| o.status.success())
+        .map_err(|e| SandboxError::Provision(format!("{}: {e}", python.display())))?;
+    if output.status.success() {
+        return Ok(true);
+    }
+    let said = String::from_utf8_lossy(&output.stderr);
+    if said.contains("ModuleNotFoundError") || said.contains("No module named") {
+        return Ok(false);
+    }
+    Err(SandboxError::Provision(format!(
+        "{} -c 'import helm_python' failed: {}",
+        python.display(),
+        said.trim()
+    )))
 }
 
 /// A virtual environment at `venv` with the SDK in it; Debian's `python3-venv` first when
@@ -86,7 +120,7 @@ fn install(venv: &Path, python: &Path, progress: &dyn Progress) -> Result<(), Sa
         "installing Helm's engine ({SDK}, about 75 MB) into {} (once)",
         venv.display()
     ));
-    let _ = std::fs::remove_dir_all(venv);
+    // `venv` on an existing environment keeps what is in it; nothing is removed.
     let make_venv = || {
         run_logged(
             Command::new("python3").arg("-m").arg("venv").arg(venv),
@@ -95,14 +129,13 @@ fn install(venv: &Path, python: &Path, progress: &dyn Progress) -> Result<(), Sa
     };
     if make_venv().is_err() {
         super::provision::ensure_debian_packages(&["python3-venv"], progress)?;
-        let _ = std::fs::remove_dir_all(venv);
         make_venv()?;
     }
     run_logged(
         Command::new(python).args(["-m", "pip", "install", "--quiet", SDK]),
         "pip install",
     )?;
-    if imports_the_sdk(python) {
+    if imports_the_sdk(python)? {
         return Ok(());
     }
     Err(SandboxError::Provision(format!(
@@ -123,4 +156,32 @@ fn write_if_changed(path: &Path, text: &str, mode: u32) -> Result<(), SandboxErr
     std::fs::set_permissions(&temporary, std::fs::Permissions::from_mode(mode))
         .map_err(|e| SandboxError::io(&temporary, e))?;
     std::fs::rename(&temporary, path).map_err(|e| SandboxError::io(path, e))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    struct Quiet;
+    impl Progress for Quiet {
+        fn step(&self, _: &str) {}
+    }
+
+    /// A `--helm` that names a program is used as it is, or refused when it does not exist;
+    /// only the default `helm`, missing, is replaced by the engine (not asked here: the cache
+    /// folder does not exist, so nothing may be installed into it).
+    #[test]
+    fn a_named_helm_is_used_or_refused_never_silently_replaced() {
+        let nowhere = Path::new("/nonexistent-previewd-cache");
+        let (found, said) = choose(Path::new("/bin/sh"), nowhere, &Quiet).unwrap();
+        assert_eq!(found, Path::new("/bin/sh"));
+        assert!(said.contains("(found)"), "{said}");
+        for missing in ["/no/such/helm", "helm3-not-installed"] {
+            let refused = choose(Path::new(missing), nowhere, &Quiet);
+            assert!(
+                matches!(&refused, Err(SandboxError::Provision(m)) if m.contains("no such program")),
+                "{missing}: {refused:?}"
+            );
+        }
+    }
 }

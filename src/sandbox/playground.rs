@@ -10,6 +10,7 @@ use serde::Serialize;
 use serde_json::{Value, json};
 
 use super::SandboxError;
+use super::control_plane::random_hex;
 use super::forge_standin::ForgeStandIn;
 use super::repositories::Repositories;
 use crate::model::crd::{ForgeKind, PreviewTemplate};
@@ -78,6 +79,9 @@ impl Playground {
         repositories: Repositories,
     ) -> Result<Self, SandboxError> {
         let own = repositories.own();
+        // The forge token of the sandbox's templates: the one key to the repositories served.
+        let api_token = random_hex(16)?;
+        let repositories = repositories.guarded_by(api_token.clone());
         let forge = ForgeStandIn::relaying_to(webhook_base, repositories).await?;
         forge.track(ForgeKind::Github, GITHUB_REPOSITORY);
         forge.track(ForgeKind::Gitlab, GITLAB_REPOSITORY);
@@ -110,8 +114,9 @@ impl Playground {
             "stringData": {
                 "github-webhook-secret": facts.github_webhook_secret,
                 "gitlab-webhook-token": facts.gitlab_webhook_token,
-                // The stand-in takes any token; a real forge needs a real one (docs/forges.md).
-                "api-token": "sandbox-token",
+                // The stand-in reads repositories for this token only; a real forge needs a
+                // real one (docs/forges.md).
+                "api-token": api_token,
             }
         });
         secrets
@@ -121,7 +126,7 @@ impl Playground {
         let example_token = json!({
             "apiVersion": "v1", "kind": "Secret",
             "metadata": {"name": EXAMPLES_TOKEN_SECRET},
-            "stringData": {"token": "sandbox-token"},
+            "stringData": {"token": api_token},
         });
         secrets
             .patch(
@@ -210,14 +215,4 @@ fn example_template(
         "webhookSecretRef": {"name": SECRET_NAME, "key": webhook_key},
     });
     Ok(template)
-}
-
-/// `bytes` random bytes from the kernel, as hex.
-fn random_hex(bytes: usize) -> Result<String, SandboxError> {
-    use std::io::Read;
-    let mut buffer = vec![0u8; bytes];
-    std::fs::File::open("/dev/urandom")
-        .and_then(|mut f| f.read_exact(&mut buffer))
-        .map_err(|e| SandboxError::io(Path::new("/dev/urandom"), e))?;
-    Ok(hex::encode(buffer))
 }

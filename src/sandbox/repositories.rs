@@ -19,9 +19,11 @@ use std::process::Command;
 
 use super::SandboxError;
 use super::playground::{GITHUB_REPOSITORY, GITLAB_REPOSITORY};
+use crate::forge::secrets_equal;
 
 /// The most files a plain folder is listed to (a checkout's `target/` or `node_modules/` is
-/// no chart): beyond it the listing stops, and says so in the sandbox's output once.
+/// no chart): files past it are not served. A git checkout has no such bound (git lists what
+/// is committed, not what was built).
 pub const MAX_FILES: usize = 20_000;
 
 /// `(path in the repository, the file of templates/ compiled in)`.
@@ -95,10 +97,12 @@ pub enum Source {
 #[derive(Debug, PartialEq, Eq)]
 pub struct NotServed(pub String);
 
-/// The repositories served, by `owner/name` in lower case (forges compare names so).
+/// The repositories served, by `owner/name` in lower case (forges compare names so), and the
+/// token a caller must present to read them.
 #[derive(Debug)]
 pub struct Repositories {
     served: HashMap<String, Source>,
+    token: Option<String>,
 }
 
 impl Default for Repositories {
@@ -108,11 +112,34 @@ impl Default for Repositories {
             .map(|name| (name.to_lowercase(), Source::Examples));
         Self {
             served: served.into_iter().collect(),
+            token: None,
         }
     }
 }
 
 impl Repositories {
+    /// Only callers that present `token` as their forge token read these repositories: the
+    /// stand-in listens on loopback, where every local user can reach it, and the sandbox may
+    /// run as root with a folder other users may not read.
+    pub fn guarded_by(self, token: String) -> Self {
+        Self {
+            token: Some(token),
+            ..self
+        }
+    }
+
+    /// Whether a request with `headers` may read: it carries the token as GitHub's clients send
+    /// it (`Authorization: Bearer …` or `token …`) or as GitLab's do (`PRIVATE-TOKEN`).
+    pub fn admits(&self, headers: &http::HeaderMap) -> bool {
+        let Some(token) = &self.token else {
+            return true;
+        };
+        let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
+        let presented = header("private-token")
+            .or_else(|| header("authorization").and_then(|value| value.split_whitespace().nth(1)));
+        presented.is_some_and(|presented| secrets_equal(presented.as_bytes(), token.as_bytes()))
+    }
+
     /// Serves `name` (`owner/name`) from `path`: its commits when it is a git checkout, else
     /// what is in it. Replaces what was served under that name (the examples too).
     pub fn add(&mut self, name: &str, path: &Path) -> Result<Source, SandboxError> {
@@ -232,7 +259,7 @@ impl Repositories {
                 .ok_or_else(missing),
             // Only a file the listing holds: the path is never joined unchecked.
             Source::Folder(root) => match walk(root).contains_key(path) {
-                true => std::fs::read(root.join(path)).map_err(|e| NotServed(e.to_string())),
+                true => read_inside(root, path).ok_or_else(missing),
                 false => Err(missing()),
             },
             Source::Git(root) => commit(root, reference).and_then(|sha| {
@@ -313,20 +340,40 @@ fn walk(root: &Path) -> BTreeMap<String, u64> {
     files
 }
 
-/// The commit `reference` names in the checkout at `root`, as git resolves it.
+/// The bytes of the regular file `path` under `root`, read from what was opened: a file or
+/// folder swapped for a symbolic link after the listing cannot lead outside `root`.
+fn read_inside(root: &Path, path: &str) -> Option<Vec<u8>> {
+    use std::io::Read;
+    use std::os::fd::AsRawFd;
+    let mut file = std::fs::File::open(root.join(path)).ok()?;
+    let opened = std::fs::read_link(format!("/proc/self/fd/{}", file.as_raw_fd())).ok()?;
+    if !opened.starts_with(root) || !file.metadata().ok()?.is_file() {
+        return None;
+    }
+    let mut bytes = Vec::new();
+    file.read_to_end(&mut bytes).ok()?;
+    Some(bytes)
+}
+
+/// The commit `reference` names in the checkout at `root`: a full SHA (what previewd asks
+/// for: an environment's `headSha`), or a branch (`refs/heads/…`). Nothing else git could
+/// resolve (stashes, `ORIG_HEAD`, `HEAD~1`, short SHAs of commits no branch holds) is served.
 fn commit(root: &Path, reference: &str) -> Result<String, NotServed> {
-    let plain = !reference.is_empty()
+    let full_sha =
+        matches!(reference.len(), 40 | 64) && reference.bytes().all(|b| b.is_ascii_hexdigit());
+    let branch = !reference.is_empty()
         && reference.len() <= 255
-        && !reference.starts_with('-')
+        && !reference.starts_with(['-', '/', '.'])
         && !reference.contains("..")
         && reference
             .chars()
             .all(|c| c.is_ascii_alphanumeric() || "-_./".contains(c));
     let unknown = || NotServed(format!("No commit found for the ref {reference}"));
-    if !plain {
-        return Err(unknown());
-    }
-    let spec = format!("{reference}^{{commit}}");
+    let spec = match (full_sha, branch) {
+        (true, _) => format!("{reference}^{{commit}}"),
+        (false, true) => format!("refs/heads/{reference}^{{commit}}"),
+        (false, false) => return Err(unknown()),
+    };
     git(root, &["rev-parse", "--verify", "--quiet", &spec]).map_err(|_| unknown())
 }
 
@@ -359,6 +406,11 @@ fn git_bytes(root: &Path, args: &[&str]) -> Result<Vec<u8>, NotServed> {
         .arg("-C")
         .arg(root)
         .args(args)
+        // A hook's environment would point git elsewhere than `root`.
+        .env_remove("GIT_DIR")
+        .env_remove("GIT_WORK_TREE")
+        .env_remove("GIT_INDEX_FILE")
+        .env_remove("GIT_OBJECT_DIRECTORY")
         .output()
         .map_err(|e| NotServed(format!("`git` could not be run: {e}")))?;
     if !output.status.success() {
@@ -444,6 +496,20 @@ mod tests {
     }
 
     #[test]
+    fn a_file_swapped_for_a_link_after_the_listing_is_not_followed() {
+        let folder = tempfile::tempdir().unwrap();
+        let root = folder.path().canonicalize().unwrap();
+        std::fs::write(root.join("values.yaml"), "a: 1\n").unwrap();
+        assert_eq!(read_inside(&root, "values.yaml"), Some(b"a: 1\n".to_vec()));
+        std::fs::remove_file(root.join("values.yaml")).unwrap();
+        std::os::unix::fs::symlink("/etc/hostname", root.join("values.yaml")).unwrap();
+        assert_eq!(read_inside(&root, "values.yaml"), None);
+        std::fs::create_dir(root.join("sub")).unwrap();
+        std::os::unix::fs::symlink("/etc", root.join("linked")).unwrap();
+        assert_eq!(read_inside(&root, "linked/hostname"), None);
+    }
+
+    #[test]
     fn a_plain_folder_serves_its_files_and_nothing_outside_it() {
         let folder = tempfile::tempdir().unwrap();
         std::fs::create_dir_all(folder.path().join("chart/templates")).unwrap();
@@ -508,11 +574,21 @@ mod tests {
         assert_eq!(read("main"), Ok(b"replicas: 2\n".to_vec()));
         let files = repositories.files("me/app", &first).unwrap().unwrap();
         assert_eq!(files.get("chart/values.yaml"), Some(&12));
+        // A stash: git resolves it, the forge has no such ref.
+        std::fs::write(folder.path().join("chart/values.yaml"), "secret: 1\n").unwrap();
+        run(&["stash", "-q"]);
+        let short = &first[..10];
         for hostile in [
             "0000000000000000000000000000000000000000",
             "--output=/tmp/x",
             "main..HEAD",
             "",
+            "stash",
+            "refs/stash",
+            "HEAD~1",
+            "main^",
+            ":/two",
+            short,
         ] {
             assert!(
                 repositories.files("me/app", hostile).unwrap().is_err(),
