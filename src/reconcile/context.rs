@@ -15,6 +15,7 @@ use kube::runtime::reflector::ObjectRef;
 
 use super::config::ControllerConfig;
 use super::metrics::ReconcileMetrics;
+use super::renders::renderer::{ForgeAccess, Renderer, RepositoryFiles};
 use crate::cluster::applier::Applier;
 use crate::cluster::caches::Caches;
 use crate::cluster::writer::Writer;
@@ -58,6 +59,19 @@ impl Context {
     /// What `environment`'s render depends on ([`inputs_of`]), with its template from the cache.
     pub fn inputs_of(&self, environment: &PreviewEnvironment) -> String {
         inputs_of(environment, self.template_of(environment).as_deref())
+    }
+
+    /// What the render steps need of this context: its engines, their render counter, and the
+    /// repository read with each template's own forge token.
+    pub fn renderer(&self) -> Renderer<'_> {
+        Renderer {
+            engines: &self.engines,
+            renders: &self.metrics.engine_renders,
+            files: RepositoryFiles {
+                access: ForgeAccess::Template(&self.reporter),
+                kept: &self.repository_manifests,
+            },
+        }
     }
 
     pub fn template_of(&self, environment: &PreviewEnvironment) -> Option<Arc<PreviewTemplate>> {

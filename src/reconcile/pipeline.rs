@@ -118,9 +118,10 @@ async fn deploy(
     context: &Context,
 ) -> Result<Action, Stop> {
     let head_sha = &environment.spec.source.head_sha;
+    let renderer = context.renderer();
     let manifests = Manifests {
-        templates: resolve::manifests(template, head_sha, context).await?,
-        rendered: renders::render_engines(environment, template, namespace, context).await?,
+        templates: resolve::manifests(template, head_sha, &renderer, Some(&context.client)).await?,
+        rendered: renders::render_engines(environment, template, namespace, &renderer).await?,
     };
     let mut plan =
         plan_off_the_runtime(environment, template, manifests, namespace, context).await?;
@@ -188,7 +189,7 @@ async fn plan_off_the_runtime(
         rendered: from_engines,
     } = manifests;
     let request = templates_request(environment, template, templates, namespace);
-    let rendered = renders::isolated::render(request, template, context)
+    let rendered = renders::isolated::render(request, template, &context.renderer())
         .await?
         .templates()
         .map_err(super::plan::render_failed)?;

@@ -9,8 +9,8 @@ use kube::{Api, ResourceExt};
 
 use super::context::Context;
 use super::error::Refusal;
+use super::renders::renderer::{Renderer, unavailable};
 use crate::cluster::errors::in_words;
-use crate::forge::client::{ForgeApiError, ForgeClient};
 use crate::model::crd::{InlineManifest, ManifestSource, PreviewEnvironment, PreviewTemplate};
 
 /// The environment's template, or the refusal `TemplateNotFound`.
@@ -31,11 +31,13 @@ pub fn template(
 }
 
 /// Every manifest template of the template, or the refusal `ManifestsUnavailable` saying which
-/// source failed and why. (A Helm chart is read and rendered by the `charts` step.)
+/// source failed and why. (A Helm chart is read and rendered by the `charts` step.) A
+/// ConfigMap source is read from `cluster` (none: refused, for a dry run to say).
 pub async fn manifests(
     template: &PreviewTemplate,
     head_sha: &str,
-    context: &Context,
+    renderer: &Renderer<'_>,
+    cluster: Option<&kube::Client>,
 ) -> Result<Vec<InlineManifest>, Refusal> {
     let ManifestSource {
         inline,
@@ -46,10 +48,16 @@ pub async fn manifests(
     } = &template.spec.manifests;
     let mut all = inline.clone();
     if let Some(path) = repository_path {
-        all.extend(from_repository(template, path, head_sha, context).await?);
+        all.extend(from_repository(template, path, head_sha, renderer).await?);
     }
     if let Some(source) = config_map {
-        all.extend(from_config_map(template, &source.name, context).await?);
+        let Some(cluster) = cluster else {
+            let name = &source.name;
+            return Err(unavailable(format!(
+                "ConfigMap {name:?} is read from the cluster, and there is none"
+            )));
+        };
+        all.extend(from_config_map(template, &source.name, cluster).await?);
     }
     if all.is_empty() && helm.is_none() && kustomize.is_none() {
         return Err(unavailable("the template has no manifests"));
@@ -57,68 +65,23 @@ pub async fn manifests(
     Ok(all)
 }
 
-fn unavailable(message: impl Into<String>) -> Refusal {
-    Refusal::new("ManifestsUnavailable", message)
-}
-
 async fn from_repository(
     template: &PreviewTemplate,
     path: &str,
     head_sha: &str,
-    context: &Context,
+    renderer: &Renderer<'_>,
 ) -> Result<Vec<InlineManifest>, Refusal> {
-    let client = forge_client(template, path, context).await?;
-    let files = context
-        .repository_manifests
-        .get(&client, &template.spec.forge.repository, path, head_sha)
-        .await
-        .map_err(|e| repository_refusal(path, head_sha, e))?;
+    let files = renderer.files.manifests(template, path, head_sha).await?;
     Ok(files.iter().cloned().collect())
-}
-
-/// The forge client for reading `path` from the template's repository, or why there is none.
-pub(super) async fn forge_client(
-    template: &PreviewTemplate,
-    path: &str,
-    context: &Context,
-) -> Result<Arc<ForgeClient>, Refusal> {
-    context
-        .reporter
-        .client(template)
-        .await
-        .map_err(|e| unavailable(format!("reading {path} from the repository: {e}")))?
-        .ok_or_else(|| {
-            unavailable(format!(
-                "reading {path} from the repository needs forge.tokenSecretRef"
-            ))
-        })
-}
-
-/// What a failed read of `path` at `head_sha` says on the environment.
-pub(super) fn repository_refusal(path: &str, head_sha: &str, error: ForgeApiError) -> Refusal {
-    match error {
-        // A commit never changes: nothing to retry until a new push.
-        ForgeApiError::ManifestsTooLarge { .. } => Refusal::new(
-            "ManifestsTooLarge",
-            format!("reading {path} at {head_sha}: {error}; nothing was applied"),
-        ),
-        ForgeApiError::NotAFolder { .. } => Refusal::new(
-            "ManifestsUnavailable",
-            format!("reading {path} at {head_sha}: {error}; nothing was applied"),
-        ),
-        e => unavailable(format!("reading {path} at {head_sha}: {e}")),
-    }
 }
 
 async fn from_config_map(
     template: &PreviewTemplate,
     name: &str,
-    context: &Context,
+    cluster: &kube::Client,
 ) -> Result<Vec<InlineManifest>, Refusal> {
-    let api: Api<ConfigMap> = Api::namespaced(
-        context.client.clone(),
-        &template.namespace().unwrap_or_default(),
-    );
+    let api: Api<ConfigMap> =
+        Api::namespaced(cluster.clone(), &template.namespace().unwrap_or_default());
     let map = api
         .get_opt(name)
         .await

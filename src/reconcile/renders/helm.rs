@@ -6,12 +6,11 @@
 
 use serde_json::Value;
 
+use super::renderer::Renderer;
 use super::{counted, has_content, isolated, turn_owner};
 use crate::engines::helm::{Chart, HelmRender};
 use crate::model::crd::{HelmSource, InlineManifest, PreviewEnvironment, PreviewTemplate};
-use crate::reconcile::context::Context;
 use crate::reconcile::error::Refusal;
-use crate::reconcile::resolve;
 
 /// The rendered objects of the template's chart, one manifest per source file; none when the
 /// template has no chart.
@@ -19,22 +18,17 @@ pub async fn render_chart(
     environment: &PreviewEnvironment,
     template: &PreviewTemplate,
     namespace: &str,
-    context: &Context,
+    renderer: &Renderer<'_>,
 ) -> Result<Vec<InlineManifest>, Refusal> {
     let Some(helm) = &template.spec.manifests.helm else {
         return Ok(Vec::new());
     };
-    let (release, values) = chart_values(environment, template, helm, namespace, context).await?;
+    let (release, values) = chart_values(environment, template, helm, namespace, renderer).await?;
     let head_sha = &environment.spec.source.head_sha;
     let files;
     let chart = match (&helm.chart.path, &helm.chart.repository) {
         (Some(path), None) => {
-            let client = resolve::forge_client(template, path, context).await?;
-            files = context
-                .repository_manifests
-                .folder(&client, &template.spec.forge.repository, path, head_sha)
-                .await
-                .map_err(|e| resolve::repository_refusal(path, head_sha, e))?;
+            files = renderer.files.folder(template, path, head_sha).await?;
             Chart::Files(&files)
         }
         (None, Some(repository)) => published(repository, helm)?,
@@ -50,11 +44,11 @@ pub async fn render_chart(
         namespace,
         values: &values,
     };
-    let rendered = context
+    let rendered = renderer
         .engines
         .helm_template(&render, &turn_owner(template))
         .await;
-    let rendered = counted(rendered, "helm", "helm template", context)?;
+    let rendered = counted(rendered, "helm", "helm template", renderer)?;
     Ok(split_by_source(&rendered.text))
 }
 
@@ -106,14 +100,14 @@ async fn chart_values(
     template: &PreviewTemplate,
     helm: &HelmSource,
     namespace: &str,
-    context: &Context,
+    renderer: &Renderer<'_>,
 ) -> Result<(String, Value), Refusal> {
     let given = serde_json::json!({
         "helm.releaseName": helm.release_name,
         "helm.values": Value::Object(helm.values.clone().into_iter().collect()),
     });
     let mut rendered =
-        isolated::render_strings(environment, template, namespace, given, context).await?;
+        isolated::render_strings(environment, template, namespace, given, renderer).await?;
     let release = match rendered["helm.releaseName"].take() {
         Value::String(name) => name,
         _ => kube::ResourceExt::name_any(environment),

@@ -6,10 +6,10 @@
 
 use serde_json::Value;
 
+use super::renderer::Renderer;
 use super::{engine_refusal, turn_owner};
 use crate::engines::EngineError;
 use crate::model::crd::{PreviewEnvironment, PreviewTemplate};
-use crate::reconcile::context::Context;
 use crate::reconcile::error::Refusal;
 use crate::reconcile::plan::render::holds_templates;
 use crate::reconcile::plan::render_failed;
@@ -21,10 +21,10 @@ use crate::reconcile::plan::values::facts;
 pub async fn render(
     request: RenderRequest,
     template: &PreviewTemplate,
-    context: &Context,
+    renderer: &Renderer<'_>,
 ) -> Result<RenderOutput, Refusal> {
     let (input, key) = request.encode().map_err(render_failed)?;
-    let answered = context
+    let answered = renderer
         .engines
         .render_isolated(&turn_owner(template), key, input)
         .await;
@@ -35,9 +35,8 @@ pub async fn render(
         Err(EngineError::SaidBefore(_)) => "cached",
         Err(_) => "failed",
     };
-    context
-        .metrics
-        .engine_renders
+    renderer
+        .renders
         .with_label_values(&["templates", outcome])
         .inc();
     let answer = answered.map_err(|error| engine_refusal("rendering the templates", error))?;
@@ -51,7 +50,7 @@ pub async fn render_strings(
     template: &PreviewTemplate,
     namespace: &str,
     value: Value,
-    context: &Context,
+    renderer: &Renderer<'_>,
 ) -> Result<Value, Refusal> {
     if !holds_templates(&value) {
         return Ok(value);
@@ -61,7 +60,7 @@ pub async fn render_strings(
         url: template.spec.url.clone(),
         job: RenderJob::Strings(value),
     };
-    render(request, template, context)
+    render(request, template, renderer)
         .await?
         .strings()
         .map_err(render_failed)

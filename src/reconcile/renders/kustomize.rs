@@ -5,12 +5,11 @@
 
 use serde_json::Value;
 
+use super::renderer::Renderer;
 use super::{counted, isolated, turn_owner};
 use crate::engines::kustomize::KustomizeRender;
 use crate::model::crd::{InlineManifest, KustomizeSource, PreviewEnvironment, PreviewTemplate};
-use crate::reconcile::context::Context;
 use crate::reconcile::error::Refusal;
-use crate::reconcile::resolve;
 
 /// The overlay's objects as one manifest named after it; none when the template has no
 /// overlay.
@@ -18,20 +17,15 @@ pub async fn build_overlay(
     environment: &PreviewEnvironment,
     template: &PreviewTemplate,
     namespace: &str,
-    context: &Context,
+    renderer: &Renderer<'_>,
 ) -> Result<Vec<InlineManifest>, Refusal> {
     let Some(kustomize) = &template.spec.manifests.kustomize else {
         return Ok(Vec::new());
     };
     let (root, overlay) = folders(kustomize)?;
-    let (images, patches) = on_top(environment, template, kustomize, namespace, context).await?;
+    let (images, patches) = on_top(environment, template, kustomize, namespace, renderer).await?;
     let head_sha = &environment.spec.source.head_sha;
-    let client = resolve::forge_client(template, &root, context).await?;
-    let files = context
-        .repository_manifests
-        .folder(&client, &template.spec.forge.repository, &root, head_sha)
-        .await
-        .map_err(|e| resolve::repository_refusal(&root, head_sha, e))?;
+    let files = renderer.files.folder(template, &root, head_sha).await?;
     let render = KustomizeRender {
         files: &files,
         root: &root,
@@ -40,11 +34,11 @@ pub async fn build_overlay(
         images: &images,
         patches: &patches,
     };
-    let rendered = context
+    let rendered = renderer
         .engines
         .kustomize_build(&render, &turn_owner(template))
         .await;
-    let rendered = counted(rendered, "kustomize", "kubectl kustomize", context)?;
+    let rendered = counted(rendered, "kustomize", "kubectl kustomize", renderer)?;
     Ok(vec![InlineManifest {
         name: format!("kustomize {}", kustomize.path.trim_matches('/')),
         template: rendered.text.to_string(),
@@ -83,7 +77,7 @@ async fn on_top(
     template: &PreviewTemplate,
     kustomize: &KustomizeSource,
     namespace: &str,
-    context: &Context,
+    renderer: &Renderer<'_>,
 ) -> Result<(Vec<Value>, Vec<Value>), Refusal> {
     let entries = |list: Result<Vec<Value>, serde_json::Error>| {
         list.map_err(|e| Refusal::new("RenderFailed", format!("kustomize entries: {e}")))
@@ -92,7 +86,7 @@ async fn on_top(
     let patches = entries(kustomize.patches.iter().map(serde_json::to_value).collect())?;
     let given = serde_json::json!({"kustomize.images": images, "kustomize.patches": patches});
     let mut rendered =
-        isolated::render_strings(environment, template, namespace, given, context).await?;
+        isolated::render_strings(environment, template, namespace, given, renderer).await?;
     let list = |value: Value| match value {
         Value::Array(items) => items,
         _ => Vec::new(),

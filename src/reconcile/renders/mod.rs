@@ -11,11 +11,12 @@
 mod helm;
 pub mod isolated;
 mod kustomize;
+pub mod renderer;
 
-use super::context::Context;
 use super::error::{ReconcileError, Refusal};
 use crate::engines::{EngineError, Rendered, process::RunError};
 use crate::model::crd::{InlineManifest, PreviewEnvironment, PreviewTemplate};
+use renderer::Renderer;
 
 /// The objects the template's engines render for this environment; none when it uses no
 /// engine.
@@ -23,10 +24,10 @@ pub async fn render_engines(
     environment: &PreviewEnvironment,
     template: &PreviewTemplate,
     namespace: &str,
-    context: &Context,
+    renderer: &Renderer<'_>,
 ) -> Result<Vec<InlineManifest>, Refusal> {
-    let mut rendered = helm::render_chart(environment, template, namespace, context).await?;
-    rendered.extend(kustomize::build_overlay(environment, template, namespace, context).await?);
+    let mut rendered = helm::render_chart(environment, template, namespace, renderer).await?;
+    rendered.extend(kustomize::build_overlay(environment, template, namespace, renderer).await?);
     Ok(rendered)
 }
 
@@ -35,18 +36,14 @@ fn counted(
     rendered: Result<Rendered, EngineError>,
     engine: &str,
     command: &str,
-    context: &Context,
+    renderer: &Renderer<'_>,
 ) -> Result<Rendered, Refusal> {
     let outcome = match &rendered {
         Ok(r) if r.cached => "cached",
         Ok(_) => "rendered",
         Err(_) => "failed",
     };
-    context
-        .metrics
-        .engine_renders
-        .with_label_values(&[engine, outcome])
-        .inc();
+    renderer.renders.with_label_values(&[engine, outcome]).inc();
     rendered.map_err(|error| engine_refusal(command, error))
 }
 

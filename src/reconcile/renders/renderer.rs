@@ -1,0 +1,110 @@
+//! What rendering an environment's manifests needs, and nothing of the cluster: the engines,
+//! the counter of their renders, and the template's repository at a commit. The controller
+//! makes one from its context (`Context::renderer`); a dry run can make one without a cluster,
+//! with a forge client of its own.
+
+use std::sync::Arc;
+
+use prometheus::IntCounterVec;
+
+use crate::engines::Engines;
+use crate::forge::client::{ForgeApiError, ForgeClient};
+use crate::forge::report::Reporter;
+use crate::forge::repository::{FolderFiles, RepositoryManifests};
+use crate::model::crd::{InlineManifest, PreviewTemplate};
+use crate::reconcile::error::Refusal;
+
+pub struct Renderer<'a> {
+    pub engines: &'a Engines,
+    /// `previewd_engine_renders_total{engine, outcome}`.
+    pub renders: &'a IntCounterVec,
+    pub files: RepositoryFiles<'a>,
+}
+
+/// The template's repository, read through the forge API and kept by commit.
+pub struct RepositoryFiles<'a> {
+    pub access: ForgeAccess<'a>,
+    pub kept: &'a RepositoryManifests,
+}
+
+/// Which forge client reads the repository.
+pub enum ForgeAccess<'a> {
+    /// The one the template's token (or GitHub App) opens, as for its reports.
+    Template(&'a Reporter),
+    /// A given one (a dry run's).
+    Given(Arc<ForgeClient>),
+}
+
+impl RepositoryFiles<'_> {
+    /// The manifests in `path` of the template's repository at `head_sha`.
+    pub async fn manifests(
+        &self,
+        template: &PreviewTemplate,
+        path: &str,
+        head_sha: &str,
+    ) -> Result<Arc<Vec<InlineManifest>>, Refusal> {
+        let client = self.client(template, path).await?;
+        let repository = &template.spec.forge.repository;
+        self.kept
+            .get(&client, repository, path, head_sha)
+            .await
+            .map_err(|e| repository_refusal(path, head_sha, e))
+    }
+
+    /// Every file of folder `path` of the template's repository at `head_sha`.
+    pub async fn folder(
+        &self,
+        template: &PreviewTemplate,
+        path: &str,
+        head_sha: &str,
+    ) -> Result<Arc<FolderFiles>, Refusal> {
+        let client = self.client(template, path).await?;
+        let repository = &template.spec.forge.repository;
+        self.kept
+            .folder(&client, repository, path, head_sha)
+            .await
+            .map_err(|e| repository_refusal(path, head_sha, e))
+    }
+
+    /// The forge client for reading `path` from the template's repository, or why there is
+    /// none.
+    async fn client(
+        &self,
+        template: &PreviewTemplate,
+        path: &str,
+    ) -> Result<Arc<ForgeClient>, Refusal> {
+        let reporter = match &self.access {
+            ForgeAccess::Given(client) => return Ok(client.clone()),
+            ForgeAccess::Template(reporter) => reporter,
+        };
+        reporter
+            .client(template)
+            .await
+            .map_err(|e| unavailable(format!("reading {path} from the repository: {e}")))?
+            .ok_or_else(|| {
+                unavailable(format!(
+                    "reading {path} from the repository needs forge.tokenSecretRef"
+                ))
+            })
+    }
+}
+
+pub(in crate::reconcile) fn unavailable(message: impl Into<String>) -> Refusal {
+    Refusal::new("ManifestsUnavailable", message)
+}
+
+/// What a failed read of `path` at `head_sha` says on the environment.
+fn repository_refusal(path: &str, head_sha: &str, error: ForgeApiError) -> Refusal {
+    match error {
+        // A commit never changes: nothing to retry until a new push.
+        ForgeApiError::ManifestsTooLarge { .. } => Refusal::new(
+            "ManifestsTooLarge",
+            format!("reading {path} at {head_sha}: {error}; nothing was applied"),
+        ),
+        ForgeApiError::NotAFolder { .. } => Refusal::new(
+            "ManifestsUnavailable",
+            format!("reading {path} at {head_sha}: {error}; nothing was applied"),
+        ),
+        e => unavailable(format!("reading {path} at {head_sha}: {e}")),
+    }
+}
