@@ -34,6 +34,9 @@ enum Command {
     /// Run a real Kubernetes control plane with simulated nodes on this machine (no cluster
     /// needed), with previewd's CRDs installed, until Ctrl-C or SIGTERM.
     Sandbox(SandboxArgs),
+    /// Print what previewd would apply for one environment of a template, wave by wave, with
+    /// the policy's verdict; no cluster needed. Exits 1 when the template would be refused.
+    Render(previewd::sandbox::dry_run::RenderArgs),
     /// Render template requests read on standard input (JSON, each behind its length as a
     /// little-endian u32) and answer each the same way: the child process the controller
     /// renders untrusted templates in, under a memory limit.
@@ -46,7 +49,8 @@ fn main() -> ExitCode {
     if matches!(cli.command, Command::RenderWorker) {
         return render_worker();
     }
-    let quiet = matches!(&cli.command, Command::Sandbox(args) if args.demo);
+    let quiet = matches!(&cli.command, Command::Sandbox(args) if args.demo)
+        || matches!(cli.command, Command::Render(_));
     previewd::runtime::telemetry::init(cli.log_format, quiet);
     previewd::install_crypto_provider();
     let runtime = match runtime() {
@@ -56,15 +60,22 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let result: Result<(), Box<dyn std::error::Error>> = runtime.block_on(async {
+    let result: Result<bool, Box<dyn std::error::Error>> = runtime.block_on(async {
         match cli.command {
-            Command::Sandbox(args) => Ok(previewd::sandbox::session::run(args).await?),
-            Command::Run(args) => Ok(previewd::runtime::service::run_controller(args).await?),
-            Command::RenderWorker => Ok(()),
+            Command::Sandbox(args) => {
+                Ok(previewd::sandbox::session::run(args).await.map(|()| true)?)
+            }
+            Command::Run(args) => Ok(previewd::runtime::service::run_controller(args)
+                .await
+                .map(|()| true)?),
+            Command::Render(args) => Ok(previewd::sandbox::dry_run::run(args).await?),
+            Command::RenderWorker => Ok(true),
         }
     });
     match result {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(true) => ExitCode::SUCCESS,
+        // A refusal, already said.
+        Ok(false) => ExitCode::from(1),
         Err(e) => {
             eprintln!("previewd: {e}");
             ExitCode::FAILURE

@@ -401,6 +401,139 @@ fn git(folder: &Path, args: &[&str]) -> String {
     String::from_utf8_lossy(&stdout).trim().to_string()
 }
 
+/// `previewd render ARGS`: its exit status and standard output.
+fn render(args: &[&str]) -> (std::process::ExitStatus, String) {
+    let output = Command::new(env!("CARGO_BIN_EXE_previewd"))
+        .arg("render")
+        .args(args)
+        .output()
+        .expect("run previewd render");
+    (
+        output.status,
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+    )
+}
+
+/// The objects `previewd render` printed (YAML documents after its `# namespace` line).
+fn printed_objects(printed: &str) -> Vec<serde_json::Value> {
+    printed
+        .split("\n---\n")
+        .skip(1)
+        .map(|document| serde_yaml_ng::from_str(document).expect("a printed object is YAML"))
+        .collect()
+}
+
+/// Every object `printed` lives in the environment's namespace with the labels, annotations
+/// and (for workloads) pod template containers it printed.
+fn assert_rendered_is_live(kubeconfig: &Path, printed: &str) {
+    let namespace = printed
+        .lines()
+        .next()
+        .and_then(|line| line.strip_prefix("# namespace "))
+        .and_then(|rest| rest.split(',').next())
+        .expect("a # namespace line");
+    let objects = printed_objects(printed);
+    assert!(!objects.is_empty(), "{printed}");
+    for object in objects {
+        let (kind, name) = (
+            object["kind"].as_str().unwrap(),
+            object["metadata"]["name"].as_str().unwrap(),
+        );
+        let live = kubectl(
+            kubeconfig,
+            &["get", kind, name, "-n", namespace, "-o", "json"],
+        );
+        let live: serde_json::Value = serde_json::from_str(&live).unwrap();
+        for field in ["labels", "annotations"] {
+            for (key, value) in object["metadata"][field].as_object().into_iter().flatten() {
+                assert_eq!(
+                    &live["metadata"][field][key], value,
+                    "{kind}/{name} {field} {key}"
+                );
+            }
+        }
+        let containers = &object["spec"]["template"]["spec"]["containers"];
+        if containers.is_array() {
+            assert_eq!(
+                &live["spec"]["template"]["spec"]["containers"][0]["image"],
+                &containers[0]["image"],
+                "{kind}/{name}"
+            );
+        }
+    }
+}
+
+/// `previewd render` with no cluster: every example of templates/ renders, allowed, in waves
+/// (web-chart's chart and web-kustomize's overlay from the examples' repository, which the
+/// stand-in serves).
+#[test]
+fn previewd_render_prints_every_example_allowed_in_waves() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("templates");
+    for (example, at_least) in [
+        ("web-postgres", 8),
+        ("online-boutique", 36),
+        ("web-chart", 5),
+        ("web-kustomize", 4),
+    ] {
+        let file = |name: &str| root.join(example).join(name).to_str().unwrap().to_string();
+        let (status, printed) = render(&[
+            "--template",
+            &file("template.yaml"),
+            "--environment",
+            &file("environment.yaml"),
+        ]);
+        assert!(status.success(), "{example}: {status}\n{printed}");
+        let waves = printed
+            .lines()
+            .filter(|l| l.starts_with("# wave ") && l.ends_with(": allowed"))
+            .count();
+        assert!(waves >= at_least, "{example}: {waves} objects\n{printed}");
+        assert_eq!(printed_objects(&printed).len(), waves, "{example}");
+        assert!(!printed.contains("refused"), "{example}: {printed}");
+    }
+}
+
+/// A template the policy refuses: exit status 1, and the reason and message the environment's
+/// condition and PR comment would show.
+#[test]
+fn previewd_render_exits_1_with_the_refusal_a_pull_request_would_see() {
+    let scratch = tempfile::tempdir().unwrap();
+    let template = scratch.path().join("template.yaml");
+    std::fs::write(
+        &template,
+        r#"apiVersion: previewd.dev/v1alpha1
+kind: PreviewTemplate
+metadata: {name: bad}
+spec:
+  forge: {kind: github, repository: me/app}
+  url: {host: "{{ slug }}.example.com"}
+  manifests:
+    inline:
+    - name: escape.yaml
+      template: |
+        apiVersion: v1
+        kind: Pod
+        metadata: {name: escape}
+        spec:
+          containers: [{name: c, image: busybox}]
+          volumes: [{name: root, hostPath: {path: /}}]
+"#,
+    )
+    .unwrap();
+    let (status, printed) = render(&[
+        "--template",
+        template.to_str().unwrap(),
+        "--branch",
+        "feature",
+    ]);
+    assert_eq!(status.code(), Some(1), "{printed}");
+    assert!(printed.contains("# refused: PolicyRejected: Pod/escape (from escape.yaml): spec.volumes[0] mounts hostPath"), "{printed}");
+    assert!(
+        !printed.contains("# wave"),
+        "nothing is said to be applied: {printed}"
+    );
+}
+
 /// The walk-through of docs/getting-started.md ("Your own repository"): a template for one's
 /// own repository, an environment at a commit of its git checkout, and a new local commit as
 /// the next SHA; and the examples that read the repository, applied as a newcomer applies them.
@@ -500,6 +633,20 @@ spec:
         }
     };
     assert_eq!(greeting(&first), "first");
+    // `previewd render` prints what the sandbox applied, for the same files and commit.
+    let files = |name: &str| scratch.path().join(name).to_str().unwrap().to_string();
+    let (template_file, environment_file) = (files("template.yaml"), files("environment.yaml"));
+    let checkout = app.path().to_str().unwrap();
+    let (status, printed) = render(&[
+        "--template",
+        &template_file,
+        "--environment",
+        &environment_file,
+        "--checkout",
+        checkout,
+    ]);
+    assert!(status.success(), "{printed}");
+    assert_rendered_is_live(&kubeconfig, &printed);
     // A new local commit is a new SHA to preview.
     write_own_chart(app.path(), "second");
     git(app.path(), &["commit", "-q", "-am", "a new greeting"]);

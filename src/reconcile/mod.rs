@@ -16,6 +16,7 @@ mod coalesce;
 pub mod config;
 mod context;
 mod controller;
+pub mod dry_run;
 pub mod error;
 mod hold;
 pub mod metrics;

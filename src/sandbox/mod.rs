@@ -14,11 +14,13 @@
 //! * [`playground`]: example templates, fresh webhook credentials, deliveries to `curl`.
 //! * [`demo`]: `previewd sandbox --demo`, a pull request's life played from the fixtures.
 //! * [`cli`]: the sandbox's flags; [`session`]: one `previewd sandbox` run from start to stop.
+//! * [`dry_run`]: `previewd render`, what previewd would apply, with no cluster.
 
 pub mod cli;
 pub mod compat;
 pub mod control_plane;
 pub mod demo;
+pub mod dry_run;
 pub mod example_templates;
 mod forge_contents;
 mod forge_relay;
