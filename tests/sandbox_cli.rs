@@ -423,8 +423,9 @@ fn printed_objects(printed: &str) -> Vec<serde_json::Value> {
         .collect()
 }
 
-/// Every object `printed` lives in the environment's namespace with the labels, annotations
-/// and (for workloads) pod template containers it printed.
+/// The objects `printed` are the environment's objects in its namespace: each of them is live
+/// with the labels, annotations and (for workloads) pod template images it printed, and no
+/// other object of their kinds carries the environment's label there.
 fn assert_rendered_is_live(kubeconfig: &Path, printed: &str) {
     let namespace = printed
         .lines()
@@ -434,6 +435,35 @@ fn assert_rendered_is_live(kubeconfig: &Path, printed: &str) {
         .expect("a # namespace line");
     let objects = printed_objects(printed);
     assert!(!objects.is_empty(), "{printed}");
+    let mut printed_names: std::collections::BTreeMap<String, Vec<String>> = Default::default();
+    for object in &objects {
+        let kind = object["kind"].as_str().unwrap().to_lowercase();
+        let name = object["metadata"]["name"].as_str().unwrap().to_string();
+        printed_names.entry(kind).or_default().push(name);
+    }
+    let environment = objects[0]["metadata"]["labels"]["previewd.dev/environment"]
+        .as_str()
+        .expect("objects carry their environment's label");
+    for (kind, mut names) in printed_names {
+        let selector = format!("previewd.dev/environment={environment}");
+        let listed = kubectl(
+            kubeconfig,
+            &[
+                "get",
+                &kind,
+                "-n",
+                namespace,
+                "-l",
+                &selector,
+                "-o",
+                "jsonpath={.items[*].metadata.name}",
+            ],
+        );
+        let mut live: Vec<String> = listed.split_whitespace().map(str::to_string).collect();
+        live.sort();
+        names.sort();
+        assert_eq!(live, names, "{kind} of {environment}: live vs printed");
+    }
     for object in objects {
         let (kind, name) = (
             object["kind"].as_str().unwrap(),
