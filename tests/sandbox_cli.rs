@@ -566,9 +566,9 @@ spec:
 
 /// The walk-through of docs/getting-started.md ("Your own repository"): a template for one's
 /// own repository, an environment at a commit of its git checkout, and a new local commit as
-/// the next SHA; and the examples that read the repository, applied as a newcomer applies them.
+/// the next SHA; and every example of templates/, applied as a newcomer applies them.
 #[test]
-fn your_own_chart_and_the_repository_examples_reach_ready_with_kubectl_apply() {
+fn your_own_chart_and_every_example_reach_ready_with_kubectl_apply() {
     let _turn = take_turn();
     let app = tempfile::tempdir().unwrap();
     write_own_chart(app.path(), "first");
@@ -588,7 +588,14 @@ fn your_own_chart_and_the_repository_examples_reach_ready_with_kubectl_apply() {
     });
 
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    for example in ["web-chart", "web-kustomize"] {
+    // Every example of templates/, as docs/getting-started.md applies them.
+    let examples = [
+        "web-postgres",
+        "online-boutique",
+        "web-chart",
+        "web-kustomize",
+    ];
+    for example in examples {
         let folder = root.join("templates").join(example);
         kubectl(&kubeconfig, &["apply", "-f", folder.to_str().unwrap()]);
     }
@@ -623,7 +630,14 @@ spec:
     };
     apply("template.yaml", template);
     apply("environment.yaml", &environment(&first));
-    for name in ["web-chart-pr-2", "web-kustomize-pr-2", "mine-main"] {
+    let environments = [
+        "web-postgres-pr-2",
+        "online-boutique-pr-7",
+        "web-chart-pr-2",
+        "web-kustomize-pr-2",
+        "mine-main",
+    ];
+    for name in environments {
         eprintln!("kubectl: {}", wait_for_kubectl_ready(&kubeconfig, name));
     }
     let greeting = |sha: &str| {
