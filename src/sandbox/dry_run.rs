@@ -12,6 +12,7 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use clap::Args;
 use serde_json::Value;
@@ -23,7 +24,7 @@ use super::helm_engine;
 use super::provision::StderrProgress;
 use super::repositories::Repositories;
 use crate::engines::{EngineConfig, Engines};
-use crate::forge::client::ForgeClients;
+use crate::forge::client::{ForgeClient, ForgeClients, TOKEN_BUDGET};
 use crate::forge::metrics::ForgeMetrics;
 use crate::forge::repository::RepositoryManifests;
 use crate::model::crd::{PreviewEnvironment, PreviewTemplate};
@@ -70,31 +71,9 @@ pub async fn run(args: RenderArgs) -> Result<bool, SandboxError> {
         Some(path) => environment_from(&read(path)?, &template)?,
         None => environment_of(&args, &template)?,
     };
-    let repository = &template.spec.forge.repository;
-    let mut repositories = Repositories::default();
-    if let Some(checkout) = &args.checkout {
-        repositories.add(repository, checkout)?;
-    }
-    let token = random_hex(16)?;
-    let stand_in =
-        ForgeStandIn::relaying_to("http://127.0.0.1:9", repositories.guarded_by(token.clone()))
-            .await?;
-    let url = stand_in.url();
-    let client = ForgeClients::new(ForgeMetrics::new())
-        .get(
-            template.spec.forge.kind,
-            Some(&url),
-            token.as_bytes(),
-            "token",
-        )
-        .await
-        .map_err(|e| SandboxError::Process(format!("the local forge: {e}")))?;
-    let (helm, _) = bring_helm(&args.helm, &args.cache_dir).await?;
-    let engines = Engines::new(EngineConfig {
-        helm,
-        kubectl: args.kubectl.clone(),
-        ..EngineConfig::default()
-    });
+    // Kept alive while rendering: the client reads the checkout through it.
+    let (_stand_in, client) = local_forge(&template, args.checkout.as_deref()).await?;
+    let engines = engines(&args).await;
     let renders = prometheus::IntCounterVec::new(
         prometheus::Opts::new("renders", "renders by engine and outcome"),
         &["engine", "outcome"],
@@ -128,6 +107,49 @@ pub async fn run(args: RenderArgs) -> Result<bool, SandboxError> {
             Ok(false)
         }
     }
+}
+
+/// The template's repository as a forge serves it: `checkout` (or only the examples'
+/// repository) behind the sandbox's forge stand-in on loopback, and a forge client of the
+/// template's kind with the stand-in's fresh token.
+async fn local_forge(
+    template: &PreviewTemplate,
+    checkout: Option<&Path>,
+) -> Result<(ForgeStandIn, Arc<ForgeClient>), SandboxError> {
+    let mut repositories = Repositories::default();
+    if let Some(checkout) = checkout {
+        repositories.add(&template.spec.forge.repository, checkout)?;
+    }
+    let token = random_hex(16)?;
+    let stand_in = ForgeStandIn::serving(repositories.guarded_by(token.clone())).await?;
+    let client = ForgeClients::new(ForgeMetrics::new())
+        .get(
+            template.spec.forge.kind,
+            Some(&stand_in.url()),
+            token.as_bytes(),
+            TOKEN_BUDGET,
+        )
+        .await
+        .map_err(|e| SandboxError::Process(format!("the local forge: {e}")))?;
+    Ok((stand_in, client))
+}
+
+/// The engines the controller would run: `--helm` (or the sandbox's Helm engine when no
+/// `helm` is on PATH; if that cannot be installed, `--helm` as it is, and a chart says
+/// `RenderFailed` naming it) and `--kubectl`, with the controller's default limits.
+async fn engines(args: &RenderArgs) -> Engines {
+    let helm = match bring_helm(&args.helm, &args.cache_dir).await {
+        Ok((helm, _)) => helm,
+        Err(e) => {
+            eprintln!("previewd render: no Helm engine ({e}); charts will not render");
+            args.helm.clone()
+        }
+    };
+    Engines::new(EngineConfig {
+        helm,
+        kubectl: args.kubectl.clone(),
+        ..EngineConfig::default()
+    })
 }
 
 async fn bring_helm(named: &Path, cache: &Path) -> Result<(PathBuf, String), SandboxError> {

@@ -305,9 +305,7 @@ mod tests {
     #[tokio::test]
     async fn a_caller_without_the_token_reads_nothing() {
         let guarded = Repositories::default().guarded_by("the-token".into());
-        let stand_in = ForgeStandIn::relaying_to("http://127.0.0.1:9", guarded)
-            .await
-            .unwrap();
+        let stand_in = ForgeStandIn::serving(guarded).await.unwrap();
         let clients = ForgeClients::new(ForgeMetrics::new());
         let url = stand_in.url();
         for (kind, repository) in [

@@ -141,6 +141,11 @@ impl ForgeStandIn {
         Self::listen(None, Repositories::default()).await
     }
 
+    /// Listens on a free loopback port, serving `repositories`, relaying no deliveries.
+    pub async fn serving(repositories: Repositories) -> Result<Self, SandboxError> {
+        Self::listen(None, repositories).await
+    }
+
     /// Listens on a free loopback port and relays deliveries to previewd at `previewd_base`
     /// (`http://host:port`).
     pub async fn relaying_to(
