@@ -1,15 +1,16 @@
 //! The reconcile's render and plan steps for one environment, with no cluster: what
-//! `previewd render` shows a template author. The same steps as the controller's pipeline
-//! (`resolve::manifests`, `renders::render_engines`, the isolated template render,
-//! `plan::plan_rendered` with its limits and content policy), in the same order, given a
-//! [`Renderer`] of the caller's. What needs the cluster is left out and said by the caller:
-//! ConfigMap sources (refused here), the kinds the cluster serves, copied Secrets, and which
-//! environment holds a URL host.
+//! `previewd render` shows a template author. It is the pipeline's own step
+//! (`pipeline::render_and_plan`: the repository's manifests, the engines, the isolated template
+//! render, `plan::plan_rendered` with its limits and content policy), given a [`Renderer`] of
+//! the caller's. What needs the cluster is left out and said by the caller: ConfigMap sources
+//! (refused here), the kinds the cluster serves, copied Secrets, and which environment holds a
+//! URL host.
+
+use std::sync::Arc;
 
 use super::error::Refusal;
-use super::plan::{Limits, Plan, plan_rendered, render_failed, templates_request};
-use super::renders;
-use super::resolve;
+use super::pipeline::render_and_plan;
+use super::plan::{Limits, Plan};
 use crate::model::crd::{PreviewEnvironment, PreviewTemplate};
 use crate::model::naming::environment_namespace;
 
@@ -21,25 +22,20 @@ pub async fn plan(
     environment: &PreviewEnvironment,
     template: &PreviewTemplate,
     renderer: &Renderer<'_>,
-    limits: &Limits,
+    limits: Limits,
 ) -> Result<Plan, Refusal> {
     let namespace = environment_namespace(environment, &template.spec);
-    let head_sha = &environment.spec.source.head_sha;
-    let templates = resolve::manifests(template, head_sha, renderer, None).await?;
-    let from_engines = renders::render_engines(environment, template, &namespace, renderer).await?;
-    let request = templates_request(environment, template, templates, &namespace);
-    let rendered = renders::isolated::render(request, template, renderer)
-        .await?
-        .templates()
-        .map_err(render_failed)?;
-    // Nothing runs yet: no replica count to remember.
-    plan_rendered(
+    let template = Arc::new(template.clone());
+    // No cluster (a ConfigMap source is refused), and nothing runs yet: no replica count to
+    // remember.
+    render_and_plan(
         environment,
-        template,
-        rendered,
-        &from_engines,
+        &template,
         &namespace,
+        renderer,
+        None,
         limits,
         |_| None,
     )
+    .await
 }

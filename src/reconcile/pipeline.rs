@@ -27,7 +27,8 @@ use super::context::{Context, EnvironmentRef};
 use super::error::{ReconcileError, Refusal, Stop};
 use super::hold::{hold, start_queued};
 use super::metrics::Observations;
-use super::plan::{Limits, Manifests, Plan, host_claims, plan_rendered, templates_request};
+use super::plan::{Limits, Plan, host_claims, plan_rendered, templates_request};
+use super::renders::renderer::Renderer;
 use super::status::{
     Placement, Progress, ReadyCondition, condition, held_status, progress_status, refused_status,
 };
@@ -117,14 +118,17 @@ async fn deploy(
     held: Option<&Held>,
     context: &Context,
 ) -> Result<Action, Stop> {
-    let head_sha = &environment.spec.source.head_sha;
-    let renderer = context.renderer();
-    let manifests = Manifests {
-        templates: resolve::manifests(template, head_sha, &renderer, Some(&context.client)).await?,
-        rendered: renders::render_engines(environment, template, namespace, &renderer).await?,
-    };
-    let mut plan =
-        plan_off_the_runtime(environment, template, manifests, namespace, context).await?;
+    let observed = context.applier.observed();
+    let mut plan = render_and_plan(
+        environment,
+        template,
+        namespace,
+        &context.renderer(),
+        Some(&context.client),
+        limits(context),
+        move |object| observed.live_replicas(&ObjectKey::of(object)),
+    )
+    .await?;
     refuse_a_taken_host(environment, &plan.host, context)?;
     secrets::add_copies(&mut plan, template, context).await?;
     waves::check_served(&plan, context).await?;
@@ -174,33 +178,41 @@ fn refuse_a_taken_host(
     ))
 }
 
-/// The plan step: the templates rendered where their memory is bounded
+/// What the operator allows every template (`--max-objects-per-environment`,
+/// `--template-kinds`, the policy flags).
+fn limits(context: &Context) -> Limits {
+    Limits {
+        max_objects: context.config.max_objects,
+        kinds: context.config.template_kinds.clone(),
+        operator: context.config.operator_policy.clone(),
+    }
+}
+
+/// The render and plan steps: the template's manifests (a ConfigMap's read from `cluster`;
+/// none: refused), the engines' output, the templates rendered where their memory is bounded
 /// ([`renders::isolated`]), then every check on a blocking thread (a large render's checks
 /// must not stall the runtime's workers: webhooks, watches, other reconciles).
-async fn plan_off_the_runtime(
+/// `live_replicas` says how many replicas a workload runs now. `previewd render` runs exactly
+/// these steps ([`super::dry_run`]).
+pub(super) async fn render_and_plan(
     environment: &PreviewEnvironment,
     template: &Arc<PreviewTemplate>,
-    manifests: Manifests,
     namespace: &str,
-    context: &Context,
+    renderer: &Renderer<'_>,
+    cluster: Option<&kube::Client>,
+    limits: Limits,
+    live_replicas: impl Fn(&serde_json::Value) -> Option<i32> + Send + 'static,
 ) -> Result<Plan, Refusal> {
-    let Manifests {
-        templates,
-        rendered: from_engines,
-    } = manifests;
+    let head_sha = &environment.spec.source.head_sha;
+    let templates = resolve::manifests(template, head_sha, renderer, cluster).await?;
+    let from_engines = renders::render_engines(environment, template, namespace, renderer).await?;
     let request = templates_request(environment, template, templates, namespace);
-    let rendered = renders::isolated::render(request, template, &context.renderer())
+    let rendered = renders::isolated::render(request, template, renderer)
         .await?
         .templates()
         .map_err(super::plan::render_failed)?;
     let (environment, template) = (environment.clone(), template.clone());
     let namespace = namespace.to_string();
-    let limits = Limits {
-        max_objects: context.config.max_objects,
-        kinds: context.config.template_kinds.clone(),
-        operator: context.config.operator_policy.clone(),
-    };
-    let observed = context.applier.observed();
     let planned = tokio::task::spawn_blocking(move || {
         plan_rendered(
             &environment,
@@ -209,7 +221,7 @@ async fn plan_off_the_runtime(
             &from_engines,
             &namespace,
             &limits,
-            |object| observed.live_replicas(&ObjectKey::of(object)),
+            live_replicas,
         )
     })
     .await;

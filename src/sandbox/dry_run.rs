@@ -21,8 +21,7 @@ use super::SandboxError;
 use super::control_plane::random_hex;
 use super::forge_standin::ForgeStandIn;
 use super::helm_engine;
-use super::provision::StderrProgress;
-use super::repositories::Repositories;
+use super::repositories::{Repositories, head_commit};
 use crate::engines::{EngineConfig, Engines};
 use crate::forge::client::{ForgeClient, ForgeClients, TOKEN_BUDGET};
 use crate::forge::metrics::ForgeMetrics;
@@ -93,7 +92,7 @@ pub async fn run(args: RenderArgs) -> Result<bool, SandboxError> {
         kinds: Default::default(),
         operator: Default::default(),
     };
-    match dry_run::plan(&environment, &template, &renderer, &limits).await {
+    match dry_run::plan(&environment, &template, &renderer, limits).await {
         Ok(plan) => {
             print!("{}", describe(&plan));
             Ok(true)
@@ -138,7 +137,7 @@ async fn local_forge(
 /// `helm` is on PATH; if that cannot be installed, `--helm` as it is, and a chart says
 /// `RenderFailed` naming it) and `--kubectl`, with the controller's default limits.
 async fn engines(args: &RenderArgs) -> Engines {
-    let helm = match bring_helm(&args.helm, &args.cache_dir).await {
+    let helm = match helm_engine::bring(&args.helm, &args.cache_dir).await {
         Ok((helm, _)) => helm,
         Err(e) => {
             eprintln!("previewd render: no Helm engine ({e}); charts will not render");
@@ -150,13 +149,6 @@ async fn engines(args: &RenderArgs) -> Engines {
         kubectl: args.kubectl.clone(),
         ..EngineConfig::default()
     })
-}
-
-async fn bring_helm(named: &Path, cache: &Path) -> Result<(PathBuf, String), SandboxError> {
-    let (named, cache) = (named.to_path_buf(), cache.to_path_buf());
-    tokio::task::spawn_blocking(move || helm_engine::choose(&named, &cache, &StderrProgress))
-        .await
-        .map_err(|e| SandboxError::Provision(format!("the Helm engine: {e}")))?
 }
 
 fn read(path: &Path) -> Result<String, SandboxError> {
@@ -202,7 +194,7 @@ fn environment_of(
     let name = kube::ResourceExt::name_any(template);
     let sha = match (&args.sha, &args.checkout) {
         (Some(sha), _) => sha.clone(),
-        (None, Some(checkout)) if checkout.join(".git").exists() => head_of(checkout)?,
+        (None, Some(checkout)) if checkout.join(".git").exists() => head_commit(checkout)?,
         _ => "0".repeat(40),
     };
     let suffix = args
@@ -218,16 +210,6 @@ fn environment_of(
     });
     serde_json::from_value(environment)
         .map_err(|e| SandboxError::Process(format!("the environment: {e}")))
-}
-
-fn head_of(checkout: &Path) -> Result<String, SandboxError> {
-    let output = std::process::Command::new("git")
-        .arg("-C")
-        .arg(checkout)
-        .args(["rev-parse", "HEAD"])
-        .output()
-        .map_err(|e| SandboxError::Process(format!("git rev-parse HEAD: {e}")))?;
-    Ok(String::from_utf8_lossy(&output.stdout).trim().to_string())
 }
 
 /// The plan as YAML documents, wave by wave, each object with its verdict.

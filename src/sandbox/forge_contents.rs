@@ -16,7 +16,7 @@ use axum::http::{HeaderMap, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 
-use super::forge_relay::requested_page;
+use super::forge_relay::{query_parameter, requested_page};
 use super::repositories::{NotServed, Repositories, entries_in};
 
 /// The answer to a contents call, or `None` when `path` is no contents call.
@@ -46,8 +46,8 @@ pub async fn answer(
         },
         ["api", "v4", "projects", project, "repository", "tree"] => Call::GitlabTree {
             repository: project.to_string(),
-            path: parameter(query, "path").unwrap_or_default(),
-            recursive: parameter(query, "recursive").as_deref() == Some("true"),
+            path: query_parameter(query, "path").unwrap_or_default(),
+            recursive: query_parameter(query, "recursive").as_deref() == Some("true"),
         },
         [
             "api",
@@ -68,7 +68,7 @@ pub async fn answer(
         let refused = json!({"message": "Bad credentials"});
         return Some((StatusCode::UNAUTHORIZED, axum::Json(refused)).into_response());
     }
-    let reference = parameter(query, "ref").unwrap_or_default();
+    let reference = query_parameter(query, "ref").unwrap_or_default();
     let page = requested_page(query);
     let repositories = repositories.clone();
     // Listing a folder or asking git blocks: off the stand-in's async threads.
@@ -212,13 +212,6 @@ fn joined(folder: &str, name: &str) -> String {
     } else {
         format!("{folder}/{name}")
     }
-}
-
-/// A query parameter's value, decoded.
-fn parameter(query: Option<&str>, name: &str) -> Option<String> {
-    url::form_urlencoded::parse(query.unwrap_or_default().as_bytes())
-        .find(|(key, _)| key == name)
-        .map(|(_, value)| value.into_owned())
 }
 
 fn json_ok(body: Value) -> Response {

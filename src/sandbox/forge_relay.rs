@@ -124,10 +124,16 @@ impl KnownState {
 
 /// The page a list request asks for (`page=N`; none: 1).
 pub fn requested_page(query: Option<&str>) -> u64 {
-    url::form_urlencoded::parse(query.unwrap_or_default().as_bytes())
-        .find(|(key, _)| key == "page")
-        .and_then(|(_, value)| value.parse().ok())
+    query_parameter(query, "page")
+        .and_then(|value| value.parse().ok())
         .unwrap_or(1)
+}
+
+/// A query parameter's value, decoded.
+pub fn query_parameter(query: Option<&str>, name: &str) -> Option<String> {
+    url::form_urlencoded::parse(query.unwrap_or_default().as_bytes())
+        .find(|(key, _)| key == name)
+        .map(|(_, value)| value.into_owned())
 }
 
 /// The event header of a delivery from `forge`.

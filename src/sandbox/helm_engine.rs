@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use super::SandboxError;
-use super::provision::{FileLock, Progress, is_executable, run_logged, which};
+use super::provision::{FileLock, Progress, StderrProgress, is_executable, run_logged, which};
 
 /// The pinned SDK: the script reads its render output and errors.
 pub const SDK: &str = "helm-python-sdk==0.2.2";
@@ -54,6 +54,15 @@ pub fn choose(
         engine.program.display()
     );
     Ok((engine.program, said))
+}
+
+/// [`choose`], off the async threads (an install takes seconds to minutes), its progress on
+/// standard error.
+pub async fn bring(named: &Path, cache_dir: &Path) -> Result<(PathBuf, String), SandboxError> {
+    let (named, cache_dir) = (named.to_path_buf(), cache_dir.to_path_buf());
+    tokio::task::spawn_blocking(move || choose(&named, &cache_dir, &StderrProgress))
+        .await
+        .map_err(|e| SandboxError::Provision(format!("installing Helm's engine: {e}")))?
 }
 
 /// The engine in `cache_dir`, installed first if it is not there (under a file lock: tests

@@ -396,6 +396,16 @@ fn git_files(root: &Path, sha: &str) -> Result<BTreeMap<String, u64>, NotServed>
     Ok(files)
 }
 
+/// The commit checked out in the git checkout at `checkout` (`HEAD`).
+pub fn head_commit(checkout: &Path) -> Result<String, SandboxError> {
+    git(checkout, &["rev-parse", "--verify", "HEAD^{commit}"]).map_err(|NotServed(why)| {
+        SandboxError::Process(format!(
+            "{}: no commit checked out: {why}",
+            checkout.display()
+        ))
+    })
+}
+
 fn git(root: &Path, args: &[&str]) -> Result<String, NotServed> {
     let bytes = git_bytes(root, args)?;
     Ok(String::from_utf8_lossy(&bytes).trim().to_string())

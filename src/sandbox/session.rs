@@ -20,7 +20,7 @@ pub async fn run(args: SandboxArgs) -> Result<(), SandboxError> {
     let repositories = args.repositories()?;
     let served = repositories.describe();
     let mut controller = args.controller.controller_config();
-    let helm = bring_helm(&controller.engines.helm, &args.cache_dir).await;
+    let helm = helm_engine::bring(&controller.engines.helm, &args.cache_dir).await;
     if let Ok((program, _)) = &helm {
         controller.engines.helm = program.clone();
     }
@@ -88,18 +88,6 @@ pub async fn run(args: SandboxArgs) -> Result<(), SandboxError> {
     outcome
 }
 
-/// The Helm program previewd runs, and where it came from: the one named or on PATH, else the
-/// engine installed once into the cache (minutes the first time: off the async threads).
-async fn bring_helm(
-    named: &std::path::Path,
-    cache_dir: &std::path::Path,
-) -> Result<(std::path::PathBuf, String), SandboxError> {
-    let (named, cache_dir) = (named.to_path_buf(), cache_dir.to_path_buf());
-    tokio::task::spawn_blocking(move || helm_engine::choose(&named, &cache_dir, &StderrProgress))
-        .await
-        .map_err(|e| SandboxError::Provision(format!("installing Helm's engine: {e}")))?
-}
-
 /// What the sandbox serves besides the control plane, for its output.
 struct Served {
     helm: String,
@@ -115,7 +103,7 @@ async fn provision_only(args: &SandboxArgs) -> Result<(), SandboxError> {
     .await
     .map_err(|e| SandboxError::Provision(format!("provisioning task: {e}")))??;
     println!("control-plane binaries ready in {}", binaries.dir.display());
-    let (_, helm) = bring_helm(&args.controller.helm, &args.cache_dir).await?;
+    let (_, helm) = helm_engine::bring(&args.controller.helm, &args.cache_dir).await?;
     println!("Helm: {helm}");
     Ok(())
 }
