@@ -12,6 +12,7 @@
 //! * [`forge`]: GitHub and GitLab: webhook parsing, API calls, the PR comment and statuses.
 //! * [`webhook`]: the HTTP server, verification, delivery dedupe, intake and comment commands.
 //! * [`lifecycle`]: the sweep (which environments go, and why) and its loop.
+//! * [`gate`]: the wake gate, which answers for sleeping environments' hosts and wakes them.
 //! * [`reconcile`]: the pipeline that turns a `PreviewEnvironment` into a running namespace.
 //! * [`runtime`]: configuration, leader election, metrics, logs, start-up and shutdown.
 //! * [`sandbox`]: a real control plane on this machine, for people and for the tests.
@@ -23,6 +24,7 @@
 pub mod cluster;
 pub mod engines;
 pub mod forge;
+pub mod gate;
 pub mod lifecycle;
 pub mod model;
 pub mod reconcile;

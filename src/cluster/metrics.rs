@@ -6,7 +6,7 @@ use prometheus::core::Collector;
 use prometheus::{IntCounterVec, Opts, Registry};
 
 /// The write operations counted under `previewd_write_requests_total{operation}`.
-pub const WRITE_OPERATIONS: [&str; 11] = [
+pub const WRITE_OPERATIONS: [&str; 12] = [
     "apply",
     "create",
     "delete",
@@ -18,6 +18,7 @@ pub const WRITE_OPERATIONS: [&str; 11] = [
     "intake_wake",
     "intake_check",
     "sleep",
+    "gate_wake",
 ];
 
 /// One layer's metrics: what it exports, and (given) how it registers them.

@@ -14,17 +14,40 @@ use crate::model::metadata::{ANNOTATION_DELETION_REASON, FIELD_MANAGER_INTAKE};
 
 /// Wakes a sleeping environment (a new commit was pushed to it). Returns false if it is gone.
 pub async fn wake(client: &Client, namespace: &str, name: &str) -> Result<bool, kube::Error> {
+    let woke = patch_spec(client, namespace, name, serde_json::json!({"sleep": false})).await?;
+    if woke {
+        tracing::info!(environment = %name, %namespace, "a push wakes the environment");
+    }
+    Ok(woke)
+}
+
+/// Wakes a sleeping environment because a request reached its host (previewd's wake gate):
+/// the request is activity, so the idle timeout counts from `now`. Returns false if it is gone.
+pub async fn wake_for_request(
+    client: &Client,
+    namespace: &str,
+    name: &str,
+    now: chrono::DateTime<chrono::Utc>,
+) -> Result<bool, kube::Error> {
+    let wake = serde_json::json!({"sleep": false, "lastActivity": now});
+    patch_spec(client, namespace, name, wake).await
+}
+
+/// Merges `spec` into the environment's spec. Returns false if the environment is gone.
+async fn patch_spec(
+    client: &Client,
+    namespace: &str,
+    name: &str,
+    spec: serde_json::Value,
+) -> Result<bool, kube::Error> {
     let api: Api<PreviewEnvironment> = Api::namespaced(client.clone(), namespace);
-    let wake = serde_json::json!({"spec": {"sleep": false}});
     let params = PatchParams {
         field_manager: Some(FIELD_MANAGER_INTAKE.into()),
         ..Default::default()
     };
-    match api.patch(name, &params, &Patch::Merge(wake)).await {
-        Ok(_) => {
-            tracing::info!(environment = %name, %namespace, "a push wakes the environment");
-            Ok(true)
-        }
+    let patch = Patch::Merge(serde_json::json!({ "spec": spec }));
+    match api.patch(name, &params, &patch).await {
+        Ok(_) => Ok(true),
         Err(kube::Error::Api(status)) if status.code == 404 => Ok(false),
         Err(e) => Err(e),
     }

@@ -49,6 +49,9 @@ pub struct ControllerConfig {
     /// Where templates that name no `forge.apiUrl` send their calls (the public forges; the
     /// sandbox: its forge stand-in).
     pub forge_api_defaults: ApiDefaults,
+    /// Whether previewd's wake gate answers for sleeping hosts (`--gate-listen`): then a
+    /// sleeping environment's routes are withdrawn, and its URL leads to the gate.
+    pub gate_answers: bool,
 }
 
 /// Who previewd is, and which ClusterRole gives it its rights in an environment namespace.
@@ -73,6 +76,7 @@ impl Default for ControllerConfig {
             engines: EngineConfig::default(),
             environment_access: None,
             forge_api_defaults: ApiDefaults::default(),
+            gate_answers: false,
         }
     }
 }

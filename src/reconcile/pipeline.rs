@@ -185,6 +185,7 @@ fn limits(context: &Context) -> Limits {
         max_objects: context.config.max_objects,
         kinds: context.config.template_kinds.clone(),
         operator: context.config.operator_policy.clone(),
+        gate_answers: context.config.gate_answers,
     }
 }
 
@@ -321,17 +322,57 @@ fn next_status(
     };
     let mut status = progress_status(environment, progress, placement, remembered, now);
     status.replicas_before_sleep = plan.replicas_before_sleep.clone();
+    record_waking(environment, &mut status, now);
     if environment.spec.sleep && status.phase == Phase::Ready {
         let previous = environment.status.clone().unwrap_or_default();
         status.phase = Phase::Sleeping;
+        let gate = context.config.gate_answers && !plan.routes.is_empty();
+        let message = match gate {
+            true => {
+                "Asleep: every workload is scaled to zero. Open its URL, comment `/preview wake` or push a commit to wake it."
+            }
+            false => {
+                "Asleep: every workload is scaled to zero. Comment `/preview wake` or push a commit to wake it."
+            }
+        };
         let asleep = ReadyCondition {
             ok: false,
             reason: "Sleeping",
-            message: "Asleep: every workload is scaled to zero. Comment `/preview wake` or push a commit to wake it.".into(),
+            message: message.into(),
         };
         status.conditions = vec![condition(&previous.conditions, &asleep, now)];
+        if gate {
+            // Its routes are withdrawn: the URL leads to the wake gate, which wakes it.
+            status.url = Some(plan.url.clone());
+        }
     }
     status
+}
+
+/// `status.wakingSince` from being woken (the last activity: a request, a push or a command)
+/// until `Ready`, and then how long that took (`status.lastWakeSeconds`).
+fn record_waking(
+    environment: &PreviewEnvironment,
+    status: &mut PreviewEnvironmentStatus,
+    now: chrono::DateTime<Utc>,
+) {
+    let previous = environment.status.clone().unwrap_or_default();
+    status.last_wake_seconds = previous.last_wake_seconds;
+    status.waking_since = None;
+    let was_asleep = previous.phase == Phase::Sleeping || previous.waking_since.is_some();
+    if environment.spec.sleep || !was_asleep {
+        return;
+    }
+    let woken = previous.waking_since.unwrap_or_else(|| {
+        let activity = environment.spec.last_activity.unwrap_or(now);
+        activity.min(now)
+    });
+    if status.phase == Phase::Ready {
+        let took = (now - woken).num_milliseconds().max(0) as f64 / 1000.0;
+        status.last_wake_seconds = Some(took);
+    } else {
+        status.waking_since = Some(woken);
+    }
 }
 
 /// Writes a refusal on the environment (`Degraded`, with what and where). A broken or unsafe

@@ -220,6 +220,8 @@ pub fn progress_status(
         queue_position: None,
         replicas_before_sleep: previous.replicas_before_sleep.clone(),
         waiting: None,
+        waking_since: previous.waking_since,
+        last_wake_seconds: previous.last_wake_seconds,
     }
 }
 

@@ -174,6 +174,7 @@ impl ControllerArgs {
                 worker: crate::engines::worker::this_program(),
             },
             forge_api_defaults: Default::default(),
+            gate_answers: false,
         }
     }
 }
@@ -191,6 +192,12 @@ pub struct RunArgs {
     /// Address of the HTTP server (webhooks, /metrics, /healthz, /readyz).
     #[arg(long, env = "PREVIEWD_LISTEN", default_value = "0.0.0.0:8080")]
     pub listen: std::net::SocketAddr,
+    /// Address of the wake gate, e.g. `0.0.0.0:8081`: it answers for the hosts of sleeping
+    /// environments with a waiting page and wakes them (docs/lifecycle.md). Route the URL
+    /// domain's wildcard to it. Unset (the default): no gate, and a sleeping environment keeps
+    /// its routes; only a push or `/preview wake` wakes it.
+    #[arg(long, env = "PREVIEWD_GATE_LISTEN")]
+    pub gate_listen: Option<std::net::SocketAddr>,
     #[command(flatten)]
     pub controller: ControllerArgs,
     #[command(flatten)]

@@ -8,6 +8,7 @@ use prometheus::{Encoder, IntGauge, Registry, TextEncoder};
 
 use crate::cluster::metrics::{ClusterMetrics, MetricSet};
 use crate::forge::metrics::ForgeMetrics;
+use crate::gate::metrics::GateMetrics;
 use crate::lifecycle::metrics::SweepMetrics;
 use crate::reconcile::ControllerMetrics;
 use crate::reconcile::metrics::ReconcileMetrics;
@@ -21,6 +22,7 @@ pub struct Metrics {
     pub webhook: WebhookMetrics,
     pub sweep: SweepMetrics,
     pub reconcile: ReconcileMetrics,
+    pub gate: GateMetrics,
     /// 1 while this replica holds the leader Lease (reconciles and sweeps), else 0.
     pub leader: IntGauge,
 }
@@ -40,6 +42,7 @@ impl Metrics {
             webhook: WebhookMetrics::new(),
             sweep: SweepMetrics::new(),
             reconcile: ReconcileMetrics::new(),
+            gate: GateMetrics::new(),
             leader: IntGauge::new(
                 "previewd_leader",
                 "1 while this replica holds the leader Lease and reconciles, else 0",
@@ -62,6 +65,7 @@ impl Metrics {
         all.extend(self.webhook.collectors());
         all.extend(self.sweep.collectors());
         all.extend(self.reconcile.collectors());
+        all.extend(self.gate.collectors());
         all.push(Box::new(self.leader.clone()));
         all
     }

@@ -36,6 +36,8 @@ pub struct ServiceConfig {
     pub lease: Option<Election>,
     /// How long in-flight webhook requests get once shutdown starts.
     pub shutdown_grace: Duration,
+    /// The wake gate's listener (`--gate-listen`), if it runs.
+    pub gate: Option<tokio::net::TcpListener>,
 }
 
 /// Leader election: the Lease, and a client of its own, so that a renewal never waits behind a
@@ -63,6 +65,15 @@ pub async fn run(
     );
     let api_defaults = config.controller.forge_api_defaults.clone();
     let server_reporter = Arc::new(server_reporter.with_api_defaults(api_defaults));
+    let gate = config.gate.map(|listener| {
+        start_gate(
+            listener,
+            &config.client,
+            &caches,
+            &metrics,
+            shutdown.clone(),
+        )
+    });
     let state = ServerState::new(
         config.client.clone(),
         caches,
@@ -122,8 +133,33 @@ pub async fn run(
             "webhook requests still in flight after the grace period; stopping anyway"
         ),
     }
+    if let Some(gate) = gate {
+        let _ = gate.await;
+    }
     drop(cache_watches);
     outcome.map_err(|stopped| Error::ControllerStopped(stopped.0))
+}
+
+/// Starts the wake gate on every replica (like the webhook server, it reads the caches and
+/// writes only the environment's record); it stops on shutdown.
+fn start_gate(
+    listener: tokio::net::TcpListener,
+    client: &kube::Client,
+    caches: &Caches,
+    metrics: &Metrics,
+    shutdown: tokio::sync::watch::Receiver<bool>,
+) -> tokio::task::JoinHandle<()> {
+    let waker = crate::gate::server::ClusterWaker::new(client.clone(), metrics.cluster.clone());
+    let gate = crate::gate::server::Gate::new(
+        caches.environments.clone(),
+        Arc::new(waker),
+        metrics.gate.clone(),
+    );
+    tokio::spawn(crate::gate::server::serve(
+        gate,
+        listener,
+        wait_for(shutdown),
+    ))
 }
 
 /// Without leader election this replica always leads: the work runs until shutdown, and its
@@ -229,9 +265,16 @@ pub async fn run_controller(args: RunArgs) -> Result<(), Error> {
         "previewd controller starting"
     );
     let listener = bind(args.listen).await?;
+    let gate = match args.gate_listen {
+        Some(address) => Some(bind(address).await?),
+        None => None,
+    };
+    let mut controller = args.controller.controller_config();
+    controller.gate_answers = gate.is_some();
     let config = ServiceConfig {
         client,
-        controller: args.controller.controller_config(),
+        controller,
+        gate,
         sweep_interval: args.controller.sweep_interval,
         max_body_bytes: args.webhooks.webhook_max_body_bytes,
         lease,

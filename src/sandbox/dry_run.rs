@@ -91,6 +91,7 @@ pub async fn run(args: RenderArgs) -> Result<bool, SandboxError> {
         max_objects: DEFAULT_MAX_OBJECTS,
         kinds: Default::default(),
         operator: Default::default(),
+        gate_answers: false,
     };
     match dry_run::plan(&environment, &template, &renderer, limits).await {
         Ok(plan) => {

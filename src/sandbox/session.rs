@@ -57,6 +57,7 @@ pub async fn run(args: SandboxArgs) -> Result<(), SandboxError> {
         // One previewd per sandbox: nobody to elect against.
         lease: None,
         shutdown_grace: std::time::Duration::from_secs(5),
+        gate: None,
     };
     let service = tokio::spawn(crate::runtime::service::run(config, listener, shutdown));
     wait_until_ready(&webhook_base).await?;

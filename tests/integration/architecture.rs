@@ -17,6 +17,7 @@ const LAYERS: &[(&str, u8)] = &[
     ("forge", 2),
     ("webhook", 3),
     ("lifecycle", 3),
+    ("gate", 3),
     ("reconcile", 4),
     ("runtime", 5),
     ("sandbox", 6),

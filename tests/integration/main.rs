@@ -20,6 +20,7 @@ mod docs;
 mod engines;
 mod faults;
 mod forge_workflow;
+mod gate;
 mod high_availability;
 mod hostile;
 mod image;

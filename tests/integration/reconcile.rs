@@ -910,7 +910,7 @@ fn test_crd(plural: &str, kind: &str, scope: &str) -> serde_json::Value {
 }
 
 /// A CRD of `group` that keeps any spec and status (with a status subresource).
-fn crd_in(group: &str, plural: &str, kind: &str, scope: &str) -> serde_json::Value {
+pub(crate) fn crd_in(group: &str, plural: &str, kind: &str, scope: &str) -> serde_json::Value {
     json!({
         "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
         "metadata": {"name": format!("{plural}.{group}"),
@@ -927,7 +927,7 @@ fn crd_in(group: &str, plural: &str, kind: &str, scope: &str) -> serde_json::Val
 }
 
 /// Installs `crds` and waits until discovery serves each kind (Established alone is not enough).
-async fn install_crds(client: &Client, crds: &[serde_json::Value]) {
+pub(crate) async fn install_crds(client: &Client, crds: &[serde_json::Value]) {
     use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
     let gvk = GroupVersionKind::gvk("apiextensions.k8s.io", "v1", "CustomResourceDefinition");
     let api: Api<DynamicObject> = Api::all_with(client.clone(), &ApiResource::from_gvk(&gvk));

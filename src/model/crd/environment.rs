@@ -214,6 +214,14 @@ pub struct PreviewEnvironmentStatus {
     /// its checks (or they failed). The commit deployed before it, if any, keeps running.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub waiting: Option<WaitingCommit>,
+    /// Since when the environment has been waking (it was `Sleeping` and was woken by a
+    /// request, a push or `/preview wake`); cleared once it is `Ready` again. While it is set,
+    /// and previewd's wake gate answers for sleeping hosts, its routes come back last.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub waking_since: Option<DateTime<Utc>>,
+    /// Seconds the last wake took, from being woken to `Ready`: the waiting page's estimate.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_wake_seconds: Option<f64>,
 }
 
 impl PreviewEnvironmentStatus {

@@ -7,6 +7,7 @@
 //! server-side apply needs ([`defaults`]), the object limit, the guard ([`guard`]), and the
 //! workload adjustments for sleep and redeploy ([`workloads`]).
 
+pub mod asleep_routes;
 pub mod defaults;
 pub mod guard;
 pub mod hooks;
@@ -57,12 +58,14 @@ pub struct Manifests {
 }
 
 /// What the operator allows every template (`--max-objects-per-environment`, `--template-kinds`,
-/// `--template-role-rules`, `--ingress-annotations`).
+/// `--template-role-rules`, `--ingress-annotations`), and whether previewd's wake gate answers
+/// for sleeping hosts (`--gate-listen`: a sleeping environment's routes are withdrawn).
 #[derive(Clone, Debug)]
 pub struct Limits {
     pub max_objects: usize,
     pub kinds: TemplateKinds,
     pub operator: OperatorPolicy,
+    pub gate_answers: bool,
 }
 
 /// Plans `environment` from `template` and `manifests` into `namespace`, rendering its
@@ -161,11 +164,14 @@ pub fn plan_rendered(
         live_replicas,
         environment.spec.redeploy.as_deref(),
     );
+    let routes = routes::routes_to(&objects, &host);
+    let stage = asleep_routes::stage_of(environment, limits.gate_answers);
+    asleep_routes::place(&mut objects, &routes, stage);
     Ok(Plan {
         namespace: namespace.to_string(),
         labels,
         url,
-        routes: routes::routes_to(&objects, &host),
+        routes,
         host,
         objects,
         replicas_before_sleep,

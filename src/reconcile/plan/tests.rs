@@ -32,6 +32,7 @@ fn plan_web(
             max_objects,
             kinds: Default::default(),
             operator: Default::default(),
+            gate_answers: false,
         },
         live_replicas,
     )

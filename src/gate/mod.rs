@@ -1,0 +1,15 @@
+//! The wake gate: an HTTP listener (`--gate-listen`) that answers for the hosts of sleeping
+//! environments. The operator routes the URL domain's wildcard to it; an asleep environment's
+//! own routes are withdrawn (`reconcile::plan::asleep_routes`), so its requests land here. The
+//! gate wakes it (one write, at most once per [`turns::WAKE_INTERVAL`]) and answers with a
+//! waiting page until the environment's routes are back and take the host again.
+//!
+//! It is open to the internet, so it reads nothing but the request's host, looks it up in
+//! memory ([`hosts`]), echoes nothing ([`page`]), and bounds its connections and their time
+//! ([`server`]). It imports only `model` and `cluster`.
+
+pub mod hosts;
+pub mod metrics;
+pub mod page;
+pub mod server;
+pub mod turns;

@@ -1,0 +1,201 @@
+//! What the gate answers (no I/O): the waiting page of an environment that is starting, or a
+//! JSON answer with `Retry-After` for clients that do not ask for HTML; a plain 404 for a host
+//! no environment holds. Every word comes from previewd's own record of the environment, never
+//! from the request (no host, path or header is echoed), and the environment's strings are
+//! HTML-escaped: a branch name is chosen by whoever pushed it.
+
+use http::StatusCode;
+use serde_json::json;
+
+use super::hosts::Holder;
+use crate::model::crd::Phase;
+
+/// The estimate for an environment that never woke before.
+const FIRST_WAKE_ESTIMATE_SECONDS: u64 = 30;
+/// How often the waiting page asks again.
+pub const REFRESH_SECONDS: u64 = 5;
+
+/// An answer to send: status, `Retry-After` (seconds), content type and body.
+#[derive(Debug, PartialEq)]
+pub struct Answer {
+    pub status: StatusCode,
+    pub retry_after: Option<u64>,
+    pub content_type: &'static str,
+    pub body: String,
+}
+
+/// The answer for a host no environment holds.
+pub fn unknown() -> Answer {
+    Answer {
+        status: StatusCode::NOT_FOUND,
+        retry_after: None,
+        content_type: "text/plain; charset=utf-8",
+        body: "No preview environment at this address.\n".into(),
+    }
+}
+
+/// The answer when the gate is busier than it answers (too many requests at once).
+pub fn busy() -> Answer {
+    Answer {
+        status: StatusCode::SERVICE_UNAVAILABLE,
+        retry_after: Some(1),
+        content_type: "text/plain; charset=utf-8",
+        body: "Busy, try again in a second.\n".into(),
+    }
+}
+
+/// What the environment is doing, in a few words, and the seconds it may still take.
+fn state(holder: &Holder) -> (String, Option<u64>) {
+    let estimate = holder
+        .last_wake_seconds
+        .filter(|s| s.is_finite() && *s >= 0.0)
+        .map(|s| s.ceil() as u64)
+        .unwrap_or(FIRST_WAKE_ESTIMATE_SECONDS)
+        .max(1);
+    match (holder.phase, holder.queue_position) {
+        (Phase::Queued, Some(position)) => (format!("queued, position {position}"), None),
+        (Phase::Queued, None) => ("queued".into(), None),
+        (Phase::Degraded, _) => (
+            "not starting: it is degraded, see its pull request".into(),
+            None,
+        ),
+        _ => (format!("starting, about {estimate} s"), Some(estimate)),
+    }
+}
+
+/// The environment's name as people know it: its pull request, or its branch.
+fn title(holder: &Holder) -> String {
+    match holder.pull_request {
+        Some(number) => format!("pull request #{number} ({})", holder.branch),
+        None => format!("branch {}", holder.branch),
+    }
+}
+
+/// The waiting page of `holder`, as HTML when the client asks for it (`wants_html`, from its
+/// `Accept` header), else as JSON.
+pub fn waiting(holder: &Holder, wants_html: bool) -> Answer {
+    let (state, estimate) = state(holder);
+    if !wants_html {
+        let body = json!({
+            "environment": format!("{}/{}", holder.namespace, holder.name),
+            "pullRequest": holder.pull_request,
+            "branch": holder.branch,
+            "state": state,
+            "estimatedSeconds": estimate,
+        });
+        return Answer {
+            status: StatusCode::SERVICE_UNAVAILABLE,
+            retry_after: Some(REFRESH_SECONDS),
+            content_type: "application/json",
+            body: format!("{body}\n"),
+        };
+    }
+    let name = escape(&holder.name);
+    let title = escape(&title(holder));
+    let state = escape(&state);
+    let body = format!(
+        "<!doctype html>\n<html><head><meta charset=\"utf-8\">\
+<meta http-equiv=\"refresh\" content=\"{REFRESH_SECONDS}\">\
+<title>{name}: {state}</title></head>\n<body style=\"font-family: sans-serif; margin: 3em\">\
+<h1>Preview environment {name}</h1><p>{title}</p><p><strong>{state}</strong>.</p>\
+<p>This page reloads itself every {REFRESH_SECONDS} s and shows the application once it is ready.</p>\
+</body></html>\n"
+    );
+    Answer {
+        status: StatusCode::SERVICE_UNAVAILABLE,
+        retry_after: Some(REFRESH_SECONDS),
+        content_type: "text/html; charset=utf-8",
+        body,
+    }
+}
+
+/// `text` with the five characters that mean something in HTML replaced.
+fn escape(text: &str) -> String {
+    let mut escaped = String::with_capacity(text.len());
+    for c in text.chars() {
+        match c {
+            '<' => escaped.push_str("&lt;"),
+            '>' => escaped.push_str("&gt;"),
+            '&' => escaped.push_str("&amp;"),
+            '"' => escaped.push_str("&quot;"),
+            '\'' => escaped.push_str("&#39;"),
+            c => escaped.push(c),
+        }
+    }
+    escaped
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn holder() -> Holder {
+        Holder {
+            namespace: "previews".into(),
+            name: "web-pr-2-1a2b3c".into(),
+            pull_request: Some(2),
+            branch: "feature/<img src=x onerror=alert(1)>".into(),
+            asleep: true,
+            phase: Phase::Sleeping,
+            queue_position: None,
+            last_wake_seconds: Some(11.2),
+        }
+    }
+
+    #[test]
+    fn browsers_get_a_page_that_reloads_itself_and_says_how_long() {
+        let answer = waiting(&holder(), true);
+        assert_eq!(answer.status, StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(answer.retry_after, Some(REFRESH_SECONDS));
+        assert!(
+            answer
+                .body
+                .contains("<meta http-equiv=\"refresh\" content=\"5\">")
+        );
+        assert!(answer.body.contains("Preview environment web-pr-2-1a2b3c"));
+        assert!(answer.body.contains("pull request #2"));
+        assert!(
+            answer.body.contains("starting, about 12 s"),
+            "{}",
+            answer.body
+        );
+    }
+
+    #[test]
+    fn a_branch_name_cannot_write_html_into_the_page() {
+        let answer = waiting(&holder(), true);
+        assert!(!answer.body.contains("<img"), "{}", answer.body);
+        assert!(answer.body.contains("&lt;img src=x onerror=alert(1)&gt;"));
+    }
+
+    #[test]
+    fn other_clients_get_json_and_retry_after() {
+        let mut first = holder();
+        first.last_wake_seconds = None;
+        let answer = waiting(&first, false);
+        assert_eq!(answer.content_type, "application/json");
+        assert_eq!(answer.retry_after, Some(REFRESH_SECONDS));
+        let body: serde_json::Value = serde_json::from_str(&answer.body).unwrap();
+        assert_eq!(body["environment"], "previews/web-pr-2-1a2b3c");
+        assert_eq!(body["state"], "starting, about 30 s");
+        assert_eq!(body["estimatedSeconds"], 30);
+    }
+
+    #[test]
+    fn a_queued_environment_says_its_place_and_a_degraded_one_says_so() {
+        let mut queued = holder();
+        queued.phase = Phase::Queued;
+        queued.queue_position = Some(3);
+        assert!(waiting(&queued, true).body.contains("queued, position 3"));
+        let mut degraded = holder();
+        degraded.phase = Phase::Degraded;
+        assert!(waiting(&degraded, true).body.contains("not starting"));
+    }
+
+    #[test]
+    fn an_unknown_host_gets_a_404_that_names_nothing() {
+        let answer = unknown();
+        assert_eq!(answer.status, StatusCode::NOT_FOUND);
+        assert!(!answer.body.contains("preview."));
+    }
+}

@@ -1,0 +1,329 @@
+//! The wake gate against a real kube-apiserver: a sleeping environment's routes are withdrawn,
+//! a request with its host gets the waiting page and wakes it (once, however many requests
+//! come), its routes come back once it is Ready, and a host no environment holds gets a 404
+//! without a wake. Through an Ingress and through a Gateway API HTTPRoute (the test plays the
+//! Gateway). No push, no comment: only HTTP requests to the gate.
+
+use crate::reconcile::{crd_in, install_crds};
+use crate::support;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use k8s_openapi::api::apps::v1::Deployment;
+use kube::Client;
+use kube::api::{
+    Api, ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams,
+};
+use previewd::gate::metrics::GateMetrics;
+use previewd::gate::server::{ClusterWaker, Gate, Waker};
+use previewd::model::crd::{Phase, PreviewEnvironment, PreviewTemplate};
+use previewd::reconcile::ControllerConfig;
+use serde_json::{Value, json};
+use support::{eventually, in_namespace, start_controller_with, wait_for_phase};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+const GATEWAY_API: &str = "gateway.networking.k8s.io";
+
+/// A Deployment and its Service, and `route` (an Ingress or HTTPRoute for `{{ host }}`).
+fn app(route: &str) -> String {
+    format!(
+        "apiVersion: apps/v1\nkind: Deployment\nmetadata:\n  name: web\nspec:\n  replicas: 2\n  selector: {{matchLabels: {{app: web}}}}\n  template:\n    metadata: {{labels: {{app: web}}}}\n    spec:\n      containers: [{{name: web, image: registry.example/web:1}}]\n---\napiVersion: v1\nkind: Service\nmetadata:\n  name: web\nspec:\n  selector: {{app: web}}\n  ports: [{{port: 80}}]\n---\n{route}"
+    )
+}
+
+const INGRESS: &str = "apiVersion: networking.k8s.io/v1\nkind: Ingress\nmetadata:\n  name: web\nspec:\n  rules:\n    - host: \"{{ host }}\"\n      http:\n        paths: [{path: /, pathType: Prefix, backend: {service: {name: web, port: {number: 80}}}}]\n";
+
+const HTTP_ROUTE: &str = "apiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata:\n  name: web\nspec:\n  parentRefs: [{name: previews, namespace: gateway-system}]\n  hostnames: [\"{{ host }}\"]\n  rules: [{backendRefs: [{name: web, port: 80}]}]\n";
+
+/// The cluster's waker, counting the wakes it sends.
+struct CountingWaker {
+    inner: ClusterWaker,
+    wakes: AtomicUsize,
+}
+
+impl Waker for CountingWaker {
+    fn wake<'a>(
+        &'a self,
+        namespace: &'a str,
+        name: &'a str,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), String>> + Send + 'a>> {
+        self.wakes.fetch_add(1, Ordering::SeqCst);
+        self.inner.wake(namespace, name)
+    }
+}
+
+/// A raw HTTP/1.1 GET with `host`: status, headers (lower-case names) and body.
+async fn get(
+    gate: std::net::SocketAddr,
+    host: &str,
+    accept: &str,
+) -> (u16, Vec<(String, String)>, String) {
+    let mut stream = tokio::net::TcpStream::connect(gate).await.unwrap();
+    let request = format!(
+        "GET /cart?x=%3Cb%3Eecho HTTP/1.1\r\nHost: {host}\r\nAccept: {accept}\r\nX-Echo: <b>echo</b>\r\nConnection: close\r\n\r\n"
+    );
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).await.unwrap();
+    let (head, body) = answer.split_once("\r\n\r\n").unwrap();
+    let mut lines = head.lines();
+    let status = lines
+        .next()
+        .unwrap()
+        .split(' ')
+        .nth(1)
+        .unwrap()
+        .parse()
+        .unwrap();
+    let headers = lines
+        .filter_map(|l| l.split_once(':'))
+        .map(|(n, v)| (n.trim().to_ascii_lowercase(), v.trim().to_string()))
+        .collect();
+    (status, headers, body.to_string())
+}
+
+fn header<'a>(headers: &'a [(String, String)], name: &str) -> Option<&'a str> {
+    headers
+        .iter()
+        .find(|(n, _)| n == name)
+        .map(|(_, v)| v.as_str())
+}
+
+/// previewd's controller with the gate answering (`--gate-listen`), the gate itself on a
+/// loopback port, and the waker it wakes with.
+async fn controller_and_gate(
+    client: &Client,
+    namespace: &str,
+    extra_kinds: &[Value],
+) -> (support::Running, std::net::SocketAddr, Arc<CountingWaker>) {
+    let config = ControllerConfig {
+        namespace: Some(namespace.to_string()),
+        template_kinds: support::template_kinds_and(extra_kinds),
+        gate_answers: true,
+        ..Default::default()
+    };
+    let running = start_controller_with(client, config).await;
+    let waker = Arc::new(CountingWaker {
+        inner: ClusterWaker::new(client.clone(), running.metrics.cluster.clone()),
+        wakes: AtomicUsize::new(0),
+    });
+    let gate = Gate::new(
+        running.caches.environments.clone(),
+        waker.clone(),
+        GateMetrics::new(),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap();
+    tokio::spawn(previewd::gate::server::serve(
+        gate,
+        listener,
+        std::future::pending(),
+    ));
+    (running, address, waker)
+}
+
+async fn create(client: &Client, namespace: &str, manifest: &str, policy: Value) {
+    let template: PreviewTemplate = serde_json::from_value(json!({
+        "apiVersion": "previewd.dev/v1alpha1", "kind": "PreviewTemplate", "metadata": {"name": "web"},
+        "spec": {"forge": {"kind": "github", "repository": "Codertocat/Hello-World"},
+                 "url": {"host": "{{ slug }}.gate.example.com"}, "policy": policy,
+                 "manifests": {"inline": [{"name": "app.yaml", "template": manifest}]}}
+    }))
+    .unwrap();
+    Api::<PreviewTemplate>::namespaced(client.clone(), namespace)
+        .create(&PostParams::default(), &template)
+        .await
+        .unwrap();
+    let environment: PreviewEnvironment = serde_json::from_value(json!({
+        "apiVersion": "previewd.dev/v1alpha1", "kind": "PreviewEnvironment", "metadata": {"name": "pr-2"},
+        "spec": {"template": "web", "source": {"repository": "Codertocat/Hello-World",
+                 "branch": "feature/<b>", "pullRequest": 2, "headSha": "abc1234"}}
+    }))
+    .unwrap();
+    Api::<PreviewEnvironment>::namespaced(client.clone(), namespace)
+        .create(&PostParams::default(), &environment)
+        .await
+        .unwrap();
+}
+
+/// The environment's route `kind`/web in its namespace, as an API.
+fn routes(client: &Client, namespace: &str, group: &str, kind: &str) -> Api<DynamicObject> {
+    let gvk = GroupVersionKind::gvk(group, "v1", kind);
+    Api::namespaced_with(client.clone(), namespace, &ApiResource::from_gvk(&gvk))
+}
+
+/// Puts pr-2 to sleep and waits until its route is gone; returns its host.
+async fn asleep(environments: &Api<PreviewEnvironment>, route: &Api<DynamicObject>) -> String {
+    let patch = json!({"spec": {"sleep": true}});
+    environments
+        .patch("pr-2", &PatchParams::default(), &Patch::Merge(patch))
+        .await
+        .unwrap();
+    let asleep = wait_for_phase(
+        environments,
+        "pr-2",
+        Phase::Sleeping,
+        Duration::from_secs(60),
+    )
+    .await;
+    let status = asleep.status.unwrap();
+    let host = status.host.clone().unwrap();
+    assert!(host.ends_with(".gate.example.com"), "{host}");
+    assert_eq!(
+        status.url,
+        Some(format!("https://{host}")),
+        "asleep, the URL leads to the gate"
+    );
+    eventually("the route withdrawn", Duration::from_secs(30), || async {
+        route.get_opt("web").await.unwrap().is_none().then_some(())
+    })
+    .await;
+    status.host.unwrap()
+}
+
+/// Requests `host` at the gate until the environment is Ready again: the first answers are the
+/// waiting page, and `waker` wakes it exactly once.
+async fn woken_by_requests(
+    gate: std::net::SocketAddr,
+    host: &str,
+    environments: &Api<PreviewEnvironment>,
+    waker: &CountingWaker,
+) {
+    let before = chrono::Utc::now() - chrono::TimeDelta::seconds(1);
+    let (status, headers, body) = get(gate, host, "text/html,application/xhtml+xml").await;
+    assert_eq!(status, 503, "{body}");
+    assert_eq!(header(&headers, "retry-after"), Some("5"));
+    assert!(body.contains("<meta http-equiv=\"refresh\""), "{body}");
+    assert!(
+        body.contains("Preview environment pr-2") && body.contains("pull request #2"),
+        "{body}"
+    );
+    assert!(body.contains("starting, about"), "{body}");
+    assert!(
+        !body.contains("<b>"),
+        "nothing of the request or the branch is echoed as HTML: {body}"
+    );
+    // A flood of requests meanwhile: one wake.
+    let flood: Vec<_> = (0..50).map(|_| get(gate, host, "*/*")).collect();
+    for (status, headers, body) in futures::future::join_all(flood).await {
+        assert_eq!(status, 503);
+        assert_eq!(header(&headers, "content-type"), Some("application/json"));
+        assert!(
+            body.contains("\"environment\":\"") && body.contains("/pr-2\""),
+            "{body}"
+        );
+    }
+    let ready = wait_for_phase(environments, "pr-2", Phase::Ready, Duration::from_secs(60)).await;
+    assert_eq!(
+        waker.wakes.load(Ordering::SeqCst),
+        1,
+        "51 requests, one wake"
+    );
+    assert!(!ready.spec.sleep);
+    assert!(
+        ready.spec.last_activity.is_some_and(|at| at >= before),
+        "the request counts as activity"
+    );
+    let status = ready.status.unwrap();
+    assert_eq!(status.waking_since, None);
+    assert!(
+        status.last_wake_seconds.is_some_and(|s| s > 0.0),
+        "{status:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_request_wakes_a_sleeping_environment_and_its_ingress_returns_once_it_is_ready() {
+    in_namespace("gate-ingress", |client, ns| async move {
+        let (_running, gate, waker) = controller_and_gate(&client, &ns, &[]).await;
+        create(&client, &ns, &app(INGRESS), json!({})).await;
+        let environments: Api<PreviewEnvironment> = Api::namespaced(client.clone(), &ns);
+        let ready =
+            wait_for_phase(&environments, "pr-2", Phase::Ready, Duration::from_secs(60)).await;
+        let target = ready.status.unwrap().namespace.unwrap();
+        let ingress = routes(&client, &target, "networking.k8s.io", "Ingress");
+        let host = asleep(&environments, &ingress).await;
+
+        // A host nobody holds: 404, and nothing is woken.
+        let (status, _, body) = get(gate, "pr-9.gate.example.com", "text/html").await;
+        assert_eq!(status, 404, "{body}");
+        let (status, _, _) = get(gate, "pr-2.gate.example.com.attacker.example", "*/*").await;
+        assert_eq!(status, 404);
+        assert_eq!(waker.wakes.load(Ordering::SeqCst), 0);
+
+        woken_by_requests(gate, &host.to_uppercase(), &environments, &waker).await;
+        let deployments: Api<Deployment> = Api::namespaced(client.clone(), &target);
+        let web = deployments.get("web").await.unwrap();
+        assert_eq!(web.spec.unwrap().replicas, Some(2));
+        assert_eq!(
+            web.status.unwrap().available_replicas,
+            Some(2),
+            "Ready means its pods are available"
+        );
+        let back = ingress.get("web").await.unwrap();
+        assert_eq!(
+            back.data["spec"]["rules"][0]["host"],
+            json!(host),
+            "the Ingress is back"
+        );
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_request_wakes_a_sleeping_environment_behind_an_http_route() {
+    in_namespace("gate-route", |client, ns| async move {
+        install_crds(
+            &client,
+            &[crd_in(GATEWAY_API, "httproutes", "HTTPRoute", "Namespaced")],
+        )
+        .await;
+        let kind = json!({"group": GATEWAY_API, "kind": "HTTPRoute", "resource": "httproutes"});
+        let (_running, gate, waker) = controller_and_gate(&client, &ns, &[kind]).await;
+        create(
+            &client,
+            &ns,
+            &app(HTTP_ROUTE),
+            json!({"allowedGateways": ["gateway-system/previews"]}),
+        )
+        .await;
+        let environments: Api<PreviewEnvironment> = Api::namespaced(client.clone(), &ns);
+        // The test plays the Gateway: it accepts every route it sees, new or re-created.
+        let target = eventually("the namespace", Duration::from_secs(60), || async {
+            environments.get("pr-2").await.ok()?.status?.namespace
+        })
+        .await;
+        let route = routes(&client, &target, GATEWAY_API, "HTTPRoute");
+        let gateway = tokio::spawn(accept_routes(route.clone()));
+        wait_for_phase(&environments, "pr-2", Phase::Ready, Duration::from_secs(60)).await;
+        let host = asleep(&environments, &route).await;
+        woken_by_requests(gate, &host, &environments, &waker).await;
+        let back = route.get("web").await.unwrap();
+        assert_eq!(
+            back.data["spec"]["hostnames"],
+            json!([host]),
+            "the HTTPRoute is back"
+        );
+        gateway.abort();
+    })
+    .await;
+}
+
+/// Marks every `web` route the Gateway has not accepted yet as accepted, until aborted.
+async fn accept_routes(routes: Api<DynamicObject>) {
+    loop {
+        if let Ok(Some(route)) = routes.get_opt("web").await
+            && route.data["status"]["parents"].is_null()
+        {
+            let accepted = json!({"status": {"parents": [{"parentRef": {"name": "previews"}, "controllerName": "example.com/gateway",
+                "conditions": [{"type": "Accepted", "status": "True", "reason": "Accepted", "message": "",
+                    "observedGeneration": route.metadata.generation, "lastTransitionTime": "2026-11-26T10:00:00Z"}]}]}});
+            let _ = routes
+                .patch_status("web", &PatchParams::default(), &Patch::Merge(accepted))
+                .await;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
