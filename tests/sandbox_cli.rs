@@ -324,6 +324,7 @@ fn the_printed_curl_lines_create_environments_that_kubectl_shows_ready() {
         "gitlab_webhook_url",
         "gitlab_webhook_token",
         "forge_api_url",
+        "ingress_url",
     ] {
         assert!(
             info[key].as_str().is_some_and(|v| !v.is_empty()),
@@ -352,6 +353,7 @@ fn the_printed_curl_lines_create_environments_that_kubectl_shows_ready() {
     line_where(&lines, "forge comment", |l| {
         l.starts_with("[forge] github Codertocat/Hello-World#2: PR comment")
     });
+    asleep_then_opened(&kubeconfig, &listed, info["ingress_url"].as_str().unwrap());
 
     signal(&run.child, libc::SIGTERM);
     let status = run.child.wait().unwrap();
@@ -767,6 +769,10 @@ fn the_demo_plays_a_pull_request_and_exits_0() {
         "READY: web-kustomize-pr-2",
         "READY: ",
         "UPDATED: ",
+        "sleep: spec.sleep set",
+        "→ 503: previewd's waiting page (starting, about",
+        "WOKEN: GET http://changes.preview.example.com/ → 200",
+        "sandbox app: Service ",
         "DESTROYED: ",
         "demo done",
     ] {
@@ -825,4 +831,70 @@ fn without_colours(line: &str) -> String {
         }
     }
     plain
+}
+
+/// Puts the environment kubectl `listed` to sleep, then opens its host as the printed line says
+/// (`curl -H 'Host: …'` through the sandbox's ingress): the waiting page, then the app.
+fn asleep_then_opened(kubeconfig: &Path, listed: &str, ingress_url: &str) {
+    let name = listed.split_whitespace().next().unwrap();
+    kubectl(
+        kubeconfig,
+        &[
+            "patch",
+            "previewenvironment",
+            name,
+            "--type=merge",
+            "-p",
+            r#"{"spec":{"sleep":true}}"#,
+        ],
+    );
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let host = loop {
+        let phase = kubectl(
+            kubeconfig,
+            &[
+                "get",
+                "previewenvironment",
+                name,
+                "-o",
+                "jsonpath={.status.phase} {.status.host}",
+            ],
+        );
+        if let Some(host) = phase.strip_prefix("Sleeping ") {
+            break host.trim().to_string();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{name} did not fall asleep: {phase}"
+        );
+        std::thread::sleep(Duration::from_millis(300));
+    };
+    let open = || {
+        let line = format!(
+            "curl -s -o /dev/stderr -w '%{{http_code}}' -H 'Host: {host}' -H 'Accept: text/html' {ingress_url}/"
+        );
+        let output = Command::new("sh").arg("-c").arg(&line).output().unwrap();
+        (
+            String::from_utf8_lossy(&output.stdout).to_string(),
+            String::from_utf8_lossy(&output.stderr).to_string(),
+        )
+    };
+    let (status, page) = open();
+    assert_eq!(status, "503", "{page}");
+    assert!(
+        page.contains("<meta http-equiv=\"refresh\"") && page.contains(name),
+        "{page}"
+    );
+    loop {
+        let (status, body) = open();
+        if status == "200" {
+            assert!(body.starts_with("sandbox app: Service "), "{body}");
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{host} never reached the app: {status} {body}"
+        );
+        std::thread::sleep(Duration::from_millis(300));
+    }
 }

@@ -101,6 +101,10 @@ fn render_headline(out: &mut String, status: &PreviewEnvironmentStatus, short_sh
         (Some(url), Phase::Ready) => {
             let _ = writeln!(out, "**{url}** (commit `{short_sha}`)\n");
         }
+        // How to wake it (opening the URL, when previewd's gate answers it) is said below.
+        (Some(url), Phase::Sleeping) => {
+            let _ = writeln!(out, "**{url}** (commit `{short_sha}`, asleep)\n");
+        }
         (Some(url), _) => {
             let _ = writeln!(out, "Will be at {url} (commit `{short_sha}`)\n");
         }

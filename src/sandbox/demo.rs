@@ -2,7 +2,8 @@
 //! a Helm chart, and templates/web-kustomize, a Kustomize overlay) applied as `kubectl apply -f
 //! templates/<name>/` applies them, Ready, then removed; then a pull request's life in the
 //! sandbox, from the fixture deliveries, with what happens printed as it happens: opened →
-//! Ready → synchronize (a new commit) → Ready again → closed → gone. The PR comment is printed
+//! Ready → synchronize (a new commit) → Ready again → asleep → a request to its host through the
+//! sandbox's ingress wakes it → the app answers → closed → gone. The PR comment is printed
 //! each time previewd edits it.
 //!
 //! The `synchronize` fixture carries the same head SHA as `opened` (both are snapshots of one
@@ -31,6 +32,8 @@ pub struct DemoTimings {
     pub examples_to_ready: Duration,
     pub opened_to_ready: Duration,
     pub synchronize_to_ready: Duration,
+    /// From the first request to the sleeping environment's host until the app answered it.
+    pub request_to_app: Duration,
     pub closed_to_gone: Duration,
 }
 
@@ -81,11 +84,13 @@ pub async fn play(
     let examples_to_ready = demo.examples(with_helm).await?;
     let (name, opened_to_ready) = demo.opened().await?;
     let synchronize_to_ready = demo.synchronized(&name).await?;
+    let request_to_app = demo.woken_by_a_request(&name).await?;
     let closed_to_gone = demo.closed(&name).await?;
     Ok(DemoTimings {
         examples_to_ready,
         opened_to_ready,
         synchronize_to_ready,
+        request_to_app,
         closed_to_gone,
     })
 }
@@ -200,8 +205,8 @@ impl Demo<'_> {
     }
 
     /// Where the environment is, as its status says (previewd reports a URL only once an
-    /// Ingress or HTTPRoute routes its host; the sandbox runs no ingress controller, so the
-    /// URL is said, not opened).
+    /// Ingress or HTTPRoute routes its host; the sandbox's ingress answers it for the app's
+    /// pods, see `sandbox::ingress`).
     async fn url_of(&self, name: &str) -> String {
         let url = self
             .environments
@@ -247,7 +252,94 @@ impl Demo<'_> {
         Ok(took)
     }
 
-    /// Act 3: the PR is closed; the environment and its namespace go.
+    /// Act 3: asleep, and woken by a request to its host through the sandbox's ingress (no
+    /// push, no comment); returns the time from the first request until the app answered.
+    async fn woken_by_a_request(&mut self, name: &str) -> Result<Duration, SandboxError> {
+        self.narrator
+            .say("sleep: spec.sleep set, as the sweep does after the template's idleTimeout");
+        let asleep = serde_json::json!({"spec": {"sleep": true}});
+        let params = kube::api::PatchParams::default();
+        self.environments
+            .patch(name, &params, &kube::api::Patch::Merge(asleep))
+            .await?;
+        let asleep = |e: &PreviewEnvironment| {
+            e.status
+                .as_ref()
+                .is_some_and(|s| s.phase == Phase::Sleeping)
+        };
+        follow(
+            &self.environments,
+            Some(name),
+            &self.narrator,
+            &mut self.forge_events,
+            asleep,
+        )
+        .await?;
+        let host = self
+            .environments
+            .get(name)
+            .await?
+            .status
+            .and_then(|s| s.host)
+            .unwrap_or_default();
+        let sent = Instant::now();
+        let (status, said) = self.request(&host).await?;
+        self.narrator
+            .say(&format!("GET http://{host}/ → {status}: {said}"));
+        let awake = |e: &PreviewEnvironment| ready_at(e, &NEW_HEAD[..7]);
+        follow(
+            &self.environments,
+            Some(name),
+            &self.narrator,
+            &mut self.forge_events,
+            awake,
+        )
+        .await?;
+        let deadline = Instant::now() + STEP_TIMEOUT;
+        loop {
+            let (status, said) = self.request(&host).await?;
+            if status == 200 {
+                let took = sent.elapsed();
+                self.narrator.say(&format!(
+                    "WOKEN: GET http://{host}/ → 200 {:.1} s after the first request: {said}",
+                    took.as_secs_f64()
+                ));
+                return Ok(took);
+            }
+            if Instant::now() > deadline {
+                return Err(SandboxError::Process(format!(
+                    "{host} did not reach the app within {} s (last: {status} {said})",
+                    STEP_TIMEOUT.as_secs()
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    /// A GET of `host` through the sandbox's ingress: its status and what it said (the gate's
+    /// `state`, or the app's line).
+    async fn request(&self, host: &str) -> Result<(u16, String), SandboxError> {
+        let answer = self
+            .http
+            .get(format!("{}/", self.playground.facts.ingress_url))
+            .header("Host", host)
+            .header("Accept", "application/json")
+            .send()
+            .await
+            .map_err(|e| SandboxError::Process(format!("a request to {host}: {e}")))?;
+        let status = answer.status().as_u16();
+        let text = answer.text().await.unwrap_or_default();
+        let said = match serde_json::from_str::<serde_json::Value>(&text) {
+            Ok(json) => format!(
+                "previewd's waiting page ({})",
+                json["state"].as_str().unwrap_or_default()
+            ),
+            Err(_) => text.trim().to_string(),
+        };
+        Ok((status, said))
+    }
+
+    /// Act 4: the PR is closed; the environment and its namespace go.
     async fn closed(&mut self, name: &str) -> Result<Duration, SandboxError> {
         self.narrator
             .say("pull_request closed: PR #2 closed without merging");

@@ -26,6 +26,7 @@ mod forge_contents;
 mod forge_relay;
 pub mod forge_standin;
 pub mod helm_engine;
+pub mod ingress;
 pub mod node_simulator;
 pub mod playground;
 pub mod process;

@@ -58,6 +58,8 @@ pub struct Facts {
     pub gitlab_webhook_url: String,
     pub gitlab_webhook_token: String,
     pub forge_api_url: String,
+    /// The sandbox's ingress (`sandbox::ingress`): send a request with an environment's host.
+    pub ingress_url: String,
 }
 
 pub struct Playground {
@@ -104,6 +106,7 @@ impl Playground {
             gitlab_webhook_url: forge.hook_url("gitlab"),
             gitlab_webhook_token: random_hex(16)?,
             forge_api_url: forge.url(),
+            ingress_url: String::new(),
         };
         let params = PatchParams::apply(FIELD_MANAGER).force();
         let secrets: Api<k8s_openapi::api::core::v1::Secret> =

@@ -5,6 +5,7 @@
 use std::sync::Arc;
 
 use super::cli::SandboxArgs;
+use super::ingress::SandboxIngress;
 use super::playground::{self, Playground};
 use super::{Sandbox, SandboxError, StderrProgress, demo, helm_engine, provision};
 use crate::forge::client::ApiDefaults;
@@ -34,7 +35,13 @@ pub async fn run(args: SandboxArgs) -> Result<(), SandboxError> {
             .map(|a| a.to_string())
             .unwrap_or_default()
     );
-    let playground = Playground::set_up(
+    // The wake gate on a loopback port, reached through the sandbox's ingress.
+    let gate = crate::runtime::service::bind(([127, 0, 0, 1], 0).into()).await?;
+    let gate_address = gate
+        .local_addr()
+        .map_err(|e| SandboxError::Process(format!("the wake gate: {e}")))?;
+    controller.gate_answers = true;
+    let mut playground = Playground::set_up(
         &client,
         sandbox.kubeconfig_path(),
         sandbox.control_plane().dir(),
@@ -57,10 +64,12 @@ pub async fn run(args: SandboxArgs) -> Result<(), SandboxError> {
         // One previewd per sandbox: nobody to elect against.
         lease: None,
         shutdown_grace: std::time::Duration::from_secs(5),
-        gate: None,
+        gate: Some(gate),
     };
     let service = tokio::spawn(crate::runtime::service::run(config, listener, shutdown));
     wait_until_ready(&webhook_base).await?;
+    let ingress = SandboxIngress::start(client.clone(), gate_address).await?;
+    playground.facts.ingress_url = format!("http://{}", ingress.address);
     let served = Served {
         helm: match &helm {
             Ok((_, said)) => said.clone(),
@@ -84,6 +93,7 @@ pub async fn run(args: SandboxArgs) -> Result<(), SandboxError> {
     if let Ok(Err(e)) = service.await {
         eprintln!("[sandbox] previewd stopped with an error: {e}");
     }
+    drop(ingress);
     drop(playground);
     drop(sandbox);
     outcome
@@ -117,10 +127,11 @@ async fn play_demo(
 ) -> Result<(), SandboxError> {
     let timings = demo::play(client, playground, with_helm).await?;
     println!(
-        "demo done: the examples' Helm chart and Kustomize overlay Ready {:.1} s, opened → Ready {:.1} s, synchronize → Ready {:.1} s, closed → deleted {:.1} s; the forge stand-in received {} comments and statuses",
+        "demo done: the examples' Helm chart and Kustomize overlay Ready {:.1} s, opened → Ready {:.1} s, synchronize → Ready {:.1} s, asleep, first request → the app {:.1} s, closed → deleted {:.1} s; the forge stand-in received {} comments and statuses",
         timings.examples_to_ready.as_secs_f64(),
         timings.opened_to_ready.as_secs_f64(),
         timings.synchronize_to_ready.as_secs_f64(),
+        timings.request_to_app.as_secs_f64(),
         timings.closed_to_gone.as_secs_f64(),
         playground.forge.received().len()
     );
@@ -196,6 +207,10 @@ fn print_facts(
     println!("  GitHub secret:   {}", facts.github_webhook_secret);
     println!("  GitLab webhook:  {}", facts.gitlab_webhook_url);
     println!("  GitLab token:    {}", facts.gitlab_webhook_token);
+    println!(
+        "  ingress:         {} (routes by the cluster's Ingresses; a host none routes goes to previewd's wake gate)",
+        facts.ingress_url
+    );
     if demo {
         return;
     }
@@ -204,5 +219,9 @@ fn print_facts(
     println!("  open a GitLab MR:");
     println!("    {}", playground.gitlab_curl());
     println!("  watch:           KUBECONFIG={kubeconfig} kubectl get previewenvironments -w");
+    println!(
+        "  open an environment (a sleeping one wakes): curl -H 'Host: <status.host>' {}/",
+        facts.ingress_url
+    );
     println!("Press Ctrl-C to stop; everything the sandbox started stops with it.");
 }
