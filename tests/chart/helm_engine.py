@@ -19,6 +19,8 @@ values = json.loads(values_json)
 everything_on = {
     "ingress": {"enabled": True, "className": "nginx", "tls": [{"secretName": "t", "hosts": ["previewd.example.com"]}]},
     "serviceMonitor": {"enabled": True},
+    "wakeGate": {"enabled": True, "ingress": {"enabled": True, "className": "nginx"},
+                 "httpRoute": {"enabled": True, "parentRefs": [{"name": "previews", "namespace": "gateway-system"}]}},
     "watchNamespace": "apps",
     "rbac": {"bindableClusterRoles": ["view"], "secretNamespaces": ["apps", "team-b"]},
 }
@@ -37,6 +39,9 @@ bad_values = {
     "template_kind_wildcard": {"extraTemplateKinds": [{"group": "", "kind": "Node", "resource": "*"}]},
     "template_kind_without_resource": {"extraTemplateKinds": [{"group": "gateway.networking.k8s.io", "kind": "HTTPRoute"}]},
     "bad_secret_namespace": {"rbac": {"secretNamespaces": ["Kube System"]}},
+    # The gate's route is the URL domain's wildcard: one exact host would take a neighbour's.
+    "wake_gate_exact_host": {"wakeGate": {"ingress": {"host": "app.example.com"}}},
+    "wake_gate_on_the_webhook_port": {"wakeGate": {"port": 8080}},
 }
 refused = {}
 with helm.Chart.load(chart_path) as chart:

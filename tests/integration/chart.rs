@@ -254,6 +254,8 @@ async fn the_chart_lints_renders_applies_and_its_rbac_carries_a_lifecycle() {
             "podDisruptionBudget": {"enabled": false},
             // The API server's address, as an operator who renders with `helm template` sets it.
             "networkPolicy": {"apiServer": {"cidrs": ["127.0.0.1/32"]}},
+            // The wake gate, behind the URL domain's wildcard Ingress.
+            "wakeGate": {"enabled": true, "ingress": {"enabled": true, "host": "*.preview.example.com"}},
         });
         let engine = helm_engine(&release, &ns, &values);
 
@@ -307,6 +309,7 @@ async fn the_chart_lints_renders_applies_and_its_rbac_carries_a_lifecycle() {
             );
         }
         assert_egress_stays_out_of_private_ranges(&rendered);
+        assert_gate_routed(&rendered, &release);
         apply_all(&client, &ns, &rendered).await;
         let deployment = rendered.iter().find(|o| o["kind"] == "Deployment").unwrap();
         let pod = &deployment["spec"]["template"]["spec"];
@@ -353,7 +356,13 @@ async fn the_chart_lints_renders_applies_and_its_rbac_carries_a_lifecycle() {
             })
             // Tests listen on a free loopback port, given on the command line.
             .filter(|(name, _)| name != "PREVIEWD_LISTEN")
+            // The gate too, on a free loopback port (read back from its log line).
+            .map(|(name, value)| match name.as_str() {
+                "PREVIEWD_GATE_LISTEN" => (name, "127.0.0.1:0".to_string()),
+                _ => (name, value),
+            })
             .collect();
+        assert!(env.iter().any(|(name, _)| name == "PREVIEWD_GATE_LISTEN"));
 
         // The web-postgres example, served by wiremock as GitHub.
         let forge = github_forge().await;
@@ -411,6 +420,7 @@ async fn the_chart_lints_renders_applies_and_its_rbac_carries_a_lifecycle() {
             )
             .await;
         wait_ready_with_sha(&environments, &name, new_sha).await;
+        woken_through_the_gate(&previewd, &environments, &name).await;
 
         previewd
             .send(
@@ -453,4 +463,106 @@ async fn the_chart_lints_renders_applies_and_its_rbac_carries_a_lifecycle() {
             .await;
     })
     .await;
+}
+
+/// The chart's wake gate: its own Service (only the gate's port), the wildcard Ingress to it,
+/// the container port and previewd's NetworkPolicy letting it in.
+fn assert_gate_routed(rendered: &[Value], release: &str) {
+    let gate = format!("{release}-previewd-gate");
+    let named = |kind: &str| {
+        rendered
+            .iter()
+            .find(|o| o["kind"] == kind && o["metadata"]["name"] == gate.as_str())
+            .unwrap_or_else(|| panic!("the chart renders {kind}/{gate}"))
+    };
+    let service = named("Service");
+    assert_eq!(service["spec"]["ports"].as_array().unwrap().len(), 1);
+    assert_eq!(service["spec"]["ports"][0]["targetPort"], "gate");
+    let rule = &named("Ingress")["spec"]["rules"][0];
+    assert_eq!(rule["host"], "*.preview.example.com");
+    assert_eq!(
+        rule["http"]["paths"][0]["backend"]["service"]["name"],
+        gate.as_str()
+    );
+    let deployment = rendered.iter().find(|o| o["kind"] == "Deployment").unwrap();
+    let ports = &deployment["spec"]["template"]["spec"]["containers"][0]["ports"];
+    assert!(
+        ports
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|p| p["name"] == "gate" && p["containerPort"] == 8081)
+    );
+    let policy = rendered
+        .iter()
+        .find(|o| o["kind"] == "NetworkPolicy")
+        .unwrap();
+    let open: Vec<&Value> = policy["spec"]["ingress"][0]["ports"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| &p["port"])
+        .collect();
+    assert_eq!(open, [&json!(8080), &json!(8081)]);
+}
+
+/// Under the chart's RBAC: asleep, a request to the gate wakes the environment again.
+async fn woken_through_the_gate(
+    previewd: &PreviewdProcess,
+    environments: &Api<PreviewEnvironment>,
+    name: &str,
+) {
+    use kube::api::{Patch, PatchParams};
+    use previewd::model::crd::Phase;
+    let gate = support::eventually(
+        "the gate's address in the log",
+        std::time::Duration::from_secs(10),
+        || async {
+            let line = previewd
+                .log_lines()
+                .into_iter()
+                .find(|l| l.contains("wake gate listening"))?;
+            let at = line.find("127.0.0.1:")?;
+            let port: String = line[at + 10..]
+                .chars()
+                .take_while(char::is_ascii_digit)
+                .collect();
+            Some(format!("127.0.0.1:{port}"))
+        },
+    )
+    .await;
+    environments
+        .patch(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"sleep": true}})),
+        )
+        .await
+        .unwrap();
+    let asleep = support::wait_for_phase(
+        environments,
+        name,
+        Phase::Sleeping,
+        std::time::Duration::from_secs(60),
+    )
+    .await;
+    let host = asleep.status.unwrap().host.unwrap();
+    let answer = reqwest::Client::new()
+        .get(format!("http://{gate}/"))
+        .header("Host", host)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(answer.status(), 503, "the waiting page");
+    let awake = support::wait_for_phase(
+        environments,
+        name,
+        Phase::Ready,
+        std::time::Duration::from_secs(60),
+    )
+    .await;
+    assert!(
+        !awake.spec.sleep,
+        "woken by the request, under the chart's RBAC"
+    );
 }
