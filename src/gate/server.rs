@@ -25,15 +25,30 @@ use crate::cluster::records;
 use crate::cluster::writer::Writer;
 use crate::model::crd::PreviewEnvironment;
 
-/// Connections open at once; beyond them a new one is closed at once (and counted `busy`).
-/// Each holds hyper's buffers, at most [`MAX_HEAD_BYTES`].
-pub const MAX_CONNECTIONS: usize = 1024;
-/// The request head must arrive within this time.
-pub const HEAD_TIMEOUT: Duration = Duration::from_secs(5);
-/// A connection is closed after this long, kept alive or not.
-pub const CONNECTION_LIFETIME: Duration = Duration::from_secs(60);
 /// The largest request head read (hyper's smallest buffer limit); larger ones get a 431.
 pub const MAX_HEAD_BYTES: usize = 8192;
+
+/// What one client may hold of the gate.
+#[derive(Clone, Copy, Debug)]
+pub struct Bounds {
+    /// Connections open at once; beyond them a new one is closed at once (counted `busy`).
+    /// Each holds hyper's buffers, at most [`MAX_HEAD_BYTES`].
+    pub max_connections: usize,
+    /// The request head must arrive within this time.
+    pub head_timeout: Duration,
+    /// A connection is closed after this long, kept alive or not.
+    pub connection_lifetime: Duration,
+}
+
+impl Default for Bounds {
+    fn default() -> Self {
+        Self {
+            max_connections: 1024,
+            head_timeout: Duration::from_secs(5),
+            connection_lifetime: Duration::from_secs(60),
+        }
+    }
+}
 
 /// Wakes an environment; the cluster's record in previewd, a recording in tests.
 pub trait Waker: Send + Sync + 'static {
@@ -174,9 +189,19 @@ pub async fn serve(
     listener: tokio::net::TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) {
+    serve_within(gate, listener, Bounds::default(), shutdown).await
+}
+
+/// [`serve`] within `bounds`.
+pub async fn serve_within(
+    gate: Arc<Gate>,
+    listener: tokio::net::TcpListener,
+    bounds: Bounds,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) {
     let address = listener.local_addr().ok();
     tracing::info!(?address, "wake gate listening");
-    let connections = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
+    let connections = Arc::new(tokio::sync::Semaphore::new(bounds.max_connections));
     tokio::pin!(shutdown);
     loop {
         let accepted = tokio::select! {
@@ -205,10 +230,142 @@ pub async fn serve(
             });
             let connection = http1::Builder::new()
                 .timer(TokioTimer::new())
-                .header_read_timeout(HEAD_TIMEOUT)
+                .header_read_timeout(bounds.head_timeout)
                 .max_buf_size(MAX_HEAD_BYTES)
                 .serve_connection(TokioIo::new(stream), service);
-            let _ = tokio::time::timeout(CONNECTION_LIFETIME, connection).await;
+            let _ = tokio::time::timeout(bounds.connection_lifetime, connection).await;
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// Counts wakes; wakes nothing.
+    #[derive(Default)]
+    struct Counting(AtomicUsize);
+
+    impl Waker for Counting {
+        fn wake<'a>(
+            &'a self,
+            _: &'a str,
+            _: &'a str,
+        ) -> Pin<Box<dyn Future<Output = Result<(), String>> + Send + 'a>> {
+            self.0.fetch_add(1, Ordering::SeqCst);
+            Box::pin(async { Ok(()) })
+        }
+    }
+
+    /// A gate over an empty cache (every host unknown), within `bounds`.
+    async fn gate_within(bounds: Bounds) -> (std::net::SocketAddr, Arc<Counting>, GateMetrics) {
+        let (store, _writer) = kube::runtime::reflector::store::<PreviewEnvironment>();
+        let waker = Arc::new(Counting::default());
+        let metrics = GateMetrics::new();
+        let gate = Gate::new(store, waker.clone(), metrics.clone());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap();
+        tokio::spawn(serve_within(gate, listener, bounds, std::future::pending()));
+        (address, waker, metrics)
+    }
+
+    /// Reads what the gate sends until it closes the connection, or `None` after `wait`.
+    async fn read_until_closed(
+        stream: &mut tokio::net::TcpStream,
+        wait: Duration,
+    ) -> Option<String> {
+        let mut answer = Vec::new();
+        let read = tokio::time::timeout(wait, stream.read_to_end(&mut answer)).await;
+        read.ok()
+            .map(|_| String::from_utf8_lossy(&answer).to_string())
+    }
+
+    #[tokio::test]
+    async fn an_unknown_host_gets_a_404_and_wakes_nothing() {
+        let (address, waker, metrics) = gate_within(Bounds::default()).await;
+        let mut stream = tokio::net::TcpStream::connect(address).await.unwrap();
+        let request =
+            "GET / HTTP/1.1\r\nHost: nobody.preview.example.com\r\nConnection: close\r\n\r\n";
+        stream.write_all(request.as_bytes()).await.unwrap();
+        let answer = read_until_closed(&mut stream, Duration::from_secs(5))
+            .await
+            .unwrap();
+        assert!(answer.starts_with("HTTP/1.1 404"), "{answer}");
+        assert!(
+            !answer.contains("nobody"),
+            "the host is not echoed: {answer}"
+        );
+        assert_eq!(waker.0.load(Ordering::SeqCst), 0);
+        assert_eq!(metrics.requests.with_label_values(&["unknown"]).get(), 1);
+    }
+
+    #[tokio::test]
+    async fn connections_beyond_the_bound_are_closed_at_once() {
+        let bounds = Bounds {
+            max_connections: 2,
+            ..Bounds::default()
+        };
+        let (address, _, metrics) = gate_within(bounds).await;
+        let _held: Vec<tokio::net::TcpStream> = vec![
+            tokio::net::TcpStream::connect(address).await.unwrap(),
+            tokio::net::TcpStream::connect(address).await.unwrap(),
+        ];
+        let mut third = tokio::net::TcpStream::connect(address).await.unwrap();
+        let closed = read_until_closed(&mut third, Duration::from_secs(2)).await;
+        assert_eq!(closed.as_deref(), Some(""), "closed without an answer");
+        assert_eq!(metrics.requests.with_label_values(&["busy"]).get(), 1);
+    }
+
+    #[tokio::test]
+    async fn a_client_that_sends_no_head_is_cut_off_and_one_that_stays_is_too() {
+        let bounds = Bounds {
+            head_timeout: Duration::from_millis(300),
+            connection_lifetime: Duration::from_secs(1),
+            ..Bounds::default()
+        };
+        let (address, _, _) = gate_within(bounds).await;
+        let mut silent = tokio::net::TcpStream::connect(address).await.unwrap();
+        assert!(
+            read_until_closed(&mut silent, Duration::from_secs(3))
+                .await
+                .is_some(),
+            "a connection without a request head is closed"
+        );
+        // A slow head, a byte at a time: the lifetime ends it even if each byte comes in time.
+        let mut trickle = tokio::net::TcpStream::connect(address).await.unwrap();
+        let started = Instant::now();
+        for byte in b"GET / HTTP/1.1\r\nX-Slow: "
+            .iter()
+            .chain(b"a".repeat(100).iter())
+        {
+            if trickle.write_all(&[*byte]).await.is_err() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(4),
+            "cut off while trickling"
+        );
+    }
+
+    #[tokio::test]
+    async fn an_oversized_head_is_refused() {
+        let (address, _, _) = gate_within(Bounds::default()).await;
+        let mut stream = tokio::net::TcpStream::connect(address).await.unwrap();
+        let huge = format!(
+            "GET / HTTP/1.1\r\nHost: a.example.com\r\nX-Big: {}\r\n\r\n",
+            "a".repeat(MAX_HEAD_BYTES * 2)
+        );
+        let _ = stream.write_all(huge.as_bytes()).await;
+        let answer = read_until_closed(&mut stream, Duration::from_secs(5))
+            .await
+            .unwrap_or_default();
+        assert!(
+            answer.is_empty() || answer.starts_with("HTTP/1.1 431"),
+            "{answer}"
+        );
     }
 }
