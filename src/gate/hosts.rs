@@ -28,6 +28,8 @@ pub struct Holder {
     pub branch: String,
     /// `spec.sleep`: asleep or falling asleep; a request wakes it.
     pub asleep: bool,
+    /// `metadata.generation`: the version of its spec (each sleep and wake is a new one).
+    pub generation: i64,
     pub phase: Phase,
     /// While `Queued`: its place in the template's queue.
     pub queue_position: Option<u32>,
@@ -75,6 +77,7 @@ pub fn holders<'a>(
             pull_request: environment.spec.source.pull_request,
             branch: environment.spec.source.branch.clone(),
             asleep: environment.spec.sleep,
+            generation: environment.metadata.generation.unwrap_or_default(),
             phase: status.phase,
             queue_position: status.queue_position,
             last_wake_seconds: status.last_wake_seconds,

@@ -136,6 +136,7 @@ mod tests {
             pull_request: Some(2),
             branch: "feature/<img src=x onerror=alert(1)>".into(),
             asleep: true,
+            generation: 1,
             phase: Phase::Sleeping,
             queue_position: None,
             last_wake_seconds: Some(11.2),

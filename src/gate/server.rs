@@ -125,9 +125,12 @@ impl Gate {
             return page::unknown();
         };
         let woke = holder.asleep
-            && self
-                .turns
-                .take(&holder.namespace, &holder.name, Instant::now());
+            && self.turns.take(
+                &holder.namespace,
+                &holder.name,
+                holder.generation,
+                Instant::now(),
+            );
         if woke {
             self.wake_in_background(&holder);
         }

@@ -1,0 +1,462 @@
+//! Benchmark: the wake gate.
+//!
+//! 1. Requests per second on loopback, 32 keep-alive connections, the same load generator for
+//!    three servers in one run: a bare hyper HTTP/1.1 server answering a fixed 404 (the floor),
+//!    the gate for a host no environment holds (404), and the gate for the host of a sleeping
+//!    environment among 1,000 (the waiting page; its wake, one write per 30 s, goes to a
+//!    counting waker here: the write is measured in part 2).
+//! 2. Wake latency against the real control plane: an environment of a Deployment (2 replicas),
+//!    a Service and an Ingress asleep; a request through the sandbox's ingress gets the waiting
+//!    page; then the time until the app answers, split into what previewd does (the wake write,
+//!    the reconcile that scales the workloads up, the one that puts the route back) and what
+//!    Kubernetes does (scheduling, the simulated kubelet's start-up delay, the controllers), as
+//!    a watch of the objects sees each step.
+//!
+//! `cargo bench --bench gate`. Prints figures; asserts only that every answer was the expected
+//! one and that the app answered.
+
+#[path = "../support/mod.rs"]
+mod support;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use http::{Response, StatusCode};
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper_util::rt::TokioIo;
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::networking::v1::Ingress;
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::runtime::watcher;
+use previewd::gate::metrics::GateMetrics;
+use previewd::gate::server::{ClusterWaker, Gate, Waker};
+use previewd::model::crd::{Phase, PreviewEnvironment, PreviewEnvironmentStatus, PreviewTemplate};
+use previewd::reconcile::ControllerConfig;
+use previewd::sandbox::ingress::SandboxIngress;
+use serde_json::json;
+
+const REQUESTS: usize = 20_000;
+const CONNECTIONS: usize = 32;
+const ENVIRONMENTS: usize = 1_000;
+const WAKES: usize = 5;
+
+fn main() {
+    support::run_benchmark(benchmark());
+}
+
+async fn benchmark() {
+    throughput().await;
+    wake_latency().await;
+}
+
+/// Wakes nothing; counts.
+struct NoWake(std::sync::atomic::AtomicUsize);
+
+impl Waker for NoWake {
+    fn wake<'a>(
+        &'a self,
+        _: &'a str,
+        _: &'a str,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), String>> + Send + 'a>> {
+        self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        Box::pin(async { Ok(()) })
+    }
+}
+
+/// A bare hyper HTTP/1.1 server that answers every request with a fixed 404.
+async fn bare_hyper() -> std::net::SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        loop {
+            let Ok((stream, _)) = listener.accept().await else {
+                continue;
+            };
+            tokio::spawn(async move {
+                let service = service_fn(|_request| async {
+                    let mut response = Response::new(axum::body::Body::from(
+                        "No preview environment at this address.\n",
+                    ));
+                    *response.status_mut() = StatusCode::NOT_FOUND;
+                    Ok::<_, std::convert::Infallible>(response)
+                });
+                let _ = http1::Builder::new()
+                    .serve_connection(TokioIo::new(stream), service)
+                    .await;
+            });
+        }
+    });
+    address
+}
+
+/// The gate over 1,000 environments, one in ten asleep; returns its address and a sleeping host.
+async fn gate_over_environments() -> (std::net::SocketAddr, String) {
+    let (store, mut writer) = kube::runtime::reflector::store::<PreviewEnvironment>();
+    for n in 0..ENVIRONMENTS {
+        let mut environment = PreviewEnvironment::new(&format!("pr-{n}"), Default::default());
+        environment.metadata.namespace = Some("previews".into());
+        environment.spec.source.pull_request = Some(n as u64);
+        environment.spec.source.branch = format!("feature-{n}");
+        environment.spec.sleep = n % 10 == 0;
+        environment.status = Some(PreviewEnvironmentStatus {
+            phase: if environment.spec.sleep {
+                Phase::Sleeping
+            } else {
+                Phase::Ready
+            },
+            host: Some(format!("pr-{n}.preview.example.com")),
+            ..Default::default()
+        });
+        writer.apply_watcher_event(&watcher::Event::Apply(environment));
+    }
+    let waker = Arc::new(NoWake(Default::default()));
+    let gate = Gate::new(store, waker, GateMetrics::new());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap();
+    tokio::spawn(previewd::gate::server::serve(
+        gate,
+        listener,
+        std::future::pending(),
+    ));
+    (address, "pr-500.preview.example.com".into())
+}
+
+/// Sends [`REQUESTS`] GETs with `host` over [`CONNECTIONS`] keep-alive connections; returns
+/// requests per second and the p50 and p99 latency, asserting every status is `expected`.
+async fn load(
+    address: std::net::SocketAddr,
+    host: &str,
+    expected: u16,
+) -> (f64, Duration, Duration) {
+    let http = reqwest::Client::builder()
+        .pool_max_idle_per_host(CONNECTIONS)
+        .build()
+        .unwrap();
+    let url = format!("http://{address}/");
+    let send = |_| {
+        let (http, url) = (http.clone(), url.clone());
+        async move {
+            let started = Instant::now();
+            let answer = http
+                .get(url)
+                .header("Host", host)
+                .header("Accept", "text/html")
+                .send()
+                .await
+                .unwrap();
+            let status = answer.status().as_u16();
+            let _ = answer.bytes().await.unwrap();
+            (status, started.elapsed())
+        }
+    };
+    // Warm-up: the connections, the host index's snapshot.
+    let _: Vec<_> = futures::stream::iter(0..CONNECTIONS * 4)
+        .map(send)
+        .buffer_unordered(CONNECTIONS)
+        .collect()
+        .await;
+    let started = Instant::now();
+    let results: Vec<(u16, Duration)> = futures::stream::iter(0..REQUESTS)
+        .map(send)
+        .buffer_unordered(CONNECTIONS)
+        .collect()
+        .await;
+    let elapsed = started.elapsed();
+    assert!(
+        results.iter().all(|(status, _)| *status == expected),
+        "every answer {expected}"
+    );
+    let mut latencies: Vec<Duration> = results.into_iter().map(|(_, l)| l).collect();
+    latencies.sort();
+    let at = |p: f64| latencies[((latencies.len() as f64 * p) as usize).min(latencies.len() - 1)];
+    (REQUESTS as f64 / elapsed.as_secs_f64(), at(0.5), at(0.99))
+}
+
+async fn throughput() {
+    let bare = bare_hyper().await;
+    let (gate, sleeping) = gate_over_environments().await;
+    println!(
+        "Wake gate: {REQUESTS} GETs per scenario on loopback, {CONNECTIONS} keep-alive connections, one load generator (reqwest) for all three; {ENVIRONMENTS} environments in the gate's index:"
+    );
+    let floor = load(bare, "pr-9999.preview.example.com", 404).await;
+    let ms = |d: Duration| d.as_secs_f64() * 1000.0;
+    let row = |what: &str, (rate, p50, p99): (f64, Duration, Duration)| {
+        println!(
+            "  {what}: {rate:.0} requests/s ({:.2} of the bare server), p50 {:.2} ms, p99 {:.2} ms",
+            rate / floor.0,
+            ms(p50),
+            ms(p99)
+        );
+    };
+    row("bare hyper server, fixed 404", floor);
+    row(
+        "gate, a host no environment holds (404)",
+        load(gate, "pr-9999.preview.example.com", 404).await,
+    );
+    row(
+        "gate, a sleeping environment's host (waiting page)",
+        load(gate, &sleeping, 503).await,
+    );
+}
+
+const APP: &str = "apiVersion: apps/v1
+kind: Deployment
+metadata:
+  name: web
+spec:
+  replicas: 2
+  selector: {matchLabels: {app: web}}
+  template:
+    metadata: {labels: {app: web}}
+    spec:
+      containers: [{name: web, image: registry.example/web:1}]
+---
+apiVersion: v1
+kind: Service
+metadata:
+  name: web
+spec:
+  selector: {app: web}
+  ports: [{port: 80}]
+---
+apiVersion: networking.k8s.io/v1
+kind: Ingress
+metadata:
+  name: web
+spec:
+  rules:
+    - host: \"{{ host }}\"
+      http:
+        paths: [{path: /, pathType: Prefix, backend: {service: {name: web, port: {number: 80}}}}]
+";
+
+/// When each step of one wake was seen.
+#[derive(Default)]
+struct Seen {
+    woken: Option<Instant>,
+    scaled_up: Option<Instant>,
+    available: Option<Instant>,
+    routed: Option<Instant>,
+}
+
+/// Watches the environment's Deployment and Ingress and the environment itself, recording when
+/// each step of a wake that started at `since` was seen.
+fn watch_steps(
+    client: &kube::Client,
+    namespace: &str,
+    target: &str,
+    seen: Arc<std::sync::Mutex<Seen>>,
+) -> Vec<tokio::task::JoinHandle<()>> {
+    let environments: Api<PreviewEnvironment> = Api::namespaced(client.clone(), namespace);
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), target);
+    let ingresses: Api<Ingress> = Api::namespaced(client.clone(), target);
+    let (a, b, c) = (seen.clone(), seen.clone(), seen);
+    vec![
+        tokio::spawn(
+            watcher(environments, Default::default()).for_each(move |event| {
+                if let Ok(watcher::Event::Apply(e)) = event
+                    && !e.spec.sleep
+                {
+                    a.lock().unwrap().woken.get_or_insert_with(Instant::now);
+                }
+                async {}
+            }),
+        ),
+        tokio::spawn(
+            watcher(deployments, Default::default()).for_each(move |event| {
+                if let Ok(watcher::Event::Apply(d)) = event {
+                    let wanted = d.spec.as_ref().and_then(|s| s.replicas).unwrap_or(0);
+                    let available = d
+                        .status
+                        .as_ref()
+                        .and_then(|s| s.available_replicas)
+                        .unwrap_or(0);
+                    let mut seen = b.lock().unwrap();
+                    if wanted > 0 {
+                        seen.scaled_up.get_or_insert_with(Instant::now);
+                    }
+                    if wanted > 0 && available >= wanted {
+                        seen.available.get_or_insert_with(Instant::now);
+                    }
+                }
+                async {}
+            }),
+        ),
+        tokio::spawn(
+            watcher(ingresses, Default::default()).for_each(move |event| {
+                if let Ok(watcher::Event::Apply(_)) = event {
+                    c.lock().unwrap().routed.get_or_insert_with(Instant::now);
+                }
+                async {}
+            }),
+        ),
+    ]
+}
+
+async fn wake_latency() {
+    let client = support::client().await;
+    let namespace = support::create_namespace(&client, "bench-gate").await;
+    let config = ControllerConfig {
+        namespace: Some(namespace.clone()),
+        gate_answers: true,
+        ..Default::default()
+    };
+    let running = support::start_controller_with(&client, config).await;
+    let waker = Arc::new(ClusterWaker::new(
+        client.clone(),
+        running.metrics.cluster.clone(),
+    ));
+    let gate = Gate::new(
+        running.caches.environments.clone(),
+        waker,
+        GateMetrics::new(),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let gate_address = listener.local_addr().unwrap();
+    tokio::spawn(previewd::gate::server::serve(
+        gate,
+        listener,
+        std::future::pending(),
+    ));
+    let ingress = SandboxIngress::start(client.clone(), gate_address)
+        .await
+        .unwrap();
+
+    let template: PreviewTemplate = serde_json::from_value(json!({
+        "apiVersion": "previewd.dev/v1alpha1", "kind": "PreviewTemplate", "metadata": {"name": "web"},
+        "spec": {"forge": {"kind": "github", "repository": "Codertocat/Hello-World"},
+                 "url": {"host": "{{ slug }}.bench.example.com"},
+                 "manifests": {"inline": [{"name": "app.yaml", "template": APP}]}}
+    }))
+    .unwrap();
+    Api::<PreviewTemplate>::namespaced(client.clone(), &namespace)
+        .create(&PostParams::default(), &template)
+        .await
+        .unwrap();
+    let environment: PreviewEnvironment = serde_json::from_value(json!({
+        "apiVersion": "previewd.dev/v1alpha1", "kind": "PreviewEnvironment", "metadata": {"name": "pr-2"},
+        "spec": {"template": "web", "source": {"repository": "Codertocat/Hello-World", "branch": "wake", "pullRequest": 2, "headSha": "abc1234"}}
+    }))
+    .unwrap();
+    let environments: Api<PreviewEnvironment> = Api::namespaced(client.clone(), &namespace);
+    environments
+        .create(&PostParams::default(), &environment)
+        .await
+        .unwrap();
+    let ready = support::wait_for_phase(
+        &environments,
+        "pr-2",
+        Phase::Ready,
+        Duration::from_secs(120),
+    )
+    .await;
+    let status = ready.status.unwrap();
+    let (target, host) = (status.namespace.unwrap(), status.host.unwrap());
+    let http = reqwest::Client::new();
+    let url = format!("http://{}/", ingress.address);
+    let get = |accept: &'static str| {
+        let (http, url, host) = (http.clone(), url.clone(), host.clone());
+        async move {
+            http.get(url)
+                .header("Host", host)
+                .header("Accept", accept)
+                .send()
+                .await
+                .unwrap()
+                .status()
+                .as_u16()
+        }
+    };
+
+    println!(
+        "Wake latency: one Deployment (2 replicas), Service and Ingress, through the sandbox's ingress; {WAKES} wakes (the simulated kubelet starts a pod 0.5 s after it is bound):"
+    );
+    let mut rows = Vec::new();
+    for _ in 0..WAKES {
+        let patch = Patch::Merge(json!({"spec": {"sleep": true}}));
+        environments
+            .patch("pr-2", &PatchParams::default(), &patch)
+            .await
+            .unwrap();
+        support::wait_for_phase(
+            &environments,
+            "pr-2",
+            Phase::Sleeping,
+            Duration::from_secs(60),
+        )
+        .await;
+        // Its route withdrawn (asked of the API server: a request would wake it).
+        let routes: Api<Ingress> = Api::namespaced(client.clone(), &target);
+        while routes.get_opt("web").await.unwrap().is_some() {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        // The watches start before the request; what they list first is the state asleep.
+        let seen = Arc::new(std::sync::Mutex::new(Seen::default()));
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let watches = watch_steps(&client, &namespace, &target, seen.clone());
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let started = Instant::now();
+        assert_eq!(
+            get("text/html").await,
+            503,
+            "the first request gets the waiting page"
+        );
+        let answered = loop {
+            if get("*/*").await == 200 {
+                break started.elapsed();
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        for watch in watches {
+            watch.abort();
+        }
+        let seen = seen.lock().unwrap();
+        let at = |step: Option<Instant>| {
+            step.map(|s| s.saturating_duration_since(started))
+                .unwrap_or_default()
+        };
+        rows.push([
+            at(seen.woken),
+            at(seen.scaled_up),
+            at(seen.available),
+            at(seen.routed),
+            answered,
+        ]);
+    }
+    let median = |column: usize| {
+        let mut values: Vec<Duration> = rows.iter().map(|r| r[column]).collect();
+        values.sort();
+        values[values.len() / 2]
+    };
+    let s = |d: Duration| d.as_secs_f64();
+    let (woken, scaled, available, routed, answered) =
+        (median(0), median(1), median(2), median(3), median(4));
+    let previewd_share = woken + scaled.saturating_sub(woken) + routed.saturating_sub(available);
+    println!("  request → wake written (gate): {:.3} s", s(woken));
+    println!(
+        "  wake → workloads scaled up (previewd's reconcile): {:.3} s",
+        s(scaled.saturating_sub(woken))
+    );
+    println!(
+        "  scaled up → pods available (scheduler, kubelet, controllers): {:.3} s",
+        s(available.saturating_sub(scaled))
+    );
+    println!(
+        "  available → route back (previewd's reconcile, the last wave): {:.3} s",
+        s(routed.saturating_sub(available))
+    );
+    println!(
+        "  route back → the app answers (ingress, endpoints): {:.3} s",
+        s(answered.saturating_sub(routed))
+    );
+    println!(
+        "  request → the app's first answer: median {:.2} s over {WAKES} wakes; previewd's own share {:.2} s ({:.0} %)",
+        s(answered),
+        s(previewd_share),
+        100.0 * s(previewd_share) / s(answered)
+    );
+    let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client);
+    let _ = namespaces.delete(&namespace, &Default::default()).await;
+}
