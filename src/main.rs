@@ -30,10 +30,10 @@ struct Cli {
 enum Command {
     /// Run the controller against a cluster: in-cluster config, else `--kubeconfig`, else the
     /// current kubeconfig context.
-    Run(RunArgs),
+    Run(Box<RunArgs>),
     /// Run a real Kubernetes control plane with simulated nodes on this machine (no cluster
     /// needed), with previewd's CRDs installed, until Ctrl-C or SIGTERM.
-    Sandbox(SandboxArgs),
+    Sandbox(Box<SandboxArgs>),
     /// Print what previewd would apply for one environment of a template, wave by wave, with
     /// the policy's verdict; no cluster needed. Exits 1 when the template would be refused.
     Render(previewd::sandbox::dry_run::RenderArgs),
@@ -62,10 +62,10 @@ fn main() -> ExitCode {
     };
     let result: Result<bool, Box<dyn std::error::Error>> = runtime.block_on(async {
         match cli.command {
-            Command::Sandbox(args) => {
-                Ok(previewd::sandbox::session::run(args).await.map(|()| true)?)
-            }
-            Command::Run(args) => Ok(previewd::runtime::service::run_controller(args)
+            Command::Sandbox(args) => Ok(previewd::sandbox::session::run(*args)
+                .await
+                .map(|()| true)?),
+            Command::Run(args) => Ok(previewd::runtime::service::run_controller(*args)
                 .await
                 .map(|()| true)?),
             Command::Render(args) => Ok(previewd::sandbox::dry_run::run(args).await?),

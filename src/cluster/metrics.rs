@@ -6,7 +6,7 @@ use prometheus::core::Collector;
 use prometheus::{IntCounterVec, Opts, Registry};
 
 /// The write operations counted under `previewd_write_requests_total{operation}`.
-pub const WRITE_OPERATIONS: [&str; 12] = [
+pub const WRITE_OPERATIONS: [&str; 13] = [
     "apply",
     "create",
     "delete",
@@ -19,6 +19,7 @@ pub const WRITE_OPERATIONS: [&str; 12] = [
     "intake_check",
     "sleep",
     "gate_wake",
+    "traffic",
 ];
 
 /// One layer's metrics: what it exports, and (given) how it registers them.

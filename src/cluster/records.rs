@@ -33,6 +33,23 @@ pub async fn wake_for_request(
     patch_spec(client, namespace, name, wake).await
 }
 
+/// Records that the environment was used at `now` (its host got requests): the idle timeout
+/// counts from here. Returns false if it is gone.
+pub async fn note_activity(
+    client: &Client,
+    namespace: &str,
+    name: &str,
+    now: chrono::DateTime<chrono::Utc>,
+) -> Result<bool, kube::Error> {
+    patch_spec(
+        client,
+        namespace,
+        name,
+        serde_json::json!({"lastActivity": now}),
+    )
+    .await
+}
+
 /// Merges `spec` into the environment's spec. Returns false if the environment is gone.
 async fn patch_spec(
     client: &Client,

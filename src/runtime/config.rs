@@ -199,6 +199,8 @@ pub struct RunArgs {
     #[arg(long, env = "PREVIEWD_GATE_LISTEN")]
     pub gate_listen: Option<std::net::SocketAddr>,
     #[command(flatten)]
+    pub traffic: TrafficArgs,
+    #[command(flatten)]
     pub controller: ControllerArgs,
     #[command(flatten)]
     pub webhooks: WebhookArgs,
@@ -250,6 +252,44 @@ impl LeaderArgs {
                 self.lease_duration.max(Duration::from_secs(2)),
             )
         })
+    }
+}
+
+/// Traffic as activity: requests to an environment's host, read from Prometheus, keep it awake
+/// (docs/lifecycle.md). Unset: only pushes, commands and the wake gate count.
+#[derive(Debug, Args)]
+pub struct TrafficArgs {
+    /// Prometheus' base URL, e.g. `http://prometheus.monitoring:9090`.
+    #[arg(
+        long,
+        env = "PREVIEWD_TRAFFIC_PROMETHEUS_URL",
+        requires = "traffic_query"
+    )]
+    pub traffic_prometheus_url: Option<url::Url>,
+    /// PromQL that says how many requests a host got, with `{{ host }}` where the
+    /// environment's host goes, e.g.
+    /// `sum(increase(nginx_ingress_controller_requests{host="{{ host }}"}[10m]))`.
+    #[arg(
+        long,
+        env = "PREVIEWD_TRAFFIC_QUERY",
+        requires = "traffic_prometheus_url"
+    )]
+    pub traffic_query: Option<String>,
+    /// How often each awake environment's traffic is asked about (and at most how often its
+    /// activity is written); the query's range should cover it.
+    #[arg(long, env = "PREVIEWD_TRAFFIC_INTERVAL", default_value = "5m", value_parser = parse_duration)]
+    pub traffic_interval: Duration,
+}
+
+impl TrafficArgs {
+    /// The traffic source, if one is configured; a query without `{{ host }}` is an error.
+    pub fn source(&self) -> Result<Option<crate::lifecycle::traffic::TrafficSource>, String> {
+        let (Some(url), Some(query)) = (&self.traffic_prometheus_url, &self.traffic_query) else {
+            return Ok(None);
+        };
+        let interval = self.traffic_interval.max(Duration::from_secs(10));
+        crate::lifecycle::traffic::TrafficSource::new(url.clone(), query.clone(), interval)
+            .map(Some)
     }
 }
 

@@ -9,7 +9,7 @@ use prometheus::{Encoder, IntGauge, Registry, TextEncoder};
 use crate::cluster::metrics::{ClusterMetrics, MetricSet};
 use crate::forge::metrics::ForgeMetrics;
 use crate::gate::metrics::GateMetrics;
-use crate::lifecycle::metrics::SweepMetrics;
+use crate::lifecycle::metrics::{SweepMetrics, TrafficMetrics};
 use crate::reconcile::ControllerMetrics;
 use crate::reconcile::metrics::ReconcileMetrics;
 use crate::webhook::metrics::WebhookMetrics;
@@ -23,6 +23,7 @@ pub struct Metrics {
     pub sweep: SweepMetrics,
     pub reconcile: ReconcileMetrics,
     pub gate: GateMetrics,
+    pub traffic: TrafficMetrics,
     /// 1 while this replica holds the leader Lease (reconciles and sweeps), else 0.
     pub leader: IntGauge,
 }
@@ -43,6 +44,7 @@ impl Metrics {
             sweep: SweepMetrics::new(),
             reconcile: ReconcileMetrics::new(),
             gate: GateMetrics::new(),
+            traffic: TrafficMetrics::new(),
             leader: IntGauge::new(
                 "previewd_leader",
                 "1 while this replica holds the leader Lease and reconciles, else 0",
@@ -66,6 +68,7 @@ impl Metrics {
         all.extend(self.sweep.collectors());
         all.extend(self.reconcile.collectors());
         all.extend(self.gate.collectors());
+        all.extend(self.traffic.collectors());
         all.push(Box::new(self.leader.clone()));
         all
     }

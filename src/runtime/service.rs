@@ -19,6 +19,7 @@ use crate::cluster::client;
 use crate::cluster::secrets::SecretReader;
 use crate::forge::report::Reporter;
 use crate::lifecycle::sweeper::Sweeper;
+use crate::lifecycle::traffic::{TrafficRecorder, TrafficSource};
 use crate::reconcile::ControllerConfig;
 use crate::runtime::config::RunArgs;
 use crate::runtime::error::Error;
@@ -38,6 +39,8 @@ pub struct ServiceConfig {
     pub shutdown_grace: Duration,
     /// The wake gate's listener (`--gate-listen`), if it runs.
     pub gate: Option<tokio::net::TcpListener>,
+    /// Where requests to environments' hosts are counted (`--traffic-*`), if anywhere.
+    pub traffic: Option<TrafficSource>,
 }
 
 /// Leader election: the Lease, and a client of its own, so that a renewal never waits behind a
@@ -102,12 +105,14 @@ pub async fn run(
     let controller_config = config.controller.clone();
     let sweep_interval = config.sweep_interval;
     let term_metrics = metrics.clone();
+    let traffic = config.traffic.clone();
     let term = move || {
         lead(
             client.clone(),
             controller_config.clone(),
             term_metrics.clone(),
             sweep_interval,
+            traffic.clone(),
         )
     };
     let outcome = match config.lease {
@@ -192,12 +197,13 @@ async fn wait_for(mut shutdown: tokio::sync::watch::Receiver<bool>) {
     let _ = shutdown.wait_for(|stop| *stop).await;
 }
 
-/// One term as leader: the controller and the sweep, until cancelled.
+/// One term as leader: the controller, the sweep and the traffic recorder, until cancelled.
 async fn lead(
     client: kube::Client,
     config: ControllerConfig,
     metrics: Arc<Metrics>,
     sweep_interval: Duration,
+    traffic: Option<TrafficSource>,
 ) {
     let (context_tx, context_rx) = tokio::sync::oneshot::channel();
     let controller = crate::reconcile::run(
@@ -214,6 +220,20 @@ async fn lead(
             Err(_) => return,
         },
     };
+    let recorder = traffic.map(|source| TrafficRecorder {
+        client: client.clone(),
+        caches: context.caches.clone(),
+        source,
+        metrics: metrics.traffic.clone(),
+        writes: metrics.cluster.clone(),
+        http: reqwest::Client::new(),
+    });
+    let traffic = async move {
+        match recorder {
+            Some(recorder) => recorder.run().await,
+            None => std::future::pending().await,
+        }
+    };
     let sweeper = Sweeper {
         client,
         caches: context.caches.clone(),
@@ -224,6 +244,7 @@ async fn lead(
     tokio::select! {
         _ = controller => {}
         _ = sweeper.run(&context.reporter, sweep_interval) => {}
+        _ = traffic => {}
     }
 }
 
@@ -271,10 +292,12 @@ pub async fn run_controller(args: RunArgs) -> Result<(), Error> {
     };
     let mut controller = args.controller.controller_config();
     controller.gate_answers = gate.is_some();
+    let traffic = args.traffic.source().map_err(Error::Config)?;
     let config = ServiceConfig {
         client,
         controller,
         gate,
+        traffic,
         sweep_interval: args.controller.sweep_interval,
         max_body_bytes: args.webhooks.webhook_max_body_bytes,
         lease,

@@ -136,7 +136,7 @@ pub fn ensure_packages(progress: &dyn Progress) -> Result<(), SandboxError> {
 }
 
 /// Installs Debian `packages` (none: nothing to do). Needs root; says so plainly otherwise.
-pub(super) fn ensure_debian_packages(
+pub fn ensure_debian_packages(
     missing: &[&str],
     progress: &dyn Progress,
 ) -> Result<(), SandboxError> {

@@ -65,6 +65,7 @@ pub async fn run(args: SandboxArgs) -> Result<(), SandboxError> {
         lease: None,
         shutdown_grace: std::time::Duration::from_secs(5),
         gate: Some(gate),
+        traffic: None,
     };
     let service = tokio::spawn(crate::runtime::service::run(config, listener, shutdown));
     wait_until_ready(&webhook_base).await?;

@@ -19,6 +19,8 @@ values = json.loads(values_json)
 everything_on = {
     "ingress": {"enabled": True, "className": "nginx", "tls": [{"secretName": "t", "hosts": ["previewd.example.com"]}]},
     "serviceMonitor": {"enabled": True},
+    "traffic": {"prometheusUrl": "http://prometheus.monitoring:9090",
+                "query": "sum(increase(nginx_ingress_controller_requests{host=\"{{ host }}\"}[10m]))"},
     "wakeGate": {"enabled": True, "ingress": {"enabled": True, "className": "nginx"},
                  "httpRoute": {"enabled": True, "parentRefs": [{"name": "previews", "namespace": "gateway-system"}]}},
     "watchNamespace": "apps",
@@ -42,6 +44,7 @@ bad_values = {
     # The gate's route is the URL domain's wildcard: one exact host would take a neighbour's.
     "wake_gate_exact_host": {"wakeGate": {"ingress": {"host": "app.example.com"}}},
     "wake_gate_on_the_webhook_port": {"wakeGate": {"port": 8080}},
+    "traffic_query_without_the_host": {"traffic": {"prometheusUrl": "http://prometheus:9090", "query": "sum(requests)"}},
 }
 refused = {}
 with helm.Chart.load(chart_path) as chart:

@@ -28,4 +28,5 @@ mod lifecycle;
 mod reconcile;
 mod security;
 mod sweep;
+mod traffic;
 mod webhooks;

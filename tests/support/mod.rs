@@ -20,6 +20,7 @@ pub mod apps;
 pub mod contents;
 pub mod helm;
 pub mod process;
+pub mod prometheus;
 pub mod proxy;
 pub mod webhooks;
 
