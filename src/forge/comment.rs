@@ -14,6 +14,7 @@ use std::fmt::Write;
 use chrono::{DateTime, Utc};
 
 use crate::model::crd::{Phase, PreviewEnvironmentStatus};
+use crate::model::footprint::{self, Prices};
 
 /// What the comment says the environment is doing.
 #[derive(Clone, Debug, PartialEq)]
@@ -33,6 +34,8 @@ pub struct CommentInput<'a> {
     pub expires_at: Option<DateTime<Utc>>,
     /// previewd's answer to the last comment command, one line of Markdown.
     pub last_command: Option<String>,
+    /// The operator's prices: the footprint's cost is shown with them.
+    pub prices: Option<&'a Prices>,
 }
 
 /// The hidden first line that identifies previewd's comment for `environment`.
@@ -52,7 +55,7 @@ pub fn render(input: &CommentInput<'_>) -> String {
                 "### Preview environment: destroyed\n\nThe environment was removed: {reason}.\n"
             );
         }
-        CommentState::Live(status) => render_live(&mut out, status, &short_sha, input.expires_at),
+        CommentState::Live(status) => render_live(&mut out, status, &short_sha, input),
     }
     if let Some(answer) = &input.last_command {
         let _ = write!(out, "\n> {answer}\n");
@@ -65,19 +68,32 @@ fn render_live(
     out: &mut String,
     status: &PreviewEnvironmentStatus,
     short_sha: &str,
-    expires_at: Option<DateTime<Utc>>,
+    input: &CommentInput<'_>,
 ) {
     render_headline(out, status, short_sha);
     render_waiting(out, status);
     render_why(out, status);
     render_objects(out, status);
     render_seeds(out, status);
-    if let Some(expires_at) = expires_at {
+    render_footprint(out, status, input.prices);
+    if let Some(expires_at) = input.expires_at {
         let _ = writeln!(
             out,
             "Expires {} unless there is a new push.",
             expires_at.format("%Y-%m-%d %H:%M UTC")
         );
+    }
+}
+
+/// What the environment requests and has cost, once it runs (as of its record's last change:
+/// the comment never reads a clock).
+fn render_footprint(out: &mut String, status: &PreviewEnvironmentStatus, prices: Option<&Prices>) {
+    let running = matches!(
+        status.phase,
+        Phase::Ready | Phase::Degraded | Phase::Sleeping
+    );
+    if let (Some(footprint), true) = (&status.footprint, running) {
+        let _ = writeln!(out, "{}\n", footprint::describe(footprint, prices));
     }
 }
 
@@ -307,7 +323,38 @@ mod tests {
             state,
             expires_at: Some("2026-11-25T10:00:00Z".parse().unwrap()),
             last_command: None,
+            prices: None,
         }
+    }
+
+    #[test]
+    fn a_running_environment_shows_its_footprint_and_its_cost_with_prices() {
+        let mut ready = status(Phase::Ready);
+        let since = "2026-11-24T10:00:00Z".parse().unwrap();
+        let requests = footprint::Requests {
+            cpu_millicores: 600,
+            memory_bytes: 640 << 20,
+        };
+        ready.footprint = Some(footprint::account(None, requests, false, since));
+        let text = render(&input(CommentState::Live(&ready)));
+        assert!(
+            text.contains("**Footprint** (as of 2026-11-24 10:00 UTC): 0.6 cores and 640 MiB requested while awake · awake 0 min"),
+            "{text}"
+        );
+        let prices = Prices {
+            per_core_hour: 0.05,
+            per_gib_hour: 0.01,
+            currency: "$".into(),
+        };
+        let mut priced = input(CommentState::Live(&ready));
+        priced.prices = Some(&prices);
+        assert!(
+            render(&priced).contains("≈ $0.04 an hour"),
+            "{}",
+            render(&priced)
+        );
+        let deploying = status(Phase::Deploying);
+        assert!(!render(&input(CommentState::Live(&deploying))).contains("Footprint"));
     }
 
     #[test]

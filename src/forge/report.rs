@@ -29,6 +29,7 @@ use crate::model::crd::{
     ForgeKind, ForgeReport, ForgeSpec, Phase, PreviewEnvironment, PreviewEnvironmentStatus,
     PreviewTemplate, WaitingCommit,
 };
+use crate::model::footprint::Prices;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ReportError {
@@ -65,6 +66,8 @@ pub struct Reporter {
     access: Mutex<HashMap<AccessKey, (bool, std::time::Instant)>>,
     /// Where templates that name no API URL go ([`ApiDefaults`]).
     api_defaults: ApiDefaults,
+    /// The operator's prices, for the footprint's cost in the comment (`--price-per-*`).
+    prices: Option<Prices>,
 }
 
 /// (forge, API URL, repository in lower case, user).
@@ -86,6 +89,7 @@ impl Reporter {
             sent: Mutex::new(HashMap::new()),
             access: Mutex::new(HashMap::new()),
             api_defaults: ApiDefaults::default(),
+            prices: None,
         }
     }
 
@@ -127,6 +131,11 @@ impl Reporter {
             api_defaults: defaults,
             ..self
         }
+    }
+
+    /// Shows the footprint's cost at `prices` in the comments.
+    pub fn with_prices(self, prices: Option<Prices>) -> Self {
+        Self { prices, ..self }
     }
 
     /// Where `forge`'s calls go: its own API URL, else this reporter's default for its kind
@@ -221,6 +230,7 @@ impl Reporter {
                 state: CommentState::Live(status),
                 expires_at: crate::model::durations::expires_at(environment, template),
                 last_command: crate::model::metadata::last_command_reply(environment),
+                prices: self.prices.as_ref(),
             });
             upsert_comment(&client, &source.repository, number, &id, &text, record).await?;
         }
@@ -316,6 +326,7 @@ impl Reporter {
                 state: CommentState::Destroyed { reason },
                 expires_at: None,
                 last_command: None,
+                prices: None,
             });
             upsert_comment(&client, &source.repository, number, &id, &text, &mut record).await?;
         }

@@ -4,8 +4,10 @@
 
 pub mod crd;
 pub mod durations;
+pub mod footprint;
 pub mod grants;
 pub mod kinds;
 pub mod metadata;
 pub mod naming;
+pub mod quantity;
 pub mod rbac;

@@ -4,6 +4,7 @@ use std::time::Duration;
 
 use crate::engines::EngineConfig;
 use crate::forge::client::ApiDefaults;
+use crate::model::footprint::Prices;
 use crate::model::grants::OperatorPolicy;
 use crate::model::kinds::TemplateKinds;
 
@@ -52,6 +53,9 @@ pub struct ControllerConfig {
     /// Whether previewd's wake gate answers for sleeping hosts (`--gate-listen`): then a
     /// sleeping environment's routes are withdrawn, and its URL leads to the gate.
     pub gate_answers: bool,
+    /// The operator's prices (`--price-per-core-hour`, `--price-per-gib-hour`): the comment
+    /// shows the footprint's cost with them.
+    pub prices: Option<Prices>,
 }
 
 /// Who previewd is, and which ClusterRole gives it its rights in an environment namespace.
@@ -77,6 +81,7 @@ impl Default for ControllerConfig {
             environment_access: None,
             forge_api_defaults: ApiDefaults::default(),
             gate_answers: false,
+            prices: None,
         }
     }
 }

@@ -147,7 +147,8 @@ fn build_context(parts: Parts) -> Context {
         ),
         reporter: Arc::new(
             Reporter::new(metrics.forge, Arc::new(SecretReader::new(client.clone())))
-                .with_api_defaults(config.forge_api_defaults.clone()),
+                .with_api_defaults(config.forge_api_defaults.clone())
+                .with_prices(config.prices.clone()),
         ),
         client,
         config,

@@ -41,6 +41,28 @@ pub const DEFAULT_LIMITS: &[(&str, &[(&str, &str)])] = &[
     ("default", &[("cpu", "2"), ("memory", "2Gi")]),
 ];
 
+/// What the LimitRange gives a container that requests nothing: `(cpu, memory)` as quantities,
+/// its `defaultRequest`, else its `default` (which Kubernetes then uses as the request too).
+pub fn container_default_requests(
+    template: &PreviewTemplateSpec,
+) -> (Option<String>, Option<String>) {
+    let pick = |resource: &str| -> Option<String> {
+        match &template.namespace.limit_range {
+            Some(limits) => limits
+                .default_request
+                .get(resource)
+                .or_else(|| limits.default.get(resource))
+                .cloned(),
+            None => DEFAULT_LIMITS
+                .iter()
+                .flat_map(|(_, values)| values.iter())
+                .find(|(name, _)| *name == resource)
+                .map(|(_, quantity)| quantity.to_string()),
+        }
+    };
+    (pick("cpu"), pick("memory"))
+}
+
 /// The labels of the environment's namespace: the template's own, then previewd's (which win),
 /// the environment's UID, which marks the namespace as created for it, and the Pod Security
 /// level the template's policy asks for.

@@ -38,6 +38,7 @@ use crate::cluster::observed::ObjectKey;
 use crate::model::crd::{
     Phase, PreviewEnvironment, PreviewEnvironmentStatus, PreviewTemplate, WaitingCommit,
 };
+use crate::model::footprint;
 use crate::model::naming::environment_namespace;
 
 pub async fn reconcile_environment(
@@ -346,6 +347,12 @@ fn next_status(
             status.url = Some(plan.url.clone());
         }
     }
+    let previous = environment
+        .status
+        .as_ref()
+        .and_then(|s| s.footprint.as_ref());
+    let asleep = status.phase == Phase::Sleeping;
+    status.footprint = Some(footprint::account(previous, plan.requests, asleep, now));
     status
 }
 

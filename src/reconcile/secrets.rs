@@ -269,6 +269,7 @@ mod tests {
                 object: json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "a"}}),
             }],
             replicas_before_sleep: BTreeMap::new(),
+            requests: Default::default(),
         }
     }
 

@@ -222,6 +222,7 @@ pub fn progress_status(
         waiting: None,
         waking_since: previous.waking_since,
         last_wake_seconds: previous.last_wake_seconds,
+        footprint: previous.footprint.clone(),
     }
 }
 

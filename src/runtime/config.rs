@@ -95,6 +95,26 @@ pub struct ControllerArgs {
     /// bindings.
     #[arg(long, env = "PREVIEWD_SERVICE_ACCOUNT", value_parser = parse_service_account, requires = "environment_role")]
     pub service_account: Option<(String, String)>,
+    /// What one core requested for an hour costs, e.g. `0.04`: the PR comment and the metrics
+    /// show each environment's cost and what sleeping saved. Unset: resource-hours only.
+    #[arg(long, env = "PREVIEWD_PRICE_PER_CORE_HOUR", value_parser = parse_price, requires = "price_per_gib_hour")]
+    pub price_per_core_hour: Option<f64>,
+    /// What one GiB of memory requested for an hour costs, e.g. `0.005`.
+    #[arg(long, env = "PREVIEWD_PRICE_PER_GIB_HOUR", value_parser = parse_price, requires = "price_per_core_hour")]
+    pub price_per_gib_hour: Option<f64>,
+    /// Written before amounts, e.g. `$`, `€` or `EUR `.
+    #[arg(long, env = "PREVIEWD_CURRENCY", default_value = "$")]
+    pub currency: String,
+}
+
+/// A price: a finite number, zero or more.
+fn parse_price(text: &str) -> Result<f64, String> {
+    match text.parse::<f64>() {
+        Ok(price) if price.is_finite() && price >= 0.0 => Ok(price),
+        _ => Err(format!(
+            "{text:?} is not a price (a number, 0 or more, e.g. 0.04)"
+        )),
+    }
 }
 
 /// A size as Kubernetes writes memory: bytes, or a number with `Ki`, `Mi` or `Gi`; at least
@@ -175,6 +195,19 @@ impl ControllerArgs {
             },
             forge_api_defaults: Default::default(),
             gate_answers: false,
+            prices: self.prices(),
+        }
+    }
+
+    /// The prices, when both are given.
+    pub fn prices(&self) -> Option<crate::model::footprint::Prices> {
+        match (self.price_per_core_hour, self.price_per_gib_hour) {
+            (Some(per_core_hour), Some(per_gib_hour)) => Some(crate::model::footprint::Prices {
+                per_core_hour,
+                per_gib_hour,
+                currency: self.currency.chars().take(8).collect(),
+            }),
+            _ => None,
         }
     }
 }

@@ -12,6 +12,7 @@ use crate::gate::metrics::GateMetrics;
 use crate::lifecycle::metrics::{SweepMetrics, TrafficMetrics};
 use crate::reconcile::ControllerMetrics;
 use crate::reconcile::metrics::ReconcileMetrics;
+use crate::webhook::footprints::FootprintMetrics;
 use crate::webhook::metrics::WebhookMetrics;
 use crate::webhook::server::ServerMetrics;
 
@@ -24,6 +25,7 @@ pub struct Metrics {
     pub reconcile: ReconcileMetrics,
     pub gate: GateMetrics,
     pub traffic: TrafficMetrics,
+    pub footprints: FootprintMetrics,
     /// 1 while this replica holds the leader Lease (reconciles and sweeps), else 0.
     pub leader: IntGauge,
 }
@@ -45,6 +47,7 @@ impl Metrics {
             reconcile: ReconcileMetrics::new(),
             gate: GateMetrics::new(),
             traffic: TrafficMetrics::new(),
+            footprints: FootprintMetrics::new(),
             leader: IntGauge::new(
                 "previewd_leader",
                 "1 while this replica holds the leader Lease and reconciles, else 0",
@@ -69,6 +72,7 @@ impl Metrics {
         all.extend(self.reconcile.collectors());
         all.extend(self.gate.collectors());
         all.extend(self.traffic.collectors());
+        all.extend(self.footprints.collectors());
         all.push(Box::new(self.leader.clone()));
         all
     }
@@ -94,6 +98,7 @@ impl Metrics {
     pub fn server(&self) -> ServerMetrics {
         ServerMetrics {
             webhook: self.webhook.clone(),
+            footprints: self.footprints.clone(),
             writes: self.cluster.clone(),
             registry: self.registry.clone(),
         }

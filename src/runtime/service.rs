@@ -58,6 +58,9 @@ pub async fn run(
     shutdown: tokio::sync::watch::Receiver<bool>,
 ) -> Result<(), Error> {
     let metrics = Arc::new(Metrics::new());
+    metrics
+        .footprints
+        .set_prices(config.controller.prices.as_ref());
     let (caches, cache_watches) = Caches::start(
         config.client.clone(),
         config.controller.namespace.as_deref(),

@@ -5,13 +5,15 @@
 //! * [`intake`]: what a forge event means for the environments (pure `decide`, then `execute`);
 //! * [`commands`]: `/preview …` comment commands (pure `parse` and `effect`, then `handle`);
 //! * [`checks`]: CI results recorded on the environments whose new commit waits for them (pure
-//!   `patches`, then `record`).
+//!   `patches`, then `record`);
+//! * [`footprints`]: the environments' footprint by template, on `/metrics`.
 //!
 //! Nothing here deploys: the reconciler picks the records up through the Kubernetes API.
 
 pub mod checks;
 pub mod commands;
 mod deliveries;
+pub mod footprints;
 mod intake;
 pub mod metrics;
 pub mod server;

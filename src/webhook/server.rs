@@ -72,6 +72,8 @@ pub const SLOW_CLIENT_TIMEOUT: std::time::Duration = std::time::Duration::from_s
 #[derive(Clone)]
 pub struct ServerMetrics {
     pub webhook: WebhookMetrics,
+    /// Set from the cache at each scrape, like the environments by phase.
+    pub footprints: crate::webhook::footprints::FootprintMetrics,
     /// Counts the intake's writes with everyone else's.
     pub writes: ClusterMetrics,
     pub registry: prometheus::Registry,
@@ -150,6 +152,10 @@ async fn metrics(State(state): State<Arc<ServerState>>) -> Response {
     metrics
         .webhook
         .count_environments(state.caches.environments.state().iter().map(|e| e.as_ref()));
+    metrics.footprints.count(
+        state.caches.environments.state().iter().map(|e| e.as_ref()),
+        chrono::Utc::now(),
+    );
     let mut text = Vec::new();
     if let Err(e) = TextEncoder::new().encode(&metrics.registry.gather(), &mut text) {
         tracing::warn!(error = %e, "could not encode the metrics");

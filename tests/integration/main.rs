@@ -19,6 +19,7 @@ mod control_plane;
 mod docs;
 mod engines;
 mod faults;
+mod footprint;
 mod forge_workflow;
 mod gate;
 mod high_availability;

@@ -222,6 +222,44 @@ pub struct PreviewEnvironmentStatus {
     /// Seconds the last wake took, from being woken to `Ready`: the waiting page's estimate.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_wake_seconds: Option<f64>,
+    /// What the environment's pods request while awake, and how long it has been awake and
+    /// asleep (see `model::footprint`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub footprint: Option<Footprint>,
+}
+
+/// An environment's footprint: the CPU and memory its pods request while awake, and its
+/// awake and asleep time in stretches. The totals are those of the stretches before `since`;
+/// the current stretch (awake, or asleep) runs from `since`. Written only when a stretch ends
+/// (the environment falls asleep or wakes, its requests change) and at most once a day
+/// otherwise, so that a footprint costs no write of its own.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct Footprint {
+    /// CPU its pods request while awake, in millicores.
+    pub cpu_millicores: u64,
+    /// Memory its pods request while awake, in bytes.
+    pub memory_bytes: u64,
+    /// Whether the current stretch is asleep.
+    #[serde(default)]
+    pub asleep: bool,
+    /// When the current stretch began.
+    pub since: DateTime<Utc>,
+    /// Seconds awake, and asleep, before `since`.
+    #[serde(default)]
+    pub awake_seconds: u64,
+    #[serde(default)]
+    pub asleep_seconds: u64,
+    /// Core-hours and GiB-hours requested while awake before `since` (cost: times the prices).
+    #[serde(default)]
+    pub core_hours: f64,
+    #[serde(default)]
+    pub gib_hours: f64,
+    /// Core-hours and GiB-hours sleeping spared before `since` (the awake requests, asleep).
+    #[serde(default)]
+    pub saved_core_hours: f64,
+    #[serde(default)]
+    pub saved_gib_hours: f64,
 }
 
 impl PreviewEnvironmentStatus {

@@ -9,6 +9,7 @@
 
 pub mod asleep_routes;
 pub mod defaults;
+pub mod footprint;
 pub mod guard;
 pub mod hooks;
 pub mod host_claims;
@@ -47,6 +48,8 @@ pub struct Plan {
     pub objects: Vec<RenderedObject>,
     /// The replica counts to remember while asleep (`status.replicasBeforeSleep`).
     pub replicas_before_sleep: BTreeMap<String, i32>,
+    /// What the environment's pods request while awake ([`footprint`]).
+    pub requests: crate::model::footprint::Requests,
 }
 
 /// A template's manifests: templates previewd renders (minijinja), and text an engine already
@@ -167,6 +170,13 @@ pub fn plan_rendered(
     let routes = routes::routes_to(&objects, &host);
     let stage = asleep_routes::stage_of(environment, limits.gate_answers);
     asleep_routes::place(&mut objects, &routes, stage);
+    let defaults = super::namespace::container_default_requests(&template.spec);
+    let requests = footprint::requested(
+        &objects,
+        &defaults,
+        environment.spec.sleep,
+        &replicas_before_sleep,
+    );
     Ok(Plan {
         namespace: namespace.to_string(),
         labels,
@@ -175,6 +185,7 @@ pub fn plan_rendered(
         host,
         objects,
         replicas_before_sleep,
+        requests,
     })
 }
 
