@@ -44,6 +44,7 @@ bad_values = {
     # The gate's route is the URL domain's wildcard: one exact host would take a neighbour's.
     "wake_gate_exact_host": {"wakeGate": {"ingress": {"host": "app.example.com"}}},
     "wake_gate_on_the_webhook_port": {"wakeGate": {"port": 8080}},
+    "price_not_a_number": {"prices": {"perCoreHour": "cheap"}},
     "traffic_query_without_the_host": {"traffic": {"prometheusUrl": "http://prometheus:9090", "query": "sum(requests)"}},
 }
 refused = {}

@@ -256,6 +256,8 @@ async fn the_chart_lints_renders_applies_and_its_rbac_carries_a_lifecycle() {
             "networkPolicy": {"apiServer": {"cidrs": ["127.0.0.1/32"]}},
             // The wake gate, behind the URL domain's wildcard Ingress.
             "wakeGate": {"enabled": true, "ingress": {"enabled": true, "host": "*.preview.example.com"}},
+            // Prices: previewd as the chart configures it shows costs.
+            "prices": {"perCoreHour": "0.04", "perGibHour": "0.005"},
         });
         let engine = helm_engine(&release, &ns, &values);
 
@@ -363,6 +365,7 @@ async fn the_chart_lints_renders_applies_and_its_rbac_carries_a_lifecycle() {
             })
             .collect();
         assert!(env.iter().any(|(name, _)| name == "PREVIEWD_GATE_LISTEN"));
+        assert!(env.contains(&("PREVIEWD_PRICE_PER_CORE_HOUR".into(), "0.04".into())));
 
         // The web-postgres example, served by wiremock as GitHub.
         let forge = github_forge().await;
