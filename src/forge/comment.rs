@@ -335,7 +335,13 @@ mod tests {
             cpu_millicores: 600,
             memory_bytes: 640 << 20,
         };
-        ready.footprint = Some(footprint::account(None, requests, false, since));
+        ready.footprint = Some(footprint::account(
+            None,
+            requests,
+            false,
+            since,
+            footprint::REFRESH,
+        ));
         let text = render(&input(CommentState::Live(&ready)));
         assert!(
             text.contains("**Footprint** (as of 2026-11-24 10:00 UTC): 0.6 cores and 640 MiB requested while awake · awake 0 min"),

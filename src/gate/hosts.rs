@@ -25,7 +25,6 @@ pub struct Holder {
     pub namespace: String,
     pub name: String,
     pub pull_request: Option<u64>,
-    pub branch: String,
     /// `spec.sleep`: asleep or falling asleep; a request wakes it.
     pub asleep: bool,
     /// `metadata.generation`: the version of its spec (each sleep and wake is a new one).
@@ -55,11 +54,14 @@ pub fn normalize(authority: &str) -> Option<String> {
     valid.then(|| host.to_ascii_lowercase())
 }
 
-/// The hosts of `environments`, each to the one environment that holds it. Environments being
-/// deleted hold nothing: a request must not wake what is going away.
+/// The hosts of `environments`, each to the one environment that holds it (of two that claim
+/// one, the older, as the reconcile decides). Environments being deleted hold nothing: a
+/// request must not wake what is going away.
 pub fn holders<'a>(
     environments: impl IntoIterator<Item = &'a PreviewEnvironment>,
 ) -> HashMap<String, Holder> {
+    let mut environments: Vec<&PreviewEnvironment> = environments.into_iter().collect();
+    environments.sort_by(|a, b| a.age().cmp(&b.age()));
     let mut hosts = HashMap::new();
     for environment in environments {
         if environment.metadata.deletion_timestamp.is_some() {
@@ -75,15 +77,14 @@ pub fn holders<'a>(
             namespace: environment.metadata.namespace.clone().unwrap_or_default(),
             name: environment.metadata.name.clone().unwrap_or_default(),
             pull_request: environment.spec.source.pull_request,
-            branch: environment.spec.source.branch.clone(),
             asleep: environment.spec.sleep,
             generation: environment.metadata.generation.unwrap_or_default(),
             phase: status.phase,
             queue_position: status.queue_position,
             last_wake_seconds: status.last_wake_seconds,
         };
-        // Two holders of one host cannot both deploy (the reconcile refuses the second with
-        // HostTaken); the first one listed keeps it here too.
+        // Two holders of one host cannot both deploy (the reconcile refuses the younger with
+        // HostTaken, which may keep the host in its status); the older keeps it here too.
         hosts.entry(host).or_insert(holder);
     }
     hosts

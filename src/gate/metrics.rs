@@ -8,7 +8,7 @@ use crate::cluster::metrics::MetricSet;
 
 /// What the gate answered: `woke` (a sleeping environment's host: it is being woken),
 /// `waiting` (a host whose environment is already starting), `unknown` (no environment holds
-/// the host: 404), `busy` (over the bound of connections or requests: 503).
+/// the host: 404), `busy` (a connection over the bound of connections, closed at once).
 pub const ANSWERS: [&str; 4] = ["woke", "waiting", "unknown", "busy"];
 
 #[derive(Clone)]

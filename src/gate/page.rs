@@ -1,8 +1,10 @@
 //! What the gate answers (no I/O): the waiting page of an environment that is starting, or a
 //! JSON answer with `Retry-After` for clients that do not ask for HTML; a plain 404 for a host
 //! no environment holds. Every word comes from previewd's own record of the environment, never
-//! from the request (no host, path or header is echoed), and the environment's strings are
-//! HTML-escaped: a branch name is chosen by whoever pushed it.
+//! from the request (no host, path or header is echoed), and what it shows is HTML-escaped.
+//! The page is open to the internet, whose visitors may not see the repository: it shows the
+//! environment's name and pull request number (what its host already tells, as a rule), never
+//! its branch, namespace, commit or repository.
 
 use http::StatusCode;
 use serde_json::json;
@@ -34,16 +36,6 @@ pub fn unknown() -> Answer {
     }
 }
 
-/// The answer when the gate is busier than it answers (too many requests at once).
-pub fn busy() -> Answer {
-    Answer {
-        status: StatusCode::SERVICE_UNAVAILABLE,
-        retry_after: Some(1),
-        content_type: "text/plain; charset=utf-8",
-        body: "Busy, try again in a second.\n".into(),
-    }
-}
-
 /// What the environment is doing, in a few words, and the seconds it may still take.
 fn state(holder: &Holder) -> (String, Option<u64>) {
     let estimate = holder
@@ -63,11 +55,11 @@ fn state(holder: &Holder) -> (String, Option<u64>) {
     }
 }
 
-/// The environment's name as people know it: its pull request, or its branch.
+/// Which preview it is: its pull request's number, or that it previews a branch.
 fn title(holder: &Holder) -> String {
     match holder.pull_request {
-        Some(number) => format!("pull request #{number} ({})", holder.branch),
-        None => format!("branch {}", holder.branch),
+        Some(number) => format!("pull request #{number}"),
+        None => "a branch".into(),
     }
 }
 
@@ -77,9 +69,8 @@ pub fn waiting(holder: &Holder, wants_html: bool) -> Answer {
     let (state, estimate) = state(holder);
     if !wants_html {
         let body = json!({
-            "environment": format!("{}/{}", holder.namespace, holder.name),
+            "environment": holder.name,
             "pullRequest": holder.pull_request,
-            "branch": holder.branch,
             "state": state,
             "estimatedSeconds": estimate,
         });
@@ -134,7 +125,6 @@ mod tests {
             namespace: "previews".into(),
             name: "web-pr-2-1a2b3c".into(),
             pull_request: Some(2),
-            branch: "feature/<img src=x onerror=alert(1)>".into(),
             asleep: true,
             generation: 1,
             phase: Phase::Sleeping,
@@ -163,10 +153,18 @@ mod tests {
     }
 
     #[test]
-    fn a_branch_name_cannot_write_html_into_the_page() {
-        let answer = waiting(&holder(), true);
+    fn the_page_shows_no_namespace_and_escapes_what_it_shows() {
+        let mut odd = holder();
+        odd.name = "<img src=x onerror=alert(1)>".into();
+        let answer = waiting(&odd, true);
         assert!(!answer.body.contains("<img"), "{}", answer.body);
         assert!(answer.body.contains("&lt;img src=x onerror=alert(1)&gt;"));
+        for shown in [
+            waiting(&holder(), true).body,
+            waiting(&holder(), false).body,
+        ] {
+            assert!(!shown.contains("previews"), "no namespace: {shown}");
+        }
     }
 
     #[test]
@@ -177,7 +175,7 @@ mod tests {
         assert_eq!(answer.content_type, "application/json");
         assert_eq!(answer.retry_after, Some(REFRESH_SECONDS));
         let body: serde_json::Value = serde_json::from_str(&answer.body).unwrap();
-        assert_eq!(body["environment"], "previews/web-pr-2-1a2b3c");
+        assert_eq!(body["environment"], "web-pr-2-1a2b3c");
         assert_eq!(body["state"], "starting, about 30 s");
         assert_eq!(body["estimatedSeconds"], 30);
     }

@@ -27,6 +27,8 @@ use crate::model::crd::PreviewEnvironment;
 
 /// The largest request head read (hyper's smallest buffer limit); larger ones get a 431.
 pub const MAX_HEAD_BYTES: usize = 8192;
+/// How long a connection whose lifetime is up has to finish the answer in flight.
+const GRACE: Duration = Duration::from_secs(2);
 
 /// What one client may hold of the gate.
 #[derive(Clone, Copy, Debug)]
@@ -147,19 +149,19 @@ impl Gate {
                     tracing::info!(environment = %name, %namespace, "a request wakes the environment")
                 }
                 Err(error) => {
-                    tracing::warn!(environment = %name, %namespace, %error, "could not wake the environment; the next request tries again");
-                    gate.turns.give_back(&namespace, &name);
+                    tracing::warn!(environment = %name, %namespace, %error, "could not wake the environment; a request in a few seconds tries again");
+                    gate.turns.failed(&namespace, &name, Instant::now());
                 }
             }
         });
     }
 
     fn respond<B>(self: &Arc<Self>, request: &Request<B>) -> Response<Body> {
-        let authority = request
-            .headers()
-            .get(header::HOST)
-            .and_then(|host| host.to_str().ok())
-            .or_else(|| request.uri().authority().map(|a| a.as_str()));
+        // An absolute request target's authority wins over `Host` (RFC 9112, 3.2.2).
+        let authority = request.uri().authority().map(|a| a.as_str()).or_else(|| {
+            let host = request.headers().get(header::HOST)?;
+            host.to_str().ok()
+        });
         let wants_html = request
             .headers()
             .get_all(header::ACCEPT)
@@ -236,7 +238,16 @@ pub async fn serve_within(
                 .header_read_timeout(bounds.head_timeout)
                 .max_buf_size(MAX_HEAD_BYTES)
                 .serve_connection(TokioIo::new(stream), service);
-            let _ = tokio::time::timeout(bounds.connection_lifetime, connection).await;
+            let mut connection = std::pin::pin!(connection);
+            if tokio::time::timeout(bounds.connection_lifetime, connection.as_mut())
+                .await
+                .is_err()
+            {
+                // Its time is up: the answer in flight is finished and the connection closed
+                // (not cut mid-answer, which a proxy in front would turn into a 502).
+                connection.as_mut().graceful_shutdown();
+                let _ = tokio::time::timeout(GRACE, connection).await;
+            }
         });
     }
 }

@@ -1,10 +1,12 @@
 //! How often requests may wake one environment: at most once per [`WAKE_INTERVAL`] while it
-//! sleeps. A flood of requests to a sleeping host sends one write to the API server; the rest
-//! get the waiting page from memory. A turn is taken at the environment's generation (its spec's
-//! version); once the environment is put to sleep again (by the sweep or a writer's command,
-//! never by a request) its generation is higher and the first request wakes it at once. The
-//! record is bounded: beyond [`MAX_REMEMBERED`] environments, turns that have run out are
-//! forgotten first, and only environments that exist are ever recorded.
+//! sleeps (in each replica of previewd: every replica runs a gate). A flood of requests to a
+//! sleeping host sends one write to the API server; the rest get the waiting page from memory.
+//! A turn is taken at the environment's generation (its spec's version); once the environment
+//! is put to sleep again (by the sweep or a writer's command, never by a request) its generation
+//! is higher and the first request wakes it at once. A wake that failed ends its turn after
+//! [`RETRY_AFTER_FAILURE`] instead, so an API server that refuses does not get a write per
+//! request. The record is bounded: beyond [`MAX_REMEMBERED`] environments, turns that have run
+//! out are forgotten first, and only environments that exist are ever recorded.
 
 use std::collections::HashMap;
 use std::sync::{Mutex, PoisonError};
@@ -12,14 +14,16 @@ use std::time::{Duration, Instant};
 
 /// The least time between two wakes of one environment by requests.
 pub const WAKE_INTERVAL: Duration = Duration::from_secs(30);
+/// After a failed wake, the next request may try again this much later.
+pub const RETRY_AFTER_FAILURE: Duration = Duration::from_secs(2);
 
 /// Environments whose last wake is remembered before old turns are dropped.
 const MAX_REMEMBERED: usize = 4096;
 
-/// A wake sent: when, and at which generation of the environment.
+/// A wake sent: until when it holds, and at which generation of the environment.
 #[derive(Clone, Copy)]
 struct Turn {
-    at: Instant,
+    until: Instant,
     generation: i64,
 }
 
@@ -37,31 +41,28 @@ impl WakeTurns {
         let key = (namespace.to_string(), name.to_string());
         if let Some(turn) = last.get(&key)
             && turn.generation >= generation
-            && now.saturating_duration_since(turn.at) < WAKE_INTERVAL
+            && now < turn.until
         {
             return false;
         }
         if last.len() >= MAX_REMEMBERED {
-            last.retain(|_, turn| now.saturating_duration_since(turn.at) < WAKE_INTERVAL);
+            last.retain(|_, turn| now < turn.until);
         }
         if last.len() >= MAX_REMEMBERED {
             // Every remembered turn is still running: wait for one to run out.
             return false;
         }
-        last.insert(
-            key,
-            Turn {
-                at: now,
-                generation,
-            },
-        );
+        let until = now + WAKE_INTERVAL;
+        last.insert(key, Turn { until, generation });
         true
     }
 
-    /// Gives the turn back, after a wake that failed (the next request tries again).
-    pub fn give_back(&self, namespace: &str, name: &str) {
+    /// The wake of this turn failed: the turn ends [`RETRY_AFTER_FAILURE`] after `now`.
+    pub fn failed(&self, namespace: &str, name: &str, now: Instant) {
         let mut last = self.last.lock().unwrap_or_else(PoisonError::into_inner);
-        last.remove(&(namespace.to_string(), name.to_string()));
+        if let Some(turn) = last.get_mut(&(namespace.to_string(), name.to_string())) {
+            turn.until = turn.until.min(now + RETRY_AFTER_FAILURE);
+        }
     }
 }
 
@@ -96,12 +97,13 @@ mod tests {
     }
 
     #[test]
-    fn a_failed_wake_gives_its_turn_back() {
+    fn a_failed_wake_is_tried_again_after_a_short_wait_not_at_once() {
         let turns = WakeTurns::default();
         let now = Instant::now();
         assert!(turns.take("previews", "pr-2", 4, now));
-        turns.give_back("previews", "pr-2");
-        assert!(turns.take("previews", "pr-2", 4, now));
+        turns.failed("previews", "pr-2", now);
+        assert!(!turns.take("previews", "pr-2", 4, now + Duration::from_secs(1)));
+        assert!(turns.take("previews", "pr-2", 4, now + RETRY_AFTER_FAILURE));
     }
 
     #[test]

@@ -3,8 +3,9 @@
 //! (`--traffic-query`, a PromQL template with `{{ host }}`, for the metrics an ingress
 //! controller or gateway already exports), and records the ones that got any as active:
 //! `spec.lastActivity` set to now, the clock the idle rule reads. One write per active
-//! environment per interval at most, never one per request; an environment whose activity is
-//! already more recent than the interval is not asked about.
+//! environment per interval at most, never one per request (the spec change makes a reconcile
+//! that applies nothing and writes the status's `observedGeneration`); an environment whose
+//! activity is already more recent than the interval is not asked about.
 //!
 //! Safe by construction: the host is previewd's record of it (`status.host`), and only a DNS
 //! name (letters, digits, `-`, `.`) is put into a query; Prometheus' answer is read for numbers
@@ -175,6 +176,8 @@ impl TrafficRecorder {
     pub async fn run(self) {
         self.caches.wait_until_ready().await;
         let mut ticker = tokio::time::interval(self.source.interval);
+        // A round slower than the interval is followed by the next one, not by a burst.
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             ticker.tick().await;
             let report = self.record(Utc::now()).await;

@@ -3,18 +3,31 @@
 //! (`--price-per-core-hour`, `--price-per-gib-hour`), what that costs and what sleeping saved.
 //!
 //! The record ([`Footprint`]) changes only when a stretch ends: the environment falls asleep or
-//! wakes, its requests change (a new commit), or a day has passed. Everything in between is
-//! computed from it and a clock ([`totals`]), so a running environment costs no write to keep
-//! its footprint current, and the PR comment (which never reads a clock) shows the figures as of
-//! the stretch's start.
+//! wakes, its requests change (a new commit), or its refresh time (24 to 48 hours, drawn from
+//! its name: [`refresh_after`]) has passed. Everything in between is computed from it and a
+//! clock ([`totals`]), so a running environment costs almost no write to keep its footprint
+//! current, and the PR comment (which never reads a clock) shows the figures as of the
+//! stretch's start.
 
 use chrono::{DateTime, TimeDelta, Utc};
 
 use super::crd::Footprint;
 
-/// A stretch is closed and a new one begun at least this often, so that the record (and the
-/// comment) is never more than a day behind.
+/// A stretch is closed and a new one begun at least this often (plus a spread of up to as
+/// much again, [`refresh_after`]), so that the record and the comment are never far behind.
 pub const REFRESH: TimeDelta = TimeDelta::hours(24);
+
+/// When the record of environment `name` (`namespace/name`) is refreshed with nothing having
+/// changed: [`REFRESH`] and a part of it again that the name picks (FNV-1a, the same in every
+/// replica and release), so that environments created together, or all of them after an
+/// upgrade, do not refresh (and edit their comments) at once.
+pub fn refresh_after(name: &str) -> TimeDelta {
+    let hash = name.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |hash, byte| {
+        (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3)
+    });
+    let spread = hash % REFRESH.num_seconds().unsigned_abs();
+    REFRESH + TimeDelta::seconds(i64::try_from(spread).unwrap_or(0))
+}
 
 const GIB: f64 = (1u64 << 30) as f64;
 
@@ -57,13 +70,14 @@ pub struct Totals {
 }
 
 /// The record after a reconcile at `now` that found `requests` and the environment `asleep`
-/// or not: the same record while nothing changed (and less than [`REFRESH`] passed), else the
+/// or not: the same record while nothing changed (and less than `refresh` passed), else the
 /// current stretch closed into the totals and a new one begun at `now`.
 pub fn account(
     previous: Option<&Footprint>,
     requests: Requests,
     asleep: bool,
     now: DateTime<Utc>,
+    refresh: TimeDelta,
 ) -> Footprint {
     let Some(previous) = previous else {
         return Footprint {
@@ -77,7 +91,7 @@ pub fn account(
     let changed = previous.asleep != asleep
         || previous.cpu_millicores != requests.cpu_millicores
         || previous.memory_bytes != requests.memory_bytes;
-    if !changed && now.signed_duration_since(previous.since) < REFRESH {
+    if !changed && now.signed_duration_since(previous.since) < refresh {
         return previous.clone();
     }
     let totals = totals(previous, now);
@@ -222,10 +236,22 @@ mod tests {
 
     #[test]
     fn nothing_changes_the_record_within_a_stretch_of_less_than_a_day() {
-        let start = account(None, WEB, false, at("2026-11-26T10:00:00Z"));
-        let later = account(Some(&start), WEB, false, at("2026-11-27T09:59:00Z"));
+        let start = account(None, WEB, false, at("2026-11-26T10:00:00Z"), REFRESH);
+        let later = account(
+            Some(&start),
+            WEB,
+            false,
+            at("2026-11-27T09:59:00Z"),
+            REFRESH,
+        );
         assert_eq!(later, start, "no write while nothing changed");
-        let next_day = account(Some(&start), WEB, false, at("2026-11-27T10:00:00Z"));
+        let next_day = account(
+            Some(&start),
+            WEB,
+            false,
+            at("2026-11-27T10:00:00Z"),
+            REFRESH,
+        );
         assert_eq!(next_day.since, at("2026-11-27T10:00:00Z"));
         assert_eq!(next_day.awake_seconds, 86_400);
         assert!(
@@ -237,11 +263,17 @@ mod tests {
 
     #[test]
     fn sleeping_saves_what_the_environment_requests_awake() {
-        let awake = account(None, WEB, false, at("2026-11-26T00:00:00Z"));
-        let asleep = account(Some(&awake), WEB, true, at("2026-11-26T10:00:00Z"));
+        let awake = account(None, WEB, false, at("2026-11-26T00:00:00Z"), REFRESH);
+        let asleep = account(Some(&awake), WEB, true, at("2026-11-26T10:00:00Z"), REFRESH);
         assert!(asleep.asleep);
         assert_eq!(asleep.awake_seconds, 36_000);
-        let woken = account(Some(&asleep), WEB, false, at("2026-11-26T16:00:00Z"));
+        let woken = account(
+            Some(&asleep),
+            WEB,
+            false,
+            at("2026-11-26T16:00:00Z"),
+            REFRESH,
+        );
         assert_eq!(woken.asleep_seconds, 6 * 3600);
         assert!(
             (woken.saved_core_hours - 9.0).abs() < 1e-9,
@@ -259,8 +291,14 @@ mod tests {
             cpu_millicores: 500,
             memory_bytes: 1 << 30,
         };
-        let first = account(None, small, false, at("2026-11-26T00:00:00Z"));
-        let bigger = account(Some(&first), WEB, false, at("2026-11-26T02:00:00Z"));
+        let first = account(None, small, false, at("2026-11-26T00:00:00Z"), REFRESH);
+        let bigger = account(
+            Some(&first),
+            WEB,
+            false,
+            at("2026-11-26T02:00:00Z"),
+            REFRESH,
+        );
         assert!((bigger.core_hours - 1.0).abs() < 1e-9, "0.5 cores for 2 h");
         assert_eq!(bigger.cpu_millicores, 1500);
     }
@@ -272,9 +310,21 @@ mod tests {
             per_gib_hour: 0.004,
             currency: "$".into(),
         };
-        let mut footprint = account(None, WEB, false, at("2026-11-24T00:00:00Z"));
-        footprint = account(Some(&footprint), WEB, true, at("2026-11-26T03:00:00Z"));
-        footprint = account(Some(&footprint), WEB, false, at("2026-11-27T10:00:00Z"));
+        let mut footprint = account(None, WEB, false, at("2026-11-24T00:00:00Z"), REFRESH);
+        footprint = account(
+            Some(&footprint),
+            WEB,
+            true,
+            at("2026-11-26T03:00:00Z"),
+            REFRESH,
+        );
+        footprint = account(
+            Some(&footprint),
+            WEB,
+            false,
+            at("2026-11-27T10:00:00Z"),
+            REFRESH,
+        );
         let line = describe(&footprint, Some(&prices));
         assert_eq!(
             line,
@@ -284,6 +334,23 @@ mod tests {
         assert!(
             plain.contains("awake 2 d 3 h (76.5 core-hours, 153.0 GiB-hours)"),
             "{plain}"
+        );
+    }
+
+    #[test]
+    fn the_refresh_is_spread_over_a_day_by_name() {
+        let after: Vec<TimeDelta> = (0..200)
+            .map(|n| refresh_after(&format!("previews/web-pr-{n}")))
+            .collect();
+        assert!(after.iter().all(|a| *a >= REFRESH && *a < REFRESH * 2));
+        let first_half = after.iter().filter(|a| **a < REFRESH + REFRESH / 2).count();
+        assert!(
+            (60..=140).contains(&first_half),
+            "{first_half} of 200 in the first half"
+        );
+        assert_eq!(
+            refresh_after("previews/web-pr-1"),
+            refresh_after("previews/web-pr-1")
         );
     }
 

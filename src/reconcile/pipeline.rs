@@ -30,7 +30,8 @@ use super::metrics::Observations;
 use super::plan::{Limits, Plan, host_claims, plan_rendered, templates_request};
 use super::renders::renderer::Renderer;
 use super::status::{
-    Placement, Progress, ReadyCondition, condition, held_status, progress_status, refused_status,
+    Placement, Progress, ReadyCondition, condition, held_status, progress_status, record_waking,
+    refused_status,
 };
 use super::write::write_status;
 use super::{claim, coalesce, namespace, prune, renders, resolve, secrets, waves};
@@ -352,34 +353,15 @@ fn next_status(
         .as_ref()
         .and_then(|s| s.footprint.as_ref());
     let asleep = status.phase == Phase::Sleeping;
-    status.footprint = Some(footprint::account(previous, plan.requests, asleep, now));
+    let name = format!(
+        "{}/{}",
+        key.namespace.as_deref().unwrap_or_default(),
+        key.name
+    );
+    let refresh = footprint::refresh_after(&name);
+    let record = footprint::account(previous, plan.requests, asleep, now, refresh);
+    status.footprint = Some(record);
     status
-}
-
-/// `status.wakingSince` from being woken (the last activity: a request, a push or a command)
-/// until `Ready`, and then how long that took (`status.lastWakeSeconds`).
-fn record_waking(
-    environment: &PreviewEnvironment,
-    status: &mut PreviewEnvironmentStatus,
-    now: chrono::DateTime<Utc>,
-) {
-    let previous = environment.status.clone().unwrap_or_default();
-    status.last_wake_seconds = previous.last_wake_seconds;
-    status.waking_since = None;
-    let was_asleep = previous.phase == Phase::Sleeping || previous.waking_since.is_some();
-    if environment.spec.sleep || !was_asleep {
-        return;
-    }
-    let woken = previous.waking_since.unwrap_or_else(|| {
-        let activity = environment.spec.last_activity.unwrap_or(now);
-        activity.min(now)
-    });
-    if status.phase == Phase::Ready {
-        let took = (now - woken).num_milliseconds().max(0) as f64 / 1000.0;
-        status.last_wake_seconds = Some(took);
-    } else {
-        status.waking_since = Some(woken);
-    }
 }
 
 /// Writes a refusal on the environment (`Degraded`, with what and where). A broken or unsafe

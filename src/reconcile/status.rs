@@ -157,13 +157,42 @@ pub fn held_status(
         reason,
         message: message.to_string(),
     };
-    PreviewEnvironmentStatus {
+    let mut status = PreviewEnvironmentStatus {
         phase,
         namespace: namespace.map(str::to_string).or(previous.namespace.clone()),
         conditions: vec![condition(&previous.conditions, &ready, now)],
         queue_position: None,
         waiting: None,
         ..previous
+    };
+    // Woken into the queue (or a refusal): still waking, its routes still come back last.
+    record_waking(environment, &mut status, now);
+    status
+}
+
+/// `status.wakingSince` from being woken (the last activity: a request, a push or a command)
+/// until `Ready`, and then how long that took (`status.lastWakeSeconds`).
+pub fn record_waking(
+    environment: &PreviewEnvironment,
+    status: &mut PreviewEnvironmentStatus,
+    now: DateTime<Utc>,
+) {
+    let previous = environment.status.clone().unwrap_or_default();
+    status.last_wake_seconds = previous.last_wake_seconds;
+    status.waking_since = None;
+    let was_asleep = previous.phase == Phase::Sleeping || previous.waking_since.is_some();
+    if environment.spec.sleep || !was_asleep {
+        return;
+    }
+    let woken = previous.waking_since.unwrap_or_else(|| {
+        let activity = environment.spec.last_activity.unwrap_or(now);
+        activity.min(now)
+    });
+    if status.phase == Phase::Ready {
+        let took = (now - woken).num_milliseconds().max(0) as f64 / 1000.0;
+        status.last_wake_seconds = Some(took);
+    } else {
+        status.waking_since = Some(woken);
     }
 }
 

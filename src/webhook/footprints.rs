@@ -180,7 +180,7 @@ impl FootprintMetrics {
 mod tests {
     use super::*;
     use crate::model::crd::PreviewEnvironmentStatus;
-    use crate::model::footprint::{Requests, account};
+    use crate::model::footprint::{REFRESH, Requests, account};
 
     fn environment(template: &str, asleep: bool) -> PreviewEnvironment {
         let mut e = PreviewEnvironment::new("e", Default::default());
@@ -192,7 +192,7 @@ mod tests {
         };
         let since = "2026-11-26T10:00:00Z".parse().unwrap();
         e.status = Some(PreviewEnvironmentStatus {
-            footprint: Some(account(None, requests, asleep, since)),
+            footprint: Some(account(None, requests, asleep, since, REFRESH)),
             ..Default::default()
         });
         e

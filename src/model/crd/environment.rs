@@ -119,6 +119,20 @@ pub struct Source {
     pub changed_at: Option<DateTime<Utc>>,
 }
 
+impl PreviewEnvironment {
+    /// Creation time, then namespace and name: a total order, the same in every replica. Of
+    /// two environments that claim one URL host, the older holds it (the reconcile's host
+    /// claims and the wake gate both go by it).
+    pub fn age(&self) -> (Option<i64>, Option<&str>, Option<&str>) {
+        let meta = &self.metadata;
+        (
+            meta.creation_timestamp.as_ref().map(|t| t.0.as_second()),
+            meta.namespace.as_deref(),
+            meta.name.as_deref(),
+        )
+    }
+}
+
 impl Source {
     /// Whether this describes an earlier state than `current`, by the forge's own timestamps.
     /// Without a timestamp on either side nothing can be told (the newer delivery wins by
@@ -231,8 +245,8 @@ pub struct PreviewEnvironmentStatus {
 /// An environment's footprint: the CPU and memory its pods request while awake, and its
 /// awake and asleep time in stretches. The totals are those of the stretches before `since`;
 /// the current stretch (awake, or asleep) runs from `since`. Written only when a stretch ends
-/// (the environment falls asleep or wakes, its requests change) and at most once a day
-/// otherwise, so that a footprint costs no write of its own.
+/// (the environment falls asleep or wakes, its requests change) and otherwise once every 24 to
+/// 48 hours (spread by name), so that a footprint costs almost no write of its own.
 #[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct Footprint {

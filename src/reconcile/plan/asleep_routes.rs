@@ -12,6 +12,8 @@
 
 use super::render::RenderedObject;
 use super::routes::Route;
+use chrono::{DateTime, Utc};
+
 use crate::model::crd::{Phase, PreviewEnvironment};
 
 /// Where the environment is between asleep and awake, as far as its routes care.
@@ -25,17 +27,33 @@ pub enum Stage {
     Waking,
 }
 
-/// The stage of `environment`; always [`Stage::Awake`] without a gate (`gate_answers`
-/// false): then nothing would answer a sleeping host, and its routes stay as they were.
-pub fn stage_of(environment: &PreviewEnvironment, gate_answers: bool) -> Stage {
-    let status = environment.status.as_ref();
-    let was_asleep = status.is_some_and(|s| s.phase == Phase::Sleeping || s.waking_since.is_some());
-    match (gate_answers, environment.spec.sleep, was_asleep) {
-        (false, _, _) => Stage::Awake,
-        (true, true, _) => Stage::Asleep,
-        (true, false, true) => Stage::Waking,
-        (true, false, false) => Stage::Awake,
+/// How long a waking environment's routes wait for the rest to be healthy. After that (or once
+/// it is `Degraded`) they come back in their own wave, so that what runs can be reached and
+/// looked at; the gate would otherwise answer "starting" for as long as a workload fails.
+pub const WAKING_ROUTES_WAIT: chrono::TimeDelta = chrono::TimeDelta::minutes(5);
+
+/// The stage of `environment` at `now`; always [`Stage::Awake`] without a gate
+/// (`gate_answers` false): then nothing would answer a sleeping host, and its routes stay as
+/// they were.
+pub fn stage_of(environment: &PreviewEnvironment, gate_answers: bool, now: DateTime<Utc>) -> Stage {
+    if !gate_answers {
+        return Stage::Awake;
     }
+    if environment.spec.sleep {
+        return Stage::Asleep;
+    }
+    let Some(status) = environment.status.as_ref() else {
+        return Stage::Awake;
+    };
+    let waited_too_long = status
+        .waking_since
+        .is_some_and(|since| now.signed_duration_since(since) >= WAKING_ROUTES_WAIT);
+    let waking = match status.phase {
+        Phase::Sleeping => true,
+        Phase::Degraded => false,
+        _ => status.waking_since.is_some() && !waited_too_long,
+    };
+    if waking { Stage::Waking } else { Stage::Awake }
 }
 
 /// Withdraws `routes` from `objects`, or moves them after every other wave, as `stage` says.
@@ -141,5 +159,56 @@ mod tests {
         let mut objects = plan();
         place(&mut objects, &routes(), Stage::Awake);
         assert_eq!(listed(&objects), listed(&plan()));
+    }
+
+    fn environment(sleep: bool, phase: Phase, waking_minutes: Option<i64>) -> PreviewEnvironment {
+        let mut environment = PreviewEnvironment::new("pr-2", Default::default());
+        environment.spec.sleep = sleep;
+        environment.status = Some(crate::model::crd::PreviewEnvironmentStatus {
+            phase,
+            waking_since: waking_minutes.map(|m| now() - chrono::TimeDelta::minutes(m)),
+            ..Default::default()
+        });
+        environment
+    }
+
+    fn now() -> DateTime<Utc> {
+        "2026-11-26T12:00:00Z".parse().unwrap()
+    }
+
+    #[test]
+    fn routes_wait_while_waking_but_not_for_a_failure_or_longer_than_the_limit() {
+        let stage = |e: &PreviewEnvironment| stage_of(e, true, now());
+        assert_eq!(stage(&environment(true, Phase::Ready, None)), Stage::Asleep);
+        assert_eq!(
+            stage(&environment(false, Phase::Sleeping, None)),
+            Stage::Waking,
+            "just woken"
+        );
+        assert_eq!(
+            stage(&environment(false, Phase::Queued, Some(1))),
+            Stage::Waking,
+            "woken into the queue"
+        );
+        assert_eq!(
+            stage(&environment(false, Phase::Deploying, Some(4))),
+            Stage::Waking
+        );
+        assert_eq!(
+            stage(&environment(false, Phase::Deploying, Some(5))),
+            Stage::Awake,
+            "waited long enough"
+        );
+        assert_eq!(
+            stage(&environment(false, Phase::Degraded, Some(1))),
+            Stage::Awake,
+            "failing: reachable"
+        );
+        assert_eq!(stage(&environment(false, Phase::Ready, None)), Stage::Awake);
+        assert_eq!(
+            stage_of(&environment(true, Phase::Ready, None), false, now()),
+            Stage::Awake,
+            "no gate"
+        );
     }
 }

@@ -74,20 +74,23 @@ fn pod_requests(pod: &Value, defaults: &ContainerDefaults) -> Requests {
 
 fn container_requests(container: &Value, defaults: &ContainerDefaults) -> Requests {
     let resources = &container["resources"];
-    let quantity = |resource: &str, default: &Option<String>| -> Option<String> {
-        resources["requests"][resource]
-            .as_str()
-            .or_else(|| resources["limits"][resource].as_str())
-            .map(str::to_string)
-            .or_else(|| default.clone())
+    // A quantity is a string, or a YAML number (`cpu: 2`) that reached us as a JSON number.
+    let text = |value: &Value| match value {
+        Value::String(text) => Some(text.clone()),
+        Value::Number(number) => Some(number.to_string()),
+        _ => None,
+    };
+    let read = |resource: &str, default: &Option<String>, parse: fn(&str) -> Option<u64>| {
+        text(&resources["requests"][resource])
+            .or_else(|| text(&resources["limits"][resource]))
+            .and_then(|q| parse(&q))
+            // What previewd cannot read, it counts as the default rather than as nothing.
+            .or_else(|| default.as_deref().and_then(parse))
+            .unwrap_or(0)
     };
     Requests {
-        cpu_millicores: quantity("cpu", &defaults.0)
-            .and_then(|q| quantity::millis(&q))
-            .unwrap_or(0),
-        memory_bytes: quantity("memory", &defaults.1)
-            .and_then(|q| quantity::units(&q))
-            .unwrap_or(0),
+        cpu_millicores: read("cpu", &defaults.0, quantity::millis),
+        memory_bytes: read("memory", &defaults.1, quantity::units),
     }
 }
 
@@ -126,7 +129,7 @@ mod tests {
             ),
             object(
                 json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "debug"},
-                "spec": {"containers": [{"name": "debug", "resources": {"requests": {"cpu": "100m", "memory": "32Mi"}}}]}}),
+                "spec": {"containers": [{"name": "debug", "resources": {"requests": {"cpu": 0.1, "memory": 33554432}}}]}}),
             ),
             object(
                 json!({"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "seed"},
@@ -142,7 +145,8 @@ mod tests {
     fn pods_request_what_the_api_server_would_admit_them_with() {
         let requests = requested(&app(), &defaults(), false, &BTreeMap::new());
         // web: 2 x max(250m + 50m (sidecar's default), init 1) = 2 x 1000m; memory 2 x (256 + 64) Mi.
-        // db: its limits as requests, 1 replica; debug: 100m, 32Mi; the Job is left out.
+        // db: its limits as requests, 1 replica; debug: 0.1 and 33554432 written as YAML
+        // numbers (100m, 32Mi); the Job is left out.
         assert_eq!(requests.cpu_millicores, 2000 + 500 + 100);
         assert_eq!(requests.memory_bytes, (2 * 320 + 1024 + 32) << 20);
     }

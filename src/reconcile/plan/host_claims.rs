@@ -26,18 +26,8 @@ pub fn taken_by<'a>(
         other.metadata.uid != environment.metadata.uid
             && other.metadata.deletion_timestamp.is_none()
             && holds(other)
-            && (!i_hold || age(other) < age(environment))
+            && (!i_hold || other.age() < environment.age())
     })
-}
-
-/// Creation time, then namespace and name: a total order, the same in every replica.
-fn age(environment: &PreviewEnvironment) -> (Option<i64>, Option<&str>, Option<&str>) {
-    let meta = &environment.metadata;
-    (
-        meta.creation_timestamp.as_ref().map(|t| t.0.as_second()),
-        meta.namespace.as_deref(),
-        meta.name.as_deref(),
-    )
 }
 
 #[cfg(test)]

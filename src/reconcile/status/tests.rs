@@ -215,3 +215,47 @@ fn the_url_is_reported_only_once_a_healthy_object_routes_its_host() {
         "nothing routes it"
     );
 }
+
+#[test]
+fn an_environment_woken_into_the_queue_is_still_waking_and_its_wake_is_timed_once_ready() {
+    let mut woken = environment(WEB_ENVIRONMENT);
+    woken.spec.sleep = false;
+    woken.spec.last_activity = Some(at("2026-11-26T10:00:00Z"));
+    woken.status = Some(PreviewEnvironmentStatus {
+        phase: Phase::Sleeping,
+        ..Default::default()
+    });
+    let queued = held_status(
+        &woken,
+        Phase::Queued,
+        "Queued",
+        "waiting for a slot",
+        None,
+        at("2026-11-26T10:00:05Z"),
+    );
+    assert_eq!(
+        queued.waking_since,
+        Some(at("2026-11-26T10:00:00Z")),
+        "woken at its activity"
+    );
+    // Later, Ready: the wake is timed from when it was woken, and it is no longer waking.
+    woken.status = Some(queued);
+    let mut ready = PreviewEnvironmentStatus {
+        phase: Phase::Ready,
+        ..Default::default()
+    };
+    record_waking(&woken, &mut ready, at("2026-11-26T10:01:00Z"));
+    assert_eq!(ready.waking_since, None);
+    assert_eq!(ready.last_wake_seconds, Some(60.0));
+    // Asleep again: nothing is waking.
+    woken.spec.sleep = true;
+    let asleep = held_status(
+        &woken,
+        Phase::Sleeping,
+        "Sleeping",
+        "asleep",
+        None,
+        at("2026-11-26T11:00:00Z"),
+    );
+    assert_eq!(asleep.waking_since, None);
+}
