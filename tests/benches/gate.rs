@@ -33,7 +33,6 @@ use kube::runtime::watcher;
 use previewd::gate::metrics::GateMetrics;
 use previewd::gate::server::{ClusterWaker, Gate, Waker};
 use previewd::model::crd::{Phase, PreviewEnvironment, PreviewEnvironmentStatus, PreviewTemplate};
-use previewd::reconcile::ControllerConfig;
 use previewd::sandbox::ingress::SandboxIngress;
 use serde_json::json;
 
@@ -298,28 +297,12 @@ fn watch_steps(
 async fn wake_latency() {
     let client = support::client().await;
     let namespace = support::create_namespace(&client, "bench-gate").await;
-    let config = ControllerConfig {
-        namespace: Some(namespace.clone()),
-        gate_answers: true,
-        ..Default::default()
-    };
-    let running = support::start_controller_with(&client, config).await;
+    let running = support::gate::controller(&client, &namespace, &[]).await;
     let waker = Arc::new(ClusterWaker::new(
         client.clone(),
         running.metrics.cluster.clone(),
     ));
-    let gate = Gate::new(
-        running.caches.environments.clone(),
-        waker,
-        GateMetrics::new(),
-    );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let gate_address = listener.local_addr().unwrap();
-    tokio::spawn(previewd::gate::server::serve(
-        gate,
-        listener,
-        std::future::pending(),
-    ));
+    let gate_address = support::gate::serve(&running, waker).await;
     let ingress = SandboxIngress::start(client.clone(), gate_address)
         .await
         .unwrap();

@@ -16,12 +16,10 @@ use kube::Client;
 use kube::api::{
     Api, ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams,
 };
-use previewd::gate::metrics::GateMetrics;
-use previewd::gate::server::{ClusterWaker, Gate, Waker};
+use previewd::gate::server::{ClusterWaker, Waker};
 use previewd::model::crd::{Phase, PreviewEnvironment, PreviewTemplate};
-use previewd::reconcile::ControllerConfig;
 use serde_json::{Value, json};
-use support::{eventually, in_namespace, start_controller_with, wait_for_phase};
+use support::{eventually, in_namespace, wait_for_phase};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const GATEWAY_API: &str = "gateway.networking.k8s.io";
@@ -98,29 +96,12 @@ async fn controller_and_gate(
     namespace: &str,
     extra_kinds: &[Value],
 ) -> (support::Running, std::net::SocketAddr, Arc<CountingWaker>) {
-    let config = ControllerConfig {
-        namespace: Some(namespace.to_string()),
-        template_kinds: support::template_kinds_and(extra_kinds),
-        gate_answers: true,
-        ..Default::default()
-    };
-    let running = start_controller_with(client, config).await;
+    let running = support::gate::controller(client, namespace, extra_kinds).await;
     let waker = Arc::new(CountingWaker {
         inner: ClusterWaker::new(client.clone(), running.metrics.cluster.clone()),
         wakes: AtomicUsize::new(0),
     });
-    let gate = Gate::new(
-        running.caches.environments.clone(),
-        waker.clone(),
-        GateMetrics::new(),
-    );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let address = listener.local_addr().unwrap();
-    tokio::spawn(previewd::gate::server::serve(
-        gate,
-        listener,
-        std::future::pending(),
-    ));
+    let address = support::gate::serve(&running, waker.clone()).await;
     (running, address, waker)
 }
 

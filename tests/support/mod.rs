@@ -18,6 +18,7 @@ use previewd::sandbox::{NodeSimulatorConfig, Sandbox, SandboxOptions, StderrProg
 pub mod apiserver;
 pub mod apps;
 pub mod contents;
+pub mod gate;
 pub mod helm;
 pub mod process;
 pub mod prometheus;
