@@ -1,7 +1,9 @@
 //! What docs/ names exists (issue 36 §4): every repository path a page writes in backticks
 //! (`src/engines/worker.rs`, `templates/web-chart/`, or a file named from its layer as
 //! architecture.md does, `forge/github/webhook.rs`) and every relative link. A page that sends
-//! a newcomer to a file that was moved or never written fails here, not on their machine.
+//! a newcomer to a file that was moved or never written fails here, not on their machine. And
+//! every test (or function) a page cites by name, as the evidence for a sentence, exists
+//! (issue 38 §1): a renamed or deleted test cannot leave its sentence behind unproven.
 
 use std::path::{Path, PathBuf};
 
@@ -124,4 +126,86 @@ fn the_reader_finds_named_and_linked_paths_and_skips_patterns() {
         ["src/main.rs", "docs/a.md", "plan/hooks.rs"]
     );
     assert_eq!(linked_paths(text), ["getting-started.md"]);
+}
+
+/// The function names in backticks on `text`: snake_case identifiers of four words or more
+/// (`a_request_wakes_a_sleeping_environment`, `render_and_plan` is too short to be told from a
+/// field), leaving out metric names (`previewd_…`).
+fn cited_functions(text: &str) -> Vec<String> {
+    text.split('`')
+        .skip(1)
+        .step_by(2)
+        .filter(|token| {
+            let words: Vec<&str> = token.split('_').collect();
+            words.len() >= 4
+                && words.iter().all(|w| {
+                    !w.is_empty()
+                        && w.bytes()
+                            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
+                })
+                && token.starts_with(|c: char| c.is_ascii_lowercase())
+                && !token.starts_with("previewd_")
+        })
+        .map(str::to_string)
+        .collect()
+}
+
+/// Every `fn name` in the Rust files under `folder`.
+fn defined_functions(folder: &Path, into: &mut std::collections::HashSet<String>) {
+    for entry in std::fs::read_dir(folder).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            defined_functions(&path, into);
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            let text = std::fs::read_to_string(&path).unwrap();
+            for rest in text.split("fn ").skip(1) {
+                let name: String = rest
+                    .chars()
+                    .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                    .collect();
+                into.insert(name);
+            }
+        }
+    }
+}
+
+/// Names the docs cite that are other projects', not previewd's functions.
+const OUTSIDE_NAMES: &[&str] = &["nginx_ingress_controller_requests"];
+
+#[test]
+fn every_test_the_docs_cite_exists() {
+    let mut defined = std::collections::HashSet::new();
+    defined_functions(&root().join("src"), &mut defined);
+    defined_functions(&root().join("tests"), &mut defined);
+    let mut missing = Vec::new();
+    let mut checked = 0;
+    for page in pages() {
+        let text = std::fs::read_to_string(&page).unwrap();
+        let shown = page.strip_prefix(root()).unwrap().display().to_string();
+        for name in cited_functions(&text) {
+            checked += 1;
+            if !defined.contains(&name) && !OUTSIDE_NAMES.contains(&name.as_str()) {
+                missing.push(format!("{shown}: `{name}`"));
+            }
+        }
+    }
+    assert!(
+        checked > 50,
+        "only {checked} tests cited: is the reader broken?"
+    );
+    assert!(
+        missing.is_empty(),
+        "cited in the docs, defined nowhere in src/ or tests/:\n{}",
+        missing.join("\n")
+    );
+}
+
+#[test]
+fn cited_names_are_told_from_fields_and_metrics() {
+    let text = "`a_request_wakes_a_sleeping_environment`, `render_and_plan`, `previewd_gc_sleeps_total`, \
+                `spec.lifecycle.idle_timeout`, `src/gate/server.rs`, `Not_a_name_here`, `two_words`";
+    assert_eq!(
+        cited_functions(text),
+        ["a_request_wakes_a_sleeping_environment"]
+    );
 }
