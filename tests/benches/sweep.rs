@@ -290,6 +290,12 @@ async fn benchmark(kind: Forge) {
         Some(&(REPOSITORIES * (per_repository - 1))),
         "PRs 5, 15, … 85 of each repository are idle"
     );
+    // Exactly those: nothing else was deleted for any other reason.
+    assert_eq!(
+        report.deleted.len(),
+        REPOSITORIES * (2 * per_repository - 1),
+        "{by_reason:?}"
+    );
     assert!(report.forge_unavailable.is_empty());
 
     let requests = forge.received_requests().await.unwrap_or_default();

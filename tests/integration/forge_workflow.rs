@@ -578,8 +578,11 @@ async fn a_github_app_gets_installation_tokens_signed_with_its_key_cached_and_re
         }))
         .unwrap();
         Api::namespaced(client.clone(), &ns).create(&Default::default(), &secret).await.unwrap();
+        // A personal token is configured too (the Secret install_template_with writes): the App
+        // takes precedence, so the token must never be sent.
         let forge_section = json!({"forge": {"kind": "github", "repository": GITHUB_REPOSITORY,
             "apiUrl": forge.uri(), "webhookSecretRef": {"name": "webhook", "key": "secret"},
+            "tokenSecretRef": {"name": "webhook", "key": "token"},
             "githubApp": {"appId": app_id, "privateKeySecretRef": {"name": "github-app", "key": "private-key.pem"}}}});
         install_template_with(&client, &ns, "github", GITHUB_REPOSITORY, None, forge_section, CONFIG_MAP_APP).await;
         let harness = Harness::start(&client, &ns, 1 << 20).await;
