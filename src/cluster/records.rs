@@ -178,17 +178,85 @@ pub async fn delete_as_judged(
     judged: &PreviewEnvironment,
     reason: &str,
 ) -> Result<bool, kube::Error> {
+    let api: Api<PreviewEnvironment> =
+        Api::namespaced(client.clone(), &judged.namespace().unwrap_or_default());
+    let Some(read) = api.get_opt(&judged.name_any()).await? else {
+        return Ok(false);
+    };
+    delete_unless_changed(client, judged, read, reason).await
+}
+
+/// The step of [`delete_as_judged`] after its read: `read` is the environment as last read.
+/// Nothing is deleted if its spec changed since `judged`. The reason is written, and the
+/// deletion sent, each only on the exact version last read (a precondition on its
+/// `resourceVersion`), so a change that lands between the read and the deletion (an extension,
+/// a push) refuses them with a conflict; the environment is then read again and judged again,
+/// a few times at most (status writes also move the version, without changing the verdict).
+pub async fn delete_unless_changed(
+    client: &Client,
+    judged: &PreviewEnvironment,
+    mut read: PreviewEnvironment,
+    reason: &str,
+) -> Result<bool, kube::Error> {
+    const ATTEMPTS: usize = 4;
     let namespace = judged.namespace().unwrap_or_default();
     let name = judged.name_any();
     let api: Api<PreviewEnvironment> = Api::namespaced(client.clone(), &namespace);
-    let Some(current) = api.get_opt(&name).await? else {
-        return Ok(false);
-    };
-    let changed = current.metadata.deletion_timestamp.is_some()
-        || current.metadata.generation != judged.metadata.generation;
-    if changed {
-        tracing::info!(environment = %name, %namespace, reason, "not deleted: the environment changed since it was judged");
-        return Ok(false);
+    for attempt in 1..=ATTEMPTS {
+        let changed = read.metadata.deletion_timestamp.is_some()
+            || read.metadata.generation != judged.metadata.generation;
+        if changed {
+            tracing::info!(environment = %name, %namespace, reason, "not deleted: the environment changed since it was judged");
+            return Ok(false);
+        }
+        match delete_at_version(&api, &name, read.resource_version(), reason).await {
+            Ok(deleted) => {
+                if deleted {
+                    tracing::info!(environment = %name, %namespace, reason, "deleting environment");
+                }
+                return Ok(deleted);
+            }
+            Err(kube::Error::Api(status)) if status.code == 409 && attempt < ATTEMPTS => {
+                let Some(again) = api.get_opt(&name).await? else {
+                    return Ok(false);
+                };
+                read = again;
+            }
+            Err(e) => return Err(e),
+        }
     }
-    delete_with_reason(client, &namespace, &name, reason).await
+    Ok(false)
+}
+
+/// Writes the reason and deletes, each only on version `version` (then on the version the
+/// reason's write made). A conflict is returned as the API server's 409.
+async fn delete_at_version(
+    api: &Api<PreviewEnvironment>,
+    name: &str,
+    version: Option<String>,
+    reason: &str,
+) -> Result<bool, kube::Error> {
+    let why = serde_json::json!({"metadata": {
+        "resourceVersion": version,
+        "annotations": {ANNOTATION_DELETION_REASON: reason}}});
+    let written = match api
+        .patch(name, &PatchParams::default(), &Patch::Merge(why))
+        .await
+    {
+        Ok(written) => written,
+        Err(kube::Error::Api(status)) if status.code == 404 => return Ok(false),
+        Err(e) => return Err(e),
+    };
+    let params = DeleteParams {
+        preconditions: Some(kube::api::Preconditions {
+            resource_version: written.resource_version(),
+            uid: written.uid(),
+        }),
+        ..Default::default()
+    };
+    match api.delete(name, &params).await {
+        Ok(_) => Ok(true),
+        Err(kube::Error::Api(status)) if status.code == 404 => Ok(false),
+        Err(e) => Err(e),
+    }
 }

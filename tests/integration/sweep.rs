@@ -675,6 +675,31 @@ async fn a_verdict_on_a_version_that_changed_since_deletes_nothing() {
             "no reason written either"
         );
 
+        // A change that lands after the sweep's read and before its deletion (here: the read
+        // is taken, then the environment is pushed to): the deletion is refused on the old
+        // version, judged again, and not made.
+        let read = api.get("app-pr-7").await.unwrap();
+        let push =
+            json!({"spec": {"source": {"headSha": "1111111111111111111111111111111111111111"}}});
+        api.patch(
+            "app-pr-7",
+            &Default::default(),
+            &kube::api::Patch::Merge(push),
+        )
+        .await
+        .unwrap();
+        let deleted = records::delete_unless_changed(&client, &current, read, "idle for 72 h")
+            .await
+            .unwrap();
+        assert!(!deleted, "changed inside the window: not deleted");
+        let current = api.get("app-pr-7").await.unwrap();
+        assert!(current.metadata.deletion_timestamp.is_none());
+        assert!(
+            !current
+                .annotations()
+                .contains_key(ANNOTATION_DELETION_REASON)
+        );
+
         assert!(
             records::delete_as_judged(&client, &current, "idle for 72 h")
                 .await
