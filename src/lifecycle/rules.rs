@@ -10,8 +10,8 @@ use std::collections::{BTreeMap, HashSet};
 
 use chrono::{DateTime, TimeDelta, Utc};
 
+use crate::model::clock::{deadlines, last_activity};
 use crate::model::crd::{IdleAction, PreviewEnvironment, PreviewTemplate};
-use crate::model::durations::template_duration;
 use crate::model::metadata::{
     LABEL_ENVIRONMENT_NAMESPACE, LABEL_ENVIRONMENT_UID, LABEL_MANAGED_BY,
 };
@@ -84,23 +84,6 @@ pub enum Verdict {
     Sleep,
 }
 
-fn duration(text: &Option<String>) -> Option<TimeDelta> {
-    template_duration(text.as_deref())
-}
-
-fn created(environment: &PreviewEnvironment) -> Option<DateTime<Utc>> {
-    environment
-        .metadata
-        .creation_timestamp
-        .as_ref()
-        .and_then(|t| DateTime::<Utc>::from_timestamp(t.0.as_second(), 0))
-}
-
-/// The last sign of life: the last push or command, else creation.
-pub fn last_activity(environment: &PreviewEnvironment) -> Option<DateTime<Utc>> {
-    environment.spec.last_activity.or(created(environment))
-}
-
 /// Judges one environment. `template` is `None` when it is gone; `facts` is `None` when the
 /// forge could not be asked in this sweep.
 pub fn judge(
@@ -116,12 +99,9 @@ pub fn judge(
         return Verdict::Delete(Reason::TemplateGone);
     };
     let lifecycle = &template.spec.lifecycle;
-    // `/preview extend`: neither age nor idleness counts until then (a closed PR still does).
-    let extended = environment.spec.keep_until.is_some_and(|until| until > now);
-    if let (Some(max_age), Some(created)) = (duration(&lifecycle.max_age), created(environment))
-        && !extended
-        && now - created > max_age
-    {
+    // `/preview extend` holds both deadlines back (a closed PR still removes it).
+    let clock = deadlines(environment, lifecycle);
+    if clock.too_old(now) {
         return Verdict::Delete(Reason::MaxAge);
     }
     let active_at = last_activity(environment);
@@ -139,10 +119,7 @@ pub fn judge(
             _ => {}
         }
     }
-    if let (Some(idle), Some(at)) = (duration(&lifecycle.idle_timeout), active_at)
-        && !extended
-        && now - at > idle
-    {
+    if clock.idle(now) {
         return match lifecycle.idle_action {
             IdleAction::Delete => Verdict::Delete(Reason::Idle),
             IdleAction::Sleep if environment.spec.sleep => Verdict::Keep,

@@ -43,32 +43,16 @@ pub fn template_duration(text: Option<&str>) -> Option<TimeDelta> {
         .and_then(|d| TimeDelta::from_std(d).ok())
 }
 
-/// When the environment expires if nothing happens: the earlier of idle timeout (from the last
-/// activity, when the template deletes idle environments) and maximum age (from creation), but
-/// never before `/preview extend` said. A time beyond what a date can hold never expires.
+/// When the environment expires if nothing happens (the PR comment's "Expires …"): the
+/// sweep's own deadlines ([`super::clock`]), idleness counting only when the template deletes
+/// idle environments. A time beyond what a date can hold never expires.
 pub fn expires_at(
     environment: &PreviewEnvironment,
     template: &PreviewTemplate,
 ) -> Option<DateTime<Utc>> {
     let lifecycle = &template.spec.lifecycle;
-    let idle = template_duration(lifecycle.idle_timeout.as_deref())
-        .filter(|_| lifecycle.idle_action == IdleAction::Delete)
-        .and_then(|timeout| environment.spec.last_activity?.checked_add_signed(timeout));
-    let created = environment
-        .metadata
-        .creation_timestamp
-        .as_ref()
-        .and_then(|t| DateTime::<Utc>::from_timestamp(t.0.as_second(), 0));
-    let age = template_duration(lifecycle.max_age.as_deref())
-        .and_then(|age| created?.checked_add_signed(age));
-    let expiry = match (idle, age) {
-        (Some(a), Some(b)) => Some(a.min(b)),
-        (a, b) => a.or(b),
-    };
-    match (expiry, environment.spec.keep_until) {
-        (Some(expiry), Some(kept)) => Some(expiry.max(kept)),
-        (expiry, _) => expiry,
-    }
+    let idle_removes = lifecycle.idle_action == IdleAction::Delete;
+    super::clock::deadlines(environment, lifecycle).expiry(idle_removes)
 }
 
 #[cfg(test)]
