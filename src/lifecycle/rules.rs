@@ -257,6 +257,38 @@ mod tests {
     }
 
     #[test]
+    fn an_extension_shields_idle_sleep_and_age_but_not_a_closed_pr_or_a_gone_branch() {
+        let idle_sleep = template(|s| {
+            s.lifecycle.idle_timeout = Some("72h".into());
+            s.lifecycle.idle_action = IdleAction::Sleep;
+            s.lifecycle.max_age = Some("1d".into());
+        });
+        let mut extended = environment(Some(2), "changes", 100, 73);
+        extended.spec.keep_until = Some(now() + TimeDelta::days(1));
+        assert_eq!(
+            judge(&extended, Some(&idle_sleep), None, now()),
+            Verdict::Keep,
+            "idle and too old, but extended: neither sleeps nor goes"
+        );
+        assert_eq!(
+            judge(&extended, Some(&idle_sleep), Some(&facts(&[3], &[])), now()),
+            Verdict::Delete(Reason::PullRequestClosed),
+            "its PR closed: it goes all the same"
+        );
+        let mut branch = environment(None, "release/1", 100, 73);
+        branch.spec.keep_until = Some(now() + TimeDelta::days(1));
+        assert_eq!(
+            judge(
+                &branch,
+                Some(&idle_sleep),
+                Some(&facts(&[], &["main"])),
+                now()
+            ),
+            Verdict::Delete(Reason::BranchGone)
+        );
+    }
+
+    #[test]
     fn fresh_activity_is_protected_from_stale_forge_lists() {
         let t = template(|_| {});
         let mut just_pushed = environment(Some(9), "new", 0, 0);

@@ -194,7 +194,7 @@ pub fn effect(
         }
         CommentCommand::Sleep if spec.sleep => (json!({}), "already asleep".to_string()),
         CommentCommand::Sleep => (
-            json!({"sleep": true}),
+            json!({"sleep": true, "lastActivity": active}),
             "going to sleep: every workload scales to zero".to_string(),
         ),
         CommentCommand::Wake if !spec.sleep => (
@@ -449,6 +449,36 @@ mod tests {
             effect(&CommentCommand::Destroy, &env, &t, "octocat", now()),
             Effect::Delete("@octocat asked for it with `/preview destroy`".into())
         );
+    }
+
+    #[test]
+    fn every_command_that_acts_but_destroy_counts_as_activity() {
+        let env = environment();
+        let mut asleep = env.clone();
+        asleep.spec.sleep = true;
+        let mut fork = env.clone();
+        fork.spec.source.fork = true;
+        let approving = template(ForkPolicy::RequireApproval);
+        let approve = CommentCommand::Approve(fork.spec.source.head_sha.clone());
+        let acting = [
+            (CommentCommand::Deploy, &env),
+            (
+                CommentCommand::Extend("3d".into(), TimeDelta::days(3)),
+                &env,
+            ),
+            (CommentCommand::Sleep, &env),
+            (CommentCommand::Wake, &asleep),
+            (CommentCommand::Wake, &env),
+            (approve, &fork),
+        ];
+        for (command, environment) in acting {
+            let spec = spec_of(effect(&command, environment, &approving, "octocat", now()));
+            assert_eq!(spec["lastActivity"], "2026-11-22T10:00:00Z", "{command}");
+        }
+        assert!(matches!(
+            effect(&CommentCommand::Destroy, &env, &approving, "octocat", now()),
+            Effect::Delete(_)
+        ));
     }
 
     #[test]

@@ -254,7 +254,8 @@ async fn the_chart_lints_renders_applies_and_its_rbac_carries_a_lifecycle() {
             "podDisruptionBudget": {"enabled": false},
             // The API server's address, as an operator who renders with `helm template` sets it.
             "networkPolicy": {"apiServer": {"cidrs": ["127.0.0.1/32"]}},
-            // The wake gate, behind the URL domain's wildcard Ingress.
+            // The webhook Ingress, and the wake gate behind the URL domain's wildcard Ingress.
+            "ingress": {"enabled": true, "host": "previewd.example.com"},
             "wakeGate": {"enabled": true, "ingress": {"enabled": true, "host": "*.preview.example.com"}},
             // Prices: previewd as the chart configures it shows costs.
             "prices": {"perCoreHour": "0.04", "perGibHour": "0.005"},
@@ -317,7 +318,23 @@ async fn the_chart_lints_renders_applies_and_its_rbac_carries_a_lifecycle() {
         let pod = &deployment["spec"]["template"]["spec"];
         let container = &pod["containers"][0];
         assert_eq!(container["securityContext"]["readOnlyRootFilesystem"], true);
+        assert_eq!(container["securityContext"]["allowPrivilegeEscalation"], false);
+        assert_eq!(container["securityContext"]["capabilities"]["drop"], json!(["ALL"]));
         assert_eq!(pod["securityContext"]["runAsNonRoot"], true);
+        assert_eq!(pod["securityContext"]["runAsUser"], 65532);
+        assert_eq!(pod["securityContext"]["seccompProfile"]["type"], "RuntimeDefault");
+        // The webhook Ingress exposes the two webhook paths and nothing else.
+        let ingress = rendered
+            .iter()
+            .find(|o| o["kind"] == "Ingress" && o["metadata"]["name"] == format!("{release}-previewd"))
+            .expect("the webhook Ingress");
+        let paths: Vec<&Value> = ingress["spec"]["rules"][0]["http"]["paths"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| &p["path"])
+            .collect();
+        assert_eq!(paths, [&json!("/webhooks/github"), &json!("/webhooks/gitlab")]);
         assert_eq!(container["livenessProbe"]["httpGet"]["path"], "/healthz");
         assert_eq!(container["readinessProbe"]["httpGet"]["path"], "/readyz");
 

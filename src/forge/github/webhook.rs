@@ -493,6 +493,18 @@ mod tests {
             kind("delete", "delete.json"),
             EventKind::Ignored(_)
         ));
+        // The same delivery for a branch (the fixture deletes a tag): the branch is gone.
+        let mut branch: serde_json::Value =
+            serde_json::from_slice(&fixture("delete.json")).unwrap();
+        branch["ref_type"] = "branch".into();
+        branch["ref"] = "feature/login".into();
+        let event = parse("delete", branch.to_string().as_bytes()).unwrap();
+        assert_eq!(
+            event.kind,
+            EventKind::BranchDeleted {
+                branch: "feature/login".into()
+            }
+        );
         let mut deleted: serde_json::Value =
             serde_json::from_slice(&fixture("push.with-new-branch.json")).unwrap();
         deleted["deleted"] = true.into();
