@@ -393,16 +393,41 @@ async fn bad_deliveries_are_refused_and_change_nothing() {
             .as_object_mut()
             .unwrap()
             .remove("labels");
+        // No event header: 400, before anything else is looked at.
+        let headerless = harness
+            .http
+            .post(format!("{}/webhooks/github", harness.base))
+            .body(opened.clone())
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(headerless.status().as_u16(), 400, "no X-GitHub-Event");
+        // Each refusal is counted by its outcome (forges.md: every answer is counted).
+        let metrics = harness.metrics().await;
+        let unauthorized = r#"previewd_webhook_deliveries_total{event="pull_request",forge="github",outcome="unauthorized"}"#;
+        assert_eq!(metric_value(&metrics, unauthorized), Some(4.0), "{metrics}");
+        let too_large = r#"previewd_webhook_deliveries_total{event="pull_request",forge="github",outcome="too_large"}"#;
+        assert_eq!(metric_value(&metrics, too_large), Some(1.0));
+        // The liveness probe answers.
+        let healthz = harness.http.get(format!("{}/healthz", harness.base)).send().await.unwrap();
+        assert_eq!(healthz.status().as_u16(), 200);
         // Each was answered 4xx above, and the intake writes before it answers: nothing to wait for.
         assert!(
             harness.environment_names().await.is_empty(),
             "none of the bad deliveries wrote anything"
         );
+        // A GitLab delivery sent twice under one X-Gitlab-Event-UUID: the second is a duplicate.
+        let merge_request = std::fs::read(fixture("gitlab/merge_request.json")).unwrap();
+        let first = harness.gitlab("Merge Request Hook", "g-twice", &merge_request, SECRET).await;
+        assert_eq!(first.0, 202, "{}", first.1);
+        let again = harness.gitlab("Merge Request Hook", "g-twice", &merge_request, SECRET).await;
+        assert_eq!((again.0, again.1["outcome"].as_str()), (200, Some("duplicate")), "{}", again.1);
+        assert_eq!(harness.environment_names().await.len(), 1, "one environment from the two");
         let (status, answer) = harness
             .signed("pull_request", "b11", extended.to_string().as_bytes())
             .await;
         assert_eq!(status, 202, "{answer}");
-        assert_eq!(harness.environment_names().await.len(), 1);
+        assert_eq!(harness.environment_names().await.len(), 2, "the GitLab one and this");
     })
     .await;
 }
