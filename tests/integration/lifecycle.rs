@@ -973,3 +973,60 @@ async fn a_gitlab_fork_merge_request_waits_for_a_members_approval() {
     })
     .await;
 }
+
+/// lifecycle.md: every removal by the sweep is written on the environment and said in its PR
+/// comment, with its reason.
+#[tokio::test]
+async fn a_sweep_removal_says_why_in_the_comment() {
+    in_namespace("lifecycle-sweep-reason", |client, ns| async move {
+        let forge = github_forge().await;
+        let lifecycle = json!({"lifecycle": {"idleTimeout": "1h"}});
+        let (harness, name, _) = web_app_ready(&client, &ns, &forge, lifecycle).await;
+        let context = harness.context.clone();
+        let sweeper = Sweeper {
+            client: client.clone(),
+            caches: context.caches.clone(),
+            metrics: harness.metrics.sweep.clone(),
+            writes: harness.metrics.cluster.clone(),
+            watch_namespace: Some(ns.clone()),
+        };
+        let report = sweeper
+            .sweep(&context.reporter, Utc::now() + TimeDelta::hours(2))
+            .await
+            .unwrap();
+        assert_eq!(report.deleted.len(), 1, "{report:?}");
+        comment_says(
+            &forge,
+            &name,
+            "The environment was removed: it was idle longer than the template allows.",
+        )
+        .await;
+        // A command on the PR now that it has no environment: ignored, nothing answered.
+        eventually("the environment gone", Duration::from_secs(60), || async {
+            harness
+                .environments
+                .get_opt(&name)
+                .await
+                .ok()?
+                .is_none()
+                .then_some(())
+        })
+        .await;
+        let comments_before = sent(&forge, "POST", "/comments", "").await;
+        let (status, answer) = harness
+            .signed(
+                "issue_comment",
+                "after-removal",
+                &comment_on(2, "octocat", "/preview wake"),
+            )
+            .await;
+        // Answered without acting: no environment made, no comment answered in.
+        assert_eq!(status, 202, "{answer}");
+        assert_ne!(answer["outcome"], "accepted", "{answer}");
+        assert!(harness.environment_names().await.is_empty());
+        let comments_after = sent(&forge, "POST", "/comments", "").await;
+        let edits = sent(&forge, "PATCH", "", "/preview wake").await;
+        assert_eq!((comments_after, edits), (comments_before, 0));
+    })
+    .await;
+}

@@ -675,3 +675,33 @@ async fn the_forge_token_is_never_sent_on_a_redirect() {
             .collect::<Vec<_>>()
     );
 }
+
+/// forges.md: a Secret made from a file ends in a newline, which is never part of a token or a
+/// webhook secret.
+#[tokio::test]
+async fn a_secrets_trailing_newline_is_not_part_of_its_value() {
+    in_namespace("security-secret-newline", |client, ns| async move {
+        use k8s_openapi::api::core::v1::Secret;
+        use previewd::cluster::secrets::SecretReader;
+        use previewd::model::crd::SecretKeyRef;
+        let secret: Secret = serde_json::from_value(json!({
+            "metadata": {"name": "from-a-file"}, "stringData": {"token": "ghp_abc\n"}
+        }))
+        .unwrap();
+        let secrets: Api<Secret> = Api::namespaced(client.clone(), &ns);
+        secrets
+            .create(&PostParams::default(), &secret)
+            .await
+            .unwrap();
+        let reference = SecretKeyRef {
+            name: "from-a-file".into(),
+            key: "token".into(),
+        };
+        let reader = SecretReader::new(client.clone());
+        assert_eq!(
+            reader.get(&ns, &reference).await.unwrap(),
+            b"ghp_abc".to_vec()
+        );
+    })
+    .await;
+}
