@@ -228,7 +228,7 @@ impl Reporter {
                 environment: &id,
                 head_sha: &source.head_sha,
                 state: CommentState::Live(status),
-                expires_at: crate::model::durations::expires_at(environment, template),
+                expires_at: crate::model::clock::expires_at(environment, template),
                 last_command: crate::model::metadata::last_command_reply(environment),
                 prices: self.prices.as_ref(),
             });

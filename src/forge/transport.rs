@@ -1,8 +1,8 @@
 //! What every forge call shares, whichever forge it goes to: the error type, the timeouts, and
-//! the [`Gate`] that stops calling a forge that rate-limits or fails.
+//! the [`Backoff`] that stops calling a forge that rate-limits or fails.
 //!
 //! After a rate-limit answer (403/429 with `Retry-After` or an exhausted
-//! `X-RateLimit-Remaining`) or a run of failures (5xx, transport errors, timeouts) the gate
+//! `X-RateLimit-Remaining`) or a run of failures (5xx, transport errors, timeouts) the backoff
 //! refuses calls locally until the wait is over, so an outage or a spent budget is not
 //! hammered. The remaining budget from the forge's headers is exported as
 //! `previewd_forge_rate_limit_remaining`.
@@ -101,12 +101,12 @@ pub(crate) fn check_api_url(api_url: &str) -> Result<(), ForgeApiError> {
 
 /// Refuses calls while a rate limit or a failure backoff is running.
 #[derive(Default)]
-pub(crate) struct Gate {
-    state: Mutex<GateState>,
+pub(crate) struct Backoff {
+    state: Mutex<BackoffState>,
 }
 
 #[derive(Default)]
-struct GateState {
+struct BackoffState {
     not_before: Option<Instant>,
     rate_limited: bool,
     failures: u32,
@@ -117,13 +117,13 @@ const MAX_FAILURE_BACKOFF: Duration = Duration::from_secs(300);
 
 /// The longest previewd waits for a forge's answer. A forge that accepts connections and never
 /// answers must not hold a reconcile (and the environment's status) hostage; after a timeout
-/// the gate backs off like after any failure.
+/// it backs off as after any failure.
 pub const FORGE_TIMEOUT: Duration = Duration::from_secs(10);
 pub(crate) const FORGE_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
-impl Gate {
+impl Backoff {
     /// The state, even if a thread panicked holding it (it is a few numbers, always valid).
-    fn lock(&self) -> std::sync::MutexGuard<'_, GateState> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, BackoffState> {
         self.state
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -196,7 +196,7 @@ pub(crate) fn observe_rate_limit(
     status: StatusCode,
     headers: &HeaderMap,
     metrics: &ForgeMetrics,
-    gate: &Gate,
+    backoff: &Backoff,
 ) -> bool {
     let remaining =
         header_u64(headers, "x-ratelimit-remaining").or(header_u64(headers, "ratelimit-remaining"));
@@ -210,7 +210,7 @@ pub(crate) fn observe_rate_limit(
         || (status == StatusCode::FORBIDDEN
             && (remaining == Some(0) || headers.contains_key("retry-after")));
     if limited {
-        gate.rate_limited(rate_limit_wait(headers));
+        backoff.rate_limited(rate_limit_wait(headers));
     }
     limited
 }
@@ -221,17 +221,17 @@ mod tests {
 
     #[test]
     fn the_gate_backs_off_after_failures_and_waits_out_rate_limits() {
-        let gate = Gate::default();
-        assert!(gate.check("x").is_ok());
-        gate.failure();
+        let backoff = Backoff::default();
+        assert!(backoff.check("x").is_ok());
+        backoff.failure();
         assert!(matches!(
-            gate.check("x"),
+            backoff.check("x"),
             Err(ForgeApiError::BackingOff { .. })
         ));
-        gate.success();
-        assert!(gate.check("x").is_ok());
-        gate.rate_limited(Duration::from_secs(30));
-        let Err(ForgeApiError::RateLimited { wait, .. }) = gate.check("x") else {
+        backoff.success();
+        assert!(backoff.check("x").is_ok());
+        backoff.rate_limited(Duration::from_secs(30));
+        let Err(ForgeApiError::RateLimited { wait, .. }) = backoff.check("x") else {
             panic!("expected a rate-limit refusal");
         };
         assert!(wait > Duration::from_secs(28));
@@ -240,7 +240,7 @@ mod tests {
     #[test]
     fn rate_limit_answers_are_recognised_and_their_budget_exported() {
         let metrics = ForgeMetrics::new();
-        let gate = Gate::default();
+        let backoff = Backoff::default();
         let mut headers = HeaderMap::new();
         headers.insert("x-ratelimit-remaining", "4999".parse().unwrap());
         assert!(!observe_rate_limit(
@@ -248,7 +248,7 @@ mod tests {
             StatusCode::OK,
             &headers,
             &metrics,
-            &gate
+            &backoff
         ));
         assert_eq!(
             metrics
@@ -264,22 +264,22 @@ mod tests {
             StatusCode::FORBIDDEN,
             &headers,
             &metrics,
-            &gate
+            &backoff
         ));
         assert!(matches!(
-            gate.check("x"),
+            backoff.check("x"),
             Err(ForgeApiError::RateLimited { .. })
         ));
         // A plain 403 (no permission) is not a rate limit.
-        let gate = Gate::default();
+        let backoff = Backoff::default();
         assert!(!observe_rate_limit(
             ("github", "installation-7"),
             StatusCode::FORBIDDEN,
             &HeaderMap::new(),
             &metrics,
-            &gate
+            &backoff
         ));
-        assert!(gate.check("x").is_ok());
+        assert!(backoff.check("x").is_ok());
     }
 
     #[test]
@@ -289,15 +289,15 @@ mod tests {
             let mut headers = HeaderMap::new();
             headers.insert("retry-after", value.parse().unwrap());
             assert!(rate_limit_wait(&headers) <= MAX_RATE_LIMIT_WAIT, "{value}");
-            let gate = Gate::default();
+            let backoff = Backoff::default();
             observe_rate_limit(
                 ("github", "token"),
                 StatusCode::TOO_MANY_REQUESTS,
                 &headers,
                 &metrics,
-                &gate,
+                &backoff,
             );
-            match gate.check("x") {
+            match backoff.check("x") {
                 Err(ForgeApiError::RateLimited { wait, .. }) => {
                     assert!(wait <= MAX_RATE_LIMIT_WAIT, "{value}: {wait:?}")
                 }

@@ -9,7 +9,7 @@
 
 use chrono::{DateTime, TimeDelta, Utc};
 
-use super::crd::{Lifecycle, PreviewEnvironment};
+use super::crd::{IdleAction, Lifecycle, PreviewEnvironment, PreviewTemplate};
 use super::durations::template_duration;
 
 /// When an environment's lifecycle rules fall due.
@@ -63,6 +63,18 @@ pub fn created(environment: &PreviewEnvironment) -> Option<DateTime<Utc>> {
 /// The last sign of life: the last push, command or request, else creation.
 pub fn last_activity(environment: &PreviewEnvironment) -> Option<DateTime<Utc>> {
     environment.spec.last_activity.or(created(environment))
+}
+
+/// When the environment expires if nothing happens (the PR comment's "Expires …"): the
+/// sweep's own deadlines, idleness counting only when the template deletes idle
+/// environments. A time beyond what a date can hold never expires.
+pub fn expires_at(
+    environment: &PreviewEnvironment,
+    template: &PreviewTemplate,
+) -> Option<DateTime<Utc>> {
+    let lifecycle = &template.spec.lifecycle;
+    let idle_removes = lifecycle.idle_action == IdleAction::Delete;
+    deadlines(environment, lifecycle).expiry(idle_removes)
 }
 
 /// The deadlines of `environment` under `lifecycle`.

@@ -5,9 +5,7 @@
 
 use std::time::Duration;
 
-use chrono::{DateTime, TimeDelta, Utc};
-
-use super::crd::{IdleAction, PreviewEnvironment, PreviewTemplate};
+use chrono::TimeDelta;
 
 /// Parses `90s`, `10m`, `72h`, `14d` (or a plain number of seconds).
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
@@ -41,18 +39,6 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
 pub fn template_duration(text: Option<&str>) -> Option<TimeDelta> {
     text.and_then(|t| parse_duration(t).ok())
         .and_then(|d| TimeDelta::from_std(d).ok())
-}
-
-/// When the environment expires if nothing happens (the PR comment's "Expires …"): the
-/// sweep's own deadlines ([`super::clock`]), idleness counting only when the template deletes
-/// idle environments. A time beyond what a date can hold never expires.
-pub fn expires_at(
-    environment: &PreviewEnvironment,
-    template: &PreviewTemplate,
-) -> Option<DateTime<Utc>> {
-    let lifecycle = &template.spec.lifecycle;
-    let idle_removes = lifecycle.idle_action == IdleAction::Delete;
-    super::clock::deadlines(environment, lifecycle).expiry(idle_removes)
 }
 
 #[cfg(test)]

@@ -16,10 +16,10 @@ use k8s_openapi::api::authorization::v1::{
 use kube::api::{Api, PostParams};
 use serde_json::{Value, json};
 
+use super::apply::apply;
 use super::config::EnvironmentAccess;
 use super::context::Context;
 use super::error::{ReconcileError, Stop};
-use super::waves::apply;
 
 /// The name of the RoleBinding previewd makes for itself in each environment namespace.
 pub const ACCESS_BINDING_NAME: &str = "previewd-access";

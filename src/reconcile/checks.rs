@@ -26,7 +26,7 @@ const LISTED: usize = 5;
 
 /// Whether the head commit may deploy.
 #[derive(Clone, Debug, PartialEq)]
-pub enum Gate {
+pub enum Admission {
     Open,
     Held(Held),
 }
@@ -39,22 +39,22 @@ pub struct Held {
     pub recheck: Option<Duration>,
 }
 
-/// The gate for `environment`'s head commit at `now`.
-pub fn gate(
+/// Whether `environment`'s head commit may deploy at `now`, or is held back and why.
+pub fn admission(
     environment: &PreviewEnvironment,
     template: &PreviewTemplate,
     now: DateTime<Utc>,
-) -> Gate {
+) -> Admission {
     let head = &environment.spec.source.head_sha;
     let status = environment.status.clone().unwrap_or_default();
     let waived = environment.spec.deploy_without_checks.as_deref() == Some(head.as_str());
     if waived || status.has_started(head) {
-        return Gate::Open;
+        return Admission::Open;
     }
     let since = status.waiting_since(head).unwrap_or(now);
     let short: String = head.chars().take(7).collect();
     if let Some(skip) = environment.spec.skip.as_ref().filter(|s| &s.sha == head) {
-        return Gate::Held(Held {
+        return Admission::Held(Held {
             commit: WaitingCommit {
                 sha: head.clone(),
                 reason: "Skipped".into(),
@@ -65,10 +65,10 @@ pub fn gate(
         });
     }
     let Some(wait) = &template.spec.triggers.wait_for_checks else {
-        return Gate::Open;
+        return Admission::Open;
     };
     let held = |reason: &str, message: String, recheck| {
-        Gate::Held(Held {
+        Admission::Held(Held {
             commit: WaitingCommit {
                 sha: head.clone(),
                 reason: reason.into(),
@@ -94,7 +94,7 @@ pub fn gate(
         return held("ChecksFailed", message, None);
     }
     if !results.is_empty() && results.iter().all(|(_, s)| *s == Some(CheckState::Success)) {
-        return Gate::Open;
+        return Admission::Open;
     }
     let waiting_for = if results.is_empty() {
         "the commit's checks (none reported yet)".to_string()

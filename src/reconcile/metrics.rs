@@ -6,7 +6,6 @@ use std::time::{Duration, Instant};
 use prometheus::core::Collector;
 use prometheus::{Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, Opts};
 
-use super::context::Memory;
 use super::error::ERROR_CATEGORIES;
 use crate::cluster::metrics::{MetricSet, counter_at_zero};
 use crate::model::crd::PreviewEnvironmentStatus;
@@ -125,11 +124,11 @@ pub struct Observations {
 impl Observations {
     /// Compares the status about to be written with the previous one: a commit that just
     /// became Ready, seeds that just succeeded (timed from when previewd first saw them
-    /// running) or failed.
+    /// running, `started`: the reconciler's memory of running seed Jobs) or failed.
     pub fn between(
         previous: &PreviewEnvironmentStatus,
         status: &PreviewEnvironmentStatus,
-        memory: &Memory,
+        started: &mut std::collections::HashMap<String, Instant>,
     ) -> Self {
         let mut observations = Observations::default();
         let was_ready = |sha: &str| {
@@ -145,7 +144,6 @@ impl Observations {
             observations.seconds_to_ready = timings.seconds_to_ready;
         }
         let namespace = status.namespace.clone().unwrap_or_default();
-        let mut started = memory.seed_started.lock();
         for seed in &status.seeds {
             let key = format!("{namespace}/{}", seed.job);
             let before = previous

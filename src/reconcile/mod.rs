@@ -9,6 +9,7 @@
 //! when nothing changed.
 
 mod access;
+mod apply;
 mod checks;
 mod claim;
 mod cleanup;

@@ -6,10 +6,10 @@
 //! by input) → plan (render,
 //! object limit, guard, policy, workloads; no client required, on a blocking thread) → check
 //! the copied secrets (shared by their owners, or refused) → check the kinds (each served by the
-//! cluster, or refused) → claim the namespace (created for this environment, or refused) → grant
-//! previewd its rights there → the generated secrets (kept once made)
-//! → apply the namespace, guard rails and waves → prune → status (no client required) → write
-//! (forge report, status, Events).
+//! cluster, or refused) → claim the namespace (created for this environment, or refused) →
+//! apply the namespace → grant previewd its rights there → the generated secrets (kept once
+//! made) → the guard rails → the waves ([`apply_steps`]) → prune → status (no client required)
+//! → write (forge report, status, Events).
 //!
 //! A step that refuses returns a [`Refusal`]; [`refuse`] is the one place that writes it on the
 //! environment. Errors go back to the controller, which retries with backoff.
@@ -22,7 +22,7 @@ use chrono::Utc;
 use kube::runtime::controller::Action;
 use kube::runtime::reflector::ObjectRef;
 
-use super::checks::{self, Gate, Held};
+use super::checks::{self, Admission, Held};
 use super::context::{Context, EnvironmentRef};
 use super::error::{ReconcileError, Refusal, Stop};
 use super::hold::{hold, start_queued};
@@ -34,7 +34,7 @@ use super::status::{
     refused_status,
 };
 use super::write::write_status;
-use super::{claim, coalesce, namespace, prune, renders, resolve, secrets, waves};
+use super::{access, apply, claim, coalesce, namespace, prune, renders, resolve, secrets, waves};
 use crate::cluster::observed::ObjectKey;
 use crate::model::crd::{
     Phase, PreviewEnvironment, PreviewEnvironmentStatus, PreviewTemplate, WaitingCommit,
@@ -54,9 +54,9 @@ pub async fn reconcile_environment(
         write_status(environment, context, hold.status).await?;
         return Ok(Action::requeue(hold.requeue));
     }
-    let (target, held) = match checks::gate(environment, &template, Utc::now()) {
-        Gate::Open => (Cow::Borrowed(environment), None),
-        Gate::Held(held) => match deployed_commit(environment) {
+    let (target, held) = match checks::admission(environment, &template, Utc::now()) {
+        Admission::Open => (Cow::Borrowed(environment), None),
+        Admission::Held(held) => match deployed_commit(environment) {
             Some(deployed) => (Cow::Owned(deployed), Some(held)),
             None => return hold_first_commit(environment, context, held).await,
         },
@@ -139,7 +139,7 @@ async fn deploy(
     claim::claim_namespace(environment, namespace, &namespace_labels, context).await?;
     let key = ObjectRef::from_obj(environment);
     let bypass_cache = reapply_due(context, &key);
-    let progress = waves::apply_plan(
+    let progress = apply_steps(
         &mut plan,
         template,
         &namespace_labels,
@@ -156,6 +156,27 @@ async fn deploy(
             .insert(key.clone(), Instant::now());
     }
     Ok(finish(environment, context, &key, plan, progress, held).await?)
+}
+
+/// The apply steps, in order: the namespace (already claimed, with `namespace_labels`),
+/// previewd's access to it, the generated secrets (read back in the namespace, which needs the
+/// access; added to the plan's first wave), the guard rails, then the plan's objects wave by
+/// wave. Returns how far the waves got.
+async fn apply_steps(
+    plan: &mut Plan,
+    template: &PreviewTemplate,
+    namespace_labels: &std::collections::BTreeMap<String, String>,
+    context: &Context,
+    bypass_cache: bool,
+) -> Result<Progress, Stop> {
+    let namespace_object = namespace::namespace_object(&plan.namespace, namespace_labels);
+    apply::apply(context, &[&namespace_object], bypass_cache).await?;
+    access::grant(&plan.namespace, &plan.labels, context, bypass_cache).await?;
+    secrets::add_generated(plan, template, context).await?;
+    let guard_rails = namespace::guard_rails(&plan.namespace, &template.spec, &plan.labels);
+    let guard_rails: Vec<&serde_json::Value> = guard_rails.iter().collect();
+    apply::apply(context, &guard_rails, bypass_cache).await?;
+    waves::apply_waves(&plan.objects, context, bypass_cache).await
 }
 
 /// Refuses the environment when another one holds its URL host (see [`host_claims`]): nothing
@@ -278,7 +299,10 @@ async fn finish(
             .insert(key.clone(), Instant::now());
     }
     let fell_asleep = status.phase == Phase::Sleeping && previous.phase != Phase::Sleeping;
-    let mut observations = Observations::between(&previous, &status, &context.memory);
+    let mut observations = {
+        let mut seeds_started = context.memory.seed_started.lock();
+        Observations::between(&previous, &status, &mut seeds_started)
+    };
     let ready_timings = status.timings.clone().filter(|t| t.ready_at.is_some());
     let written = write_status(environment, context, status).await;
     // The metrics go with the status write: a forge report that failed after it (retried

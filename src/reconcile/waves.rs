@@ -1,50 +1,27 @@
-//! The apply step: the namespace and its guard rails, then the objects wave after wave. Objects
-//! of a wave are applied concurrently (bounded by `--apply-concurrency`); the next wave starts
-//! only when every object of the earlier waves is healthy. Unchanged objects are skipped by the
-//! applier's cache, so a reconcile of an unchanged environment sends nothing.
+//! The waves step: the plan's objects wave after wave (the namespace, previewd's access and the
+//! guard rails are applied before, by the pipeline). Objects of a wave are applied concurrently
+//! (bounded by `--apply-concurrency`); the next wave starts only when every object of the
+//! earlier waves is healthy. Unchanged objects are skipped by the applier's cache, so a
+//! reconcile of an unchanged environment sends nothing. And before anything is applied, that
+//! the cluster serves every kind the plan uses ([`check_served`]).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 
 use serde_json::Value;
 
+use super::apply::{apply, refused};
 use super::context::Context;
 use super::error::{ReconcileError, Refusal, Stop};
 use super::plan::Plan;
 use super::plan::render::RenderedObject;
 use super::status::Progress;
-use super::{access, namespace, secrets};
 use crate::cluster::applier::{ApplyError, is_not_served};
 use crate::cluster::health::Health;
 use crate::cluster::observed::ObjectKey;
-use crate::model::crd::PreviewTemplate;
-
-/// Applies the plan: namespace (already claimed, with `namespace_labels`), guard rails, the
-/// generated secrets (added to the plan's first wave), then the waves; returns how far it got.
-pub async fn apply_plan(
-    plan: &mut Plan,
-    template: &PreviewTemplate,
-    namespace_labels: &BTreeMap<String, String>,
-    context: &Context,
-    bypass_cache: bool,
-) -> Result<Progress, Stop> {
-    let namespace_object = namespace::namespace_object(&plan.namespace, namespace_labels);
-    apply(context, &[&namespace_object], bypass_cache).await?;
-    access::grant(&plan.namespace, &plan.labels, context, bypass_cache).await?;
-    // Generated secrets are read back in the namespace, which needs the grant.
-    secrets::add_generated(plan, template, context).await?;
-    let guard_rails = namespace::guard_rails(&plan.namespace, &template.spec, &plan.labels);
-    apply(
-        context,
-        &guard_rails.iter().collect::<Vec<_>>(),
-        bypass_cache,
-    )
-    .await?;
-    apply_waves(&plan.objects, context, bypass_cache).await
-}
 
 /// Applies wave after wave; stops applying at the first wave that is not healthy yet (later
 /// waves are still listed, as waiting).
-async fn apply_waves(
+pub async fn apply_waves(
     objects: &[RenderedObject],
     context: &Context,
     bypass_cache: bool,
@@ -116,27 +93,4 @@ fn cluster_scoped(rendered: &RenderedObject) -> Refusal {
             rendered.kind()
         ),
     )
-}
-
-/// Applies `manifests`; returns how many were sent. The API server refusing an object's content
-/// is a refusal that names it (and is retried with backoff, since a template edit or a cluster
-/// change may fix it); any other failure is an error to retry.
-pub(super) async fn apply(
-    context: &Context,
-    manifests: &[&Value],
-    bypass_cache: bool,
-) -> Result<usize, Stop> {
-    match context.applier.apply(manifests, bypass_cache).await {
-        Ok(stats) => Ok(stats.sent),
-        Err(error) if error.is_refused() => Err(Stop::Refused(refused(error))),
-        Err(error) => Err(Stop::Failed(ReconcileError::Apply(error))),
-    }
-}
-
-fn refused(error: ApplyError) -> Refusal {
-    Refusal {
-        reason: "ApplyRefused",
-        message: format!("the API server refused {error}"),
-        retry: Some(Box::new(ReconcileError::Apply(error))),
-    }
 }

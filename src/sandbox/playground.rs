@@ -12,15 +12,15 @@ use serde_json::{Value, json};
 use super::SandboxError;
 use super::control_plane::random_hex;
 use super::forge_standin::ForgeStandIn;
+// The examples' repositories, the ones the fixture deliveries name.
 use super::repositories::Repositories;
+pub use super::repositories::{GITHUB_REPOSITORY, GITLAB_REPOSITORY};
 use crate::model::crd::{ForgeKind, PreviewTemplate};
 
 /// Where the sandbox's templates, their Secret and the environments live.
 pub const NAMESPACE: &str = "default";
 pub const GITHUB_TEMPLATE: &str = "hello-world";
-pub const GITHUB_REPOSITORY: &str = "Codertocat/Hello-World";
 pub const GITLAB_TEMPLATE: &str = "gitlab-test";
-pub const GITLAB_REPOSITORY: &str = "gitlabhq/gitlab-test";
 const SECRET_NAME: &str = "previewd-sandbox-forge";
 /// The Secret the examples in templates/ read their forge token from.
 const EXAMPLES_TOKEN_SECRET: &str = "forge-token";

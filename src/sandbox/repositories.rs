@@ -18,7 +18,11 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use super::SandboxError;
-use super::playground::{GITHUB_REPOSITORY, GITLAB_REPOSITORY};
+
+/// The repository the examples are served as on GitHub: the one the fixture deliveries name.
+pub const GITHUB_REPOSITORY: &str = "Codertocat/Hello-World";
+/// The same on GitLab.
+pub const GITLAB_REPOSITORY: &str = "gitlabhq/gitlab-test";
 use crate::forge::secrets_equal;
 
 /// The most files a plain folder is listed to (a checkout's `target/` or `node_modules/` is

@@ -278,3 +278,102 @@ fn every_arrow_the_architecture_page_draws_is_an_import() {
         );
     }
 }
+
+/// Within each folder, file → sibling modules it imports through `super::` (test code left
+/// out: a `tests.rs` file, and everything after a file's `#[cfg(test)]`). A folder's `mod.rs`
+/// declares its files and is left out too.
+fn sibling_imports() -> BTreeMap<String, BTreeSet<String>> {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    source_files(&src, &mut files);
+    let mut graph: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for file in files {
+        let folder = file.parent().expect("a folder");
+        let stem = file
+            .file_stem()
+            .expect("a name")
+            .to_string_lossy()
+            .to_string();
+        if matches!(stem.as_str(), "mod" | "tests" | "lib" | "main") {
+            continue;
+        }
+        let text = std::fs::read_to_string(&file).expect("read source");
+        let code = code_of(text.split("#[cfg(test)]").next().unwrap_or_default());
+        let name = |module: &str| {
+            let path = folder.join(module);
+            path.strip_prefix(&src)
+                .expect("under src")
+                .display()
+                .to_string()
+        };
+        for (at, _) in code.match_indices("super::") {
+            let before = code[..at].chars().next_back();
+            if before.is_some_and(|c| c.is_alphanumeric() || c == '_' || c == ':') {
+                continue; // `super::super::…` or a path that only ends in `super`
+            }
+            let rest = &code[at + "super::".len()..];
+            let targets: Vec<String> = match rest.strip_prefix('{') {
+                Some(group) => group[..group.find('}').unwrap_or(group.len())]
+                    .split(',')
+                    .map(|item| leading_ident(item.trim()))
+                    .collect(),
+                None => vec![leading_ident(rest)],
+            };
+            for target in targets {
+                let sibling =
+                    folder.join(format!("{target}.rs")).exists() || folder.join(&target).is_dir();
+                if sibling && target != stem {
+                    graph.entry(name(&stem)).or_default().insert(name(&target));
+                }
+            }
+        }
+    }
+    graph
+}
+
+#[test]
+fn files_import_their_siblings_without_a_circle() {
+    let graph = sibling_imports();
+    assert!(
+        graph.len() > 20,
+        "only {} files import a sibling: is the reader broken?",
+        graph.len()
+    );
+    let mut circles = Vec::new();
+    for (from, targets) in &graph {
+        for to in targets {
+            if graph.get(to).is_some_and(|back| back.contains(from)) && from < to {
+                circles.push(format!("{from} ⇄ {to}"));
+            }
+        }
+    }
+    // Longer circles: any file that reaches itself again.
+    fn reaches(
+        from: &str,
+        goal: &str,
+        graph: &BTreeMap<String, BTreeSet<String>>,
+        seen: &mut BTreeSet<String>,
+    ) -> bool {
+        for next in graph.get(from).into_iter().flatten() {
+            if next == goal {
+                return true;
+            }
+            if seen.insert(next.clone()) && reaches(next, goal, graph, seen) {
+                return true;
+            }
+        }
+        false
+    }
+    for file in graph.keys() {
+        if reaches(file, file, &graph, &mut BTreeSet::new())
+            && !circles.iter().any(|c| c.contains(file.as_str()))
+        {
+            circles.push(format!("{file} reaches itself"));
+        }
+    }
+    assert!(
+        circles.is_empty(),
+        "files that import each other:\n{}",
+        circles.join("\n")
+    );
+}

@@ -1,6 +1,6 @@
 //! GitHub's REST API: the calls previewd makes (its comment, commit statuses, deployments,
 //! repository files, collaborators' permission, the open pull requests and branches the sweep
-//! lists), each through one send path that applies the gate, reads the rate-limit headers,
+//! lists), each through one send path that applies the backoff, reads the rate-limit headers,
 //! counts the call, and uses conditional requests for lists (a `304` costs no rate limit).
 
 use std::collections::HashMap;
@@ -15,8 +15,8 @@ use crate::forge::client::{
 use crate::forge::comment::CommitState;
 use crate::forge::metrics::ForgeMetrics;
 use crate::forge::transport::{
-    FORGE_CONNECT_TIMEOUT, FORGE_TIMEOUT, ForgeApiError, Gate, error_summary, observe_rate_limit,
-    rate_limit_wait,
+    Backoff, FORGE_CONNECT_TIMEOUT, FORGE_TIMEOUT, ForgeApiError, error_summary,
+    observe_rate_limit, rate_limit_wait,
 };
 
 /// The most pages of 100 previewd reads of one list (10,000 open PRs or branches); a longer
@@ -39,7 +39,7 @@ type KeptPage = (String, Arc<Vec<Value>>);
 /// GitHub's REST API through octocrab, with the shared accounting of every call.
 pub struct GithubApi {
     octocrab: octocrab::Octocrab,
-    gate: Gate,
+    backoff: Backoff,
     metrics: ForgeMetrics,
     /// Whose rate-limit budget this client spends (`token`, `installation-<id>`), for
     /// `previewd_forge_rate_limit_remaining`.
@@ -74,7 +74,7 @@ impl GithubApi {
             })?;
         Ok(Self {
             octocrab,
-            gate: Gate::default(),
+            backoff: Backoff::default(),
             metrics,
             budget,
             etags: Mutex::new(HashMap::new()),
@@ -134,7 +134,7 @@ impl GithubApi {
         Ok(self.send(operation, method, path, body, None).await?.json)
     }
 
-    /// Sends one request with the accounting every call shares: the gate, the rate-limit
+    /// Sends one request with the accounting every call shares: the backoff, the rate-limit
     /// headers, the metric, and errors for anything but 2xx and `304 Not Modified`.
     async fn send(
         &self,
@@ -144,7 +144,7 @@ impl GithubApi {
         body: Option<&Value>,
         if_none_match: Option<&str>,
     ) -> Result<GithubAnswer, ForgeApiError> {
-        self.gate.check(operation)?;
+        self.backoff.check(operation)?;
         let count = |outcome: &str| {
             self.metrics
                 .requests
@@ -163,7 +163,7 @@ impl GithubApi {
             }
         };
         let response = sent.map_err(|e| {
-            self.gate.failure();
+            self.backoff.failure();
             count("error");
             ForgeApiError::Transport {
                 operation,
@@ -176,7 +176,7 @@ impl GithubApi {
             status,
             response.headers(),
             &self.metrics,
-            &self.gate,
+            &self.backoff,
         ) {
             count("rate_limited");
             return Err(ForgeApiError::RateLimited {
@@ -196,7 +196,7 @@ impl GithubApi {
             .unwrap_or_default();
         if !status.is_success() && status != StatusCode::NOT_MODIFIED {
             if status.is_server_error() {
-                self.gate.failure();
+                self.backoff.failure();
             }
             count("error");
             return Err(ForgeApiError::Http {
@@ -205,7 +205,7 @@ impl GithubApi {
                 message: error_summary(&text),
             });
         }
-        self.gate.success();
+        self.backoff.success();
         count(if status == StatusCode::NOT_MODIFIED {
             "not_modified"
         } else {

@@ -1,7 +1,7 @@
 //! GitLab's REST API through the `gitlab` crate: the same calls as GitHub's (its note on the
 //! merge request, commit statuses, environments and deployments, repository files, members'
 //! access level, the open merge requests and branches the sweep lists), each through [`GitlabApi::run`], which applies the
-//! gate and a timeout and counts the call.
+//! backoff and a timeout and counts the call.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -29,7 +29,7 @@ use crate::forge::client::{
 use crate::forge::comment::CommitState;
 use crate::forge::metrics::ForgeMetrics;
 use crate::forge::transport::{
-    FORGE_CONNECT_TIMEOUT, FORGE_TIMEOUT, ForgeApiError, Gate, error_summary, observe_rate_limit,
+    Backoff, FORGE_CONNECT_TIMEOUT, FORGE_TIMEOUT, ForgeApiError, error_summary, observe_rate_limit,
 };
 
 /// The transport under the gitlab crate's endpoints: previewd's own HTTP client, so that the
@@ -40,7 +40,7 @@ struct ObservedGitlab {
     /// `<apiUrl>/api/v4/`.
     rest_url: url::Url,
     token: http::HeaderValue,
-    gate: Arc<Gate>,
+    backoff: Arc<Backoff>,
     metrics: ForgeMetrics,
 }
 
@@ -82,7 +82,7 @@ impl gitlab::api::AsyncClient for ObservedGitlab {
             answer.status(),
             answer.headers(),
             &self.metrics,
-            &self.gate,
+            &self.backoff,
         );
         let mut response = http::Response::builder().status(answer.status());
         if let Some(headers) = response.headers_mut() {
@@ -95,7 +95,7 @@ impl gitlab::api::AsyncClient for ObservedGitlab {
 
 pub struct GitlabApi {
     client: ObservedGitlab,
-    gate: Arc<Gate>,
+    backoff: Arc<Backoff>,
     metrics: ForgeMetrics,
     /// The id of the user the token belongs to, once asked (`GET /user`): previewd's own
     /// notes are that user's.
@@ -146,16 +146,16 @@ impl GitlabApi {
                 operation: "build client",
                 message: e.to_string(),
             })?;
-        let gate = Arc::new(Gate::default());
+        let backoff = Arc::new(Backoff::default());
         Ok(Self {
             client: ObservedGitlab {
                 http,
                 rest_url,
                 token,
-                gate: gate.clone(),
+                backoff: backoff.clone(),
                 metrics: metrics.clone(),
             },
-            gate,
+            backoff,
             metrics,
             own_user: tokio::sync::OnceCell::new(),
         })
@@ -176,7 +176,7 @@ impl GitlabApi {
         F: FnOnce() -> Fut,
         Fut: std::future::Future<Output = Result<T, String>>,
     {
-        self.gate.check(operation)?;
+        self.backoff.check(operation)?;
         // The gitlab crate's HTTP client has no timeout of its own.
         let result = match tokio::time::timeout(FORGE_TIMEOUT, call()).await {
             Ok(result) => result,
@@ -184,7 +184,7 @@ impl GitlabApi {
         };
         let outcome = match &result {
             Ok(_) => "ok",
-            Err(_) if self.gate.check(operation).is_err() => "rate_limited",
+            Err(_) if self.backoff.check(operation).is_err() => "rate_limited",
             Err(_) => "error",
         };
         self.metrics
@@ -193,12 +193,12 @@ impl GitlabApi {
             .inc();
         match result {
             Ok(value) => {
-                self.gate.success();
+                self.backoff.success();
                 Ok(value)
             }
             Err(message) => {
                 if outcome == "error" {
-                    self.gate.failure();
+                    self.backoff.failure();
                 }
                 Err(ForgeApiError::Transport {
                     operation,

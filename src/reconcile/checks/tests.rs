@@ -41,10 +41,10 @@ fn with_checks(results: &[(&str, &str, CheckState)]) -> PreviewEnvironment {
     environment
 }
 
-fn held(gate: Gate) -> Held {
-    match gate {
-        Gate::Held(held) => held,
-        Gate::Open => panic!("the gate is open"),
+fn held(admission: Admission) -> Held {
+    match admission {
+        Admission::Held(held) => held,
+        Admission::Open => panic!("the commit is admitted"),
     }
 }
 
@@ -54,15 +54,15 @@ use CheckState::{Failure, Pending, Success};
 fn a_template_without_checks_never_holds_a_commit() {
     let environment = with_checks(&[]);
     assert_eq!(
-        gate(&environment, &template(WEB_TEMPLATE), now()),
-        Gate::Open
+        admission(&environment, &template(WEB_TEMPLATE), now()),
+        Admission::Open
     );
 }
 
 #[test]
 fn the_head_waits_until_every_named_check_passed_for_it() {
     let template = waiting_template(&["build", "lint"], None);
-    let waiting = held(gate(&with_checks(&[]), &template, now()));
+    let waiting = held(admission(&with_checks(&[]), &template, now()));
     assert_eq!(waiting.commit.reason, "AwaitingChecks");
     assert_eq!(waiting.commit.sha, HEAD);
     assert_eq!(
@@ -76,7 +76,7 @@ fn the_head_waits_until_every_named_check_passed_for_it() {
     );
     // A result of the previous commit does not count for the head.
     let stale = with_checks(&[("build", OLD, Success), ("lint", HEAD, Pending)]);
-    let waiting = held(gate(&stale, &template, now()));
+    let waiting = held(admission(&stale, &template, now()));
     assert!(
         waiting
             .commit
@@ -86,7 +86,7 @@ fn the_head_waits_until_every_named_check_passed_for_it() {
         waiting.commit.message
     );
     let one_passed = with_checks(&[("build", HEAD, Success), ("lint", HEAD, Pending)]);
-    let waiting = held(gate(&one_passed, &template, now()));
+    let waiting = held(admission(&one_passed, &template, now()));
     assert!(
         waiting
             .commit
@@ -96,14 +96,14 @@ fn the_head_waits_until_every_named_check_passed_for_it() {
         waiting.commit.message
     );
     let passed = with_checks(&[("build", HEAD, Success), ("lint", HEAD, Success)]);
-    assert_eq!(gate(&passed, &template, now()), Gate::Open);
+    assert_eq!(admission(&passed, &template, now()), Admission::Open);
 }
 
 #[test]
 fn a_failed_check_holds_the_commit_until_it_is_re_run_or_waived() {
     let template = waiting_template(&["build", "lint"], None);
     let failed = with_checks(&[("build", HEAD, Failure), ("lint", HEAD, Pending)]);
-    let waiting = held(gate(&failed, &template, now()));
+    let waiting = held(admission(&failed, &template, now()));
     assert_eq!(waiting.commit.reason, "ChecksFailed");
     assert!(waiting.commit.failed());
     assert!(
@@ -118,14 +118,17 @@ fn a_failed_check_holds_the_commit_until_it_is_re_run_or_waived() {
     let mut waived = failed.clone();
     waived.spec.deploy_without_checks = Some(HEAD.into());
     assert_eq!(
-        gate(&waived, &template, now()),
-        Gate::Open,
+        admission(&waived, &template, now()),
+        Admission::Open,
         "/preview deploy"
     );
     let mut waived_before = failed;
     waived_before.spec.deploy_without_checks = Some(OLD.into());
     assert!(
-        matches!(gate(&waived_before, &template, now()), Gate::Held(_)),
+        matches!(
+            admission(&waived_before, &template, now()),
+            Admission::Held(_)
+        ),
         "a waiver is for one commit"
     );
 }
@@ -133,7 +136,7 @@ fn a_failed_check_holds_the_commit_until_it_is_re_run_or_waived() {
 #[test]
 fn every_check_mode_needs_at_least_one_and_all_of_them_passed() {
     let template = waiting_template(&[], None);
-    let none = held(gate(&with_checks(&[]), &template, now()));
+    let none = held(admission(&with_checks(&[]), &template, now()));
     assert!(
         none.commit
             .message
@@ -141,26 +144,26 @@ fn every_check_mode_needs_at_least_one_and_all_of_them_passed() {
     );
     let running = with_checks(&[("pipeline", HEAD, Pending), ("old", OLD, Failure)]);
     assert_eq!(
-        held(gate(&running, &template, now())).commit.reason,
+        held(admission(&running, &template, now())).commit.reason,
         "AwaitingChecks"
     );
     let passed = with_checks(&[("pipeline", HEAD, Success), ("old", OLD, Failure)]);
-    assert_eq!(gate(&passed, &template, now()), Gate::Open);
+    assert_eq!(admission(&passed, &template, now()), Admission::Open);
 }
 
 #[test]
 fn the_timeout_counts_from_when_the_commit_was_first_held() {
     let template = waiting_template(&["build"], Some("30m"));
     let mut environment = with_checks(&[("build", HEAD, Pending)]);
-    let first = held(gate(&environment, &template, now()));
+    let first = held(admission(&environment, &template, now()));
     assert_eq!(first.recheck, Some(Duration::from_secs(1800)));
     environment.status.as_mut().unwrap().waiting = Some(first.commit.clone());
     let later = now() + TimeDelta::minutes(20);
     assert_eq!(
-        held(gate(&environment, &template, later)).recheck,
+        held(admission(&environment, &template, later)).recheck,
         Some(Duration::from_secs(600))
     );
-    let timed_out = held(gate(
+    let timed_out = held(admission(
         &environment,
         &template,
         now() + TimeDelta::minutes(30),
@@ -178,8 +181,8 @@ fn the_timeout_counts_from_when_the_commit_was_first_held() {
     // A late success still deploys it.
     environment.spec.checks.get_mut("build").unwrap().state = Success;
     assert_eq!(
-        gate(&environment, &template, now() + TimeDelta::hours(5)),
-        Gate::Open
+        admission(&environment, &template, now() + TimeDelta::hours(5)),
+        Admission::Open
     );
 }
 
@@ -195,13 +198,13 @@ fn a_commit_whose_deploy_began_is_not_held_again_by_a_re_run() {
         .as_mut()
         .unwrap()
         .sha = HEAD.into();
-    assert_eq!(gate(&environment, &template, now()), Gate::Open);
+    assert_eq!(admission(&environment, &template, now()), Admission::Open);
 }
 
 #[test]
 fn a_bad_timeout_or_hostile_names_give_a_clear_message() {
     let bad = waiting_template(&["build"], Some("soon"));
-    let waiting = held(gate(&with_checks(&[]), &bad, now()));
+    let waiting = held(admission(&with_checks(&[]), &bad, now()));
     assert_eq!(waiting.commit.reason, "ChecksFailed");
     assert!(
         waiting
@@ -221,7 +224,7 @@ fn a_bad_timeout_or_hostile_names_give_a_clear_message() {
         .iter()
         .map(|(n, s)| (n.as_str(), HEAD, *s))
         .collect();
-    let message = held(gate(&with_checks(&results), &every, now()))
+    let message = held(admission(&with_checks(&results), &every, now()))
         .commit
         .message;
     assert!(message.contains("and 4 more"), "{message}");
@@ -237,7 +240,7 @@ fn a_skipped_head_is_held_with_or_without_waiting_for_checks_until_deploy_is_ask
         reason: "only `docs/` changed".into(),
     });
     for template in [template(WEB_TEMPLATE), waiting_template(&["build"], None)] {
-        let skipped = held(gate(&environment, &template, now()));
+        let skipped = held(admission(&environment, &template, now()));
         assert_eq!(skipped.commit.reason, "Skipped");
         assert!(skipped.commit.skipped() && !skipped.commit.failed());
         assert_eq!(
@@ -249,10 +252,13 @@ fn a_skipped_head_is_held_with_or_without_waiting_for_checks_until_deploy_is_ask
     // A skip recorded for another commit does not count; `/preview deploy` deploys anyway.
     let mut stale = environment.clone();
     stale.spec.skip.as_mut().unwrap().sha = OLD.into();
-    assert_eq!(gate(&stale, &template(WEB_TEMPLATE), now()), Gate::Open);
+    assert_eq!(
+        admission(&stale, &template(WEB_TEMPLATE), now()),
+        Admission::Open
+    );
     environment.spec.deploy_without_checks = Some(HEAD.into());
     assert_eq!(
-        gate(&environment, &template(WEB_TEMPLATE), now()),
-        Gate::Open
+        admission(&environment, &template(WEB_TEMPLATE), now()),
+        Admission::Open
     );
 }
