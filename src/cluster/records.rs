@@ -1,6 +1,7 @@
-//! Environment records: the writes that create, wake and delete a `PreviewEnvironment`, made
-//! by the webhook intake, comment commands and the sweep alike (the reconciler only writes
-//! their status).
+//! Environment records: every write of a `PreviewEnvironment`'s spec and metadata, made by the
+//! webhook intake, CI results, comment commands, the sweep, the wake gate and the traffic
+//! recorder alike (the reconciler only writes their status). Each under its own field
+//! manager, with one meaning for a 404: the environment is gone.
 //!
 //! Each write is ordered and explained: an apply never replaces a newer source with an older
 //! one (deliveries arrive out of order), and a deletion first writes its reason on the record
@@ -10,7 +11,10 @@ use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use kube::{Client, ResourceExt};
 
 use crate::model::crd::PreviewEnvironment;
-use crate::model::metadata::{ANNOTATION_DELETION_REASON, FIELD_MANAGER_INTAKE};
+use crate::model::metadata::{
+    ANNOTATION_DELETION_REASON, FIELD_MANAGER_CHECKS, FIELD_MANAGER_COMMANDS, FIELD_MANAGER_INTAKE,
+    FIELD_MANAGER_SWEEP,
+};
 
 /// Wakes a sleeping environment (a new commit was pushed to it). Returns false if it is gone.
 pub async fn wake(client: &Client, namespace: &str, name: &str) -> Result<bool, kube::Error> {
@@ -50,20 +54,67 @@ pub async fn note_activity(
     .await
 }
 
-/// Merges `spec` into the environment's spec. Returns false if the environment is gone.
+/// Records CI results on the environment (`spec.checks`, merged), as `previewd-checks`.
+/// Returns false if the environment is gone.
+pub async fn record_checks(
+    client: &Client,
+    namespace: &str,
+    name: &str,
+    checks: &serde_json::Value,
+) -> Result<bool, kube::Error> {
+    let body = serde_json::json!({"spec": {"checks": checks}});
+    merge(client, namespace, name, FIELD_MANAGER_CHECKS, body).await
+}
+
+/// Writes a comment command's effect and answer (`patch`: spec fields and the answer's
+/// annotation), as `previewd-commands`. Returns false if the environment is gone.
+pub async fn answer_command(
+    client: &Client,
+    namespace: &str,
+    name: &str,
+    patch: serde_json::Value,
+) -> Result<bool, kube::Error> {
+    merge(client, namespace, name, FIELD_MANAGER_COMMANDS, patch).await
+}
+
+/// Puts an idle environment to sleep (the sweep, for `idleAction: Sleep`), as
+/// `previewd-sweep`. Returns false if the environment is gone.
+pub async fn put_to_sleep(
+    client: &Client,
+    namespace: &str,
+    name: &str,
+) -> Result<bool, kube::Error> {
+    let body = serde_json::json!({"spec": {"sleep": true}});
+    merge(client, namespace, name, FIELD_MANAGER_SWEEP, body).await
+}
+
+/// Merges `spec` into the environment's spec, as the intake. Returns false if the environment
+/// is gone.
 async fn patch_spec(
     client: &Client,
     namespace: &str,
     name: &str,
     spec: serde_json::Value,
 ) -> Result<bool, kube::Error> {
+    let body = serde_json::json!({ "spec": spec });
+    merge(client, namespace, name, FIELD_MANAGER_INTAKE, body).await
+}
+
+/// The one merge patch of an environment record, by `manager`: a 404 means it is gone
+/// (`Ok(false)`), everywhere alike.
+async fn merge(
+    client: &Client,
+    namespace: &str,
+    name: &str,
+    manager: &str,
+    body: serde_json::Value,
+) -> Result<bool, kube::Error> {
     let api: Api<PreviewEnvironment> = Api::namespaced(client.clone(), namespace);
     let params = PatchParams {
-        field_manager: Some(FIELD_MANAGER_INTAKE.into()),
+        field_manager: Some(manager.into()),
         ..Default::default()
     };
-    let patch = Patch::Merge(serde_json::json!({ "spec": spec }));
-    match api.patch(name, &params, &patch).await {
+    match api.patch(name, &params, &Patch::Merge(body)).await {
         Ok(_) => Ok(true),
         Err(kube::Error::Api(status)) if status.code == 404 => Ok(false),
         Err(e) => Err(e),

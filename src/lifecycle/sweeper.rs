@@ -16,18 +16,18 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use k8s_openapi::api::core::v1::Namespace;
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
+use kube::api::{Api, DeleteParams, ListParams};
 use kube::{Client, ResourceExt};
 
 use crate::cluster::caches::Caches;
 use crate::cluster::metrics::ClusterMetrics;
-use crate::cluster::records::delete_as_judged;
+use crate::cluster::records::{self, delete_as_judged};
 use crate::cluster::writer::Writer;
 use crate::forge::report::Reporter;
 use crate::lifecycle::metrics::SweepMetrics;
 use crate::lifecycle::rules::{self, ForgeFacts, LabelledNamespace, Reason, Verdict};
 use crate::model::crd::{ForgeKind, PreviewEnvironment, PreviewTemplate};
-use crate::model::metadata::{FIELD_MANAGER_SWEEP, LABEL_MANAGED_BY};
+use crate::model::metadata::LABEL_MANAGED_BY;
 
 /// What one sweep did.
 #[derive(Clone, Debug, Default)]
@@ -212,26 +212,13 @@ impl Sweeper {
     /// scales it to zero.
     async fn put_to_sleep(&self, environment: &PreviewEnvironment) -> Result<(), kube::Error> {
         let namespace = environment.namespace().unwrap_or_default();
-        let api: Api<PreviewEnvironment> = Api::namespaced(self.client.clone(), &namespace);
         tracing::info!(environment = %environment.name_any(), %namespace, "sweep puts idle environment to sleep");
-        let params = PatchParams {
-            field_manager: Some(FIELD_MANAGER_SWEEP.into()),
-            ..Default::default()
-        };
-        let sleep = Patch::Merge(serde_json::json!({"spec": {"sleep": true}}));
         let name = environment.name_any();
-        match self
-            .writer()
-            .write("sleep", api.patch(&name, &params, &sleep))
-            .await
-        {
-            Ok(_) => {
-                self.metrics.sleeps.inc();
-                Ok(())
-            }
-            Err(kube::Error::Api(status)) if status.code == 404 => Ok(()),
-            Err(e) => Err(e),
+        let sleep = records::put_to_sleep(&self.client, &namespace, &name);
+        if self.writer().write("sleep", sleep).await? {
+            self.metrics.sleeps.inc();
         }
+        Ok(())
     }
 }
 

@@ -12,13 +12,12 @@
 
 use std::sync::Arc;
 
-use kube::api::{Api, Patch, PatchParams};
 use kube::{Client, ResourceExt};
 use serde_json::{Map, Value, json};
 
+use crate::cluster::records;
 use crate::forge::CheckResult;
 use crate::model::crd::{CheckRecord, PreviewEnvironment, PreviewTemplate};
-use crate::model::metadata::FIELD_MANAGER_CHECKS;
 
 /// At most this many results are kept per commit: in "every check" mode a repository with
 /// more reports than this waits for the first ones only (logged).
@@ -27,12 +26,12 @@ pub const MAX_CHECKS_PER_COMMIT: usize = 32;
 /// Names longer than this are not recorded (no forge names its checks that long).
 pub const MAX_CHECK_NAME: usize = 200;
 
-/// One environment's merge patch.
+/// One environment's change of `spec.checks` (merged: `null` drops a result).
 #[derive(Clone, Debug, PartialEq)]
 pub struct CheckPatch {
     pub namespace: String,
     pub name: String,
-    pub patch: Value,
+    pub checks: Value,
 }
 
 /// The writes `check` makes: one per environment of a verified template that waits for it,
@@ -94,30 +93,20 @@ fn patch_for(environment: &PreviewEnvironment, check: &CheckResult) -> Option<Ch
     Some(CheckPatch {
         namespace: environment.namespace().unwrap_or_default(),
         name: environment.name_any(),
-        patch: json!({"spec": {"checks": checks}}),
+        checks: Value::Object(checks),
     })
 }
 
 /// Writes the patches; returns one line per environment written. An environment deleted in
 /// the meantime is skipped.
 pub async fn record(client: &Client, patches: &[CheckPatch]) -> Result<Vec<String>, kube::Error> {
-    let params = PatchParams {
-        field_manager: Some(FIELD_MANAGER_CHECKS.into()),
-        ..Default::default()
-    };
     let mut done = Vec::new();
     for write in patches {
-        let api: Api<PreviewEnvironment> = Api::namespaced(client.clone(), &write.namespace);
-        match api
-            .patch(&write.name, &params, &Patch::Merge(&write.patch))
-            .await
-        {
-            Ok(_) => done.push(format!(
+        if records::record_checks(client, &write.namespace, &write.name, &write.checks).await? {
+            done.push(format!(
                 "recorded the check on {}/{}",
                 write.namespace, write.name
-            )),
-            Err(kube::Error::Api(status)) if status.code == 404 => {}
-            Err(e) => return Err(e),
+            ));
         }
     }
     Ok(done)
@@ -192,8 +181,8 @@ mod tests {
         );
         assert_eq!(found.len(), 1);
         assert_eq!(
-            found[0].patch,
-            json!({"spec": {"checks": {"build": {"sha": HEAD, "state": "Pending"}}}})
+            found[0].checks,
+            json!({"build": {"sha": HEAD, "state": "Pending"}})
         );
         assert_eq!(
             (found[0].namespace.as_str(), found[0].name.as_str()),

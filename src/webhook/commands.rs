@@ -10,7 +10,6 @@
 use std::sync::Arc;
 
 use chrono::{DateTime, TimeDelta, Utc};
-use kube::api::{Api, Patch, PatchParams};
 use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
 
@@ -19,9 +18,7 @@ use crate::forge::report::Reporter;
 use crate::forge::{Comment, ForgeEvent};
 use crate::model::crd::{ForkPolicy, PreviewEnvironment, PreviewTemplate};
 use crate::model::durations::parse_duration;
-use crate::model::metadata::{
-    ANNOTATION_LAST_COMMAND, CommandReply, FIELD_MANAGER_COMMANDS, quote_user_text,
-};
+use crate::model::metadata::{ANNOTATION_LAST_COMMAND, CommandReply, quote_user_text};
 
 /// The longest `/preview extend` accepted.
 pub const MAX_EXTENSION: TimeDelta = TimeDelta::days(30);
@@ -315,15 +312,8 @@ pub async fn handle(
                     done.push(format!("deleted {namespace}/{name} ({reason})"));
                 }
                 Effect::Patch(patch) => {
-                    let api: Api<PreviewEnvironment> = Api::namespaced(client.clone(), &namespace);
-                    let params = PatchParams {
-                        field_manager: Some(FIELD_MANAGER_COMMANDS.into()),
-                        ..Default::default()
-                    };
-                    match api.patch(&name, &params, &Patch::Merge(patch)).await {
-                        Ok(_) => done.push(format!("answered {shown} on {namespace}/{name}")),
-                        Err(kube::Error::Api(status)) if status.code == 404 => {}
-                        Err(e) => return Err(e),
+                    if records::answer_command(client, &namespace, &name, patch).await? {
+                        done.push(format!("answered {shown} on {namespace}/{name}"));
                     }
                 }
             }
