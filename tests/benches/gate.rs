@@ -112,13 +112,7 @@ async fn gate_over_environments() -> (std::net::SocketAddr, String) {
     }
     let waker = Arc::new(NoWake(Default::default()));
     let gate = Gate::new(store, waker, GateMetrics::new());
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let address = listener.local_addr().unwrap();
-    tokio::spawn(previewd::gate::server::serve(
-        gate,
-        listener,
-        std::future::pending(),
-    ));
+    let address = support::gate::listen(gate).await;
     (address, "pr-500.preview.example.com".into())
 }
 

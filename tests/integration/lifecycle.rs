@@ -15,7 +15,6 @@ use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
 use k8s_openapi::api::core::v1::Namespace;
 use kube::api::{Api, Patch, PatchParams};
 use previewd::cluster::observed::ObjectKey;
-use previewd::lifecycle::sweeper::Sweeper;
 use previewd::model::crd::Phase;
 use serde_json::{Value, json};
 use support::webhooks::*;
@@ -716,13 +715,7 @@ async fn idle_environments_sleep_and_a_push_wakes_them() {
         )
         .await;
         let context = harness.context.clone();
-        let sweeper = Sweeper {
-            client: client.clone(),
-            caches: context.caches.clone(),
-            metrics: harness.metrics.sweep.clone(),
-            writes: harness.metrics.cluster.clone(),
-            watch_namespace: Some(ns.clone()),
-        };
+        let sweeper = harness.sweeper(&client, &ns);
         // 30 minutes later: not idle yet. (The forge lists nothing: it answers 404, so no forge
         // rule applies; idleness needs no forge.)
         let report = sweeper
@@ -982,16 +975,9 @@ async fn a_sweep_removal_says_why_in_the_comment() {
         let forge = github_forge().await;
         let lifecycle = json!({"lifecycle": {"idleTimeout": "1h"}});
         let (harness, name, _) = web_app_ready(&client, &ns, &forge, lifecycle).await;
-        let context = harness.context.clone();
-        let sweeper = Sweeper {
-            client: client.clone(),
-            caches: context.caches.clone(),
-            metrics: harness.metrics.sweep.clone(),
-            writes: harness.metrics.cluster.clone(),
-            watch_namespace: Some(ns.clone()),
-        };
-        let report = sweeper
-            .sweep(&context.reporter, Utc::now() + TimeDelta::hours(2))
+        let report = harness
+            .sweeper(&client, &ns)
+            .sweep(&harness.context.reporter, Utc::now() + TimeDelta::hours(2))
             .await
             .unwrap();
         assert_eq!(report.deleted.len(), 1, "{report:?}");

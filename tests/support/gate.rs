@@ -32,6 +32,11 @@ pub async fn serve(running: &super::Running, waker: Arc<dyn Waker>) -> SocketAdd
         waker,
         GateMetrics::new(),
     );
+    listen(gate).await
+}
+
+/// `gate` serving on a free loopback port until the test ends.
+pub async fn listen(gate: Arc<Gate>) -> SocketAddr {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let address = listener.local_addr().unwrap();
     tokio::spawn(previewd::gate::server::serve(

@@ -378,6 +378,21 @@ impl Harness {
         .await;
     }
 
+    /// A sweeper sharing this harness's caches and metrics, for `namespace`.
+    pub fn sweeper(
+        &self,
+        client: &Client,
+        namespace: &str,
+    ) -> previewd::lifecycle::sweeper::Sweeper {
+        previewd::lifecycle::sweeper::Sweeper {
+            client: client.clone(),
+            caches: self.context.caches.clone(),
+            metrics: self.metrics.sweep.clone(),
+            writes: self.metrics.cluster.clone(),
+            watch_namespace: Some(namespace.to_string()),
+        }
+    }
+
     /// The text `GET /metrics` answers.
     pub async fn metrics(&self) -> String {
         self.http
