@@ -197,14 +197,16 @@ pub async fn delete_with_reason(
     namespace: &str,
     name: &str,
     reason: &str,
+    manager: &str,
 ) -> Result<bool, kube::Error> {
     let api: Api<PreviewEnvironment> = Api::namespaced(client.clone(), namespace);
     let why =
         serde_json::json!({"metadata": {"annotations": {ANNOTATION_DELETION_REASON: reason}}});
-    match api
-        .patch(name, &PatchParams::default(), &Patch::Merge(why))
-        .await
-    {
+    let params = PatchParams {
+        field_manager: Some(manager.into()),
+        ..Default::default()
+    };
+    match api.patch(name, &params, &Patch::Merge(why)).await {
         Ok(_) => {}
         Err(kube::Error::Api(status)) if status.code == 404 => return Ok(false),
         Err(e) => return Err(e),
@@ -238,11 +240,14 @@ pub async fn delete_as_judged(
 }
 
 /// The step of [`delete_as_judged`] after its read: `read` is the environment as last read.
-/// Nothing is deleted if its spec changed since `judged`. The reason is written, and the
-/// deletion sent, each only on the exact version last read (a precondition on its
-/// `resourceVersion`), so a change that lands between the read and the deletion (an extension,
-/// a push) refuses them with a conflict; the environment is then read again and judged again,
-/// a few times at most (status writes also move the version, without changing the verdict).
+/// Nothing is deleted if it is not the object that was judged (same UID: a PR closed and
+/// reopened makes a new one of the same name) or its spec changed since `judged`. The reason is
+/// written, and the deletion sent, each only on the exact version last read (a precondition on
+/// its `resourceVersion` and UID), so a change that lands in between (an extension, a push)
+/// refuses them with a conflict; the environment is then read again and judged again, a few
+/// times at most (status writes also move the version, without changing the verdict). Not
+/// deleted after all, it loses the reason written for it. A conflict on every try leaves it to
+/// the next sweep.
 pub async fn delete_unless_changed(
     client: &Client,
     judged: &PreviewEnvironment,
@@ -253,21 +258,26 @@ pub async fn delete_unless_changed(
     let namespace = judged.namespace().unwrap_or_default();
     let name = judged.name_any();
     let api: Api<PreviewEnvironment> = Api::namespaced(client.clone(), &namespace);
-    for attempt in 1..=ATTEMPTS {
+    let mut reason_written = false;
+    for _ in 0..ATTEMPTS {
         let changed = read.metadata.deletion_timestamp.is_some()
+            || read.metadata.uid != judged.metadata.uid
             || read.metadata.generation != judged.metadata.generation;
         if changed {
             tracing::info!(environment = %name, %namespace, reason, "not deleted: the environment changed since it was judged");
+            if reason_written && read.metadata.uid == judged.metadata.uid {
+                forget_reason(&api, &name).await?;
+            }
             return Ok(false);
         }
-        match delete_at_version(&api, &name, read.resource_version(), reason).await {
+        match delete_at_version(&api, &name, &read, reason, &mut reason_written).await {
             Ok(deleted) => {
                 if deleted {
                     tracing::info!(environment = %name, %namespace, reason, "deleting environment");
                 }
                 return Ok(deleted);
             }
-            Err(kube::Error::Api(status)) if status.code == 409 && attempt < ATTEMPTS => {
+            Err(kube::Error::Api(status)) if status.code == 409 => {
                 let Some(again) = api.get_opt(&name).await? else {
                     return Ok(false);
                 };
@@ -276,38 +286,60 @@ pub async fn delete_unless_changed(
             Err(e) => return Err(e),
         }
     }
+    if reason_written {
+        forget_reason(&api, &name).await?;
+    }
     Ok(false)
 }
 
-/// Writes the reason and deletes, each only on version `version` (then on the version the
-/// reason's write made). A conflict is returned as the API server's 409.
+/// Writes the reason and deletes, each only on the version of `read` (then on the version the
+/// reason's write made) and its UID. A conflict is returned as the API server's 409.
 async fn delete_at_version(
     api: &Api<PreviewEnvironment>,
     name: &str,
-    version: Option<String>,
+    read: &PreviewEnvironment,
     reason: &str,
+    reason_written: &mut bool,
 ) -> Result<bool, kube::Error> {
     let why = serde_json::json!({"metadata": {
-        "resourceVersion": version,
+        "resourceVersion": read.resource_version(),
         "annotations": {ANNOTATION_DELETION_REASON: reason}}});
-    let written = match api
-        .patch(name, &PatchParams::default(), &Patch::Merge(why))
-        .await
-    {
+    let params = PatchParams {
+        field_manager: Some(FIELD_MANAGER_SWEEP.into()),
+        ..Default::default()
+    };
+    let written = match api.patch(name, &params, &Patch::Merge(why)).await {
         Ok(written) => written,
         Err(kube::Error::Api(status)) if status.code == 404 => return Ok(false),
         Err(e) => return Err(e),
     };
+    *reason_written = true;
     let params = DeleteParams {
         preconditions: Some(kube::api::Preconditions {
             resource_version: written.resource_version(),
-            uid: written.uid(),
+            uid: read.uid(),
         }),
         ..Default::default()
     };
     match api.delete(name, &params).await {
         Ok(_) => Ok(true),
         Err(kube::Error::Api(status)) if status.code == 404 => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+/// Takes back a deletion reason written for a deletion that was then not made, so that a
+/// later removal for another reason is not said with this one.
+async fn forget_reason(api: &Api<PreviewEnvironment>, name: &str) -> Result<(), kube::Error> {
+    let forget =
+        serde_json::json!({"metadata": {"annotations": {ANNOTATION_DELETION_REASON: null}}});
+    let params = PatchParams {
+        field_manager: Some(FIELD_MANAGER_SWEEP.into()),
+        ..Default::default()
+    };
+    match api.patch(name, &params, &Patch::Merge(forget)).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(status)) if status.code == 404 => Ok(()),
         Err(e) => Err(e),
     }
 }

@@ -18,7 +18,9 @@ use crate::forge::report::Reporter;
 use crate::forge::{Comment, ForgeEvent};
 use crate::model::crd::{ForkPolicy, PreviewEnvironment, PreviewTemplate};
 use crate::model::durations::parse_duration;
-use crate::model::metadata::{ANNOTATION_LAST_COMMAND, CommandReply, quote_user_text};
+use crate::model::metadata::{
+    ANNOTATION_LAST_COMMAND, CommandReply, FIELD_MANAGER_COMMANDS, quote_user_text,
+};
 
 /// The longest `/preview extend` accepted.
 pub const MAX_EXTENSION: TimeDelta = TimeDelta::days(30);
@@ -308,7 +310,14 @@ pub async fn handle(
             tracing::info!(environment = %name, %namespace, user = %comment.author, command = %shown, effect = ?effect, "comment command");
             match effect {
                 Effect::Delete(reason) => {
-                    records::delete_with_reason(client, &namespace, &name, &reason).await?;
+                    records::delete_with_reason(
+                        client,
+                        &namespace,
+                        &name,
+                        &reason,
+                        FIELD_MANAGER_COMMANDS,
+                    )
+                    .await?;
                     done.push(format!("deleted {namespace}/{name} ({reason})"));
                 }
                 Effect::Patch(patch) => {

@@ -16,7 +16,7 @@ use crate::forge::{ChangeRequest, EventKind, ForgeEvent, Push};
 use crate::model::crd::{
     ForkPolicy, PreviewEnvironment, PreviewEnvironmentSpec, PreviewTemplate, SkippedCommit, Source,
 };
-use crate::model::metadata::{LABEL_PULL_REQUEST, LABEL_TEMPLATE};
+use crate::model::metadata::{FIELD_MANAGER_INTAKE, LABEL_PULL_REQUEST, LABEL_TEMPLATE};
 use crate::model::naming;
 
 /// One write the intake makes.
@@ -464,7 +464,8 @@ pub async fn execute(client: &Client, decisions: &[Decision]) -> Result<Vec<bool
                 name,
                 reason,
             } => {
-                records::delete_with_reason(client, namespace, name, reason).await?;
+                records::delete_with_reason(client, namespace, name, reason, FIELD_MANAGER_INTAKE)
+                    .await?;
                 true
             }
         };

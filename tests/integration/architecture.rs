@@ -235,6 +235,15 @@ fn folders_import_each_other_without_a_circle() {
 }
 
 #[test]
+fn the_sibling_reader_follows_super_and_crate_paths_and_nested_groups() {
+    let code =
+        "use super::{a::{b, c}, d};\nuse crate::reconcile::plan::e::f;\nlet x = super::super::g;";
+    let mut found = modules_after(code, "super::");
+    found.extend(modules_after(code, "crate::reconcile::plan::"));
+    assert_eq!(found, ["a", "d", "super", "e"]);
+}
+
+#[test]
 fn the_reader_finds_grouped_and_inline_imports_and_skips_comments() {
     let code = code_of(
         "use crate::{model::crd, cluster};\nlet x = crate::forge::github::sign(a);\n// crate::sandbox in a comment\n/// [`crate::runtime`]\n",
@@ -279,9 +288,9 @@ fn every_arrow_the_architecture_page_draws_is_an_import() {
     }
 }
 
-/// Within each folder, file → sibling modules it imports through `super::` (test code left
-/// out: a `tests.rs` file, and everything after a file's `#[cfg(test)]`). A folder's `mod.rs`
-/// declares its files and is left out too.
+/// Within each folder, file → sibling modules it imports, through `super::` or through
+/// `crate::<the folder's path>::` (test code left out: a `tests.rs` file, and everything after
+/// a file's `#[cfg(test)]`). A folder's `mod.rs` counts as the folder's own file.
 fn sibling_imports() -> BTreeMap<String, BTreeSet<String>> {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
     let mut files = Vec::new();
@@ -294,7 +303,7 @@ fn sibling_imports() -> BTreeMap<String, BTreeSet<String>> {
             .expect("a name")
             .to_string_lossy()
             .to_string();
-        if matches!(stem.as_str(), "mod" | "tests" | "lib" | "main") {
+        if matches!(stem.as_str(), "tests" | "lib" | "main") || folder == src {
             continue;
         }
         let text = std::fs::read_to_string(&file).expect("read source");
@@ -306,29 +315,66 @@ fn sibling_imports() -> BTreeMap<String, BTreeSet<String>> {
                 .display()
                 .to_string()
         };
-        for (at, _) in code.match_indices("super::") {
-            let before = code[..at].chars().next_back();
-            if before.is_some_and(|c| c.is_alphanumeric() || c == '_' || c == ':') {
-                continue; // `super::super::…` or a path that only ends in `super`
-            }
-            let rest = &code[at + "super::".len()..];
-            let targets: Vec<String> = match rest.strip_prefix('{') {
-                Some(group) => group[..group.find('}').unwrap_or(group.len())]
-                    .split(',')
-                    .map(|item| leading_ident(item.trim()))
-                    .collect(),
-                None => vec![leading_ident(rest)],
-            };
-            for target in targets {
-                let sibling =
-                    folder.join(format!("{target}.rs")).exists() || folder.join(&target).is_dir();
-                if sibling && target != stem {
-                    graph.entry(name(&stem)).or_default().insert(name(&target));
-                }
+        // `mod.rs` speaks for the folder: its siblings are the folder's own files.
+        let (own, siblings_of) = match stem.as_str() {
+            "mod" => (name("mod"), folder.to_path_buf()),
+            _ => (name(&stem), folder.to_path_buf()),
+        };
+        let module_path = folder
+            .strip_prefix(&src)
+            .expect("under src")
+            .components()
+            .map(|c| c.as_os_str().to_string_lossy().to_string())
+            .collect::<Vec<_>>()
+            .join("::");
+        let mut named = modules_after(&code, "super::");
+        named.extend(modules_after(&code, &format!("crate::{module_path}::")));
+        for target in named {
+            let sibling = siblings_of.join(format!("{target}.rs")).exists()
+                || siblings_of.join(&target).is_dir();
+            if sibling && target != stem {
+                graph.entry(own.clone()).or_default().insert(name(&target));
             }
         }
     }
     graph
+}
+
+/// The module names right after each `prefix` in `code` (`prefix::a`, `prefix::{a, b::c}`),
+/// where the prefix is not the tail of a longer path.
+fn modules_after(code: &str, prefix: &str) -> Vec<String> {
+    let mut found = Vec::new();
+    for (at, _) in code.match_indices(prefix) {
+        let before = code[..at].chars().next_back();
+        if before.is_some_and(|c| c.is_alphanumeric() || c == '_' || c == ':') {
+            continue;
+        }
+        let rest = &code[at + prefix.len()..];
+        match rest.strip_prefix('{') {
+            Some(group) => {
+                // Top-level items of the group only: depth counted over nested braces.
+                let mut depth = 0;
+                let mut item = String::new();
+                for c in group.chars() {
+                    match c {
+                        '{' => depth += 1,
+                        '}' if depth == 0 => break,
+                        '}' => depth -= 1,
+                        ',' if depth == 0 => {
+                            found.push(leading_ident(item.trim()));
+                            item.clear();
+                            continue;
+                        }
+                        _ => {}
+                    }
+                    item.push(c);
+                }
+                found.push(leading_ident(item.trim()));
+            }
+            None => found.push(leading_ident(rest)),
+        }
+    }
+    found
 }
 
 #[test]

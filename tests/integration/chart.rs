@@ -322,6 +322,8 @@ async fn the_chart_lints_renders_applies_and_its_rbac_carries_a_lifecycle() {
         assert_eq!(container["securityContext"]["capabilities"]["drop"], json!(["ALL"]));
         assert_eq!(pod["securityContext"]["runAsNonRoot"], true);
         assert_eq!(pod["securityContext"]["runAsUser"], 65532);
+        assert_eq!(pod["securityContext"]["runAsGroup"], 65532);
+        assert_eq!(pod["securityContext"]["fsGroup"], 65532);
         assert_eq!(pod["securityContext"]["seccompProfile"]["type"], "RuntimeDefault");
         // The webhook Ingress exposes the two webhook paths and nothing else.
         let ingress = rendered

@@ -705,6 +705,30 @@ async fn a_verdict_on_a_version_that_changed_since_deletes_nothing() {
                 .await
                 .unwrap()
         );
+
+        // A verdict on an environment that was deleted and made again under its name (a PR
+        // closed and reopened): the new one is not the one judged, and stays.
+        let mut second = environment.clone();
+        second.metadata.name = Some("app-pr-8".into());
+        let judged = api.create(&PostParams::default(), &second).await.unwrap();
+        api.delete("app-pr-8", &Default::default()).await.unwrap();
+        eventually("app-pr-8 gone", Duration::from_secs(30), || async {
+            api.get_opt("app-pr-8").await.ok()?.is_none().then_some(())
+        })
+        .await;
+        let again = api.create(&PostParams::default(), &second).await.unwrap();
+        assert_eq!(
+            again.metadata.generation, judged.metadata.generation,
+            "the same generation"
+        );
+        let deleted =
+            records::delete_as_judged(&client, &judged, "the pull request is no longer open")
+                .await
+                .unwrap();
+        assert!(!deleted, "another object of the same name");
+        let kept = api.get("app-pr-8").await.unwrap();
+        assert!(kept.metadata.deletion_timestamp.is_none());
+        assert!(!kept.annotations().contains_key(ANNOTATION_DELETION_REASON));
         eventually("app-pr-7 gone", Duration::from_secs(30), || async {
             api.get_opt("app-pr-7").await.ok()?.is_none().then_some(())
         })

@@ -393,7 +393,7 @@ async fn bad_deliveries_are_refused_and_change_nothing() {
             .as_object_mut()
             .unwrap()
             .remove("labels");
-        // No event header: 400, before anything else is looked at.
+        // No event header: 400 (the body is read, nothing is acted on).
         let headerless = harness
             .http
             .post(format!("{}/webhooks/github", harness.base))

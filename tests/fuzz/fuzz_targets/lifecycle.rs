@@ -10,7 +10,7 @@ use libfuzzer_sys::arbitrary::{self, Arbitrary};
 use libfuzzer_sys::fuzz_target;
 use previewd::lifecycle::rules::{self, ForgeFacts};
 use previewd::model::crd::{PreviewEnvironment, PreviewTemplate};
-use previewd::model::durations;
+use previewd::model::{clock, durations};
 use previewd::webhook::commands::{self, CommentCommand};
 use serde_json::json;
 
@@ -92,7 +92,7 @@ fuzz_target!(|input: Input| {
     }))
     .expect("an environment");
 
-    let _ = durations::expires_at(&environment, &template);
+    let _ = clock::expires_at(&environment, &template);
     let facts = ForgeFacts {
         open_pull_requests: input.pull_request.filter(|_| input.open).into_iter().collect(),
         branches: ["b".to_string()].into(),
@@ -108,6 +108,6 @@ fuzz_target!(|input: Input| {
         assert!(*delta > TimeDelta::zero() && *delta <= commands::MAX_EXTENSION);
         let _ = commands::effect(&command, &environment, &template, "someone", now);
         environment.spec.keep_until = now.checked_add_signed(*delta);
-        let _ = durations::expires_at(&environment, &template);
+        let _ = clock::expires_at(&environment, &template);
     }
 });
