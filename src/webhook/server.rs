@@ -149,13 +149,14 @@ async fn readyz(State(state): State<Arc<ServerState>>) -> Response {
 
 async fn metrics(State(state): State<Arc<ServerState>>) -> Response {
     let metrics = &state.metrics;
+    // One copy of the cache for both gauges, taken once per scrape.
+    let environments = state.caches.environments.state();
     metrics
         .webhook
-        .count_environments(state.caches.environments.state().iter().map(|e| e.as_ref()));
-    metrics.footprints.count(
-        state.caches.environments.state().iter().map(|e| e.as_ref()),
-        chrono::Utc::now(),
-    );
+        .count_environments(environments.iter().map(|e| e.as_ref()));
+    metrics
+        .footprints
+        .count(environments.iter().map(|e| e.as_ref()), chrono::Utc::now());
     let mut text = Vec::new();
     if let Err(e) = TextEncoder::new().encode(&metrics.registry.gather(), &mut text) {
         tracing::warn!(error = %e, "could not encode the metrics");

@@ -421,13 +421,23 @@ impl Running {
         client: &Client,
         namespace: &str,
     ) -> previewd::lifecycle::sweeper::Sweeper {
-        previewd::lifecycle::sweeper::Sweeper {
-            client: client.clone(),
-            caches: self.context.caches.clone(),
-            metrics: self.metrics.sweep.clone(),
-            writes: self.metrics.cluster.clone(),
-            watch_namespace: Some(namespace.to_string()),
-        }
+        sweeper_of(&self.context, &self.metrics, client, namespace)
+    }
+}
+
+/// A sweeper sharing `context`'s caches and `metrics`, for `namespace`.
+pub fn sweeper_of(
+    context: &previewd::reconcile::Context,
+    metrics: &previewd::runtime::metrics::Metrics,
+    client: &Client,
+    namespace: &str,
+) -> previewd::lifecycle::sweeper::Sweeper {
+    previewd::lifecycle::sweeper::Sweeper {
+        client: client.clone(),
+        caches: context.caches.clone(),
+        metrics: metrics.sweep.clone(),
+        writes: metrics.cluster.clone(),
+        watch_namespace: Some(namespace.to_string()),
     }
 }
 

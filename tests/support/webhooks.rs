@@ -384,13 +384,7 @@ impl Harness {
         client: &Client,
         namespace: &str,
     ) -> previewd::lifecycle::sweeper::Sweeper {
-        previewd::lifecycle::sweeper::Sweeper {
-            client: client.clone(),
-            caches: self.context.caches.clone(),
-            metrics: self.metrics.sweep.clone(),
-            writes: self.metrics.cluster.clone(),
-            watch_namespace: Some(namespace.to_string()),
-        }
+        super::sweeper_of(&self.context, &self.metrics, client, namespace)
     }
 
     /// The text `GET /metrics` answers.
