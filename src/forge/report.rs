@@ -49,6 +49,16 @@ impl ReportError {
             _ => None,
         }
     }
+
+    /// Whether trying again later may succeed: the forge failed (5xx, no answer) or asked to
+    /// wait. A refusal (4xx) or a missing token stays as it is until someone changes something.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            ReportError::Forge(ForgeApiError::Http { status, .. }) => *status >= 500,
+            ReportError::Forge(ForgeApiError::Transport { .. }) => true,
+            other => other.retry_after().is_some(),
+        }
+    }
 }
 
 pub struct Reporter {
@@ -296,24 +306,53 @@ impl Reporter {
         Ok(())
     }
 
-    /// The environment is gone: the comment says so and the GitHub deployment goes inactive.
+    /// The environment is gone: the comment says so and the GitHub deployment goes inactive
+    /// (GitLab: the environment stops). Returns what was sent as the new `status.forge`, with
+    /// `destroyed` set once all of it was; nothing is sent again after that. The record stays
+    /// in memory until [`Reporter::forget`].
     pub async fn report_destroyed(
         &self,
         environment: &PreviewEnvironment,
         template: &PreviewTemplate,
         reason: &str,
-    ) -> Result<(), ReportError> {
-        // Forgotten first, whatever happens next: the map must not keep every environment
-        // that ever lived.
+    ) -> (ForgeReport, Result<(), ReportError>) {
         let uid = environment.uid().unwrap_or_default();
-        let remembered = self.sent.lock().expect("sent reports").remove(&uid);
+        let mut record = self
+            .last_sent(&uid)
+            .or(environment.status.as_ref().and_then(|s| s.forge.clone()))
+            .unwrap_or_default();
+        if record.destroyed {
+            return (record, Ok(()));
+        }
+        let result = self
+            .send_destroyed(environment, template, reason, &mut record)
+            .await;
+        record.destroyed = result.is_ok();
+        self.sent
+            .lock()
+            .expect("sent reports")
+            .insert(uid, record.clone());
+        (record, result)
+    }
+
+    /// Drops what was sent for a removed environment: the map must not keep every environment
+    /// that ever lived.
+    pub fn forget(&self, environment: &PreviewEnvironment) {
+        let uid = environment.uid().unwrap_or_default();
+        self.sent.lock().expect("sent reports").remove(&uid);
+    }
+
+    async fn send_destroyed(
+        &self,
+        environment: &PreviewEnvironment,
+        template: &PreviewTemplate,
+        reason: &str,
+        record: &mut ForgeReport,
+    ) -> Result<(), ReportError> {
         let Some(client) = self.client(template).await? else {
             return Ok(());
         };
         let source = &environment.spec.source;
-        let mut record = remembered
-            .or(environment.status.as_ref().and_then(|s| s.forge.clone()))
-            .unwrap_or_default();
         if let Some(number) = source.pull_request {
             let id = format!(
                 "{}/{}",
@@ -328,7 +367,7 @@ impl Reporter {
                 last_command: None,
                 prices: None,
             });
-            upsert_comment(&client, &source.repository, number, &id, &text, &mut record).await?;
+            upsert_comment(&client, &source.repository, number, &id, &text, record).await?;
         }
         match (client.as_ref(), record.deployment_id, record.environment_id) {
             (ForgeClient::Github(github), Some(deployment), _) => {

@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use chrono::Utc;
+use chrono::{DateTime, TimeDelta, Utc};
 use k8s_openapi::api::core::v1::Namespace;
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
@@ -18,9 +18,16 @@ use super::error::ReconcileError;
 use super::hold::start_queued;
 use super::status::held_status;
 use super::write::{publish, write_status_only};
-use crate::model::crd::{Phase, PreviewEnvironment};
+use crate::forge::report::ReportError;
+use crate::model::crd::{ForgeReport, Phase, PreviewEnvironment};
 use crate::model::metadata::deletion_reason;
 use crate::model::naming::environment_namespace;
+
+/// How long a removed environment's record waits for a failing forge to hear that it is gone,
+/// counted from the record's deletion. The namespace is deleted meanwhile (a forge outage must
+/// never keep namespaces alive); only the record, and so a new environment of the same name,
+/// waits.
+pub const FORGE_PATIENCE_AFTER_DELETION: Duration = Duration::from_secs(120);
 
 pub async fn cleanup(
     environment: &PreviewEnvironment,
@@ -35,10 +42,7 @@ pub async fn cleanup(
         .await
         .map_err(ReconcileError::Cleanup)?;
     let Some(existing) = existing else {
-        // Gone: the finalizer may be released.
-        context.applier.forget_namespace(&namespace);
-        context.memory.forget(&ObjectRef::from_obj(environment));
-        return Ok(Action::await_change());
+        return release(environment, context, &namespace).await;
     };
     // Never delete a namespace previewd did not create for this environment.
     if ownership(existing.labels(), environment) != Ownership::Ours {
@@ -47,8 +51,44 @@ pub async fn cleanup(
     }
     if existing.metadata.deletion_timestamp.is_none() {
         delete_namespace(environment, context, &namespaces, &namespace).await?;
+    } else if let Err(e) = tell_forge_again(environment, context).await {
+        // A process killed, or a forge failing, before the forge heard: it hears now.
+        note_forge_failure(environment, context, &e);
     }
     Err(ReconcileError::NamespaceTerminating(namespace))
+}
+
+/// The namespace is gone: the finalizer may be released once the forge has heard, or cannot
+/// hear soon (see [`forge_worth_waiting_for`]).
+async fn release(
+    environment: &PreviewEnvironment,
+    context: &Context,
+    namespace: &str,
+) -> Result<Action, ReconcileError> {
+    if let Err(e) = tell_forge_again(environment, context).await {
+        let deleted_at = environment.metadata.deletion_timestamp.as_ref();
+        let deleted_at = deleted_at.and_then(|t| DateTime::from_timestamp(t.0.as_second(), 0));
+        if forge_worth_waiting_for(&e, deleted_at, Utc::now()) {
+            return Err(ReconcileError::ForgeNotTold(e));
+        }
+        note_forge_failure(environment, context, &e);
+    }
+    context.applier.forget_namespace(namespace);
+    context.memory.forget(&ObjectRef::from_obj(environment));
+    context.reporter.forget(environment);
+    Ok(Action::await_change())
+}
+
+/// Whether a removed environment's record should wait for the forge to hear it is gone: only
+/// while trying again may help, and for at most [`FORGE_PATIENCE_AFTER_DELETION`].
+fn forge_worth_waiting_for(
+    error: &ReportError,
+    deleted_at: Option<DateTime<Utc>>,
+    now: DateTime<Utc>,
+) -> bool {
+    let patience = TimeDelta::from_std(FORGE_PATIENCE_AFTER_DELETION).unwrap_or_default();
+    let waited = deleted_at.map_or(TimeDelta::MAX, |at| now.signed_duration_since(at));
+    error.is_transient() && waited < patience
 }
 
 /// The namespace the environment ran in: from its status, else derived from its template.
@@ -73,8 +113,13 @@ async fn delete_namespace(
 ) -> Result<(), ReconcileError> {
     start_queued(environment, context);
     let reason = deletion_reason(environment);
-    report_destroyed(environment, context, &reason).await;
-    let terminating = held_status(
+    let (told, result) = tell_forge(environment, context).await;
+    if let Err(e) = &result {
+        // Never blocks the deletion: a forge outage must not keep namespaces alive. It is told
+        // again while the namespace terminates, and after.
+        note_forge_failure(environment, context, e);
+    }
+    let mut terminating = held_status(
         environment,
         Phase::Terminating,
         "Deleting",
@@ -82,6 +127,7 @@ async fn delete_namespace(
         None,
         Utc::now(),
     );
+    terminating.forge = told.or(terminating.forge);
     if let Err(e) = write_status_only(environment, context, terminating).await {
         tracing::debug!(error = %e, "could not write the Terminating status");
     }
@@ -101,34 +147,92 @@ async fn delete_namespace(
     Ok(())
 }
 
-/// Tells the forge the environment is gone. A failure is logged and counted, never blocks the
-/// deletion: a forge outage must not keep namespaces alive. But when the forge client only
-/// asks to wait a little (it backs off after a recent failure, or a rate limit ends soon), this
-/// is the last chance to correct the comment, so it waits (at most 3 times, 10 s each) rather
-/// than leave a comment that shows a deleted environment as live.
-async fn report_destroyed(environment: &PreviewEnvironment, context: &Context, reason: &str) {
-    const PATIENCE: Duration = Duration::from_secs(10);
+/// Tells the forge the environment is gone, unless it has heard (`status.forge.destroyed`).
+/// Returns what was sent, for `status.forge`; `None` when the template (and with it the forge)
+/// is gone.
+async fn tell_forge(
+    environment: &PreviewEnvironment,
+    context: &Context,
+) -> (Option<ForgeReport>, Result<(), ReportError>) {
     let Some(template) = context.template_of(environment) else {
-        return;
+        return (None, Ok(()));
     };
-    let mut attempts = 0;
-    let result = loop {
-        attempts += 1;
-        let result = context
-            .reporter
-            .report_destroyed(environment, &template, reason)
-            .await;
-        match result.as_ref().err().and_then(|e| e.retry_after()) {
-            Some(wait) if attempts < 3 && wait <= PATIENCE => tokio::time::sleep(wait).await,
-            _ => break result,
+    let reason = deletion_reason(environment);
+    let (record, result) = context
+        .reporter
+        .report_destroyed(environment, &template, &reason)
+        .await;
+    (Some(record), result)
+}
+
+/// [`tell_forge`] after the Terminating status was written: what was sent goes into it.
+async fn tell_forge_again(
+    environment: &PreviewEnvironment,
+    context: &Context,
+) -> Result<(), ReportError> {
+    let (told, result) = tell_forge(environment, context).await;
+    let mut status = environment.status.clone().unwrap_or_default();
+    if told.is_some() && status.forge != told {
+        status.forge = told;
+        if let Err(e) = write_status_only(environment, context, status).await {
+            tracing::debug!(error = %e, "could not record what the forge was told");
         }
-    };
-    if let Err(e) = result {
-        context
-            .metrics
-            .reconcile_errors
-            .with_label_values(&["forge"])
-            .inc();
-        tracing::warn!(environment = %environment.name_any(), error = %e, "could not tell the forge the environment was destroyed");
+    }
+    result
+}
+
+/// Logs and counts a failed report of the removal. A report the forge client held back (it is
+/// backing off, or rate-limited) is tried again at the next look, quietly.
+fn note_forge_failure(environment: &PreviewEnvironment, context: &Context, error: &ReportError) {
+    if error.retry_after().is_some() {
+        tracing::debug!(environment = %environment.name_any(), error = %error, "the forge has not heard the environment is gone yet");
+        return;
+    }
+    context
+        .metrics
+        .reconcile_errors
+        .with_label_values(&["forge"])
+        .inc();
+    tracing::warn!(environment = %environment.name_any(), error = %error, "could not tell the forge the environment was destroyed");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::forge::client::ForgeApiError;
+
+    fn answered(status: u16) -> ReportError {
+        ReportError::Forge(ForgeApiError::Http {
+            operation: "edit comment",
+            status,
+            message: String::new(),
+        })
+    }
+
+    #[test]
+    fn a_removed_environment_waits_for_a_failing_forge_two_minutes_at_most() {
+        let deleted = Utc::now();
+        let backing_off = ReportError::Forge(ForgeApiError::BackingOff {
+            operation: "edit comment",
+            wait: Duration::from_secs(4),
+        });
+        for error in [answered(503), backing_off] {
+            let after = |seconds| deleted + TimeDelta::seconds(seconds);
+            assert!(forge_worth_waiting_for(&error, Some(deleted), after(1)));
+            assert!(forge_worth_waiting_for(&error, Some(deleted), after(119)));
+            assert!(!forge_worth_waiting_for(&error, Some(deleted), after(120)));
+        }
+    }
+
+    #[test]
+    fn a_forge_that_refuses_is_not_waited_for() {
+        let deleted = Utc::now();
+        for status in [401, 403, 404, 422] {
+            assert!(!forge_worth_waiting_for(
+                &answered(status),
+                Some(deleted),
+                deleted
+            ));
+        }
     }
 }

@@ -25,7 +25,7 @@ use crate::cluster::observed::ObservedStore;
 use crate::cluster::secrets::SecretReader;
 use crate::cluster::writer::Writer;
 use crate::engines::Engines;
-use crate::forge::report::Reporter;
+use crate::forge::report::{ReportError, Reporter};
 use crate::forge::repository::RepositoryManifests;
 use crate::model::crd::{PreviewEnvironment, PreviewTemplate};
 use crate::model::metadata::FINALIZER;
@@ -311,8 +311,10 @@ fn error_policy(
         .reconcile_errors
         .with_label_values(&[error.metric_label()])
         .inc();
-    if let ReconcileError::NamespaceTerminating(_) = error {
-        return Action::requeue(Duration::from_secs(1));
+    match error {
+        ReconcileError::NamespaceTerminating(_) => return Action::requeue(Duration::from_secs(1)),
+        ReconcileError::ForgeNotTold(e) => return retry_telling_the_forge(&environment, e),
+        _ => {}
     }
     let key = ObjectRef::from_obj(&*environment);
     let (attempt, delay) = context.memory.backoff_after_failure(&key);
@@ -328,6 +330,18 @@ fn error_policy(
     }
     tracing::warn!(environment = %environment.name_any(), attempt, error = %error, "reconcile failed; retrying in {delay:?}");
     Action::requeue(delay)
+}
+
+/// A removed environment whose forge has not heard: the next try is when the forge client
+/// allows (it backs off on its own), at least a second and at most 10 s away. Not the
+/// reconcile's doubling backoff, which would soon outlast the patience for the forge.
+fn retry_telling_the_forge(environment: &PreviewEnvironment, error: &ReportError) -> Action {
+    let Some(wait) = error.retry_after() else {
+        tracing::warn!(environment = %environment.name_any(), error = %error, "could not tell the forge the environment was destroyed; trying again");
+        return Action::requeue(Duration::from_secs(2));
+    };
+    tracing::debug!(environment = %environment.name_any(), error = %error, "the forge has not heard the environment is gone yet");
+    Action::requeue(wait.clamp(Duration::from_secs(1), Duration::from_secs(10)))
 }
 
 #[cfg(test)]

@@ -43,6 +43,10 @@ pub enum ReconcileError {
     /// The status was written; only the report to the forge failed (retried with backoff).
     #[error("reporting to the forge: {0}")]
     Forge(#[source] ReportError),
+    /// The namespace is gone but the forge has not heard yet: the record waits (for a while,
+    /// see `cleanup::FORGE_PATIENCE_AFTER_DELETION`) and tries again when the forge allows.
+    #[error("telling the forge the environment is gone: {0}")]
+    ForgeNotTold(#[source] ReportError),
 }
 
 /// Every value [`ReconcileError::metric_label`] can take: the metric starts each at 0, so that
@@ -65,7 +69,7 @@ impl ReconcileError {
             ReconcileError::Status(_) | ReconcileError::Read(_) => "status",
             ReconcileError::Cleanup(_) | ReconcileError::NamespaceTerminating(_) => "cleanup",
             ReconcileError::Finalizer(_) => "finalizer",
-            ReconcileError::Forge(_) => "forge",
+            ReconcileError::Forge(_) | ReconcileError::ForgeNotTold(_) => "forge",
         }
     }
 }

@@ -12,6 +12,8 @@ use std::time::{Duration, Instant};
 
 use chrono::{TimeDelta, Utc};
 use futures::future::join_all;
+use k8s_openapi::api::core::v1::Namespace;
+use kube::Api;
 use previewd::model::crd::Phase;
 use support::webhooks::*;
 use support::{eventually, in_namespace, wait_for_phase};
@@ -306,6 +308,82 @@ async fn a_gitlab_outage_never_blocks_deploying_and_ends_with_one_note() {
             sent(&forge, "POST", "/deployments", head).await,
             1,
             "one deployment"
+        );
+    })
+    .await;
+}
+
+/// The forge fails just as the pull request closes. The namespace goes at once (a forge outage
+/// never keeps one alive); the environment's record waits for the forge, and once the forge
+/// answers again the comment says destroyed and the deployment goes inactive. Then the record
+/// goes too.
+#[tokio::test]
+async fn a_forge_failing_when_the_pull_request_closes_still_hears_the_environment_is_destroyed() {
+    in_namespace("faults-destroyed", |client, ns| async move {
+        let forge = github_forge().await;
+        install_template(&client, &ns, "github", REPOSITORY, Some(&forge.uri())).await;
+        let harness = Harness::start(&client, &ns, 2 << 20).await;
+        let opened = harness
+            .signed(
+                "pull_request",
+                "destroyed-open",
+                &github_fixture("pull_request.opened.json"),
+            )
+            .await;
+        let (name, ready) = harness
+            .ready_after(opened, "ec26c3e57ca3a959ca5aad62de7213c562f8c821")
+            .await;
+        let target = ready.status.unwrap().namespace.unwrap();
+        eventually("the comment", Duration::from_secs(30), || async {
+            last_comment_text(&forge)
+                .await
+                .filter(|t| t.contains("Preview environment: ready"))
+        })
+        .await;
+
+        forge_answers(&forge, ResponseTemplate::new(503)).await;
+        let (status, answer) = harness
+            .signed(
+                "pull_request",
+                "destroyed-closed",
+                &github_fixture("pull_request.closed.json"),
+            )
+            .await;
+        assert_eq!(status, 202, "{answer}");
+        let namespaces: Api<Namespace> = Api::all(client.clone());
+        eventually("the namespace to go", Duration::from_secs(60), || async {
+            namespaces
+                .get_opt(&target)
+                .await
+                .ok()?
+                .is_none()
+                .then_some(())
+        })
+        .await;
+        let failed = forge.received_requests().await.unwrap_or_default().len();
+        assert!(failed >= 1, "the forge was asked, and failed");
+
+        forge.reset().await;
+        mount_github_api(&forge).await;
+        eventually(
+            "the comment to say destroyed after the forge recovered",
+            Duration::from_secs(90),
+            || async {
+                last_comment_text(&forge)
+                    .await
+                    .filter(|t| t.contains("destroyed"))
+            },
+        )
+        .await;
+        wait_gone(&client, &harness.environments, &name, &target).await;
+        assert!(
+            sent(&forge, "POST", "/deployments/77/statuses", "\"inactive\"").await >= 1,
+            "the deployment went inactive"
+        );
+        assert_eq!(
+            sent(&forge, "POST", "/issues/2/comments", "").await,
+            0,
+            "the comment was edited, not made again"
         );
     })
     .await;
