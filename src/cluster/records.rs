@@ -132,13 +132,25 @@ fn turn_for(namespace: &str, name: &str) -> &'static tokio::sync::Mutex<()> {
     &TURNS[(std::hash::Hasher::finish(&hasher) % 64) as usize]
 }
 
+/// What became of an intake's apply.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Applied {
+    Written,
+    /// The environment already holds a newer change (a delivery out of order): not written.
+    Older,
+    /// The environment of that name is being removed (its finalizer still runs): written onto
+    /// it, the change would vanish with it. Not written; delivered again once it is gone, it
+    /// makes a new one.
+    BeingRemoved,
+}
+
 /// Server-side applies `wanted` unless the environment, read fresh, already holds a newer
-/// source. The write carries the resourceVersion that was read, so a concurrent write (another
-/// replica) makes it a 409 and the comparison is made again. Returns whether it wrote.
+/// source or is being removed. The write carries the resourceVersion that was read, so a
+/// concurrent write (another replica) makes it a 409 and the comparison is made again.
 pub async fn apply_in_order(
     client: &Client,
     wanted: &PreviewEnvironment,
-) -> Result<bool, kube::Error> {
+) -> Result<Applied, kube::Error> {
     let namespace = wanted.namespace().unwrap_or_default();
     let name = wanted.name_any();
     let api: Api<PreviewEnvironment> = Api::namespaced(client.clone(), &namespace);
@@ -153,6 +165,10 @@ pub async fn apply_in_order(
     for attempt in 1..=ATTEMPTS {
         let current = api.get_opt(&name).await?;
         match &current {
+            Some(current) if current.metadata.deletion_timestamp.is_some() => {
+                tracing::info!(environment = %name, "the environment is being removed: not applied");
+                return Ok(Applied::BeingRemoved);
+            }
             Some(current) if wanted.spec.source.is_older_than(&current.spec.source) => {
                 tracing::info!(
                     environment = %name,
@@ -160,7 +176,7 @@ pub async fn apply_in_order(
                     current = %current.spec.source.head_sha,
                     "a delivery older than the environment's last change: not applied"
                 );
-                return Ok(false);
+                return Ok(Applied::Older);
             }
             Some(current) => {
                 body["metadata"]["resourceVersion"] =
@@ -180,13 +196,13 @@ pub async fn apply_in_order(
             )
             .await
         {
-            Ok(_) => return Ok(true),
+            Ok(_) => return Ok(Applied::Written),
             Err(kube::Error::Api(status)) if status.code == 409 && attempt < ATTEMPTS => continue,
             Err(e) => return Err(e),
         }
     }
     // The loop's last attempt returns whatever happens; this line is for the compiler.
-    Ok(false)
+    Ok(Applied::Older)
 }
 
 /// Deletes an environment after writing why on it (annotation

@@ -56,6 +56,7 @@ impl ReportError {
         match self {
             ReportError::Forge(ForgeApiError::Http { status, .. }) => *status >= 500,
             ReportError::Forge(ForgeApiError::Transport { .. }) => true,
+            ReportError::Token(SecretError::Api { .. }) => true,
             other => other.retry_after().is_some(),
         }
     }
@@ -327,7 +328,10 @@ impl Reporter {
         let result = self
             .send_destroyed(environment, template, reason, &mut record)
             .await;
-        record.destroyed = result.is_ok();
+        // A refusal (a 4xx, a missing token) would be refused again: it is not retried.
+        record.destroyed = result
+            .as_ref()
+            .map_or_else(|e| !e.is_transient(), |()| true);
         self.sent
             .lock()
             .expect("sent reports")

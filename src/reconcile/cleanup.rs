@@ -9,7 +9,6 @@ use chrono::{DateTime, TimeDelta, Utc};
 use k8s_openapi::api::core::v1::Namespace;
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
-use kube::runtime::reflector::ObjectRef;
 use kube::{Api, ResourceExt};
 
 use super::claim::{Ownership, ownership};
@@ -47,6 +46,9 @@ pub async fn cleanup(
     // Never delete a namespace previewd did not create for this environment.
     if ownership(existing.labels(), environment) != Ownership::Ours {
         tracing::warn!(namespace = %namespace, "previewd did not create this namespace for this environment; leaving it");
+        if let Err(e) = tell_forge_again(environment, context).await {
+            note_forge_failure(environment, context, &e);
+        }
         return Ok(Action::await_change());
     }
     if existing.metadata.deletion_timestamp.is_none() {
@@ -73,14 +75,16 @@ async fn release(
         }
         note_forge_failure(environment, context, &e);
     }
+    // The reconciler's and the reporter's memory of the environment are dropped once the
+    // finalizer is gone (the controller does it): if removing it fails, the next look must
+    // still know what the forge was told.
     context.applier.forget_namespace(namespace);
-    context.memory.forget(&ObjectRef::from_obj(environment));
-    context.reporter.forget(environment);
     Ok(Action::await_change())
 }
 
 /// Whether a removed environment's record should wait for the forge to hear it is gone: only
-/// while trying again may help, and for at most [`FORGE_PATIENCE_AFTER_DELETION`].
+/// while trying again may help, and for at most [`FORGE_PATIENCE_AFTER_DELETION`] (a forge
+/// that asks to wait beyond that is not waited for at all).
 fn forge_worth_waiting_for(
     error: &ReportError,
     deleted_at: Option<DateTime<Utc>>,
@@ -88,7 +92,9 @@ fn forge_worth_waiting_for(
 ) -> bool {
     let patience = TimeDelta::from_std(FORGE_PATIENCE_AFTER_DELETION).unwrap_or_default();
     let waited = deleted_at.map_or(TimeDelta::MAX, |at| now.signed_duration_since(at));
-    error.is_transient() && waited < patience
+    let asked = error.retry_after().unwrap_or_default();
+    let asked = TimeDelta::from_std(asked).unwrap_or(TimeDelta::MAX);
+    error.is_transient() && waited.checked_add(&asked).is_some_and(|end| end < patience)
 }
 
 /// The namespace the environment ran in: from its status, else derived from its template.
@@ -216,11 +222,17 @@ mod tests {
             operation: "edit comment",
             wait: Duration::from_secs(4),
         });
-        for error in [answered(503), backing_off] {
+        // The last try is one that can end within the 2 minutes: a forge client backing off
+        // for 4 s more has 4 s less.
+        for (error, last) in [(answered(503), 119), (backing_off, 115)] {
             let after = |seconds| deleted + TimeDelta::seconds(seconds);
             assert!(forge_worth_waiting_for(&error, Some(deleted), after(1)));
-            assert!(forge_worth_waiting_for(&error, Some(deleted), after(119)));
-            assert!(!forge_worth_waiting_for(&error, Some(deleted), after(120)));
+            assert!(forge_worth_waiting_for(&error, Some(deleted), after(last)));
+            assert!(!forge_worth_waiting_for(
+                &error,
+                Some(deleted),
+                after(last + 1)
+            ));
         }
     }
 
@@ -234,5 +246,29 @@ mod tests {
                 deleted
             ));
         }
+        let no_token = ReportError::Token(crate::cluster::secrets::SecretError::NotFound {
+            namespace: "team".into(),
+            name: "forge-token".into(),
+        });
+        assert!(!forge_worth_waiting_for(&no_token, Some(deleted), deleted));
+    }
+
+    #[test]
+    fn a_forge_asking_to_wait_beyond_the_patience_is_not_waited_for() {
+        let deleted = Utc::now();
+        let limited = |seconds| {
+            ReportError::Forge(ForgeApiError::RateLimited {
+                operation: "edit comment",
+                wait: Duration::from_secs(seconds),
+            })
+        };
+        let now = deleted + TimeDelta::seconds(30);
+        assert!(forge_worth_waiting_for(&limited(60), Some(deleted), now));
+        assert!(!forge_worth_waiting_for(&limited(90), Some(deleted), now));
+        assert!(!forge_worth_waiting_for(
+            &limited(3_600),
+            Some(deleted),
+            now
+        ));
     }
 }

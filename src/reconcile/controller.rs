@@ -217,6 +217,8 @@ async fn reconcile_in_span(
     if !has_finalizer && environment.meta().deletion_timestamp.is_none() {
         context.writer.counted("finalizer");
     }
+    let removed = environment.meta().deletion_timestamp.is_some();
+    let removed = removed.then(|| environment.clone());
     let result = finalizer(&api, FINALIZER, environment, |event| async {
         match event {
             FinalizerEvent::Apply(environment) => {
@@ -231,6 +233,11 @@ async fn reconcile_in_span(
             // Backoff restarts only when a whole reconcile, forge report included, succeeded.
             context.memory.failures.lock().remove(&key);
             context.memory.held_back.lock().remove(&key);
+            if let Some(environment) = removed {
+                // The finalizer is gone (or was never ours): nothing more to remember.
+                context.memory.forget(&key);
+                context.reporter.forget(&environment);
+            }
             Ok(action)
         }
         Err(kube::runtime::finalizer::Error::AddFinalizer(e)) if is_stale_read(&e) => {

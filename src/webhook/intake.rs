@@ -11,7 +11,7 @@ use std::sync::Arc;
 use chrono::{DateTime, Utc};
 use kube::{Client, ResourceExt};
 
-use crate::cluster::records;
+use crate::cluster::records::{self, Applied};
 use crate::forge::{ChangeRequest, EventKind, ForgeEvent, Push};
 use crate::model::crd::{
     ForkPolicy, PreviewEnvironment, PreviewEnvironmentSpec, PreviewTemplate, SkippedCommit, Source,
@@ -447,17 +447,18 @@ pub fn glob_matches(glob: &str, text: &str) -> bool {
     glob[g..].iter().all(|c| *c == '*')
 }
 
-/// Carries the decisions out, one write each (see [`records`]). Returns, for each, whether it
-/// was written: an apply found older than the environment's current source is not, and a
-/// delete of an environment that is already gone is not an error.
-pub async fn execute(client: &Client, decisions: &[Decision]) -> Result<Vec<bool>, kube::Error> {
+/// Carries the decisions out, one write each (see [`records`]). Returns what became of each:
+/// an apply found older than the environment's current source, or meeting an environment
+/// being removed, is not written; a delete of an environment that is already gone is not an
+/// error.
+pub async fn execute(client: &Client, decisions: &[Decision]) -> Result<Vec<Applied>, kube::Error> {
     let mut written = Vec::with_capacity(decisions.len());
     for decision in decisions {
         let wrote = match decision {
             Decision::Apply(environment) => records::apply_in_order(client, environment).await?,
             Decision::Wake { namespace, name } => {
                 records::wake(client, namespace, name).await?;
-                true
+                Applied::Written
             }
             Decision::Delete {
                 namespace,
@@ -466,7 +467,7 @@ pub async fn execute(client: &Client, decisions: &[Decision]) -> Result<Vec<bool
             } => {
                 records::delete_with_reason(client, namespace, name, reason, FIELD_MANAGER_INTAKE)
                     .await?;
-                true
+                Applied::Written
             }
         };
         written.push(wrote);

@@ -36,6 +36,7 @@ use tracing::Instrument;
 
 use crate::cluster::caches::Caches;
 use crate::cluster::metrics::ClusterMetrics;
+use crate::cluster::records::Applied;
 use crate::cluster::secrets::{SecretError, SecretReader};
 use crate::forge::report::Reporter;
 use crate::forge::{self, EventKind, ForgeEvent, github, gitlab};
@@ -476,12 +477,26 @@ async fn act_once(
         );
     }
     match act(state, event, templates).await {
-        Ok(done) if done.is_empty() => DeliveryAnswer::new(
+        Ok(Acted { lines, .. }) if lines.is_empty() => DeliveryAnswer::new(
             StatusCode::ACCEPTED,
             "unchanged",
             "nothing to change: the environments already say this",
         ),
-        Ok(done) => {
+        Ok(Acted {
+            lines: done,
+            redeliver: true,
+        }) => {
+            // The forge shows the delivery as failed, and a redelivery is not a duplicate.
+            if let Some(key) = &delivery_key {
+                state.deliveries.forget(key);
+            }
+            tracing::Span::current().record("environments", done.join(", "));
+            let mut answer =
+                DeliveryAnswer::new(StatusCode::CONFLICT, "being_removed", done.join("; "));
+            answer.body["environments"] = json!(done);
+            answer
+        }
+        Ok(Acted { lines: done, .. }) => {
             tracing::Span::current().record("environments", done.join(", "));
             let mut answer = DeliveryAnswer::new(StatusCode::ACCEPTED, "accepted", done.join("; "));
             answer.body["environments"] = json!(done);
@@ -584,15 +599,32 @@ async fn verify_for(
         .map_err(|e| VerifyError::Refused(e.to_string()))
 }
 
-/// Decides and writes; returns one line per environment written.
+/// What a delivery did: one line per environment written (or not, and why).
+struct Acted {
+    lines: Vec<String>,
+    /// A change met an environment being removed and was not written: the delivery should
+    /// come again once it is gone.
+    redeliver: bool,
+}
+
+impl From<Vec<String>> for Acted {
+    fn from(lines: Vec<String>) -> Self {
+        Self {
+            lines,
+            redeliver: false,
+        }
+    }
+}
+
+/// Decides and writes.
 async fn act(
     state: &ServerState,
     event: &ForgeEvent,
     templates: &[Arc<PreviewTemplate>],
-) -> Result<Vec<String>, kube::Error> {
+) -> Result<Acted, kube::Error> {
     let environments = state.caches.environments.state();
     if let EventKind::Comment(comment) = &event.kind {
-        return super::commands::handle(
+        let lines = super::commands::handle(
             &state.client,
             &state.reporter,
             event,
@@ -602,6 +634,7 @@ async fn act(
             chrono::Utc::now(),
         )
         .await;
+        return lines.map(Acted::from);
     }
     if let EventKind::Check(check) = &event.kind {
         let patches = super::checks::patches(check, templates, &environments);
@@ -609,11 +642,12 @@ async fn act(
         for _ in &done {
             state.metrics.writes.write("intake_check");
         }
-        return Ok(done);
+        return Ok(done.into());
     }
     let decisions = intake::decide(event, templates, &environments, chrono::Utc::now());
     let written = intake::execute(&state.client, &decisions).await?;
-    for (decision, _) in decisions.iter().zip(&written).filter(|(_, w)| **w) {
+    let wrote = |applied: &&Applied| **applied == Applied::Written;
+    for (decision, _) in decisions.iter().zip(&written).filter(|(_, w)| wrote(w)) {
         let operation = match decision {
             Decision::Apply(_) => "intake_apply",
             Decision::Wake { .. } => "intake_wake",
@@ -621,26 +655,36 @@ async fn act(
         };
         state.metrics.writes.write(operation);
     }
-    Ok(decisions
+    let redeliver = written.contains(&Applied::BeingRemoved);
+    let lines = decisions
         .iter()
         .zip(written)
-        .map(|(decision, written)| match decision {
-            Decision::Apply(e) if !written => format!(
+        .map(|(decision, written)| match (decision, written) {
+            (Decision::Apply(e), Applied::Older) => format!(
                 "not applied {}/{}: it already holds a newer change (a delivery out of order)",
                 e.namespace().unwrap_or_default(),
                 e.name_any()
             ),
-            Decision::Apply(e) => format!(
+            (Decision::Apply(e), Applied::BeingRemoved) => format!(
+                "not applied {}/{}: it is still being removed; deliver again once it is gone",
+                e.namespace().unwrap_or_default(),
+                e.name_any()
+            ),
+            (Decision::Apply(e), Applied::Written) => format!(
                 "applied {}/{}",
                 e.namespace().unwrap_or_default(),
                 e.name_any()
             ),
-            Decision::Wake { namespace, name } => format!("woke {namespace}/{name}"),
-            Decision::Delete {
-                namespace,
-                name,
-                reason,
-            } => format!("deleted {namespace}/{name} ({reason})"),
+            (Decision::Wake { namespace, name }, _) => format!("woke {namespace}/{name}"),
+            (
+                Decision::Delete {
+                    namespace,
+                    name,
+                    reason,
+                },
+                _,
+            ) => format!("deleted {namespace}/{name} ({reason})"),
         })
-        .collect())
+        .collect();
+    Ok(Acted { lines, redeliver })
 }

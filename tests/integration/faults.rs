@@ -8,6 +8,8 @@
 
 use crate::support;
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use chrono::{TimeDelta, Utc};
@@ -18,7 +20,16 @@ use previewd::model::crd::Phase;
 use support::webhooks::*;
 use support::{eventually, in_namespace, wait_for_phase};
 use wiremock::matchers::any;
-use wiremock::{Mock, MockServer, ResponseTemplate};
+use wiremock::{Match, Mock, MockServer, Request, ResponseTemplate};
+
+/// Matches every request while the flag is set: an outage a test switches on and off.
+struct While(Arc<AtomicBool>);
+
+impl Match for While {
+    fn matches(&self, _: &Request) -> bool {
+        self.0.load(Ordering::SeqCst)
+    }
+}
 
 const REPOSITORY: &str = "Codertocat/Hello-World";
 const PULL_REQUESTS: u64 = 10;
@@ -341,7 +352,15 @@ async fn a_forge_failing_when_the_pull_request_closes_still_hears_the_environmen
         })
         .await;
 
-        forge_answers(&forge, ResponseTemplate::new(503)).await;
+        // The outage is a mock in front of the working API, switched off to recover: no
+        // moment without either (a 404 from an empty stand-in would be a refusal, not an
+        // outage).
+        let down = Arc::new(AtomicBool::new(true));
+        Mock::given(While(down.clone()))
+            .respond_with(ResponseTemplate::new(503))
+            .with_priority(1)
+            .mount(&forge)
+            .await;
         let (status, answer) = harness
             .signed(
                 "pull_request",
@@ -360,29 +379,51 @@ async fn a_forge_failing_when_the_pull_request_closes_still_hears_the_environmen
                 .then_some(())
         })
         .await;
-        let failed = forge.received_requests().await.unwrap_or_default().len();
-        assert!(failed >= 1, "the forge was asked, and failed");
+        let waiting = harness.environments.get_opt(&name).await.unwrap();
+        assert!(
+            waiting.is_some_and(|e| e.metadata.deletion_timestamp.is_some()),
+            "the record waits for the forge"
+        );
+        let failed = eventually(
+            "the forge to be told, and fail",
+            Duration::from_secs(30),
+            || async {
+                let requests = forge.received_requests().await.unwrap_or_default();
+                let told = requests.iter().any(|r| r.method.as_str() == "PATCH");
+                told.then_some(requests)
+            },
+        )
+        .await;
 
-        forge.reset().await;
-        mount_github_api(&forge).await;
+        down.store(false, Ordering::SeqCst);
+        let after_recovery = |verb: &'static str, path_end: &'static str, needle: &'static str| {
+            let (forge, skip) = (&forge, failed.len());
+            async move {
+                let requests = forge.received_requests().await.unwrap_or_default();
+                requests
+                    .iter()
+                    .skip(skip)
+                    .filter(|r| r.method.as_str() == verb && r.url.path().ends_with(path_end))
+                    .any(|r| String::from_utf8_lossy(&r.body).contains(needle))
+            }
+        };
         eventually(
             "the comment to say destroyed after the forge recovered",
             Duration::from_secs(90),
             || async {
-                last_comment_text(&forge)
-                    .await
-                    .filter(|t| t.contains("destroyed"))
+                let edited = after_recovery("PATCH", "/issues/comments/4242", "destroyed");
+                edited.await.then_some(())
             },
         )
         .await;
         wait_gone(&client, &harness.environments, &name, &target).await;
         assert!(
-            sent(&forge, "POST", "/deployments/77/statuses", "\"inactive\"").await >= 1,
+            after_recovery("POST", "/deployments/77/statuses", "\"inactive\"").await,
             "the deployment went inactive"
         );
         assert_eq!(
             sent(&forge, "POST", "/issues/2/comments", "").await,
-            0,
+            1,
             "the comment was edited, not made again"
         );
     })

@@ -570,6 +570,21 @@ async fn a_forge_outage_never_blocks_deploying_or_deleting() {
             waiting.is_some_and(|e| e.metadata.deletion_timestamp.is_some()),
             "the record waits for the forge"
         );
+        // Reopened meanwhile: written onto the record being removed, the change would vanish
+        // with it. It is refused, so that the forge shows it failed, and redelivered later.
+        let reopened = github_fixture("pull_request.reopened.json");
+        let (status, answer) = harness
+            .signed("pull_request", "o-reopened", &reopened)
+            .await;
+        assert_eq!(status, 409, "{answer}");
+        assert_eq!(answer["outcome"], "being_removed", "{answer}");
+        assert!(
+            answer["message"]
+                .as_str()
+                .unwrap()
+                .contains("still being removed"),
+            "{answer}"
+        );
         eventually(
             "the record to go although the forge never answered",
             Duration::from_secs(180),
@@ -583,6 +598,13 @@ async fn a_forge_outage_never_blocks_deploying_or_deleting() {
             "forge outage: namespace and record gone {:.0} s after the close",
             closed_at.elapsed().as_secs_f64()
         );
+        // The same delivery again (the forge's "redeliver"): not a duplicate, and it makes the
+        // PR's environment anew.
+        let (status, answer) = harness
+            .signed("pull_request", "o-reopened", &reopened)
+            .await;
+        assert_eq!(status, 202, "{answer}");
+        environment_of_pr(&harness.environments, 2).await;
     })
     .await;
 }

@@ -49,6 +49,32 @@ struct ObservedGitlab {
 #[error("{0}")]
 pub struct GitlabCallError(String);
 
+/// A failed GitLab call: the HTTP status when GitLab answered (a 404 and a 503 call for
+/// different things), and what it said.
+struct GitlabFailure {
+    status: Option<u16>,
+    message: String,
+}
+
+impl<E: std::error::Error + Send + Sync + 'static> From<gitlab::api::ApiError<E>>
+    for GitlabFailure
+{
+    fn from(error: gitlab::api::ApiError<E>) -> Self {
+        use gitlab::api::ApiError;
+        let status = match &error {
+            ApiError::GitlabService { status, .. }
+            | ApiError::GitlabWithStatus { status, .. }
+            | ApiError::GitlabObjectWithStatus { status, .. }
+            | ApiError::GitlabUnrecognizedWithStatus { status, .. } => Some(status.as_u16()),
+            _ => None,
+        };
+        Self {
+            status,
+            message: error.to_string(),
+        }
+    }
+}
+
 impl gitlab::api::RestClient for ObservedGitlab {
     type Error = GitlabCallError;
 
@@ -174,13 +200,16 @@ impl GitlabApi {
     async fn run<T, F, Fut>(&self, operation: &'static str, call: F) -> Result<T, ForgeApiError>
     where
         F: FnOnce() -> Fut,
-        Fut: std::future::Future<Output = Result<T, String>>,
+        Fut: std::future::Future<Output = Result<T, GitlabFailure>>,
     {
         self.backoff.check(operation)?;
         // The gitlab crate's HTTP client has no timeout of its own.
         let result = match tokio::time::timeout(FORGE_TIMEOUT, call()).await {
             Ok(result) => result,
-            Err(_) => Err(format!("no answer within {} s", FORGE_TIMEOUT.as_secs())),
+            Err(_) => Err(GitlabFailure {
+                status: None,
+                message: format!("no answer within {} s", FORGE_TIMEOUT.as_secs()),
+            }),
         };
         let outcome = match &result {
             Ok(_) => "ok",
@@ -196,13 +225,21 @@ impl GitlabApi {
                 self.backoff.success();
                 Ok(value)
             }
-            Err(message) => {
-                if outcome == "error" {
+            Err(failure) => {
+                // A refusal (4xx) is about that request, not about GitLab's health: only
+                // failures back off, as for GitHub.
+                let refused = failure.status.is_some_and(|status| status < 500);
+                if outcome == "error" && !refused {
                     self.backoff.failure();
                 }
-                Err(ForgeApiError::Transport {
-                    operation,
-                    message: error_summary(&message),
+                let message = error_summary(&failure.message);
+                Err(match failure.status {
+                    Some(status) => ForgeApiError::Http {
+                        operation,
+                        status,
+                        message,
+                    },
+                    None => ForgeApiError::Transport { operation, message },
                 })
             }
         }
@@ -218,7 +255,7 @@ impl GitlabApi {
             endpoint
                 .query_async(&self.client)
                 .await
-                .map_err(|e| e.to_string())
+                .map_err(GitlabFailure::from)
         })
         .await
     }
@@ -238,7 +275,7 @@ impl GitlabApi {
             gitlab::api::paged(endpoint, pagination)
                 .query_async(&self.client)
                 .await
-                .map_err(|e| e.to_string())
+                .map_err(GitlabFailure::from)
         })
         .await
     }
@@ -253,7 +290,7 @@ impl GitlabApi {
             gitlab::api::ignore(endpoint)
                 .query_async(&self.client)
                 .await
-                .map_err(|e| e.to_string())
+                .map_err(GitlabFailure::from)
         })
         .await
     }
@@ -354,7 +391,7 @@ impl GitlabApi {
                 gitlab::api::raw(raw)
                     .query_async(&self.client)
                     .await
-                    .map_err(|e| e.to_string())
+                    .map_err(GitlabFailure::from)
             })
             .await?;
         check_manifest_size(file_path, bytes.len() as u64)?;
@@ -470,7 +507,7 @@ impl GitlabApi {
                         | gitlab::api::ApiError::GitlabObjectWithStatus { status, .. }
                         | gitlab::api::ApiError::GitlabUnrecognizedWithStatus { status, .. },
                     ) if status == http::StatusCode::NOT_FOUND => Ok(None),
-                    Err(e) => Err(e.to_string()),
+                    Err(e) => Err(GitlabFailure::from(e)),
                 }
             })
             .await?;

@@ -356,9 +356,10 @@ pub struct ForgeReport {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub waiting_status_sha: Option<String>,
     /// The forge has been told the environment is gone (the comment says destroyed, the
-    /// deployment is inactive or the GitLab environment stopped). Until then, a deleted
-    /// environment tells it again: a process killed or a forge failing mid-removal must not
-    /// leave a comment that shows a deleted environment as live.
+    /// deployment is inactive or the GitLab environment stopped), or refused to hear it (a
+    /// 4xx, a missing token: asking again would not help). Until then, a deleted environment
+    /// tells it again: a process killed or a forge failing mid-removal must not leave a
+    /// comment that shows a deleted environment as live.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub destroyed: bool,
 }
