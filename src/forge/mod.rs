@@ -6,13 +6,16 @@
 //! current state of a pull/merge request or branch, so every "still open" action (opened,
 //! synchronize, labeled, …) becomes the same [`EventKind::ChangeRequest`] snapshot.
 
+pub mod access;
 pub mod client;
 mod comment;
 pub mod github;
 pub mod gitlab;
 pub mod metrics;
 pub mod report;
+pub mod report_plan;
 pub mod repository;
+pub mod template_client;
 mod transport;
 
 use chrono::{DateTime, Utc};

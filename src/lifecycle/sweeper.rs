@@ -23,7 +23,7 @@ use crate::cluster::caches::Caches;
 use crate::cluster::metrics::ClusterMetrics;
 use crate::cluster::records::{self, delete_as_judged};
 use crate::cluster::writer::Writer;
-use crate::forge::report::Reporter;
+use crate::forge::template_client::TemplateClients;
 use crate::lifecycle::metrics::SweepMetrics;
 use crate::lifecycle::rules::{self, ForgeFacts, LabelledNamespace, Reason, Verdict};
 use crate::model::crd::{ForgeKind, PreviewEnvironment, PreviewTemplate};
@@ -55,12 +55,12 @@ pub struct Sweeper {
 
 impl Sweeper {
     /// Sweeps on start-up and then every `interval`, until the future is dropped.
-    pub async fn run(self, reporter: &Reporter, interval: Duration) {
+    pub async fn run(self, forge: &TemplateClients, interval: Duration) {
         self.caches.wait_until_ready().await;
         let mut ticker = tokio::time::interval(interval);
         loop {
             ticker.tick().await;
-            match self.sweep(reporter, Utc::now()).await {
+            match self.sweep(forge, Utc::now()).await {
                 Ok(report) => tracing::info!(
                     deleted = report.deleted.len(),
                     slept = report.slept.len(),
@@ -76,12 +76,12 @@ impl Sweeper {
     /// One sweep at time `now` (injected, so tests need not wait for hours to pass).
     pub async fn sweep(
         &self,
-        reporter: &Reporter,
+        forge: &TemplateClients,
         now: DateTime<Utc>,
     ) -> Result<SweepReport, kube::Error> {
         let mut report = SweepReport::default();
         let environments = self.caches.environments.state();
-        let facts = self.gather_facts(reporter, &mut report).await;
+        let facts = self.gather_facts(forge, &mut report).await;
         for environment in &environments {
             self.judge_environment(environment, &facts, now, &mut report)
                 .await?;
@@ -92,14 +92,14 @@ impl Sweeper {
     }
 
     /// 1. Forge facts, once per repository (`None` where the forge could not be asked).
-    async fn gather_facts(&self, reporter: &Reporter, report: &mut SweepReport) -> Facts {
+    async fn gather_facts(&self, forge: &TemplateClients, report: &mut SweepReport) -> Facts {
         let mut facts = Facts::new();
         for template in self.caches.templates.state() {
             let key = repository_key(&template);
             if facts.contains_key(&key) {
                 continue;
             }
-            let gathered = forge_facts(reporter, &template).await;
+            let gathered = forge_facts(forge, &template).await;
             if gathered.is_none() {
                 report
                     .forge_unavailable
@@ -247,9 +247,9 @@ fn labelled_namespace(namespace: &Namespace) -> LabelledNamespace {
 
 /// Open PRs and branches of the template's repository; `None` if the forge could not be
 /// asked (no token, outage, rate limit): then no forge rule applies.
-async fn forge_facts(reporter: &Reporter, template: &PreviewTemplate) -> Option<ForgeFacts> {
+async fn forge_facts(forge: &TemplateClients, template: &PreviewTemplate) -> Option<ForgeFacts> {
     let repository = &template.spec.forge.repository;
-    let client = match reporter.client(template).await {
+    let client = match forge.client(template).await {
         Ok(Some(client)) => client,
         Ok(None) => return None,
         Err(e) => {

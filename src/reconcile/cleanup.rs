@@ -17,7 +17,7 @@ use super::error::ReconcileError;
 use super::hold::start_queued;
 use super::status::held_status;
 use super::write::{publish, write_status_only};
-use crate::forge::report::ReportError;
+use crate::forge::template_client::ForgeCallError;
 use crate::model::crd::{ForgeReport, Phase, PreviewEnvironment};
 use crate::model::metadata::deletion_reason;
 use crate::model::naming::environment_namespace;
@@ -86,7 +86,7 @@ async fn release(
 /// while trying again may help, and for at most [`FORGE_PATIENCE_AFTER_DELETION`] (a forge
 /// that asks to wait beyond that is not waited for at all).
 fn forge_worth_waiting_for(
-    error: &ReportError,
+    error: &ForgeCallError,
     deleted_at: Option<DateTime<Utc>>,
     now: DateTime<Utc>,
 ) -> bool {
@@ -159,7 +159,7 @@ async fn delete_namespace(
 async fn tell_forge(
     environment: &PreviewEnvironment,
     context: &Context,
-) -> (Option<ForgeReport>, Result<(), ReportError>) {
+) -> (Option<ForgeReport>, Result<(), ForgeCallError>) {
     let Some(template) = context.template_of(environment) else {
         return (None, Ok(()));
     };
@@ -175,7 +175,7 @@ async fn tell_forge(
 async fn tell_forge_again(
     environment: &PreviewEnvironment,
     context: &Context,
-) -> Result<(), ReportError> {
+) -> Result<(), ForgeCallError> {
     let (told, result) = tell_forge(environment, context).await;
     let mut status = environment.status.clone().unwrap_or_default();
     if told.is_some() && status.forge != told {
@@ -189,7 +189,7 @@ async fn tell_forge_again(
 
 /// Logs and counts a failed report of the removal. A report the forge client held back (it is
 /// backing off, or rate-limited) is tried again at the next look, quietly.
-fn note_forge_failure(environment: &PreviewEnvironment, context: &Context, error: &ReportError) {
+fn note_forge_failure(environment: &PreviewEnvironment, context: &Context, error: &ForgeCallError) {
     if error.retry_after().is_some() {
         tracing::debug!(environment = %environment.name_any(), error = %error, "the forge has not heard the environment is gone yet");
         return;
@@ -207,8 +207,8 @@ mod tests {
     use super::*;
     use crate::forge::client::ForgeApiError;
 
-    fn answered(status: u16) -> ReportError {
-        ReportError::Forge(ForgeApiError::Http {
+    fn answered(status: u16) -> ForgeCallError {
+        ForgeCallError::Forge(ForgeApiError::Http {
             operation: "edit comment",
             status,
             message: String::new(),
@@ -218,7 +218,7 @@ mod tests {
     #[test]
     fn a_removed_environment_waits_for_a_failing_forge_two_minutes_at_most() {
         let deleted = Utc::now();
-        let backing_off = ReportError::Forge(ForgeApiError::BackingOff {
+        let backing_off = ForgeCallError::Forge(ForgeApiError::BackingOff {
             operation: "edit comment",
             wait: Duration::from_secs(4),
         });
@@ -246,7 +246,7 @@ mod tests {
                 deleted
             ));
         }
-        let no_token = ReportError::Token(crate::cluster::secrets::SecretError::NotFound {
+        let no_token = ForgeCallError::Token(crate::cluster::secrets::SecretError::NotFound {
             namespace: "team".into(),
             name: "forge-token".into(),
         });
@@ -257,7 +257,7 @@ mod tests {
     fn a_forge_asking_to_wait_beyond_the_patience_is_not_waited_for() {
         let deleted = Utc::now();
         let limited = |seconds| {
-            ReportError::Forge(ForgeApiError::RateLimited {
+            ForgeCallError::Forge(ForgeApiError::RateLimited {
                 operation: "edit comment",
                 wait: Duration::from_secs(seconds),
             })

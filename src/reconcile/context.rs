@@ -68,7 +68,7 @@ impl Context {
             engines: &self.engines,
             renders: &self.metrics.engine_renders,
             files: RepositoryFiles {
-                access: ForgeAccess::Template(&self.reporter),
+                access: ForgeAccess::Template(self.reporter.clients()),
                 kept: &self.repository_manifests,
             },
         }

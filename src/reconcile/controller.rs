@@ -25,8 +25,9 @@ use crate::cluster::observed::ObservedStore;
 use crate::cluster::secrets::SecretReader;
 use crate::cluster::writer::Writer;
 use crate::engines::Engines;
-use crate::forge::report::{ReportError, Reporter};
+use crate::forge::report::Reporter;
 use crate::forge::repository::RepositoryManifests;
+use crate::forge::template_client::{ForgeCallError, TemplateClients};
 use crate::model::crd::{PreviewEnvironment, PreviewTemplate};
 use crate::model::metadata::FINALIZER;
 
@@ -146,9 +147,11 @@ fn build_context(parts: Parts) -> Context {
             },
         ),
         reporter: Arc::new(
-            Reporter::new(metrics.forge, Arc::new(SecretReader::new(client.clone())))
-                .with_api_defaults(config.forge_api_defaults.clone())
-                .with_prices(config.prices.clone()),
+            Reporter::new(Arc::new(
+                TemplateClients::new(metrics.forge, Arc::new(SecretReader::new(client.clone())))
+                    .with_api_defaults(config.forge_api_defaults.clone()),
+            ))
+            .with_prices(config.prices.clone()),
         ),
         client,
         config,
@@ -342,7 +345,7 @@ fn error_policy(
 /// A removed environment whose forge has not heard: the next try is when the forge client
 /// allows (it backs off on its own), at least a second and at most 10 s away. Not the
 /// reconcile's doubling backoff, which would soon outlast the patience for the forge.
-fn retry_telling_the_forge(environment: &PreviewEnvironment, error: &ReportError) -> Action {
+fn retry_telling_the_forge(environment: &PreviewEnvironment, error: &ForgeCallError) -> Action {
     let Some(wait) = error.retry_after() else {
         tracing::warn!(environment = %environment.name_any(), error = %error, "could not tell the forge the environment was destroyed; trying again");
         return Action::requeue(Duration::from_secs(2));

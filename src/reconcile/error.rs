@@ -10,7 +10,7 @@
 
 use crate::cluster::applier::ApplyError;
 use crate::cluster::errors::in_words;
-use crate::forge::report::ReportError;
+use crate::forge::template_client::ForgeCallError;
 
 /// Errors of one reconcile, each from its own step.
 #[derive(Debug, thiserror::Error)]
@@ -42,11 +42,11 @@ pub enum ReconcileError {
     Engine(String),
     /// The status was written; only the report to the forge failed (retried with backoff).
     #[error("reporting to the forge: {0}")]
-    Forge(#[source] ReportError),
+    Forge(#[source] ForgeCallError),
     /// The namespace is gone but the forge has not heard yet: the record waits (for a while,
     /// see `cleanup::FORGE_PATIENCE_AFTER_DELETION`) and tries again when the forge allows.
     #[error("telling the forge the environment is gone: {0}")]
-    ForgeNotTold(#[source] ReportError),
+    ForgeNotTold(#[source] ForgeCallError),
 }
 
 /// Every value [`ReconcileError::metric_label`] can take: the metric starts each at 0, so that

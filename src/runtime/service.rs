@@ -17,7 +17,8 @@ use std::time::Duration;
 use crate::cluster::caches::Caches;
 use crate::cluster::client;
 use crate::cluster::secrets::SecretReader;
-use crate::forge::report::Reporter;
+use crate::forge::access::WriteAccess;
+use crate::forge::template_client::TemplateClients;
 use crate::lifecycle::sweeper::Sweeper;
 use crate::lifecycle::traffic::{TrafficRecorder, TrafficSource};
 use crate::reconcile::ControllerConfig;
@@ -65,12 +66,13 @@ pub async fn run(
         config.client.clone(),
         config.controller.namespace.as_deref(),
     );
-    let server_reporter = Reporter::new(
+    // The server asks the forge only about commands' authors' write access.
+    let api_defaults = config.controller.forge_api_defaults.clone();
+    let server_clients = TemplateClients::new(
         metrics.forge.clone(),
         Arc::new(SecretReader::new(config.client.clone())),
     );
-    let api_defaults = config.controller.forge_api_defaults.clone();
-    let server_reporter = Arc::new(server_reporter.with_api_defaults(api_defaults));
+    let write_access = WriteAccess::new(Arc::new(server_clients.with_api_defaults(api_defaults)));
     let gate = config.gate.map(|listener| {
         start_gate(
             listener,
@@ -83,7 +85,7 @@ pub async fn run(
     let state = ServerState::new(
         config.client.clone(),
         caches,
-        server_reporter,
+        Arc::new(write_access),
         metrics.server(),
         config.max_body_bytes,
     );
@@ -246,7 +248,7 @@ async fn lead(
     };
     tokio::select! {
         _ = controller => {}
-        _ = sweeper.run(&context.reporter, sweep_interval) => {}
+        _ = sweeper.run(context.reporter.clients(), sweep_interval) => {}
         _ = traffic => {}
     }
 }

@@ -14,7 +14,7 @@ use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
 
 use crate::cluster::records;
-use crate::forge::report::Reporter;
+use crate::forge::access::WriteAccess;
 use crate::forge::{Comment, ForgeEvent};
 use crate::model::crd::{ForkPolicy, PreviewEnvironment, PreviewTemplate};
 use crate::model::durations::parse_duration;
@@ -260,7 +260,7 @@ fn deploy_now(
 /// no command, or its pull request has no environment).
 pub async fn handle(
     client: &Client,
-    reporter: &Reporter,
+    write_access: &WriteAccess,
     event: &ForgeEvent,
     comment: &Comment,
     templates: &[Arc<PreviewTemplate>],
@@ -285,7 +285,7 @@ pub async fn handle(
                 Ok(command) => command.to_string(),
                 Err(_) => "/preview".to_string(),
             };
-            let effect = match reporter
+            let effect = match write_access
                 .has_write_access(template, &comment.author, comment.author_id)
                 .await
             {

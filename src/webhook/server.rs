@@ -38,7 +38,7 @@ use crate::cluster::caches::Caches;
 use crate::cluster::metrics::ClusterMetrics;
 use crate::cluster::records::Applied;
 use crate::cluster::secrets::{SecretError, SecretReader};
-use crate::forge::report::Reporter;
+use crate::forge::access::WriteAccess;
 use crate::forge::{self, EventKind, ForgeEvent, github, gitlab};
 use crate::model::crd::{ForgeKind, PreviewTemplate};
 use crate::webhook::deliveries::DeliveryLog;
@@ -54,7 +54,7 @@ pub struct ServerState {
     pub metrics: ServerMetrics,
     pub max_body_bytes: usize,
     /// The forge gateway: comment commands ask it who may write.
-    pub reporter: Arc<Reporter>,
+    pub write_access: Arc<WriteAccess>,
     deliveries: DeliveryLog,
     /// Turns for deliveries being handled (body read, checked, written).
     in_flight: tokio::sync::Semaphore,
@@ -84,7 +84,7 @@ impl ServerState {
     pub fn new(
         client: Client,
         caches: Caches,
-        reporter: Arc<Reporter>,
+        write_access: Arc<WriteAccess>,
         metrics: ServerMetrics,
         max_body_bytes: usize,
     ) -> Arc<Self> {
@@ -94,7 +94,7 @@ impl ServerState {
             caches,
             metrics,
             max_body_bytes,
-            reporter,
+            write_access,
             deliveries: DeliveryLog::default(),
             in_flight: tokio::sync::Semaphore::new(MAX_DELIVERIES_IN_FLIGHT),
             controller_stopped: std::sync::atomic::AtomicBool::new(false),
@@ -626,7 +626,7 @@ async fn act(
     if let EventKind::Comment(comment) = &event.kind {
         let lines = super::commands::handle(
             &state.client,
-            &state.reporter,
+            &state.write_access,
             event,
             comment,
             templates,

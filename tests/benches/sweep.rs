@@ -24,7 +24,7 @@ use kube::api::{Api, PostParams};
 use kube::runtime::{WatchStreamExt, reflector, watcher};
 use previewd::cluster::caches::Caches;
 use previewd::cluster::secrets::SecretReader;
-use previewd::forge::report::Reporter;
+use previewd::forge::template_client::TemplateClients;
 use previewd::lifecycle::rules::Reason;
 use previewd::lifecycle::sweeper::Sweeper;
 use previewd::model::crd::{PreviewEnvironment, PreviewTemplate};
@@ -254,7 +254,7 @@ async fn benchmark(kind: Forge) {
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
     let metrics = Arc::new(Metrics::new());
-    let reporter = Reporter::new(
+    let forge_clients = TemplateClients::new(
         metrics.forge.clone(),
         Arc::new(SecretReader::new(client.clone())),
     );
@@ -272,7 +272,7 @@ async fn benchmark(kind: Forge) {
     };
 
     let started = Instant::now();
-    let report = sweeper.sweep(&reporter, now).await.expect("the sweep runs");
+    let report = sweeper.sweep(&forge_clients, now).await.expect("the sweep runs");
     let elapsed = started.elapsed();
 
     let mut by_reason: HashMap<Reason, usize> = HashMap::new();
@@ -327,7 +327,7 @@ async fn benchmark(kind: Forge) {
     // A second sweep: the pages of open PRs are unchanged; GitHub answers 304 (GitLab's lists
     // carry no ETag, so every page is read again).
     let started = Instant::now();
-    let second = sweeper.sweep(&reporter, now).await.expect("the sweep runs");
+    let second = sweeper.sweep(&forge_clients, now).await.expect("the sweep runs");
     let elapsed = started.elapsed();
     let not_modified = metrics_outcome(&metrics, kind.kind(), "not_modified");
     assert!(second.deleted.is_empty(), "{second:?}");

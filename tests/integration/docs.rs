@@ -150,23 +150,49 @@ fn cited_functions(text: &str) -> Vec<String> {
         .collect()
 }
 
-/// Every `fn name` in the Rust files under `folder`.
-fn defined_functions(folder: &Path, into: &mut std::collections::HashSet<String>) {
+/// The name of every test (a `fn` under `#[test]` or `#[tokio::test]`) in the Rust files
+/// under `folder`.
+fn defined_tests(folder: &Path, into: &mut std::collections::HashSet<String>) {
     for entry in std::fs::read_dir(folder).unwrap() {
         let path = entry.unwrap().path();
         if path.is_dir() {
-            defined_functions(&path, into);
+            defined_tests(&path, into);
         } else if path.extension().is_some_and(|e| e == "rs") {
-            let text = std::fs::read_to_string(&path).unwrap();
-            for rest in text.split("fn ").skip(1) {
-                let name: String = rest
-                    .chars()
-                    .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
-                    .collect();
-                into.insert(name);
-            }
+            into.extend(tests_in(&std::fs::read_to_string(&path).unwrap()));
         }
     }
+}
+
+/// The test functions of one Rust file: a `fn` whose attributes (the lines right above it,
+/// comments between them allowed) include a test attribute.
+fn tests_in(text: &str) -> Vec<String> {
+    let mut found = Vec::new();
+    let mut under_test_attribute = false;
+    for line in text.lines().map(str::trim) {
+        if line.starts_with("#[test]") || line.starts_with("#[tokio::test") {
+            under_test_attribute = true;
+        } else if let Some(rest) = line
+            .strip_prefix("async fn ")
+            .or_else(|| line.strip_prefix("fn "))
+        {
+            if under_test_attribute {
+                let name = rest
+                    .chars()
+                    .take_while(|c| c.is_ascii_alphanumeric() || *c == '_');
+                found.push(name.collect());
+            }
+            under_test_attribute = false;
+        } else if !(line.starts_with("#[") || line.starts_with("//") || line.is_empty()) {
+            under_test_attribute = false;
+        }
+    }
+    found
+}
+
+#[test]
+fn only_functions_under_a_test_attribute_are_tests() {
+    let text = "#[test]\nfn a_b_c_d() {}\nfn helper_not_a_test() {}\n#[tokio::test(flavor = \"multi_thread\")]\n// why\nasync fn e_f_g_h() {}\n#[derive(Debug)]\nstruct S;\nfn after_a_struct() {}";
+    assert_eq!(tests_in(text), ["a_b_c_d", "e_f_g_h"]);
 }
 
 /// Names the docs cite that are other projects', not previewd's functions.
@@ -175,8 +201,8 @@ const OUTSIDE_NAMES: &[&str] = &["nginx_ingress_controller_requests"];
 #[test]
 fn every_test_the_docs_cite_exists() {
     let mut defined = std::collections::HashSet::new();
-    defined_functions(&root().join("src"), &mut defined);
-    defined_functions(&root().join("tests"), &mut defined);
+    defined_tests(&root().join("src"), &mut defined);
+    defined_tests(&root().join("tests"), &mut defined);
     let mut missing = Vec::new();
     let mut checked = 0;
     for page in pages() {
@@ -195,7 +221,7 @@ fn every_test_the_docs_cite_exists() {
     );
     assert!(
         missing.is_empty(),
-        "cited in the docs, defined nowhere in src/ or tests/:\n{}",
+        "cited in the docs, no test of that name in src/ or tests/:\n{}",
         missing.join("\n")
     );
 }

@@ -14,8 +14,6 @@ use std::time::{Duration, Instant};
 
 use chrono::{TimeDelta, Utc};
 use futures::future::join_all;
-use k8s_openapi::api::core::v1::Namespace;
-use kube::Api;
 use previewd::model::crd::Phase;
 use support::webhooks::*;
 use support::{eventually, in_namespace, wait_for_phase};
@@ -369,21 +367,7 @@ async fn a_forge_failing_when_the_pull_request_closes_still_hears_the_environmen
             )
             .await;
         assert_eq!(status, 202, "{answer}");
-        let namespaces: Api<Namespace> = Api::all(client.clone());
-        eventually("the namespace to go", Duration::from_secs(60), || async {
-            namespaces
-                .get_opt(&target)
-                .await
-                .ok()?
-                .is_none()
-                .then_some(())
-        })
-        .await;
-        let waiting = harness.environments.get_opt(&name).await.unwrap();
-        assert!(
-            waiting.is_some_and(|e| e.metadata.deletion_timestamp.is_some()),
-            "the record waits for the forge"
-        );
+        wait_namespace_gone_record_waiting(&client, &harness.environments, &name, &target).await;
         let failed = eventually(
             "the forge to be told, and fail",
             Duration::from_secs(30),

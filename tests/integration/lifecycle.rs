@@ -719,7 +719,10 @@ async fn idle_environments_sleep_and_a_push_wakes_them() {
         // 30 minutes later: not idle yet. (The forge lists nothing: it answers 404, so no forge
         // rule applies; idleness needs no forge.)
         let report = sweeper
-            .sweep(&context.reporter, Utc::now() + TimeDelta::minutes(30))
+            .sweep(
+                context.reporter.clients(),
+                Utc::now() + TimeDelta::minutes(30),
+            )
             .await
             .unwrap();
         assert!(
@@ -728,7 +731,7 @@ async fn idle_environments_sleep_and_a_push_wakes_them() {
         );
         // Two hours later: asleep, not deleted.
         let report = sweeper
-            .sweep(&context.reporter, Utc::now() + TimeDelta::hours(2))
+            .sweep(context.reporter.clients(), Utc::now() + TimeDelta::hours(2))
             .await
             .unwrap();
         assert_eq!(report.slept, [format!("{ns}/{name}")]);
@@ -977,7 +980,10 @@ async fn a_sweep_removal_says_why_in_the_comment() {
         let (harness, name, _) = web_app_ready(&client, &ns, &forge, lifecycle).await;
         let report = harness
             .sweeper(&client, &ns)
-            .sweep(&harness.context.reporter, Utc::now() + TimeDelta::hours(2))
+            .sweep(
+                harness.context.reporter.clients(),
+                Utc::now() + TimeDelta::hours(2),
+            )
             .await
             .unwrap();
         assert_eq!(report.deleted.len(), 1, "{report:?}");

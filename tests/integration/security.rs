@@ -267,7 +267,10 @@ async fn a_namespace_previewd_did_not_create_is_never_adopted_or_deleted() {
             watch_namespace: Some(ns.clone()),
         };
         let report = sweeper
-            .sweep(&harness.context.reporter, Utc::now() + TimeDelta::hours(1))
+            .sweep(
+                harness.context.reporter.clients(),
+                Utc::now() + TimeDelta::hours(1),
+            )
             .await
             .unwrap();
         assert!(report.orphans.is_empty(), "{report:?}");
@@ -454,6 +457,69 @@ async fn a_stalled_client_holds_a_turn_for_ten_seconds_at_most() {
             held >= bound - Duration::from_secs(1) && held < bound + Duration::from_secs(5),
             "the stalled client was answered after {held:?}"
         );
+    })
+    .await;
+}
+
+/// At most 64 deliveries are handled at once, and one waits at most 10 s for its turn: then
+/// 503 `busy`, which the forge shows as failed. Stalled clients hold the turns here: 64 take
+/// them (each for its 10 s until its 408), 64 more queue 2 s later and take them over, and a
+/// delivery that queues behind those 2 s after them gets 503 after its 10 s. Once the stalled
+/// clients are answered, deliveries are handled again.
+#[tokio::test]
+async fn a_delivery_that_finds_64_in_flight_for_ten_seconds_gets_503_busy() {
+    use previewd::webhook::server::{MAX_DELIVERIES_IN_FLIGHT, SLOW_CLIENT_TIMEOUT};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    in_namespace("security-busy", |client, ns| async move {
+        install_template(&client, &ns, "github", REPOSITORY, None).await;
+        let harness = Harness::start(&client, &ns, 2 << 20).await;
+        let address = harness.base.trim_start_matches("http://").to_string();
+        let stall = |address: String| async move {
+            let mut stalled = tokio::net::TcpStream::connect(&address).await.unwrap();
+            let head = format!(
+                "POST /webhooks/github HTTP/1.1\r\nhost: {address}\r\nx-github-event: pull_request\r\ncontent-type: application/json\r\ncontent-length: 100000\r\n\r\n{{"
+            );
+            stalled.write_all(head.as_bytes()).await.unwrap();
+            stalled
+        };
+        let mut stalled = Vec::new();
+        for _ in 0..MAX_DELIVERIES_IN_FLIGHT {
+            stalled.push(stall(address.clone()).await);
+        }
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        for _ in 0..MAX_DELIVERIES_IN_FLIGHT {
+            stalled.push(stall(address.clone()).await);
+        }
+        tokio::time::sleep(Duration::from_secs(2)).await;
+
+        let queued_at = std::time::Instant::now();
+        let opened = github_fixture("pull_request.opened.json");
+        let (status, answer) = harness.signed("pull_request", "busy", &opened).await;
+        let waited = queued_at.elapsed();
+        assert_eq!(status, 503, "{answer}");
+        assert_eq!(answer["outcome"], "busy", "{answer}");
+        assert!(
+            waited >= SLOW_CLIENT_TIMEOUT - Duration::from_secs(1),
+            "it waited its turn first: {waited:?}"
+        );
+        assert!(
+            harness.environment_names().await.is_empty(),
+            "nothing was written"
+        );
+
+        // Every stalled client is answered 408 in its turn, and then the same delivery is
+        // handled (503 kept no delivery id: it is not a duplicate).
+        for mut client in stalled {
+            let mut reply = vec![0u8; 4096];
+            let read = tokio::time::timeout(Duration::from_secs(60), client.read(&mut reply))
+                .await
+                .expect("each stalled client is answered")
+                .unwrap();
+            let reply = String::from_utf8_lossy(&reply[..read]);
+            assert!(reply.starts_with("HTTP/1.1 408"), "{reply}");
+        }
+        let (status, answer) = harness.signed("pull_request", "busy", &opened).await;
+        assert_eq!(status, 202, "{answer}");
     })
     .await;
 }

@@ -194,7 +194,10 @@ async fn a_missed_close_is_repaired_but_never_while_the_forge_cannot_be_asked() 
             .await;
         let templates: Api<PreviewTemplate> = Api::namespaced(client.clone(), &ns);
         point_template_at(&templates, &context, &broken.uri()).await;
-        let report = sweeper.sweep(&context.reporter, later).await.unwrap();
+        let report = sweeper
+            .sweep(context.reporter.clients(), later)
+            .await
+            .unwrap();
         assert!(
             report.deleted.is_empty(),
             "forge 500: nothing deleted ({report:?})"
@@ -215,7 +218,10 @@ async fn a_missed_close_is_repaired_but_never_while_the_forge_cannot_be_asked() 
             .mount(&limited)
             .await;
         point_template_at(&templates, &context, &limited.uri()).await;
-        let report = sweeper.sweep(&context.reporter, later).await.unwrap();
+        let report = sweeper
+            .sweep(context.reporter.clients(), later)
+            .await
+            .unwrap();
         assert!(
             report.deleted.is_empty(),
             "rate-limited: nothing deleted ({report:?})"
@@ -224,7 +230,10 @@ async fn a_missed_close_is_repaired_but_never_while_the_forge_cannot_be_asked() 
 
         // The forge answers: PR 3 is not open, so its environment and namespace go.
         point_template_at(&templates, &context, &forge.uri()).await;
-        let report = sweeper.sweep(&context.reporter, later).await.unwrap();
+        let report = sweeper
+            .sweep(context.reporter.clients(), later)
+            .await
+            .unwrap();
         assert_eq!(
             report.deleted,
             vec![(format!("{ns}/{closed}"), Reason::PullRequestClosed)]
@@ -273,7 +282,7 @@ async fn idle_environments_and_orphaned_namespaces_go_unrelated_ones_stay() {
         }
 
         // Two days on: nothing is idle yet, the orphan goes (past its grace), the rest stays.
-        let report = sweeper.sweep(&context.reporter, Utc::now() + TimeDelta::hours(48)).await.unwrap();
+        let report = sweeper.sweep(context.reporter.clients(), Utc::now() + TimeDelta::hours(48)).await.unwrap();
         assert!(report.deleted.is_empty(), "{report:?}");
         assert_eq!(report.orphans, vec![orphan.clone()]);
         for kept in [&unrelated, &lookalike] {
@@ -281,7 +290,7 @@ async fn idle_environments_and_orphaned_namespaces_go_unrelated_ones_stay() {
         }
 
         // Four days on: the environment was idle more than 72 h.
-        let report = sweeper.sweep(&context.reporter, Utc::now() + TimeDelta::hours(96)).await.unwrap();
+        let report = sweeper.sweep(context.reporter.clients(), Utc::now() + TimeDelta::hours(96)).await.unwrap();
         assert_eq!(report.deleted.len(), 1);
         assert_eq!(report.deleted[0].1, Reason::Idle);
         // As /metrics says it: one removal for idleness, one orphaned namespace.
@@ -316,7 +325,10 @@ async fn a_list_longer_than_previewd_reads_removes_nothing() {
         let (context, sweeper) = start(&client, &ns).await;
         environment(&client, &ns, 2).await;
         let report = sweeper
-            .sweep(&context.reporter, Utc::now() + TimeDelta::minutes(10))
+            .sweep(
+                context.reporter.clients(),
+                Utc::now() + TimeDelta::minutes(10),
+            )
             .await
             .unwrap();
         assert!(report.deleted.is_empty(), "{report:?}");
@@ -397,7 +409,10 @@ async fn lifecycle_rules_idle_branch_gone_extend_max_age_and_template_gone() {
         // Four days on: PR 2 was idle more than 72 h; branch feature-x is gone from the forge's
         // branch list; PR 3 is idle as long, but extended.
         let report = sweeper
-            .sweep(&context.reporter, Utc::now() + TimeDelta::hours(96))
+            .sweep(
+                context.reporter.clients(),
+                Utc::now() + TimeDelta::hours(96),
+            )
             .await
             .unwrap();
         let mut deleted = report.deleted.clone();
@@ -413,7 +428,7 @@ async fn lifecycle_rules_idle_branch_gone_extend_max_age_and_template_gone() {
 
         // Eight days on: past the 120 h maximum age, still extended: kept.
         let report = sweeper
-            .sweep(&context.reporter, Utc::now() + TimeDelta::days(8))
+            .sweep(context.reporter.clients(), Utc::now() + TimeDelta::days(8))
             .await
             .unwrap();
         assert!(
@@ -423,7 +438,7 @@ async fn lifecycle_rules_idle_branch_gone_extend_max_age_and_template_gone() {
 
         // Eleven days on: the extension ran out; the maximum age decides (before idleness).
         let report = sweeper
-            .sweep(&context.reporter, Utc::now() + TimeDelta::days(11))
+            .sweep(context.reporter.clients(), Utc::now() + TimeDelta::days(11))
             .await
             .unwrap();
         assert_eq!(
@@ -452,7 +467,10 @@ async fn lifecycle_rules_idle_branch_gone_extend_max_age_and_template_gone() {
             || async { context.caches.templates.state().is_empty().then_some(()) },
         )
         .await;
-        let report = sweeper.sweep(&context.reporter, Utc::now()).await.unwrap();
+        let report = sweeper
+            .sweep(context.reporter.clients(), Utc::now())
+            .await
+            .unwrap();
         assert_eq!(
             report.deleted,
             vec![(format!("{ns}/{orphaned}"), Reason::TemplateGone)]
@@ -526,7 +544,7 @@ async fn on_gitlab_the_sweep_reads_every_page_of_merge_requests_and_the_branches
             environment_with(&client, &ns, name, source).await;
         }
 
-        let report = sweeper.sweep(&context.reporter, Utc::now() + TimeDelta::minutes(10)).await.unwrap();
+        let report = sweeper.sweep(context.reporter.clients(), Utc::now() + TimeDelta::minutes(10)).await.unwrap();
         assert!(report.forge_unavailable.is_empty(), "{report:?}");
         let mut deleted = report.deleted.clone();
         deleted.sort_by(|a, b| a.0.cmp(&b.0));
@@ -599,7 +617,10 @@ async fn on_github_every_page_is_read_and_unchanged_pages_come_back_304() {
         let closed = environment(&client, &ns, 3).await;
 
         let later = Utc::now() + TimeDelta::minutes(10);
-        let report = sweeper.sweep(&context.reporter, later).await.unwrap();
+        let report = sweeper
+            .sweep(context.reporter.clients(), later)
+            .await
+            .unwrap();
         assert_eq!(
             report.deleted,
             vec![(format!("{ns}/{closed}"), Reason::PullRequestClosed)],
@@ -612,7 +633,10 @@ async fn on_github_every_page_is_read_and_unchanged_pages_come_back_304() {
         .await;
 
         // Again: every page is asked for with its ETag, answered 304, and PR 2 still stays.
-        let report = sweeper.sweep(&context.reporter, later).await.unwrap();
+        let report = sweeper
+            .sweep(context.reporter.clients(), later)
+            .await
+            .unwrap();
         assert!(
             report.deleted.is_empty() && report.forge_unavailable.is_empty(),
             "{report:?}"

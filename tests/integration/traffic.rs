@@ -132,7 +132,7 @@ async fn traffic_keeps_an_environment_awake_past_its_idle_timeout_and_a_quiet_on
             seen.spec.last_activity.filter(|at| Utc::now() - *at < TimeDelta::minutes(1)).map(|_| ())
         })
         .await;
-        let report = running.sweeper(&client, &ns).sweep(&running.reporter, Utc::now()).await.unwrap();
+        let report = running.sweeper(&client, &ns).sweep(running.reporter.clients(), Utc::now()).await.unwrap();
         assert_eq!(report.slept, [format!("{ns}/quiet")], "{report:?}");
         wait_for_phase(&environments, "quiet", Phase::Sleeping, Duration::from_secs(60)).await;
         assert!(!environments.get("used").await.unwrap().spec.sleep);

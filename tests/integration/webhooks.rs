@@ -554,22 +554,8 @@ async fn a_forge_outage_never_blocks_deploying_or_deleting() {
             .await;
         assert_eq!(status, 202);
         // The namespace goes at once; the record waits for the forge to hear, but not for ever.
-        let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
         let closed_at = std::time::Instant::now();
-        eventually("the namespace to go", Duration::from_secs(60), || async {
-            namespaces
-                .get_opt(&target)
-                .await
-                .ok()?
-                .is_none()
-                .then_some(())
-        })
-        .await;
-        let waiting = harness.environments.get_opt(&name).await.unwrap();
-        assert!(
-            waiting.is_some_and(|e| e.metadata.deletion_timestamp.is_some()),
-            "the record waits for the forge"
-        );
+        wait_namespace_gone_record_waiting(&client, &harness.environments, &name, &target).await;
         // Reopened meanwhile: written onto the record being removed, the change would vanish
         // with it. It is refused, so that the forge shows it failed, and redelivered later.
         let reopened = github_fixture("pull_request.reopened.json");

@@ -400,7 +400,7 @@ impl std::ops::Deref for Running {
 }
 
 impl Running {
-    /// A webhook server state sharing the controller's caches, reporter and metrics.
+    /// A webhook server state sharing the controller's caches, forge clients and metrics.
     pub fn server_state(
         &self,
         client: &Client,
@@ -409,7 +409,9 @@ impl Running {
         previewd::webhook::server::ServerState::new(
             client.clone(),
             self.context.caches.clone(),
-            self.context.reporter.clone(),
+            Arc::new(previewd::forge::access::WriteAccess::new(
+                self.context.reporter.clients().clone(),
+            )),
             self.metrics.server(),
             max_body_bytes,
         )

@@ -539,6 +539,27 @@ pub async fn wait_gone(
     .await;
 }
 
+/// Waits until the namespace of environment `name` is gone, then asserts that its record is
+/// still there, being removed: a removal while the forge fails (the record waits for it).
+pub async fn wait_namespace_gone_record_waiting(
+    client: &Client,
+    environments: &Api<PreviewEnvironment>,
+    name: &str,
+    namespace: &str,
+) {
+    let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
+    eventually("the namespace to go", Duration::from_secs(60), || async {
+        let gone = namespaces.get_opt(namespace).await.ok()?.is_none();
+        gone.then_some(())
+    })
+    .await;
+    let waiting = environments.get_opt(name).await.unwrap();
+    assert!(
+        waiting.is_some_and(|e| e.metadata.deletion_timestamp.is_some()),
+        "the record waits for the forge"
+    );
+}
+
 /// The name of the environment of PR `number`, once the intake has written it.
 pub async fn environment_of_pr(environments: &Api<PreviewEnvironment>, number: u64) -> String {
     eventually(

@@ -9,8 +9,8 @@ use prometheus::IntCounterVec;
 
 use crate::engines::Engines;
 use crate::forge::client::{ForgeApiError, ForgeClient};
-use crate::forge::report::Reporter;
 use crate::forge::repository::{FolderFiles, RepositoryManifests};
+use crate::forge::template_client::TemplateClients;
 use crate::model::crd::{InlineManifest, PreviewTemplate};
 use crate::reconcile::error::Refusal;
 
@@ -30,7 +30,7 @@ pub struct RepositoryFiles<'a> {
 /// Which forge client reads the repository.
 pub enum ForgeAccess<'a> {
     /// The one the template's token (or GitHub App) opens, as for its reports.
-    Template(&'a Reporter),
+    Template(&'a TemplateClients),
     /// A given one (a dry run's).
     Given(Arc<ForgeClient>),
 }
@@ -73,11 +73,11 @@ impl RepositoryFiles<'_> {
         template: &PreviewTemplate,
         path: &str,
     ) -> Result<Arc<ForgeClient>, Refusal> {
-        let reporter = match &self.access {
+        let clients = match &self.access {
             ForgeAccess::Given(client) => return Ok(client.clone()),
-            ForgeAccess::Template(reporter) => reporter,
+            ForgeAccess::Template(clients) => clients,
         };
-        reporter
+        clients
             .client(template)
             .await
             .map_err(|e| unavailable(format!("reading {path} from the repository: {e}")))?
