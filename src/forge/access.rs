@@ -112,11 +112,15 @@ mod tests {
         let mut answers = Answers::default();
         let given = Instant::now();
         answers.put(key("octocat"), true, given);
-        answers.put(key("hubot"), false, given + Duration::from_secs(61));
+        answers.put(key("monalisa"), true, given + Duration::from_secs(30));
+        let later = given + Duration::from_secs(61);
+        answers.put(key("hubot"), false, later);
         assert_eq!(
             answers.0.len(),
-            1,
+            2,
             "the memory holds only answers still in use"
         );
+        assert_eq!(answers.get(&key("monalisa"), later), Some(true));
+        assert_eq!(answers.get(&key("hubot"), later), Some(false));
     }
 }

@@ -13,7 +13,7 @@ use std::fmt::Write;
 
 use chrono::{DateTime, Utc};
 
-use crate::model::crd::{Phase, PreviewEnvironmentStatus};
+use crate::model::crd::{Phase, PreviewEnvironmentStatus, WaitingReason};
 use crate::model::footprint::{self, Prices};
 
 /// What the comment says the environment is doing.
@@ -99,10 +99,10 @@ fn render_footprint(out: &mut String, status: &PreviewEnvironmentStatus, prices:
 
 /// The phase in words, and where the environment is (or will be).
 fn render_headline(out: &mut String, status: &PreviewEnvironmentStatus, short_sha: &str) {
-    let waiting_reason = status.waiting.as_ref().map(|w| w.reason.as_str());
+    let waiting_reason = status.waiting.as_ref().map(|w| w.reason);
     let headline = match status.phase {
-        Phase::Pending if waiting_reason == Some("AwaitingChecks") => "waiting for CI",
-        Phase::Pending if waiting_reason == Some("Skipped") => "no preview",
+        Phase::Pending if waiting_reason == Some(WaitingReason::AwaitingChecks) => "waiting for CI",
+        Phase::Pending if waiting_reason == Some(WaitingReason::Skipped) => "no preview",
         Phase::Pending => "queued",
         Phase::Queued => "queued",
         Phase::Deploying => "deploying",
@@ -457,7 +457,7 @@ mod tests {
     fn a_held_back_head_is_named_next_to_the_commit_that_keeps_running() {
         let waiting = crate::model::crd::WaitingCommit {
             sha: "1f2e3d4c5b6a79880716253443526170f8e9dacb".into(),
-            reason: "AwaitingChecks".into(),
+            reason: WaitingReason::AwaitingChecks,
             message: "Commit `1f2e3d4` deploys once CI passes: waiting for `build` (running)."
                 .into(),
             since: Utc::now(),
@@ -500,7 +500,7 @@ mod tests {
         first.resources.clear();
         first.waiting = Some(crate::model::crd::WaitingCommit {
             sha: "1f2e3d4c5b6a79880716253443526170f8e9dacb".into(),
-            reason: "Skipped".into(),
+            reason: WaitingReason::Skipped,
             message: message.into(),
             since: Utc::now(),
         });

@@ -341,6 +341,28 @@ mod tests {
     }
 
     #[test]
+    fn a_held_back_new_head_gets_its_status_while_the_running_one_keeps_its_deployment() {
+        let (environment, template) = (environment(Some(2)), template(ForgeKind::Github));
+        let mut running = status(Phase::Ready);
+        running.waiting = Some(WaitingCommit {
+            sha: "1f2e3d4c5b6a79881f2e3d4c5b6a79881f2e3d4c".into(),
+            reason: crate::model::crd::WaitingReason::AwaitingChecks,
+            message: "waiting for `build`".into(),
+            ..Default::default()
+        });
+        let plan = plan_report(&environment, &template, &running, &Default::default(), None);
+        let waiting = plan.waiting.as_ref().expect("the new head's status");
+        assert_eq!(waiting.commit, "1f2e3d4c5b6a79881f2e3d4c5b6a79881f2e3d4c");
+        assert_eq!(waiting.state, CommitState::Pending);
+        let deploy = plan.deploy.as_ref().expect("the running head's deployment");
+        assert_eq!(deploy.status.commit, HEAD);
+
+        let sent = after(&plan, ForgeReport::default());
+        let again = plan_report(&environment, &template, &running, &sent, None);
+        assert_eq!((again.waiting, again.deploy), (None, None), "sent once");
+    }
+
+    #[test]
     fn a_branch_environment_has_no_comment() {
         let (environment, template) = (environment(None), template(ForgeKind::Github));
         let plan = plan_report(
@@ -378,6 +400,18 @@ mod tests {
             &record,
         );
         assert_eq!(gitlab.retire, Some(Retire::GitlabEnvironment(9)));
+
+        let branch = plan_removal(
+            &self::environment(None),
+            &template(ForgeKind::Github),
+            "branch deleted",
+            &ForgeReport::default(),
+        );
+        assert_eq!(
+            branch,
+            RemovalPlan::default(),
+            "nothing to retire, no comment"
+        );
 
         let heard = ForgeReport {
             destroyed: true,

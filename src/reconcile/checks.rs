@@ -14,7 +14,7 @@ use std::time::Duration;
 use chrono::{DateTime, TimeDelta, Utc};
 
 use crate::model::crd::{
-    CheckState, PreviewEnvironment, PreviewTemplate, WaitForChecks, WaitingCommit,
+    CheckState, PreviewEnvironment, PreviewTemplate, WaitForChecks, WaitingCommit, WaitingReason,
 };
 use crate::model::durations::template_duration;
 
@@ -57,7 +57,7 @@ pub fn admission(
         return Admission::Held(Held {
             commit: WaitingCommit {
                 sha: head.clone(),
-                reason: "Skipped".into(),
+                reason: WaitingReason::Skipped,
                 message: format!("No preview for commit `{short}`: {}.", skip.reason),
                 since,
             },
@@ -67,11 +67,11 @@ pub fn admission(
     let Some(wait) = &template.spec.triggers.wait_for_checks else {
         return Admission::Open;
     };
-    let held = |reason: &str, message: String, recheck| {
+    let held = |reason: WaitingReason, message: String, recheck| {
         Admission::Held(Held {
             commit: WaitingCommit {
                 sha: head.clone(),
-                reason: reason.into(),
+                reason,
                 message,
                 since,
             },
@@ -83,7 +83,7 @@ pub fn admission(
             "The template's triggers.waitForChecks.timeout {:?} is not a duration like 45m or 2h: commit `{short}` is not deployed.",
             wait.timeout.as_deref().unwrap_or_default()
         );
-        return held("ChecksFailed", message, None);
+        return held(WaitingReason::ChecksFailed, message, None);
     };
     let results = results(environment, wait);
     let failed = listed(&results, |state| state == Some(CheckState::Failure), false);
@@ -91,7 +91,7 @@ pub fn admission(
         let message = format!(
             "Commit `{short}` is not deployed: CI reported a failure of {failed}. Push a fix or re-run the check, or comment `/preview deploy` to deploy it anyway."
         );
-        return held("ChecksFailed", message, None);
+        return held(WaitingReason::ChecksFailed, message, None);
     }
     if !results.is_empty() && results.iter().all(|(_, s)| *s == Some(CheckState::Success)) {
         return Admission::Open;
@@ -107,11 +107,11 @@ pub fn admission(
             "Commit `{short}` is not deployed: gave up after {} waiting for {waiting_for}. A late success still deploys it; comment `/preview deploy` to deploy it now.",
             minutes(timeout)
         );
-        return held("ChecksTimedOut", message, None);
+        return held(WaitingReason::ChecksTimedOut, message, None);
     }
     let message = format!("Commit `{short}` deploys once CI passes: waiting for {waiting_for}.");
     let recheck = (deadline - now).to_std().ok();
-    held("AwaitingChecks", message, recheck)
+    held(WaitingReason::AwaitingChecks, message, recheck)
 }
 
 fn timeout_of(wait: &WaitForChecks) -> Option<TimeDelta> {

@@ -14,7 +14,8 @@ use super::context::Context;
 use super::queue::{self, Admission};
 use super::status::held_status;
 use crate::model::crd::{
-    ForkPolicy, Phase, PreviewEnvironment, PreviewEnvironmentStatus, PreviewTemplate, WaitingCommit,
+    ForkPolicy, Phase, PreviewEnvironment, PreviewEnvironmentStatus, PreviewTemplate,
+    WaitingCommit, WaitingReason,
 };
 
 /// An environment that may not deploy now: the status to write, and when to look again.
@@ -65,19 +66,26 @@ fn awaiting_approval(
     let short_sha: String = environment.spec.source.head_sha.chars().take(7).collect();
     let (reason, message) = match template.spec.triggers.fork_policy {
         ForkPolicy::RequireApproval => (
-            "AwaitingApproval",
+            WaitingReason::AwaitingApproval,
             format!(
                 "This pull request comes from a fork: a maintainer must review it and comment `/preview approve {}` to deploy commit `{short_sha}`.",
                 environment.spec.source.head_sha
             ),
         ),
         _ => (
-            "ForkNotAllowed",
+            WaitingReason::ForkNotAllowed,
             "This pull request comes from a fork, and the template does not deploy forks (triggers.forkPolicy)."
                 .to_string(),
         ),
     };
-    let mut status = held_status(environment, Phase::Pending, reason, &message, None, now);
+    let mut status = held_status(
+        environment,
+        Phase::Pending,
+        reason.as_str(),
+        &message,
+        None,
+        now,
+    );
     let head = &environment.spec.source.head_sha;
     let since = environment
         .status
@@ -86,7 +94,7 @@ fn awaiting_approval(
         .unwrap_or(now);
     status.waiting = Some(WaitingCommit {
         sha: head.clone(),
-        reason: reason.into(),
+        reason,
         message,
         since,
     });

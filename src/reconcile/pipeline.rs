@@ -90,16 +90,15 @@ async fn hold_first_commit(
     held: Held,
 ) -> Result<Action, ReconcileError> {
     let commit = held.commit;
-    let (phase, reason) = match commit.reason.as_str() {
-        "ChecksTimedOut" => (Phase::Degraded, "ChecksTimedOut"),
-        "ChecksFailed" => (Phase::Degraded, "ChecksFailed"),
-        "Skipped" => (Phase::Pending, "Skipped"),
-        _ => (Phase::Pending, "AwaitingChecks"),
+    let phase = if commit.failed() {
+        Phase::Degraded
+    } else {
+        Phase::Pending
     };
     let mut status = held_status(
         environment,
         phase,
-        reason,
+        commit.reason.as_str(),
         &commit.message,
         None,
         Utc::now(),

@@ -272,7 +272,10 @@ async fn benchmark(kind: Forge) {
     };
 
     let started = Instant::now();
-    let report = sweeper.sweep(&forge_clients, now).await.expect("the sweep runs");
+    let report = sweeper
+        .sweep(&forge_clients, now)
+        .await
+        .expect("the sweep runs");
     let elapsed = started.elapsed();
 
     let mut by_reason: HashMap<Reason, usize> = HashMap::new();
@@ -327,7 +330,10 @@ async fn benchmark(kind: Forge) {
     // A second sweep: the pages of open PRs are unchanged; GitHub answers 304 (GitLab's lists
     // carry no ETag, so every page is read again).
     let started = Instant::now();
-    let second = sweeper.sweep(&forge_clients, now).await.expect("the sweep runs");
+    let second = sweeper
+        .sweep(&forge_clients, now)
+        .await
+        .expect("the sweep runs");
     let elapsed = started.elapsed();
     let not_modified = metrics_outcome(&metrics, kind.kind(), "not_modified");
     assert!(second.deleted.is_empty(), "{second:?}");

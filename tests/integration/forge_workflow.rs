@@ -91,7 +91,7 @@ async fn wait_held(
         || async {
             let environment = environments.get(name).await.ok()?;
             let waiting = environment.status.as_ref()?.waiting.as_ref()?;
-            (waiting.sha == sha && waiting.reason == reason).then_some(environment)
+            (waiting.sha == sha && waiting.reason.as_str() == reason).then_some(environment)
         },
     )
     .await
@@ -123,7 +123,7 @@ async fn a_new_commit_waits_for_its_checks_while_the_previous_one_keeps_running(
         let name = harness.open_pull_request(2, FIRST).await;
         let first = wait_for_phase(&harness.environments, &name, Phase::Pending, Duration::from_secs(30)).await;
         let status = first.status.unwrap();
-        assert_eq!(status.waiting.unwrap().reason, "AwaitingChecks");
+        assert_eq!(status.waiting.unwrap().reason.as_str(), "AwaitingChecks");
         assert_eq!(status.namespace, None, "nothing deployed");
         comment_says(&forge, &name, "waiting for `build-image` (not reported yet)").await;
         commit_status_says(&forge, FIRST, "\"pending\"").await;
@@ -667,7 +667,7 @@ async fn a_docs_only_push_or_a_skip_preview_commit_is_not_deployed_and_the_comme
         assert_eq!((code, answer["outcome"].as_str()), (202, Some("accepted")), "{answer}");
         harness.poke_and_wait_for_a_reconcile(&name, 1).await;
         let still = harness.environments.get(&name).await.unwrap();
-        assert_eq!(still.status.unwrap().waiting.map(|w| w.reason).as_deref(), Some("Skipped"));
+        assert_eq!(still.status.unwrap().waiting.map(|w| w.reason.as_str()), Some("Skipped"));
 
         // `[skip preview]` in the message skips a code change too; a plain code push deploys.
         harness.signed("push", "p-marked", &push_of(THIRD, &["src/app.rs"], "WIP [skip preview]", 1557933700)).await;

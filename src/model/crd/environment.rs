@@ -301,7 +301,8 @@ pub struct WaitingCommit {
     pub sha: String,
     /// `AwaitingApproval`, `ForkNotAllowed`, `AwaitingChecks`, `ChecksFailed`,
     /// `ChecksTimedOut` or `Skipped`.
-    pub reason: String,
+    #[schemars(with = "String")]
+    pub reason: WaitingReason,
     /// A sentence for people: what it waits for, or what failed.
     pub message: String,
     /// When previewd first held this commit back (the checks' timeout counts from here).
@@ -312,13 +313,45 @@ impl WaitingCommit {
     /// Whether its checks failed or timed out: it stays held back until a new push, a new
     /// result or `/preview deploy`, and its commit status says failure.
     pub fn failed(&self) -> bool {
-        matches!(self.reason.as_str(), "ChecksFailed" | "ChecksTimedOut")
+        matches!(
+            self.reason,
+            WaitingReason::ChecksFailed | WaitingReason::ChecksTimedOut
+        )
     }
 
     /// Whether it is not to be deployed at all (`[skip preview]`, path filters): its commit
     /// status says success, and the comment says no preview.
     pub fn skipped(&self) -> bool {
-        self.reason == "Skipped"
+        self.reason == WaitingReason::Skipped
+    }
+}
+
+/// Why a head commit is held back. Written as its name (`status.waiting.reason`, and the
+/// `Ready` condition's reason), so the CRD says `string` as it did before this was a type.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
+pub enum WaitingReason {
+    /// A fork's commit waits for `/preview approve`.
+    #[default]
+    AwaitingApproval,
+    /// The template does not deploy forks.
+    ForkNotAllowed,
+    AwaitingChecks,
+    ChecksFailed,
+    ChecksTimedOut,
+    /// `[skip preview]` or path filters: nothing to deploy.
+    Skipped,
+}
+
+impl WaitingReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WaitingReason::AwaitingApproval => "AwaitingApproval",
+            WaitingReason::ForkNotAllowed => "ForkNotAllowed",
+            WaitingReason::AwaitingChecks => "AwaitingChecks",
+            WaitingReason::ChecksFailed => "ChecksFailed",
+            WaitingReason::ChecksTimedOut => "ChecksTimedOut",
+            WaitingReason::Skipped => "Skipped",
+        }
     }
 }
 

@@ -63,7 +63,7 @@ fn a_template_without_checks_never_holds_a_commit() {
 fn the_head_waits_until_every_named_check_passed_for_it() {
     let template = waiting_template(&["build", "lint"], None);
     let waiting = held(admission(&with_checks(&[]), &template, now()));
-    assert_eq!(waiting.commit.reason, "AwaitingChecks");
+    assert_eq!(waiting.commit.reason, WaitingReason::AwaitingChecks);
     assert_eq!(waiting.commit.sha, HEAD);
     assert_eq!(
         waiting.commit.message,
@@ -104,7 +104,7 @@ fn a_failed_check_holds_the_commit_until_it_is_re_run_or_waived() {
     let template = waiting_template(&["build", "lint"], None);
     let failed = with_checks(&[("build", HEAD, Failure), ("lint", HEAD, Pending)]);
     let waiting = held(admission(&failed, &template, now()));
-    assert_eq!(waiting.commit.reason, "ChecksFailed");
+    assert_eq!(waiting.commit.reason, WaitingReason::ChecksFailed);
     assert!(waiting.commit.failed());
     assert!(
         waiting
@@ -145,7 +145,7 @@ fn every_check_mode_needs_at_least_one_and_all_of_them_passed() {
     let running = with_checks(&[("pipeline", HEAD, Pending), ("old", OLD, Failure)]);
     assert_eq!(
         held(admission(&running, &template, now())).commit.reason,
-        "AwaitingChecks"
+        WaitingReason::AwaitingChecks
     );
     let passed = with_checks(&[("pipeline", HEAD, Success), ("old", OLD, Failure)]);
     assert_eq!(admission(&passed, &template, now()), Admission::Open);
@@ -168,7 +168,7 @@ fn the_timeout_counts_from_when_the_commit_was_first_held() {
         &template,
         now() + TimeDelta::minutes(30),
     ));
-    assert_eq!(timed_out.commit.reason, "ChecksTimedOut");
+    assert_eq!(timed_out.commit.reason, WaitingReason::ChecksTimedOut);
     assert_eq!(timed_out.commit.since, now());
     assert!(
         timed_out
@@ -205,7 +205,7 @@ fn a_commit_whose_deploy_began_is_not_held_again_by_a_re_run() {
 fn a_bad_timeout_or_hostile_names_give_a_clear_message() {
     let bad = waiting_template(&["build"], Some("soon"));
     let waiting = held(admission(&with_checks(&[]), &bad, now()));
-    assert_eq!(waiting.commit.reason, "ChecksFailed");
+    assert_eq!(waiting.commit.reason, WaitingReason::ChecksFailed);
     assert!(
         waiting
             .commit
@@ -241,7 +241,7 @@ fn a_skipped_head_is_held_with_or_without_waiting_for_checks_until_deploy_is_ask
     });
     for template in [template(WEB_TEMPLATE), waiting_template(&["build"], None)] {
         let skipped = held(admission(&environment, &template, now()));
-        assert_eq!(skipped.commit.reason, "Skipped");
+        assert_eq!(skipped.commit.reason, WaitingReason::Skipped);
         assert!(skipped.commit.skipped() && !skipped.commit.failed());
         assert_eq!(
             skipped.commit.message,
