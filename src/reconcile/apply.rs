@@ -6,7 +6,7 @@
 use serde_json::Value;
 
 use super::context::Context;
-use super::error::{ReconcileError, Refusal, Stop};
+use super::error::{ReconcileError, Refusal, RefusalReason, Stop};
 use crate::cluster::applier::ApplyError;
 
 /// Applies `manifests`; returns how many were sent. The API server refusing an object's content
@@ -27,7 +27,7 @@ pub(super) async fn apply(
 /// The refusal an apply the API server refused becomes (`ApplyRefused`, retried with backoff).
 pub(super) fn refused(error: ApplyError) -> Refusal {
     Refusal {
-        reason: "ApplyRefused",
+        reason: RefusalReason::ApplyRefused,
         message: format!("the API server refused {error}"),
         retry: Some(Box::new(ReconcileError::Apply(error))),
     }

@@ -18,7 +18,7 @@ use kube::api::{Api, PostParams};
 use kube::{Resource, ResourceExt};
 
 use super::context::Context;
-use super::error::{ReconcileError, Refusal, Stop};
+use super::error::{ReconcileError, Refusal, RefusalReason, Stop};
 use super::namespace::namespace_object;
 use crate::cluster::observed::ObjectKey;
 use crate::model::crd::PreviewEnvironment;
@@ -106,7 +106,7 @@ async fn create(
 
 fn conflict(namespace: &str) -> Refusal {
     Refusal::new(
-        "NamespaceConflict",
+        RefusalReason::NamespaceConflict,
         format!(
             "namespace {namespace} already exists and previewd did not create it for this environment: nothing is applied there, and it is never deleted by previewd"
         ),

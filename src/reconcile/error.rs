@@ -37,9 +37,10 @@ pub enum ReconcileError {
     NamespaceTerminating(String),
     #[error("finalizer: {0}")]
     Finalizer(#[source] Box<kube::runtime::finalizer::Error<ReconcileError>>),
-    /// A manifest engine (Helm) could not be run: missing, or no room for its folder.
+    /// A manifest engine (Helm) could not be run (missing, or no room for its folder), or a
+    /// chart repository did not answer.
     #[error("running a manifest engine: {0}")]
-    Engine(String),
+    Engine(#[source] crate::engines::EngineError),
     /// The status was written; only the report to the forge failed (retried with backoff).
     #[error("reporting to the forge: {0}")]
     Forge(#[source] ForgeCallError),
@@ -75,18 +76,75 @@ impl ReconcileError {
 }
 
 /// Why an environment cannot be deployed as asked: the reason (a `Ready=False` condition
-/// reason, CamelCase) and a message that names the object, file or rule.
+/// reason) and a message that names the object, file or rule.
 #[derive(Debug)]
 pub struct Refusal {
-    pub reason: &'static str,
+    pub reason: RefusalReason,
     pub message: String,
     /// Set when the refusal also fails the reconcile, so that it is retried with backoff (the
     /// API server refused an object: a template edit or a cluster change may fix it).
     pub retry: Option<Box<ReconcileError>>,
 }
 
+/// The kinds of refusal, each written as its name: the `Ready` condition's reason, which
+/// alerts, dashboards and `kubectl wait` may select on: renaming one is a breaking change.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RefusalReason {
+    TemplateNotFound,
+    /// The templates could not be rendered (a template error, a bad value, an engine failure).
+    RenderFailed,
+    /// The render asks for something templates may not create (`plan/guard.rs`).
+    GuardRejected,
+    /// An object breaks the content policy (`plan/policy/`).
+    PolicyRejected,
+    CRDsNotInstalled,
+    TooManyObjects,
+    /// Another environment holds the URL host.
+    HostTaken,
+    ChartInvalid,
+    /// The chart repository could not be reached (retried).
+    ChartUnavailable,
+    ManifestsUnavailable,
+    ManifestsTooLarge,
+    SecretNotShared,
+    SecretUnavailable,
+    NamespaceConflict,
+    KindNotServed,
+    /// The API server refused an object (retried).
+    ApplyRefused,
+}
+
+impl RefusalReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RefusalReason::TemplateNotFound => "TemplateNotFound",
+            RefusalReason::RenderFailed => "RenderFailed",
+            RefusalReason::GuardRejected => "GuardRejected",
+            RefusalReason::PolicyRejected => "PolicyRejected",
+            RefusalReason::CRDsNotInstalled => "CRDsNotInstalled",
+            RefusalReason::TooManyObjects => "TooManyObjects",
+            RefusalReason::HostTaken => "HostTaken",
+            RefusalReason::ChartInvalid => "ChartInvalid",
+            RefusalReason::ChartUnavailable => "ChartUnavailable",
+            RefusalReason::ManifestsUnavailable => "ManifestsUnavailable",
+            RefusalReason::ManifestsTooLarge => "ManifestsTooLarge",
+            RefusalReason::SecretNotShared => "SecretNotShared",
+            RefusalReason::SecretUnavailable => "SecretUnavailable",
+            RefusalReason::NamespaceConflict => "NamespaceConflict",
+            RefusalReason::KindNotServed => "KindNotServed",
+            RefusalReason::ApplyRefused => "ApplyRefused",
+        }
+    }
+}
+
+impl std::fmt::Display for RefusalReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 impl Refusal {
-    pub fn new(reason: &'static str, message: impl Into<String>) -> Self {
+    pub fn new(reason: RefusalReason, message: impl Into<String>) -> Self {
         Self {
             reason,
             message: message.into(),

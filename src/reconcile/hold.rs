@@ -11,6 +11,7 @@ use kube::ResourceExt;
 use kube::runtime::reflector::ObjectRef;
 
 use super::context::Context;
+use super::error::RefusalReason;
 use super::queue::{self, Admission};
 use super::status::held_status;
 use crate::model::crd::{
@@ -137,10 +138,11 @@ pub fn start_queued(environment: &PreviewEnvironment, context: &Context) {
     }
     let me = ObjectRef::from_obj(environment);
     for other in context.caches.environments.state() {
-        let host_taken = other
-            .status
-            .as_ref()
-            .is_some_and(|s| s.conditions.iter().any(|c| c.reason == "HostTaken"));
+        let host_taken = other.status.as_ref().is_some_and(|s| {
+            s.conditions
+                .iter()
+                .any(|c| c.reason == RefusalReason::HostTaken.as_str())
+        });
         let reference = ObjectRef::from_obj(&*other);
         if host_taken && reference != me {
             let _ = context.reconcile_trigger.send(reference);

@@ -24,7 +24,7 @@ use kube::runtime::reflector::ObjectRef;
 
 use super::checks::{self, Admission, Held};
 use super::context::{Context, EnvironmentRef};
-use super::error::{ReconcileError, Refusal, Stop};
+use super::error::{ReconcileError, Refusal, RefusalReason, Stop};
 use super::hold::{hold, start_queued};
 use super::metrics::Observations;
 use super::plan::{Limits, Plan, host_claims, plan_rendered, templates_request};
@@ -191,7 +191,7 @@ fn refuse_a_taken_host(
         return Ok(());
     };
     Err(Refusal::new(
-        "HostTaken",
+        RefusalReason::HostTaken,
         format!(
             "the URL host {host:?} is held by environment {}/{} (a pull request and a branch of the same name, or two forks' branches, render one host): it keeps it; this one deploys once that one is gone, or with a url.host that tells them apart (e.g. with {{{{ pr }}}})",
             holder.metadata.namespace.as_deref().unwrap_or_default(),
@@ -250,7 +250,7 @@ pub(super) async fn render_and_plan(
     .await;
     planned.unwrap_or_else(|stopped| {
         Err(Refusal::new(
-            "RenderFailed",
+            RefusalReason::RenderFailed,
             format!("rendering stopped unexpectedly, a bug in previewd: {stopped}"),
         ))
     })
@@ -399,7 +399,7 @@ async fn refuse(
 ) -> Result<Action, ReconcileError> {
     let mut status = refused_status(
         environment,
-        refusal.reason,
+        refusal.reason.as_str(),
         &refusal.message,
         namespace,
         Utc::now(),

@@ -8,7 +8,7 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use kube::{Api, ResourceExt};
 
 use super::context::Context;
-use super::error::Refusal;
+use super::error::{Refusal, RefusalReason};
 use super::renders::renderer::{Renderer, unavailable};
 use crate::cluster::errors::in_words;
 use crate::model::crd::{InlineManifest, ManifestSource, PreviewEnvironment, PreviewTemplate};
@@ -20,7 +20,7 @@ pub fn template(
 ) -> Result<Arc<PreviewTemplate>, Refusal> {
     context.template_of(environment).ok_or_else(|| {
         Refusal::new(
-            "TemplateNotFound",
+            RefusalReason::TemplateNotFound,
             format!(
                 "PreviewTemplate {:?} not found in namespace {:?}",
                 environment.spec.template,

@@ -23,7 +23,7 @@ use kube::{Api, ResourceExt};
 use serde_json::{Value, json};
 
 use super::context::Context;
-use super::error::{ReconcileError, Refusal, Stop};
+use super::error::{ReconcileError, Refusal, RefusalReason, Stop};
 use super::plan::Plan;
 use super::plan::render::RenderedObject;
 use crate::cluster::observed::ObjectKey;
@@ -51,7 +51,7 @@ pub async fn add_copies(
         let source = read_source(context, source_namespace, &copy.name).await?;
         if !shared_with(&source, &template_namespace) {
             return Err(Stop::Refused(Refusal::new(
-                "SecretNotShared",
+                RefusalReason::SecretNotShared,
                 format!(
                     "Secret {source_namespace}/{} is not shared with templates in namespace {template_namespace:?}: its owner adds the annotation {COPY_ANNOTATION}: \"{template_namespace}\" to allow the copy; nothing was applied",
                     copy.name
@@ -69,7 +69,7 @@ async fn read_source(context: &Context, namespace: &str, name: &str) -> Result<S
     match api.get_opt(name).await {
         Ok(Some(secret)) => Ok(secret),
         Ok(None) => Err(Stop::Refused(Refusal {
-            reason: "SecretUnavailable",
+            reason: RefusalReason::SecretUnavailable,
             message: format!(
                 "Secret {namespace}/{name}, which {SOURCE}.copy names, does not exist; nothing was applied"
             ),
@@ -78,7 +78,7 @@ async fn read_source(context: &Context, namespace: &str, name: &str) -> Result<S
             )))),
         })),
         Err(kube::Error::Api(status)) if status.code == 403 => Err(Stop::Refused(Refusal {
-            reason: "SecretUnavailable",
+            reason: RefusalReason::SecretUnavailable,
             message: format!(
                 "previewd may not read Secrets in namespace {namespace} (add it to the chart's rbac.secretNamespaces), so it cannot copy {name}; nothing was applied"
             ),
@@ -174,7 +174,7 @@ fn generated(
     let length = wanted.length.unwrap_or(DEFAULT_LENGTH);
     if !LENGTHS.contains(&length) {
         return Err(Refusal::new(
-            "RenderFailed",
+            RefusalReason::RenderFailed,
             format!(
                 "{SOURCE}.generate {}: length {length} is outside {}..={}",
                 wanted.name,
@@ -189,7 +189,7 @@ fn generated(
             Some(value) => value.clone(),
             None => BASE64.encode(random_text(length).map_err(|e| {
                 Refusal::new(
-                    "RenderFailed",
+                    RefusalReason::RenderFailed,
                     format!("no randomness from the system: {e}"),
                 )
             })?),
@@ -240,7 +240,7 @@ fn add(plan: &mut Plan, object: RenderedObject) -> Result<(), Stop> {
         .find(|o| ObjectKey::of(&o.object) == key)
     {
         return Err(Stop::Refused(Refusal::new(
-            "GuardRejected",
+            RefusalReason::GuardRejected,
             format!(
                 "Secret/{} (from {}) has the name of a Secret that {SOURCE} puts into the environment; nothing was applied",
                 key.name, clash.manifest

@@ -11,7 +11,7 @@ use serde_json::Value;
 
 use super::apply::{apply, refused};
 use super::context::Context;
-use super::error::{ReconcileError, Refusal, Stop};
+use super::error::{ReconcileError, Refusal, RefusalReason, Stop};
 use super::plan::Plan;
 use super::plan::render::RenderedObject;
 use super::status::Progress;
@@ -70,7 +70,7 @@ pub(super) async fn check_served(plan: &Plan, context: &Context) -> Result<(), S
             });
         }
         return Err(Stop::Refused(Refusal {
-            reason: "KindNotServed",
+            reason: RefusalReason::KindNotServed,
             message: format!(
                 "this cluster does not serve {api_version} {kind}, which {kind} {} (from {}) uses: install the CRD that defines it, or use an apiVersion the cluster serves; nothing was applied",
                 failed.name, rendered.manifest
@@ -83,7 +83,7 @@ pub(super) async fn check_served(plan: &Plan, context: &Context) -> Result<(), S
 
 fn cluster_scoped(rendered: &RenderedObject) -> Refusal {
     Refusal::new(
-        "GuardRejected",
+        RefusalReason::GuardRejected,
         format!(
             "{}/{} (from {}): {} {} is cluster-scoped in this cluster; templates may create only namespaced objects, in the environment's namespace (remove it from --template-kinds); nothing was applied",
             rendered.kind(),

@@ -89,8 +89,18 @@ async fn a_hundred_deliveries_at_once_with_duplicates_out_of_order_end_at_the_ne
             let newest = head(70 + number, CHANGES_PER_PULL_REQUEST - 1);
             wait_ready_with_sha(&harness.environments, &name, &newest).await;
         }
-        // Nothing went back afterwards, and nothing was made twice.
-        tokio::time::sleep(Duration::from_secs(2)).await;
+        // Nothing went back afterwards, and nothing was made twice. The marker: each PR's last
+        // report, the commit status of its newest head (sent after its comment); a second
+        // comment or an older head would have come before it.
+        for number in 1..=PULL_REQUESTS {
+            let newest = head(70 + number, CHANGES_PER_PULL_REQUEST - 1);
+            let status_path = format!("/statuses/{newest}");
+            eventually("the newest head's commit status", Duration::from_secs(60), || async {
+                let sent = sent(&forge, "POST", &status_path, "success").await;
+                (sent >= 1).then_some(())
+            })
+            .await;
+        }
         let environments = harness.environments.list(&Default::default()).await.unwrap().items;
         assert_eq!(environments.len(), PULL_REQUESTS as usize, "one environment per PR");
         for environment in &environments {
@@ -208,7 +218,12 @@ async fn a_forge_that_hangs_then_fails_then_recovers_never_blocks_deploying_and_
             "comment created {:.1} s after the forge recovered",
             recovered_at.elapsed().as_secs_f64()
         );
-        tokio::time::sleep(Duration::from_secs(3)).await;
+        // The report's last call, after the comment: a second comment would have come first.
+        let status_path = "/statuses/ec26c3e57ca3a959ca5aad62de7213c562f8c821";
+        eventually("the commit status", Duration::from_secs(60), || async {
+            (sent(&forge, "POST", status_path, "success").await >= 1).then_some(())
+        })
+        .await;
         assert_eq!(
             sent(&forge, "POST", "/issues/2/comments", "").await,
             1,

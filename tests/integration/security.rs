@@ -420,26 +420,41 @@ subjects: [{kind: ServiceAccount, name: default, namespace: kube-system}]
     .await;
 }
 
+/// A connection to the webhook server at `address` that has sent a delivery's headers and the
+/// start of its body, and then stalls (slowloris).
+async fn stalled_client(address: &str) -> tokio::net::TcpStream {
+    use tokio::io::AsyncWriteExt;
+    let mut stalled = tokio::net::TcpStream::connect(address).await.unwrap();
+    let head = format!(
+        "POST /webhooks/github HTTP/1.1\r\nhost: {address}\r\nx-github-event: pull_request\r\ncontent-type: application/json\r\ncontent-length: 100000\r\n\r\n{{\"action\":"
+    );
+    stalled.write_all(head.as_bytes()).await.unwrap();
+    stalled
+}
+
 /// A client that sends headers and part of a body, then stalls (slowloris): it gets 408 once
 /// its 10 s are up, and a delivery sent meanwhile is handled at once.
 #[tokio::test]
 async fn a_stalled_client_holds_a_turn_for_ten_seconds_at_most() {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::io::AsyncReadExt;
     in_namespace("security-slow-client", |client, ns| async move {
         install_template(&client, &ns, "github", REPOSITORY, None).await;
         let harness = Harness::start(&client, &ns, 2 << 20).await;
         let address = harness.base.trim_start_matches("http://").to_string();
-        let mut stalled = tokio::net::TcpStream::connect(&address).await.unwrap();
-        let head = format!(
-            "POST /webhooks/github HTTP/1.1\r\nhost: {address}\r\nx-github-event: pull_request\r\ncontent-type: application/json\r\ncontent-length: 100000\r\n\r\n{{\"action\":"
-        );
-        stalled.write_all(head.as_bytes()).await.unwrap();
+        let mut stalled = stalled_client(&address).await;
         let stalled_at = std::time::Instant::now();
 
         let (status, answer) = harness
-            .signed("pull_request", "meanwhile", &github_fixture("pull_request.opened.json"))
+            .signed(
+                "pull_request",
+                "meanwhile",
+                &github_fixture("pull_request.opened.json"),
+            )
             .await;
-        assert_eq!(status, 202, "a delivery is not held up by the stalled one: {answer}");
+        assert_eq!(
+            status, 202,
+            "a delivery is not held up by the stalled one: {answer}"
+        );
 
         let mut reply = vec![0u8; 4096];
         let read = tokio::time::timeout(Duration::from_secs(60), stalled.read(&mut reply))
@@ -469,26 +484,18 @@ async fn a_stalled_client_holds_a_turn_for_ten_seconds_at_most() {
 #[tokio::test]
 async fn a_delivery_that_finds_64_in_flight_for_ten_seconds_gets_503_busy() {
     use previewd::webhook::server::{MAX_DELIVERIES_IN_FLIGHT, SLOW_CLIENT_TIMEOUT};
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::io::AsyncReadExt;
     in_namespace("security-busy", |client, ns| async move {
         install_template(&client, &ns, "github", REPOSITORY, None).await;
         let harness = Harness::start(&client, &ns, 2 << 20).await;
         let address = harness.base.trim_start_matches("http://").to_string();
-        let stall = |address: String| async move {
-            let mut stalled = tokio::net::TcpStream::connect(&address).await.unwrap();
-            let head = format!(
-                "POST /webhooks/github HTTP/1.1\r\nhost: {address}\r\nx-github-event: pull_request\r\ncontent-type: application/json\r\ncontent-length: 100000\r\n\r\n{{"
-            );
-            stalled.write_all(head.as_bytes()).await.unwrap();
-            stalled
-        };
         let mut stalled = Vec::new();
         for _ in 0..MAX_DELIVERIES_IN_FLIGHT {
-            stalled.push(stall(address.clone()).await);
+            stalled.push(stalled_client(&address).await);
         }
         tokio::time::sleep(Duration::from_secs(2)).await;
         for _ in 0..MAX_DELIVERIES_IN_FLIGHT {
-            stalled.push(stall(address.clone()).await);
+            stalled.push(stalled_client(&address).await);
         }
         tokio::time::sleep(Duration::from_secs(2)).await;
 

@@ -24,7 +24,7 @@ use std::collections::BTreeMap;
 
 use serde_json::Value;
 
-use super::error::Refusal;
+use super::error::{Refusal, RefusalReason};
 use crate::model::crd::{InlineManifest, PreviewEnvironment, PreviewTemplate};
 use crate::model::grants::OperatorPolicy;
 use crate::model::kinds::TemplateKinds;
@@ -123,7 +123,7 @@ pub fn templates_request(
 
 /// A broken template is not retried until it changes (or the slow resync).
 pub fn render_failed(error: render::RenderError) -> Refusal {
-    Refusal::new("RenderFailed", error.to_string())
+    Refusal::new(RefusalReason::RenderFailed, error.to_string())
 }
 
 /// Plans `environment` from its rendered templates and what its engines rendered
@@ -150,7 +150,7 @@ pub fn plan_rendered(
     refuse_crds(&objects)?;
     check_object_limit(objects.len(), limits.max_objects)?;
     let guarded = guard::check(&objects, namespace, &limits.kinds);
-    refuse_violations("GuardRejected", guarded)?;
+    refuse_violations(RefusalReason::GuardRejected, guarded)?;
     let scope = policy::Scope {
         namespace,
         url_host: &host,
@@ -158,7 +158,7 @@ pub fn plan_rendered(
         kinds: &limits.kinds,
     };
     let policy = policy::check(&objects, &template.spec.policy, &scope);
-    refuse_violations("PolicyRejected", policy)?;
+    refuse_violations(RefusalReason::PolicyRejected, policy)?;
     let previous = environment.status.clone().unwrap_or_default();
     let replicas_before_sleep = workloads::prepare(
         &mut objects,
@@ -190,7 +190,7 @@ pub fn plan_rendered(
 }
 
 /// Any violation refuses the whole render, with every violation in the message.
-fn refuse_violations(reason: &'static str, violations: Vec<Violation>) -> Result<(), Refusal> {
+fn refuse_violations(reason: RefusalReason, violations: Vec<Violation>) -> Result<(), Refusal> {
     if violations.is_empty() {
         return Ok(());
     }
@@ -215,7 +215,7 @@ fn refuse_crds(objects: &[RenderedObject]) -> Result<(), Refusal> {
         return Ok(());
     }
     Err(Refusal::new(
-        "CRDsNotInstalled",
+        RefusalReason::CRDsNotInstalled,
         format!(
             "the manifests contain CustomResourceDefinition {}: previewd never installs CRDs, which are cluster-wide; ask the cluster's operator to install them and allow their kinds (templateKinds), and leave them out of the preview (for a chart: skip its crds/ folder with a value, or move the CRDs to a chart of their own); nothing was applied",
             crds.join(", ")
@@ -227,7 +227,7 @@ fn refuse_crds(objects: &[RenderedObject]) -> Result<(), Refusal> {
 fn check_object_limit(count: usize, max_objects: usize) -> Result<(), Refusal> {
     if count > max_objects {
         return Err(Refusal::new(
-            "TooManyObjects",
+            RefusalReason::TooManyObjects,
             format!(
                 "the template renders {count} objects, more than the limit of {max_objects} per environment (--max-objects-per-environment); nothing was applied"
             ),

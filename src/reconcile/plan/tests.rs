@@ -4,7 +4,7 @@ use serde_json::Value;
 
 use super::{Limits, Manifests, Plan, plan};
 use crate::model::crd::PreviewEnvironment;
-use crate::reconcile::error::Refusal;
+use crate::reconcile::error::{Refusal, RefusalReason};
 use crate::reconcile::test_support::{WEB_ENVIRONMENT, WEB_TEMPLATE, environment, template};
 
 const NAMESPACE: &str = "preview-team-a-web-pr-2-abc123";
@@ -84,7 +84,7 @@ fn a_render_error_is_refused_with_the_manifest_and_line() {
     let broken = WEB_TEMPLATE.replace("{{ short_sha }}\", url", "{{ no_such_value }}\", url");
     let refusal =
         plan_web(&broken, 500, awake, no_live_replicas).expect_err("an undefined value is refused");
-    assert_eq!(refusal.reason, "RenderFailed");
+    assert_eq!(refusal.reason, RefusalReason::RenderFailed);
     assert!(
         refusal.message.starts_with("web.yaml line 4: "),
         "{}",
@@ -96,7 +96,7 @@ fn a_render_error_is_refused_with_the_manifest_and_line() {
 fn more_objects_than_the_limit_are_refused_and_nothing_is_planned() {
     let refusal = plan_web(WEB_TEMPLATE, 1, awake, no_live_replicas)
         .expect_err("two objects are over a limit of one");
-    assert_eq!(refusal.reason, "TooManyObjects");
+    assert_eq!(refusal.reason, RefusalReason::TooManyObjects);
     assert!(
         refusal
             .message
@@ -112,7 +112,7 @@ fn the_guard_refuses_a_cluster_scoped_object_and_names_it() {
     );
     let refusal = plan_web(&hostile, 500, awake, no_live_replicas)
         .expect_err("a ClusterRoleBinding is refused");
-    assert_eq!(refusal.reason, "GuardRejected");
+    assert_eq!(refusal.reason, RefusalReason::GuardRejected);
     assert!(
         refusal
             .message

@@ -10,7 +10,7 @@ use super::renderer::Renderer;
 use super::{counted, has_content, isolated, turn_owner};
 use crate::engines::helm::{Chart, HelmRender};
 use crate::model::crd::{HelmSource, InlineManifest, PreviewEnvironment, PreviewTemplate};
-use crate::reconcile::error::Refusal;
+use crate::reconcile::error::{Refusal, RefusalReason};
 
 /// The rendered objects of the template's chart, one manifest per source file; none when the
 /// template has no chart.
@@ -53,7 +53,7 @@ pub async fn render_chart(
 }
 
 fn invalid(message: impl Into<String>) -> Refusal {
-    Refusal::new("ChartInvalid", message)
+    Refusal::new(RefusalReason::ChartInvalid, message)
 }
 
 fn published<'a>(repository: &'a str, helm: &'a HelmSource) -> Result<Chart<'a>, Refusal> {
@@ -185,7 +185,7 @@ mod tests {
         assert!(refused.is_some_and(|m| m.contains("https://")));
         let unpinned = helm(Some("podinfo"), None);
         let refused = published("https://charts.example.com", &unpinned).err();
-        assert_eq!(refused.map(|r| r.reason), Some("ChartInvalid"));
+        assert_eq!(refused.map(|r| r.reason), Some(RefusalReason::ChartInvalid));
         for (name, version) in [
             ("--destination=/tmp", "1.0.0"),
             ("podinfo", "--untar"),
@@ -197,7 +197,7 @@ mod tests {
             let refused = published("https://charts.example.com", &hostile).err();
             assert_eq!(
                 refused.map(|r| r.reason),
-                Some("ChartInvalid"),
+                Some(RefusalReason::ChartInvalid),
                 "{name} {version}"
             );
         }

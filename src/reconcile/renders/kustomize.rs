@@ -9,7 +9,7 @@ use super::renderer::Renderer;
 use super::{counted, isolated, turn_owner};
 use crate::engines::kustomize::KustomizeRender;
 use crate::model::crd::{InlineManifest, KustomizeSource, PreviewEnvironment, PreviewTemplate};
-use crate::reconcile::error::Refusal;
+use crate::reconcile::error::{Refusal, RefusalReason};
 
 /// The overlay's objects as one manifest named after it; none when the template has no
 /// overlay.
@@ -62,7 +62,7 @@ fn folders(kustomize: &KustomizeSource) -> Result<(String, String), Refusal> {
             Ok((root.to_string(), overlay.to_string()))
         }
         _ => Err(Refusal::new(
-            "ManifestsUnavailable",
+            RefusalReason::ManifestsUnavailable,
             format!(
                 "kustomize.path {path:?} must be a folder inside kustomize.root {root:?} \
                  (the folder previewd reads)"
@@ -80,7 +80,12 @@ async fn on_top(
     renderer: &Renderer<'_>,
 ) -> Result<(Vec<Value>, Vec<Value>), Refusal> {
     let entries = |list: Result<Vec<Value>, serde_json::Error>| {
-        list.map_err(|e| Refusal::new("RenderFailed", format!("kustomize entries: {e}")))
+        list.map_err(|e| {
+            Refusal::new(
+                RefusalReason::RenderFailed,
+                format!("kustomize entries: {e}"),
+            )
+        })
     };
     let images = entries(kustomize.images.iter().map(serde_json::to_value).collect())?;
     let patches = entries(kustomize.patches.iter().map(serde_json::to_value).collect())?;

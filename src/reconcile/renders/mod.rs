@@ -13,7 +13,7 @@ pub mod isolated;
 mod kustomize;
 pub mod renderer;
 
-use super::error::{ReconcileError, Refusal};
+use super::error::{ReconcileError, Refusal, RefusalReason};
 use crate::engines::{EngineError, Rendered, process::RunError};
 use crate::model::crd::{InlineManifest, PreviewEnvironment, PreviewTemplate};
 use renderer::Renderer;
@@ -53,17 +53,17 @@ fn counted(
 /// may come back: both retried with backoff.
 fn engine_refusal(command: &str, error: EngineError) -> Refusal {
     let message = format!("{command}: {error}; nothing was applied");
-    match error {
-        EngineError::Run(RunError::NotStarted { .. }) | EngineError::Io(_) => Refusal {
-            retry: Some(Box::new(ReconcileError::Engine(error.to_string()))),
-            ..Refusal::new("RenderFailed", message)
-        },
+    let reason = match &error {
+        EngineError::Run(RunError::NotStarted { .. }) | EngineError::Io(_) => {
+            RefusalReason::RenderFailed
+        }
         // The chart repository may come back: retried with backoff, and said as such.
-        EngineError::Fetch(_) => Refusal {
-            retry: Some(Box::new(ReconcileError::Engine(error.to_string()))),
-            ..Refusal::new("ChartUnavailable", message)
-        },
-        _ => Refusal::new("RenderFailed", message),
+        EngineError::Fetch(_) => RefusalReason::ChartUnavailable,
+        _ => return Refusal::new(RefusalReason::RenderFailed, message),
+    };
+    Refusal {
+        retry: Some(Box::new(ReconcileError::Engine(error))),
+        ..Refusal::new(reason, message)
     }
 }
 

@@ -12,7 +12,7 @@ use crate::forge::client::{ForgeApiError, ForgeClient};
 use crate::forge::repository::{FolderFiles, RepositoryManifests};
 use crate::forge::template_client::TemplateClients;
 use crate::model::crd::{InlineManifest, PreviewTemplate};
-use crate::reconcile::error::Refusal;
+use crate::reconcile::error::{Refusal, RefusalReason};
 
 pub struct Renderer<'a> {
     pub engines: &'a Engines,
@@ -90,7 +90,7 @@ impl RepositoryFiles<'_> {
 }
 
 pub(in crate::reconcile) fn unavailable(message: impl Into<String>) -> Refusal {
-    Refusal::new("ManifestsUnavailable", message)
+    Refusal::new(RefusalReason::ManifestsUnavailable, message)
 }
 
 /// What a failed read of `path` at `head_sha` says on the environment.
@@ -98,11 +98,11 @@ fn repository_refusal(path: &str, head_sha: &str, error: ForgeApiError) -> Refus
     match error {
         // A commit never changes: nothing to retry until a new push.
         ForgeApiError::ManifestsTooLarge { .. } => Refusal::new(
-            "ManifestsTooLarge",
+            RefusalReason::ManifestsTooLarge,
             format!("reading {path} at {head_sha}: {error}; nothing was applied"),
         ),
         ForgeApiError::NotAFolder { .. } => Refusal::new(
-            "ManifestsUnavailable",
+            RefusalReason::ManifestsUnavailable,
             format!("reading {path} at {head_sha}: {error}; nothing was applied"),
         ),
         e => unavailable(format!("reading {path} at {head_sha}: {e}")),
