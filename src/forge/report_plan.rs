@@ -83,13 +83,15 @@ pub fn plan_report(
     prices: Option<&Prices>,
 ) -> ReportPlan {
     let source = &environment.spec.source;
-    let text = comment::render(&CommentInput {
-        environment: &marker_id(environment),
-        head_sha: &source.head_sha,
-        state: CommentState::Live(status),
-        expires_at: crate::model::clock::expires_at(environment, template),
-        last_command: crate::model::metadata::last_command_reply(environment),
-        prices,
+    let comment = comment_update(environment, record, |id| {
+        comment::render(&CommentInput {
+            environment: id,
+            head_sha: &source.head_sha,
+            state: CommentState::Live(status),
+            expires_at: crate::model::clock::expires_at(environment, template),
+            last_command: crate::model::metadata::last_command_reply(environment),
+            prices,
+        })
     });
     let context = format!("previewd/{}", template.name_any());
     let waiting = status
@@ -109,7 +111,7 @@ pub fn plan_report(
             .filter(|update| record.status_sha.as_deref() != Some(update.status.sha.as_str()))
     };
     ReportPlan {
-        comment: comment_update(environment, text, record),
+        comment,
         waiting,
         deploy,
     }
@@ -126,35 +128,37 @@ pub fn plan_removal(
     if record.destroyed {
         return RemovalPlan::default();
     }
-    let text = comment::render(&CommentInput {
-        environment: &marker_id(environment),
-        head_sha: &environment.spec.source.head_sha,
-        state: CommentState::Destroyed { reason },
-        expires_at: None,
-        last_command: None,
-        prices: None,
+    let comment = comment_update(environment, record, |id| {
+        comment::render(&CommentInput {
+            environment: id,
+            head_sha: &environment.spec.source.head_sha,
+            state: CommentState::Destroyed { reason },
+            expires_at: None,
+            last_command: None,
+            prices: None,
+        })
     });
     let retire = match template.spec.forge.kind {
         ForgeKind::Github => record.deployment_id.map(Retire::GithubDeployment),
         ForgeKind::Gitlab => record.environment_id.map(Retire::GitlabEnvironment),
     };
-    RemovalPlan {
-        comment: comment_update(environment, text, record),
-        retire,
-    }
+    RemovalPlan { comment, retire }
 }
 
-/// The comment's update, if the environment is a PR/MR's and the text changed.
+/// The comment's update, if the environment is a PR/MR's and the text `render` gives for its
+/// marker id changed. A branch environment has no comment: nothing is rendered for it.
 fn comment_update(
     environment: &PreviewEnvironment,
-    text: String,
     record: &ForgeReport,
+    render: impl FnOnce(&str) -> String,
 ) -> Option<CommentUpdate> {
     let number = environment.spec.source.pull_request?;
+    let id = marker_id(environment);
+    let text = render(&id);
     let sha = sha_hex(&text);
-    (record.comment_sha.as_deref() != Some(sha.as_str())).then(|| CommentUpdate {
+    (record.comment_sha.as_deref() != Some(sha.as_str())).then_some(CommentUpdate {
         number,
-        environment: marker_id(environment),
+        environment: id,
         text,
         sha,
     })
@@ -233,7 +237,7 @@ fn describe(status: &PreviewEnvironmentStatus) -> String {
     text.chars().take(140).collect()
 }
 
-pub fn sha_hex(text: &str) -> String {
+fn sha_hex(text: &str) -> String {
     hex::encode(Sha256::digest(text.as_bytes()))
 }
 
