@@ -151,6 +151,33 @@ pub fn project(server: &Value, manifest: &Value) -> Value {
 }
 
 type Objects = HashMap<ObjectKey, ObservedObject>;
+
+/// Where one kind's watch is: the list it is reading, and whether its first list is in.
+struct KindWatch {
+    resource: ApiResource,
+    /// The list being read (between `Init` and `InitDone`).
+    initial: Option<Objects>,
+    /// Told when the first list is in; `None` afterwards, so a later list is a re-list.
+    ready: Option<tokio::sync::oneshot::Sender<()>>,
+}
+
+impl KindWatch {
+    fn new(resource: ApiResource, ready: tokio::sync::oneshot::Sender<()>) -> Self {
+        Self {
+            resource,
+            initial: None,
+            ready: Some(ready),
+        }
+    }
+}
+
+/// A watched object as JSON, with the apiVersion and kind a dynamic watch leaves out.
+fn to_value(object: &DynamicObject, resource: &ApiResource) -> Option<Value> {
+    let mut value = serde_json::to_value(object).ok()?;
+    value["apiVersion"] = Value::String(resource.api_version.clone());
+    value["kind"] = Value::String(resource.kind.clone());
+    Some(value)
+}
 /// One watch per (apiVersion, kind); the cell is set once its initial list is in.
 type Watches = HashMap<(String, String), Arc<tokio::sync::OnceCell<()>>>;
 
@@ -210,10 +237,7 @@ impl ObservedStore {
         let api: Api<DynamicObject> = Api::all_with(self.client.clone(), &resource);
         let config = watcher::Config::default().labels(&format!("{LABEL_MANAGED_BY}=previewd"));
         let mut events = watcher(api, config).boxed();
-        let mut ready = Some(ready);
-        let mut initial: Option<Objects> = None;
-        let same_kind =
-            |key: &ObjectKey| key.api_version == resource.api_version && key.kind == resource.kind;
+        let mut kind = KindWatch::new(resource, ready);
         loop {
             // The controller owns the trigger's receiver: once it is gone (this replica lost
             // the leader Lease, or is shutting down), nobody needs this watch any more.
@@ -225,52 +249,90 @@ impl ObservedStore {
                 _ = self.trigger.closed() => break,
             };
             match event {
-                Ok(watcher::Event::Init) => initial = Some(HashMap::new()),
-                Ok(watcher::Event::InitApply(object)) => {
-                    if let Some(value) = self.to_value(&object, &resource) {
-                        initial
-                            .get_or_insert_with(HashMap::new)
-                            .insert(ObjectKey::of(&value), ObservedObject::from_server(&value));
-                    }
-                }
-                Ok(watcher::Event::InitDone) => {
-                    let fresh = initial.take().unwrap_or_default();
-                    {
-                        let mut objects = self.objects.write().expect("store lock");
-                        objects.retain(|key, _| !same_kind(key));
-                        objects.extend(fresh);
-                    }
-                    if let Some(ready) = ready.take() {
-                        let _ = ready.send(());
-                    }
-                }
-                Ok(watcher::Event::Apply(object)) => {
-                    if let Some(value) = self.to_value(&object, &resource) {
-                        self.upsert(&value, true);
-                    }
-                }
-                Ok(watcher::Event::Delete(object)) => {
-                    if let Some(value) = self.to_value(&object, &resource) {
-                        self.objects
-                            .write()
-                            .expect("store lock")
-                            .remove(&ObjectKey::of(&value));
-                        self.notify(&value);
-                    }
-                }
+                Ok(event) => self.on_event(&mut kind, event),
                 Err(e) => {
-                    tracing::warn!(kind = %resource.kind, error = %e, "watch interrupted; resuming");
+                    tracing::warn!(kind = %kind.resource.kind, error = %e, "watch interrupted; resuming");
                     tokio::time::sleep(Duration::from_secs(1)).await;
                 }
             }
         }
     }
 
-    fn to_value(&self, object: &DynamicObject, resource: &ApiResource) -> Option<Value> {
-        let mut value = serde_json::to_value(object).ok()?;
-        value["apiVersion"] = Value::String(resource.api_version.clone());
-        value["kind"] = Value::String(resource.kind.clone());
-        Some(value)
+    /// Takes one event of a kind's watch into the store, and triggers the reconciles of the
+    /// environments whose objects it changed.
+    fn on_event(&self, kind: &mut KindWatch, event: watcher::Event<DynamicObject>) {
+        match event {
+            watcher::Event::Init => kind.initial = Some(HashMap::new()),
+            watcher::Event::InitApply(object) => {
+                if let Some(value) = to_value(&object, &kind.resource) {
+                    kind.initial
+                        .get_or_insert_with(HashMap::new)
+                        .insert(ObjectKey::of(&value), ObservedObject::from_server(&value));
+                }
+            }
+            watcher::Event::InitDone => {
+                let fresh = kind.initial.take().unwrap_or_default();
+                let changed = self.replace_kind(&kind.resource, fresh);
+                match kind.ready.take() {
+                    Some(ready) => {
+                        let _ = ready.send(());
+                    }
+                    // A re-list (after a 410 or a broken watch) brings what the watch missed as
+                    // a list, not as events: it must trigger reconciles as events would, or a
+                    // status change inside the gap waits for the resync.
+                    None => changed.iter().for_each(|object| self.notify(object)),
+                }
+            }
+            watcher::Event::Apply(object) => {
+                if let Some(value) = to_value(&object, &kind.resource) {
+                    self.upsert(&value, true);
+                }
+            }
+            watcher::Event::Delete(object) => {
+                if let Some(value) = to_value(&object, &kind.resource) {
+                    self.objects
+                        .write()
+                        .expect("store lock")
+                        .remove(&ObjectKey::of(&value));
+                    self.notify(&value);
+                }
+            }
+        }
+    }
+
+    /// Replaces every object of one kind with a fresh list of it; returns the content of the
+    /// objects that appeared, went, or changed in health or content, so their environments can
+    /// hear of it. An object the store holds at a newer resourceVersion than the list (recorded
+    /// from an apply that finished after the list was read) is kept.
+    fn replace_kind(&self, resource: &ApiResource, fresh: Objects) -> Vec<Value> {
+        let same_kind =
+            |key: &ObjectKey| key.api_version == resource.api_version && key.kind == resource.kind;
+        let mut objects = self.objects.write().expect("store lock");
+        let mut old: Objects = HashMap::new();
+        objects.retain(|key, object| match same_kind(key) {
+            true => {
+                old.insert(key.clone(), object.clone());
+                false
+            }
+            false => true,
+        });
+        let mut changed = Vec::new();
+        for (key, listed) in fresh {
+            match old.remove(&key) {
+                Some(known) if known.resource_version > listed.resource_version => {
+                    objects.insert(key, known);
+                }
+                Some(known) if known.health == listed.health && known.digest == listed.digest => {
+                    objects.insert(key, listed);
+                }
+                _ => {
+                    changed.push(listed.content());
+                    objects.insert(key, listed);
+                }
+            }
+        }
+        changed.extend(old.values().map(ObservedObject::content));
+        changed
     }
 
     /// Records what the server returned for an apply, so the next reconcile need not wait for
@@ -375,6 +437,71 @@ mod tests {
         assert_ne!(project(&extra_port, &manifest), manifest);
         let removed = json!({"spec": {"ports": [{"port": 80}]}});
         assert_ne!(project(&removed, &manifest), manifest);
+    }
+
+    fn widget(resource_version: &str, ready: &str) -> DynamicObject {
+        serde_json::from_value(json!({
+            "apiVersion": "example.com/v1", "kind": "Widget",
+            "metadata": {"name": "cert", "namespace": "preview-pr-7", "resourceVersion": resource_version,
+                "labels": {LABEL_ENVIRONMENT: "pr-7", LABEL_ENVIRONMENT_NAMESPACE: "team"}},
+            "status": {"conditions": [{"type": "Ready", "status": ready, "reason": "Issuing"}]}}))
+        .unwrap()
+    }
+
+    fn list(store: &ObservedStore, kind: &mut KindWatch, objects: Vec<DynamicObject>) {
+        store.on_event(kind, watcher::Event::Init);
+        for object in objects {
+            store.on_event(kind, watcher::Event::InitApply(object));
+        }
+        store.on_event(kind, watcher::Event::InitDone);
+    }
+
+    /// A watch that breaks (a 410, a closed connection) lists its kind again; what changed in
+    /// the gap arrives in that list, and must reconcile the environment as an event would (a
+    /// Widget turning not-ready used to wait for the resync).
+    #[tokio::test]
+    async fn a_relist_triggers_the_environments_whose_objects_changed_in_the_gap() {
+        use kube::api::GroupVersionKind;
+        // Never contacted: the events are fed by hand.
+        crate::install_crypto_provider();
+        let config = kube::Config::new("http://127.0.0.1:9".parse().unwrap());
+        let (trigger, mut triggered) = tokio::sync::mpsc::unbounded_channel();
+        let store = ObservedStore::new(Client::try_from(config).unwrap(), trigger);
+        let resource = ApiResource::from_gvk(&GroupVersionKind::gvk("example.com", "v1", "Widget"));
+        let (ready, mut listed) = tokio::sync::oneshot::channel();
+        let mut kind = KindWatch::new(resource, ready);
+        let key = ObjectKey::of(&to_value(&widget("5", "True"), &kind.resource).unwrap());
+        let environment = ObjectRef::<PreviewEnvironment>::new("pr-7").within("team");
+
+        // The first list fills the store and triggers nothing (every environment is
+        // reconciled when the controller starts).
+        list(&store, &mut kind, vec![widget("5", "True")]);
+        assert!(listed.try_recv().is_ok(), "the first list is announced");
+        assert_eq!(store.get(&key).unwrap().health, Health::Ready);
+        assert!(triggered.try_recv().is_err());
+
+        // A re-list that finds nothing new triggers nothing.
+        list(&store, &mut kind, vec![widget("5", "True")]);
+        assert!(triggered.try_recv().is_err());
+
+        // The Widget went not-ready while the watch was broken.
+        list(&store, &mut kind, vec![widget("7", "False")]);
+        assert_eq!(triggered.try_recv().ok(), Some(environment.clone()));
+        assert!(matches!(
+            store.get(&key).unwrap().health,
+            Health::Progressing(_)
+        ));
+
+        // An apply recorded after the list was read is newer than the list: kept, not news.
+        store.record(&to_value(&widget("9", "True"), &kind.resource).unwrap());
+        list(&store, &mut kind, vec![widget("8", "False")]);
+        assert_eq!(store.get(&key).unwrap().health, Health::Ready);
+        assert!(triggered.try_recv().is_err());
+
+        // It was deleted while the watch was broken.
+        list(&store, &mut kind, vec![]);
+        assert_eq!(triggered.try_recv().ok(), Some(environment));
+        assert!(store.get(&key).is_none());
     }
 
     #[test]

@@ -162,7 +162,7 @@ pub fn shared() -> &'static SharedCluster {
 
 /// A client for the shared cluster, bound to the calling test's runtime.
 pub async fn client() -> Client {
-    log_if_asked();
+    log_for_failures();
     let path = shared().kubeconfig_path.clone();
     let kubeconfig = Kubeconfig::read_from(&path).expect("read the test kubeconfig");
     previewd::cluster::client::from_kubeconfig(kubeconfig)
@@ -207,18 +207,18 @@ pub async fn client_as_service_account(namespace: &str, name: &str) -> Client {
         .unwrap()
 }
 
-/// With `PREVIEWD_TEST_LOG` set (an `EnvFilter`, e.g. `previewd=debug,kube_runtime=debug`),
-/// what previewd and kube log during the tests goes to the test's captured output, shown for a
-/// failing test: the evidence for a failure seen only under load.
-fn log_if_asked() {
+/// What previewd logs during the tests goes to the test's captured output, shown only for a
+/// failing test: the evidence for a failure seen only under load, in CI's log. Info level by
+/// default; `PREVIEWD_TEST_LOG` (an `EnvFilter`, e.g. `previewd=debug,kube_runtime=debug`) says
+/// more.
+fn log_for_failures() {
     static ONCE: OnceLock<()> = OnceLock::new();
     ONCE.get_or_init(|| {
-        if let Ok(filter) = std::env::var("PREVIEWD_TEST_LOG") {
-            let _ = tracing_subscriber::fmt()
-                .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
-                .with_test_writer()
-                .try_init();
-        }
+        let filter = std::env::var("PREVIEWD_TEST_LOG").unwrap_or_else(|_| "previewd=info".into());
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
+            .with_test_writer()
+            .try_init();
     });
 }
 
