@@ -89,6 +89,58 @@ pub async fn run(
         metrics.server(),
         config.max_body_bytes,
     );
+    let client = config.client.clone();
+    let controller_config = config.controller.clone();
+    let sweep_interval = config.sweep_interval;
+    let term_metrics = metrics.clone();
+    let traffic = config.traffic.clone();
+    let term = move || {
+        lead(
+            client.clone(),
+            controller_config.clone(),
+            term_metrics.clone(),
+            sweep_interval,
+            traffic.clone(),
+        )
+    };
+    let leading = Leading {
+        work: term,
+        lease: config.lease,
+        metrics,
+        shutdown_grace: config.shutdown_grace,
+        gate,
+    };
+    let outcome = serve_and_lead(state, listener, shutdown, leading).await;
+    drop(cache_watches);
+    outcome
+}
+
+/// The leader's work and how it is run.
+pub struct Leading<W> {
+    /// Starts one term of work (the controller, the sweep); it never ends while all is well.
+    pub work: W,
+    /// `None`: this process always leads.
+    pub lease: Option<Election>,
+    pub metrics: Arc<Metrics>,
+    /// How long in-flight webhook requests get once the server stops.
+    pub shutdown_grace: Duration,
+    /// The wake gate's task, if it runs (it stops on shutdown).
+    pub gate: Option<tokio::task::JoinHandle<()>>,
+}
+
+/// Serves webhooks on `listener` and leads (under the Lease, or always) until `shutdown`, or
+/// until the work stops by itself: then `state` answers `/readyz` with 503 from that moment,
+/// the server drains, and the error says why the work stopped.
+pub async fn serve_and_lead<W, F>(
+    state: Arc<ServerState>,
+    listener: tokio::net::TcpListener,
+    shutdown: tokio::sync::watch::Receiver<bool>,
+    leading: Leading<W>,
+) -> Result<(), Error>
+where
+    W: Fn() -> F,
+    F: std::future::Future<Output = ()> + Send + 'static,
+{
     // The server stops on shutdown, or when the controller has failed.
     let (stop_server, server_stop) = tokio::sync::watch::channel(false);
     let server_shutdown = {
@@ -106,27 +158,20 @@ pub async fn run(
         server_shutdown,
     ));
 
-    let client = config.client.clone();
-    let controller_config = config.controller.clone();
-    let sweep_interval = config.sweep_interval;
-    let term_metrics = metrics.clone();
-    let traffic = config.traffic.clone();
-    let term = move || {
-        lead(
-            client.clone(),
-            controller_config.clone(),
-            term_metrics.clone(),
-            sweep_interval,
-            traffic.clone(),
-        )
-    };
-    let outcome = match config.lease {
+    let Leading {
+        work,
+        lease,
+        metrics,
+        shutdown_grace,
+        gate,
+    } = leading;
+    let outcome = match lease {
         Some(Election { settings, client }) => {
             LeaderElector::new(client, settings)
-                .run(metrics.clone(), shutdown.clone(), term)
+                .run(metrics.clone(), shutdown.clone(), work)
                 .await
         }
-        None => run_without_election(&metrics, shutdown.clone(), term).await,
+        None => run_without_election(&metrics, shutdown.clone(), work).await,
     };
     if outcome.is_err() {
         state.controller_stopped();
@@ -134,19 +179,23 @@ pub async fn run(
     }
 
     // The controller has stopped (and the Lease is released); let the server drain.
-    match tokio::time::timeout(config.shutdown_grace, server).await {
+    match tokio::time::timeout(shutdown_grace, server).await {
         Ok(Ok(Ok(()))) => tracing::info!("webhook server drained"),
         Ok(Ok(Err(e))) => tracing::error!(error = %e, "the webhook server failed"),
         Ok(Err(e)) => tracing::error!(error = %e, "the webhook server task failed"),
         Err(_) => tracing::warn!(
-            grace = ?config.shutdown_grace,
+            grace = ?shutdown_grace,
             "webhook requests still in flight after the grace period; stopping anyway"
         ),
     }
     if let Some(gate) = gate {
+        // The gate stops on shutdown; a controller that stopped by itself must not leave the
+        // process waiting for a shutdown that never comes.
+        if outcome.is_err() {
+            gate.abort();
+        }
         let _ = gate.await;
     }
-    drop(cache_watches);
     outcome.map_err(|stopped| Error::ControllerStopped(stopped.0))
 }
 

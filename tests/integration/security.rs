@@ -32,20 +32,32 @@ const REPOSITORY: &str = "Codertocat/Hello-World";
 /// A template `name` of the GitHub repository, verified by its own Secret `name` holding
 /// `secret` (for GitLab: the token).
 async fn team_template(client: &kube::Client, namespace: &str, forge: &str, name: &str) {
+    team_template_with(client, namespace, forge, name, json!({})).await;
+}
+
+/// [`team_template`] with `forge` keys (an `apiUrl`, then the team's token too) and `triggers`
+/// of its own.
+async fn team_template_with(
+    client: &kube::Client,
+    namespace: &str,
+    forge: &str,
+    name: &str,
+    extra: serde_json::Value,
+) {
     let repository = match forge {
         "gitlab" => "gitlabhq/gitlab-test",
         _ => REPOSITORY,
     };
     let secret: k8s_openapi::api::core::v1::Secret = serde_json::from_value(json!({
         "metadata": {"name": name},
-        "stringData": {"secret": format!("{name}-secret")}
+        "stringData": {"secret": format!("{name}-secret"), "token": "forge-token-for-tests"}
     }))
     .unwrap();
     Api::namespaced(client.clone(), namespace)
         .create(&PostParams::default(), &secret)
         .await
         .unwrap();
-    let template: PreviewTemplate = serde_json::from_value(json!({
+    let mut template = json!({
         "apiVersion": "previewd.dev/v1alpha1", "kind": "PreviewTemplate",
         "metadata": {"name": name},
         "spec": {
@@ -53,8 +65,18 @@ async fn team_template(client: &kube::Client, namespace: &str, forge: &str, name
                       "webhookSecretRef": {"name": name, "key": "secret"}},
             "manifests": {"inline": [{"name": "app.yaml", "template": CONFIG_MAP_APP}]}
         }
-    }))
-    .unwrap();
+    });
+    for (key, value) in extra["forge"].as_object().into_iter().flatten() {
+        template["spec"]["forge"][key] = value.clone();
+    }
+    if extra["forge"].get("apiUrl").is_some() {
+        // A forge to call needs the team's token.
+        template["spec"]["forge"]["tokenSecretRef"] = json!({"name": name, "key": "token"});
+    }
+    if let Some(triggers) = extra.get("triggers") {
+        template["spec"]["triggers"] = triggers.clone();
+    }
+    let template: PreviewTemplate = serde_json::from_value(template).unwrap();
     Api::<PreviewTemplate>::namespaced(client.clone(), namespace)
         .create(&PostParams::default(), &template)
         .await
@@ -160,6 +182,100 @@ async fn a_delivery_acts_only_for_the_templates_whose_secret_verified_it() {
             )
             .await;
         assert_eq!(status, 401);
+    })
+    .await;
+}
+
+/// The same for the deliveries that change a running environment: team A's secret can neither
+/// redeploy team B's environment with a push nor approve its fork commit with a comment, while
+/// both act on team A's own.
+#[tokio::test]
+async fn another_teams_secret_neither_redeploys_nor_approves_an_environment() {
+    in_namespace("security-templates-approve", |client, ns| async move {
+        let forge = github_forge().await;
+        with_permissions(&forge).await;
+        let extra = json!({
+            "forge": {"apiUrl": forge.uri()},
+            "triggers": {"forkPolicy": "RequireApproval"}});
+        team_template_with(&client, &ns, "github", "team-a", extra.clone()).await;
+        team_template_with(&client, &ns, "github", "team-b", extra).await;
+        let harness = Harness::start(&client, &ns, 2 << 20).await;
+        let signed_by =
+            |team: &str, body: &[u8]| Some(github::sign(format!("{team}-secret").as_bytes(), body));
+        let first = "1111111111111111111111111111111111111111";
+        let from_fork = |action: &str, sha: &str| {
+            let mut delivery = json_fixture("github/pull_request.opened.json");
+            delivery["action"] = action.into();
+            delivery["pull_request"]["head"]["repo"]["full_name"] = "mallory/Hello-World".into();
+            delivery["pull_request"]["head"]["sha"] = sha.into();
+            delivery.to_string().into_bytes()
+        };
+        let opened = from_fork("opened", first);
+        for team in ["team-a", "team-b"] {
+            let (status, answer) = harness
+                .github(
+                    "pull_request",
+                    &format!("{team}-opened"),
+                    &opened,
+                    signed_by(team, &opened),
+                )
+                .await;
+            assert_eq!(status, 202, "{answer}");
+        }
+        let (team_a, team_b) = (
+            environments_of(&harness, "team-a").await,
+            environments_of(&harness, "team-b").await,
+        );
+        assert_eq!((team_a.len(), team_b.len()), (1, 1));
+        let spec_of = |name: String| {
+            let environments = harness.environments.clone();
+            async move { environments.get(&name).await.unwrap().spec }
+        };
+
+        // A maintainer's approval, signed with team A's secret, approves team A's commit only.
+        let approve = comment_on(2, "maintainer", &format!("/preview approve {first}"));
+        let (status, answer) = harness
+            .github(
+                "issue_comment",
+                "a-approve",
+                &approve,
+                signed_by("team-a", &approve),
+            )
+            .await;
+        assert!(status < 300, "{status} {answer}");
+        eventually(
+            "team A's commit to be approved",
+            Duration::from_secs(30),
+            || {
+                let spec = spec_of(team_a[0].clone());
+                async move { (spec.await.approved_sha.as_deref() == Some(first)).then_some(()) }
+            },
+        )
+        .await;
+        assert_eq!(
+            spec_of(team_b[0].clone()).await.approved_sha,
+            None,
+            "team B's commit is not approved"
+        );
+
+        // A push, signed with team A's secret, moves team A's environment only.
+        let second = "2222222222222222222222222222222222222222";
+        let pushed = from_fork("synchronize", second);
+        let (status, answer) = harness
+            .github(
+                "pull_request",
+                "a-pushed",
+                &pushed,
+                signed_by("team-a", &pushed),
+            )
+            .await;
+        assert_eq!(status, 202, "{answer}");
+        assert_eq!(spec_of(team_a[0].clone()).await.source.head_sha, second);
+        assert_eq!(
+            spec_of(team_b[0].clone()).await.source.head_sha,
+            first,
+            "team B's environment is not redeployed"
+        );
     })
     .await;
 }
@@ -570,6 +686,103 @@ async fn a_panicking_controller_gives_up_the_lease_and_stops() {
             .unwrap();
         let holder = lease.spec.and_then(|s| s.holder_identity);
         assert_eq!(holder, None, "the Lease is released for a standby");
+    })
+    .await;
+}
+
+/// The same failure seen from the replica: a controller that panics turns `/readyz` red, the
+/// webhook server drains and stops listening, the wake gate stops, and the service returns the
+/// error the process exits 1 with (so the kubelet restarts it), instead of serving on with
+/// nobody reconciling. (Before, a replica running the gate waited for a SIGTERM.)
+#[tokio::test]
+async fn a_replica_whose_controller_panics_turns_unready_drains_and_fails() {
+    use previewd::cluster::caches::Caches;
+    use previewd::cluster::secrets::SecretReader;
+    use previewd::forge::access::WriteAccess;
+    use previewd::forge::template_client::TemplateClients;
+    use previewd::runtime::error::Error;
+    use previewd::runtime::metrics::Metrics;
+    use previewd::runtime::service::{Leading, serve_and_lead};
+    use previewd::webhook::server::{ServerState, router};
+    use std::sync::Arc;
+    use tower::ServiceExt;
+    in_namespace("security-panic-replica", |client, ns| async move {
+        let metrics = Arc::new(Metrics::new());
+        let (caches, _watches) = Caches::start(client.clone(), Some(&ns));
+        let secrets = Arc::new(SecretReader::new(client.clone()));
+        let clients = TemplateClients::new(metrics.forge.clone(), secrets);
+        let access = Arc::new(WriteAccess::new(Arc::new(clients)));
+        let state = ServerState::new(client.clone(), caches, access, metrics.server(), 1 << 20);
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let readyz = format!("http://{}/readyz", listener.local_addr().unwrap());
+        let (_shutdown, shutdown) = tokio::sync::watch::channel(false);
+        let bug = Arc::new(tokio::sync::Notify::new());
+        let work = {
+            let bug = bug.clone();
+            move || {
+                let bug = bug.clone();
+                async move {
+                    bug.notified().await;
+                    panic!("a reconcile met input it did not expect");
+                }
+            }
+        };
+        // The wake gate runs until a shutdown that never comes here: the service must not wait for it.
+        let gate = Some(tokio::spawn(std::future::pending::<()>()));
+        let leading = Leading {
+            work,
+            lease: None,
+            metrics: metrics.clone(),
+            shutdown_grace: Duration::from_secs(5),
+            gate,
+        };
+        let service = tokio::spawn(serve_and_lead(state.clone(), listener, shutdown, leading));
+        let http = reqwest::Client::new();
+        eventually("the replica to be ready", Duration::from_secs(30), || {
+            let (http, readyz) = (http.clone(), readyz.clone());
+            async move {
+                http.get(readyz)
+                    .send()
+                    .await
+                    .ok()?
+                    .status()
+                    .is_success()
+                    .then_some(())
+            }
+        })
+        .await;
+        assert_eq!(metrics.leader.get(), 1);
+
+        bug.notify_one();
+        let ended = tokio::time::timeout(Duration::from_secs(10), service)
+            .await
+            .expect("the service returns at once (the server drains within its grace)")
+            .unwrap();
+        let Err(error @ Error::ControllerStopped(_)) = ended else {
+            panic!("the service must fail with the controller's end: {ended:?}");
+        };
+        let said = error.to_string();
+        assert!(
+            said.contains("it panicked: a reconcile met input it did not expect")
+                && said.contains("exiting"),
+            "{said}"
+        );
+        assert_eq!(metrics.leader.get(), 0, "no longer counted as leader");
+        // Red from the moment the work stopped (what a probe on a surviving connection sees);
+        // and no longer listening, so a new probe fails too.
+        let request = axum::http::Request::get("/readyz")
+            .body(axum::body::Body::empty())
+            .unwrap();
+        let answer = router(state).oneshot(request).await.unwrap();
+        assert_eq!(answer.status(), 503);
+        let body = axum::body::to_bytes(answer.into_body(), 1024)
+            .await
+            .unwrap();
+        assert_eq!(&body[..], b"the controller stopped");
+        assert!(
+            http.get(&readyz).send().await.is_err(),
+            "the server stopped listening"
+        );
     })
     .await;
 }

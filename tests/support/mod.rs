@@ -217,6 +217,7 @@ fn log_for_failures() {
         let filter = std::env::var("PREVIEWD_TEST_LOG").unwrap_or_else(|_| "previewd=info".into());
         let _ = tracing_subscriber::fmt()
             .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
+            .with_ansi(false)
             .with_test_writer()
             .try_init();
     });
