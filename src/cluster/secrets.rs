@@ -37,14 +37,34 @@ type SecretKey = (String, String, String);
 
 pub struct SecretReader {
     client: Client,
-    cache: Mutex<HashMap<SecretKey, (Instant, Vec<u8>)>>,
+    cache: Mutex<Values>,
+}
+
+/// The values read, each with when it was read.
+#[derive(Default)]
+struct Values(HashMap<SecretKey, (Instant, Vec<u8>)>);
+
+impl Values {
+    /// The value of `key`, unless it is [`SECRET_TTL`] old at `now`.
+    fn get(&self, key: &SecretKey, now: Instant) -> Option<Vec<u8>> {
+        let (read_at, value) = self.0.get(key)?;
+        (now.saturating_duration_since(*read_at) < SECRET_TTL).then(|| value.clone())
+    }
+
+    /// Keeps `value`, read at `now`, and drops every value too old to be used.
+    fn put(&mut self, key: SecretKey, value: Vec<u8>, now: Instant) {
+        // Secrets of deleted templates must not stay for the life of the process.
+        self.0
+            .retain(|_, (read_at, _)| now.saturating_duration_since(*read_at) < SECRET_TTL);
+        self.0.insert(key, (now, value));
+    }
 }
 
 impl SecretReader {
     pub fn new(client: Client) -> Self {
         Self {
             client,
-            cache: Mutex::new(HashMap::new()),
+            cache: Mutex::new(Values::default()),
         }
     }
 
@@ -59,10 +79,13 @@ impl SecretReader {
             reference.name.clone(),
             reference.key.clone(),
         );
-        if let Some((read_at, value)) = self.cache.lock().expect("secret cache").get(&key)
-            && read_at.elapsed() < SECRET_TTL
+        if let Some(value) = self
+            .cache
+            .lock()
+            .expect("secret cache")
+            .get(&key, Instant::now())
         {
-            return Ok(value.clone());
+            return Ok(value);
         }
         let api: Api<Secret> = Api::namespaced(self.client.clone(), namespace);
         let secret = api
@@ -87,10 +110,50 @@ impl SecretReader {
                 name: reference.name.clone(),
                 key: reference.key.clone(),
             })?;
-        let mut cache = self.cache.lock().expect("secret cache");
-        // Secrets of deleted templates must not stay for the life of the process.
-        cache.retain(|_, (read_at, _)| read_at.elapsed() < SECRET_TTL);
-        cache.insert(key, (Instant::now(), value.clone()));
+        self.cache
+            .lock()
+            .expect("secret cache")
+            .put(key, value.clone(), Instant::now());
         Ok(value)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(name: &str) -> SecretKey {
+        ("previews".into(), name.into(), "token".into())
+    }
+
+    #[test]
+    fn a_value_is_served_from_the_cache_for_30_seconds_then_read_again() {
+        // So a rotated Secret takes effect within half a minute (docs/forges.md).
+        let mut values = Values::default();
+        let read = Instant::now();
+        values.put(key("hello-world-forge"), b"old".to_vec(), read);
+        let after = |seconds| read + Duration::from_secs(seconds);
+        assert_eq!(
+            values.get(&key("hello-world-forge"), after(29)).as_deref(),
+            Some(&b"old"[..])
+        );
+        assert_eq!(values.get(&key("hello-world-forge"), after(30)), None);
+        assert_eq!(
+            values.get(&key("hello-world-forge"), after(31)),
+            None,
+            "read again"
+        );
+        assert_eq!(values.get(&key("other"), read), None, "per Secret and key");
+    }
+
+    #[test]
+    fn old_values_are_dropped_when_a_new_one_is_kept() {
+        let mut values = Values::default();
+        let read = Instant::now();
+        values.put(key("a"), b"a".to_vec(), read);
+        values.put(key("b"), b"b".to_vec(), read + Duration::from_secs(20));
+        values.put(key("c"), b"c".to_vec(), read + Duration::from_secs(31));
+        assert_eq!(values.0.len(), 2, "only values still in use are held");
+        assert!(!values.0.contains_key(&key("a")));
     }
 }

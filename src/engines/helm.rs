@@ -282,6 +282,33 @@ mod tests {
     }
 
     #[test]
+    fn a_chart_archive_over_8_mib_is_refused() {
+        // What `helm pull` left in its folder; a sparse file, as only its size is checked first.
+        let archive_of = |bytes: u64| {
+            let folder = tempfile::tempdir().unwrap();
+            std::fs::File::create(folder.path().join("web-1.4.2.tgz"))
+                .unwrap()
+                .set_len(bytes)
+                .unwrap();
+            read_archive(folder.path())
+        };
+        for over in [9u64 << 20, (8 << 20) + 1] {
+            match archive_of(over) {
+                Err(EngineError::Fetch(message)) => assert_eq!(
+                    message,
+                    format!("the chart archive is {over} bytes, more than 8388608")
+                ),
+                other => panic!("{over} bytes: {:?}", other.map(|archive| archive.len())),
+            }
+        }
+        assert_eq!(
+            archive_of(8 << 20).map(|archive| archive.len()).ok(),
+            Some(8 << 20),
+            "8 MiB is not over the limit"
+        );
+    }
+
+    #[test]
     fn the_key_follows_every_input() {
         let (a, b) = (
             serde_json::json!({"tag": "a"}),

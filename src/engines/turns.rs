@@ -179,6 +179,7 @@ fn lock(state: &Mutex<State>) -> MutexGuard<'_, State> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use futures::FutureExt;
     use std::time::Duration;
 
     /// Lets spawned waiters reach the queue.
@@ -216,6 +217,32 @@ mod tests {
             b_at <= 1,
             "b got a turn after at most one of a's: {order:?}"
         );
+        assert_eq!(turns.load(), (0, 0), "every turn came back");
+    }
+
+    #[test]
+    fn a_third_render_waits_while_two_run() {
+        // The engines' own turns, so the configured limit is what is checked: two renders at
+        // once (docs/security.md, docs/writing-templates.md), whoever they are for.
+        let engines = crate::engines::Engines::new(crate::engines::EngineConfig::default());
+        let turns = &engines.turns;
+        let first = turns.acquire("a").now_or_never();
+        let second = turns.acquire("b").now_or_never();
+        assert!(first.is_some(), "a first render runs at once");
+        assert!(second.is_some(), "a second render runs at once");
+        // Pending, not timed: a third gets no turn however long it waits, and leaves the
+        // queue when dropped.
+        assert!(
+            turns.acquire("c").now_or_never().is_none(),
+            "a third render waits"
+        );
+        assert_eq!(turns.load(), (2, 0));
+        drop(first);
+        assert!(
+            turns.acquire("c").now_or_never().is_some(),
+            "a third render runs once one ends"
+        );
+        drop(second);
         assert_eq!(turns.load(), (0, 0), "every turn came back");
     }
 

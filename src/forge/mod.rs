@@ -272,6 +272,17 @@ mod tests {
     }
 
     #[test]
+    fn a_push_of_more_than_3000_files_has_no_file_list() {
+        let files: Vec<String> = (0..3000).map(|n| format!("src/f{n}.rs")).collect();
+        // A file two commits changed counts once: still 3,000, still listed.
+        let twice = pushed_files([files.as_slice(), files.as_slice()]);
+        assert_eq!(twice.map(|listed| listed.len()), Some(3000));
+        // One more is "changed everything": no path filter can skip it.
+        let one_more = vec!["README.md".to_string()];
+        assert_eq!(pushed_files([files.as_slice(), one_more.as_slice()]), None);
+    }
+
+    #[test]
     fn refs_and_null_shas() {
         assert_eq!(branch_of_ref("refs/heads/feature/x"), Some("feature/x"));
         assert_eq!(branch_of_ref("refs/tags/v1"), None);

@@ -326,6 +326,46 @@ mod tests {
     }
 
     #[test]
+    fn deploying_degraded_ready_and_sleeping_map_to_the_documented_states_and_carry_the_url() {
+        let (environment, template) = (environment(Some(2)), template(ForgeKind::Github));
+        // forges.md: deployment statuses `in_progress`, `failure`, `success`.
+        let cases = [
+            (Phase::Deploying, DeploymentState::InProgress),
+            (Phase::Degraded, DeploymentState::Failure),
+            (Phase::Ready, DeploymentState::Success),
+            (Phase::Sleeping, DeploymentState::Success),
+        ];
+        for (phase, expected) in cases {
+            let plan = plan_report(
+                &environment,
+                &template,
+                &status(phase),
+                &Default::default(),
+                None,
+            );
+            let deploy = plan
+                .deploy
+                .unwrap_or_else(|| panic!("{phase:?}: no deployment"));
+            assert_eq!(deploy.deployment_state, expected, "{phase:?}");
+            // The URL the deployment status (`environment_url`) and the commit status
+            // (`target_url`) carry.
+            assert_eq!(
+                deploy.status.url, "https://pr-2.preview.example.com",
+                "{phase:?}"
+            );
+        }
+        // lifecycle.md: asleep, the commit status stays `success`, as when it was ready.
+        let asleep = plan_report(
+            &environment,
+            &template,
+            &status(Phase::Sleeping),
+            &Default::default(),
+            None,
+        );
+        assert_eq!(asleep.deploy.unwrap().status.state, CommitState::Success);
+    }
+
+    #[test]
     fn a_held_back_head_gets_only_its_pending_status() {
         let (environment, template) = (environment(Some(2)), template(ForgeKind::Gitlab));
         let mut held = status(Phase::Pending);

@@ -114,3 +114,47 @@ fn named(path: &str, files: Vec<(String, String)>) -> Vec<InlineManifest> {
         })
         .collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    fn key(commit: usize) -> Key {
+        ("octo/app".into(), "deploy".into(), format!("{commit:040x}"))
+    }
+
+    #[tokio::test]
+    async fn readings_of_64_commits_are_kept_and_an_older_one_is_read_again() {
+        let readings: Readings<usize> = Readings::default();
+        let reads = &AtomicUsize::new(0);
+        // The forge's read, counted when it runs.
+        let read = move |commit: usize| async move {
+            reads.fetch_add(1, Ordering::SeqCst);
+            Ok::<_, ForgeApiError>(commit)
+        };
+        for commit in 0..65 {
+            readings.get(key(commit), read(commit)).await.unwrap();
+        }
+        assert_eq!(reads.load(Ordering::SeqCst), 65);
+        // The 64 newest are kept: no forge call (asked before the oldest, which would push
+        // another out when read again).
+        for commit in [64, 1] {
+            assert_eq!(
+                *readings.get(key(commit), read(commit)).await.unwrap(),
+                commit
+            );
+        }
+        assert_eq!(
+            reads.load(Ordering::SeqCst),
+            65,
+            "kept commits are not read again"
+        );
+        assert_eq!(*readings.get(key(0), read(0)).await.unwrap(), 0);
+        assert_eq!(
+            reads.load(Ordering::SeqCst),
+            66,
+            "the oldest was read again"
+        );
+    }
+}

@@ -172,7 +172,25 @@ fn default_dns_peer() -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::crd::LimitRangeSpec;
+    use crate::model::crd::{LimitRangeSpec, PodSecurityLevel};
+
+    #[test]
+    fn the_namespace_carries_the_pod_security_level_of_the_templates_policy() {
+        const ENFORCE: &str = "pod-security.kubernetes.io/enforce";
+        let mut template = PreviewTemplateSpec::default();
+        // A template's own namespace labels cannot lower the level its policy asks for.
+        template
+            .namespace
+            .labels
+            .insert(ENFORCE.into(), "privileged".into());
+        let labels = namespace_labels(&template, &BTreeMap::new(), "uid-1");
+        assert_eq!(labels[ENFORCE], "baseline", "the default level");
+        let namespace = namespace_object("preview-x", &labels);
+        assert_eq!(namespace["metadata"]["labels"][ENFORCE], "baseline");
+        template.policy.pod_security = PodSecurityLevel::Restricted;
+        let labels = namespace_labels(&template, &BTreeMap::new(), "uid-1");
+        assert_eq!(labels[ENFORCE], "restricted");
+    }
 
     #[test]
     fn guard_rails_follow_the_template() {

@@ -590,6 +590,93 @@ fn reduced(answer: &Value, fields: &[&str]) -> Vec<Value> {
 mod tests {
     use super::*;
 
+    /// A GitHub API that answers every POST with `201 {"id": 1}`, and a client of it.
+    async fn accepting_github() -> (wiremock::MockServer, GithubApi) {
+        // octocrab builds a TLS connector even for plain http: rustls needs its provider.
+        crate::install_crypto_provider();
+        let server = wiremock::MockServer::start().await;
+        wiremock::Mock::given(wiremock::matchers::method("POST"))
+            .respond_with(wiremock::ResponseTemplate::new(201).set_body_json(json!({"id": 1})))
+            .mount(&server)
+            .await;
+        let uri = server.uri();
+        let api = GithubApi::new(
+            Some(uri.as_str()),
+            "forge-token".into(),
+            "token".into(),
+            ForgeMetrics::default(),
+        )
+        .unwrap();
+        (server, api)
+    }
+
+    /// The JSON bodies `server` received, each checked to have gone to `path`.
+    async fn bodies_sent_to(server: &wiremock::MockServer, path: &str) -> Vec<Value> {
+        let received = server.received_requests().await.unwrap_or_default();
+        received
+            .iter()
+            .map(|request| {
+                assert_eq!(request.url.path(), path);
+                request.body_json::<Value>().unwrap()
+            })
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn deployment_statuses_name_their_state_and_carry_the_environment_url() {
+        let (server, api) = accepting_github().await;
+        let url = "https://pr-2.preview.example.com";
+        for state in [
+            DeploymentState::InProgress,
+            DeploymentState::Success,
+            DeploymentState::Failure,
+            DeploymentState::Inactive,
+        ] {
+            api.deployment_status("Codertocat/Hello-World", 77, state, url)
+                .await
+                .unwrap();
+        }
+        let bodies = bodies_sent_to(
+            &server,
+            "/repos/Codertocat/Hello-World/deployments/77/statuses",
+        )
+        .await;
+        let states: Vec<&str> = bodies
+            .iter()
+            .map(|body| body["state"].as_str().unwrap_or_default())
+            .collect();
+        assert_eq!(states, ["in_progress", "success", "failure", "inactive"]);
+        for body in &bodies {
+            assert_eq!(body["environment_url"], url, "{body}");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_successful_commit_status_says_success_with_its_context_and_url() {
+        // A sleeping environment's status is `Success` (report_plan); GitHub must read `success`.
+        let (server, api) = accepting_github().await;
+        let sha = "ec26c3e57ca3a959ca5aad62de7213c562f8c821";
+        let url = "https://pr-2.preview.example.com";
+        api.commit_status(
+            "Codertocat/Hello-World",
+            sha,
+            CommitState::Success,
+            "previewd/web",
+            url,
+            "Preview environment: Sleeping",
+        )
+        .await
+        .unwrap();
+        let path = format!("/repos/Codertocat/Hello-World/statuses/{sha}");
+        let bodies = bodies_sent_to(&server, &path).await;
+        let [body] = bodies.as_slice() else {
+            panic!("one commit status: {bodies:?}");
+        };
+        assert_eq!(body["state"], "success", "{body}");
+        assert_eq!(body["context"], "previewd/web", "{body}");
+        assert_eq!(body["target_url"], url, "{body}");
+    }
+
     #[test]
     fn a_kept_list_page_holds_only_the_fields_read_from_it() {
         let answer = json!([

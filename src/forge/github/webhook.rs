@@ -518,6 +518,65 @@ mod tests {
         );
     }
 
+    /// The files of `push.with-new-branch.json` made a push to an existing branch
+    /// (`created: false`), then changed by `adjust`.
+    fn pushed_files_of(adjust: impl FnOnce(&mut serde_json::Value)) -> Option<Vec<String>> {
+        let mut delivery: serde_json::Value =
+            serde_json::from_slice(&fixture("push.with-new-branch.json")).unwrap();
+        delivery["created"] = false.into();
+        adjust(&mut delivery);
+        match parse("push", delivery.to_string().as_bytes()).unwrap().kind {
+            EventKind::Push(push) => push.files,
+            other => panic!("expected a push, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_forced_push_has_no_file_list_so_path_filters_cannot_skip_it() {
+        // Not forced, the same push lists its file: the flag alone makes the list unknown.
+        assert_eq!(pushed_files_of(|_| {}), Some(vec!["README.md".to_string()]));
+        assert_eq!(pushed_files_of(|d| d["forced"] = true.into()), None);
+    }
+
+    #[test]
+    fn a_push_of_more_than_3000_files_has_no_file_list() {
+        let commit = |first: usize, count: usize| {
+            let added: Vec<String> = (first..first + count)
+                .map(|n| format!("src/f{n}.rs"))
+                .collect();
+            serde_json::json!({"id": format!("{first:040x}"), "message": "many files",
+                "added": added, "modified": [], "removed": []})
+        };
+        let listed = pushed_files_of(|d| d["commits"] = serde_json::json!([commit(0, 3000)]));
+        assert_eq!(listed.map(|files| files.len()), Some(3000));
+        assert_eq!(
+            pushed_files_of(|d| d["commits"] = serde_json::json!([commit(0, 3001)])),
+            None
+        );
+        // Counted over the whole push, not per commit.
+        let split = serde_json::json!([commit(0, 1500), commit(1500, 1501)]);
+        assert_eq!(pushed_files_of(|d| d["commits"] = split), None);
+    }
+
+    #[test]
+    fn a_push_listing_2048_commits_may_hold_more_so_has_no_file_list() {
+        // GitHub lists at most 2,048 commits: a delivery with that many may leave some out.
+        let commits = |count: usize| -> serde_json::Value {
+            (0..count)
+                .map(|n| {
+                    serde_json::json!({"id": format!("{n:040x}"), "message": "m",
+                        "added": [], "modified": ["src/main.rs"], "removed": []})
+                })
+                .collect::<Vec<_>>()
+                .into()
+        };
+        assert_eq!(
+            pushed_files_of(|d| d["commits"] = commits(2047)),
+            Some(vec!["src/main.rs".to_string()])
+        );
+        assert_eq!(pushed_files_of(|d| d["commits"] = commits(2048)), None);
+    }
+
     #[test]
     fn comments_only_on_pull_requests_ping_and_unknown_events() {
         assert!(matches!(

@@ -700,3 +700,58 @@ fn built<T, E: std::fmt::Display>(
         message: e.to_string(),
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_commit_status_carries_the_environment_url_as_target_url() {
+        // previewd's HTTP client is built with rustls, which needs its provider chosen.
+        crate::install_crypto_provider();
+        let server = wiremock::MockServer::start().await;
+        wiremock::Mock::given(wiremock::matchers::method("POST"))
+            .respond_with(
+                wiremock::ResponseTemplate::new(201).set_body_json(serde_json::json!({"id": 1})),
+            )
+            .mount(&server)
+            .await;
+        let uri = server.uri();
+        let api = GitlabApi::connect(
+            Some(uri.as_str()),
+            "glpat-test".into(),
+            ForgeMetrics::default(),
+        )
+        .await
+        .unwrap();
+        let sha = "ec26c3e57ca3a959ca5aad62de7213c562f8c821";
+        let environment_url = "https://mr-1.preview.example.com";
+        api.commit_status(
+            "group/app",
+            sha,
+            CommitState::Success,
+            "previewd/web",
+            environment_url,
+            "Preview environment ready",
+        )
+        .await
+        .unwrap();
+        let received = server.received_requests().await.unwrap_or_default();
+        let [request] = received.as_slice() else {
+            panic!("one commit status: {received:?}");
+        };
+        let path = request.url.path();
+        assert!(path.ends_with(&format!("/statuses/{sha}")), "{path}");
+        // GitLab takes the status as a form.
+        let form: std::collections::HashMap<String, String> =
+            url::form_urlencoded::parse(&request.body)
+                .into_owned()
+                .collect();
+        assert_eq!(
+            form.get("target_url").map(String::as_str),
+            Some(environment_url)
+        );
+        assert_eq!(form.get("state").map(String::as_str), Some("success"));
+        assert_eq!(form.get("name").map(String::as_str), Some("previewd/web"));
+    }
+}

@@ -231,6 +231,51 @@ mod tests {
     }
 
     #[test]
+    fn only_the_first_64_globs_of_a_list_are_used() {
+        let docs = files(&["docs/a.md"]);
+        let unused = |count: usize| -> Vec<String> {
+            (0..count).map(|n| format!("unused-{n}/**")).collect()
+        };
+        let ignoring = |globs: Vec<String>| Triggers {
+            ignore_paths: globs,
+            ..Default::default()
+        };
+        // The 64th glob still counts: the docs change is left out.
+        let mut sixty_four = unused(63);
+        sixty_four.push("docs/**".into());
+        assert!(skip(&ignoring(sixty_four), "abc", Some(&docs), None).is_some());
+        // The 65th is ignored: the docs change counts, and the commit deploys.
+        let mut sixty_five = unused(64);
+        sixty_five.push("docs/**".into());
+        assert_eq!(
+            skip(&ignoring(sixty_five.clone()), "abc", Some(&docs), None),
+            None
+        );
+        // The same for `paths`: a file only the 65th names is not wanted.
+        let wanting = Triggers {
+            paths: sixty_five,
+            ..Default::default()
+        };
+        let skipped = skip(&wanting, "abc", Some(&docs), None);
+        assert_eq!(skipped.unwrap().reason, "only `docs/` changed");
+    }
+
+    #[test]
+    fn a_name_shown_in_the_reason_is_cut_at_100_characters() {
+        let all = triggers(&[], &["**"]);
+        let long_file = "a".repeat(300);
+        let reason = skip(&all, "abc", Some(&files(&[long_file.as_str()])), None)
+            .unwrap()
+            .reason;
+        assert_eq!(reason, format!("only `{}` changed", "a".repeat(100)));
+        let in_long_folder = format!("{}/x.md", "d".repeat(300));
+        let reason = skip(&all, "abc", Some(&files(&[in_long_folder.as_str()])), None)
+            .unwrap()
+            .reason;
+        assert_eq!(reason, format!("only `{}/` changed", "d".repeat(100)));
+    }
+
+    #[test]
     fn names_from_the_repository_cannot_break_out_of_their_code_span() {
         let docs = triggers(&[], &["**"]);
         let hostile = files(&["a`\n[click](https://evil.example)`.md"]);
