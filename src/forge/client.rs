@@ -236,6 +236,22 @@ pub(crate) fn check_manifest_size(path: &str, size: u64) -> Result<(), ForgeApiE
     Ok(())
 }
 
+/// Refuses, from a listing that gives each file's size (GitHub's), a file over
+/// [`MAX_MANIFEST_FILE_BYTES`] or files that add up to more than [`MAX_MANIFEST_BYTES`]: before
+/// anything is downloaded. Sizes are the forge's word, so they are added without overflow; the
+/// files read are checked again.
+pub(crate) fn check_listed_sizes(
+    path: &str,
+    listed: impl IntoIterator<Item = (String, u64)>,
+) -> Result<(), ForgeApiError> {
+    let mut total = 0u64;
+    for (name, size) in listed {
+        check_manifest_size(&name, size)?;
+        total = total.saturating_add(size);
+    }
+    check_total(path, usize::try_from(total).unwrap_or(usize::MAX))
+}
+
 /// Refuses manifests that add up to more than [`MAX_MANIFEST_BYTES`].
 fn check_manifest_total(path: &str, files: &[(String, String)]) -> Result<(), ForgeApiError> {
     check_total(path, files.iter().map(|(_, text)| text.len()).sum())

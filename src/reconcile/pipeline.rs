@@ -269,7 +269,11 @@ async fn finish(
     let mut status = next_status(environment, context, key, &plan, progress);
     status.waiting = held.map(|h| h.commit.clone());
     let mut requeue = match status.phase {
-        Phase::Ready | Phase::Degraded | Phase::Sleeping => context.config.resync_interval,
+        Phase::Ready | Phase::Degraded | Phase::Sleeping => {
+            // A full re-apply falls due at its own time, not at the next resync after it.
+            let reapply = reapply_left(context, key).unwrap_or(Duration::MAX);
+            context.config.resync_interval.min(reapply)
+        }
         // The watch store triggers us when objects change; this is only a safety net.
         _ => Duration::from_secs(30).min(context.config.resync_interval),
     };
@@ -430,6 +434,16 @@ fn reapply_due(context: &Context, key: &EnvironmentRef) -> bool {
         }
         Some(at) => at.elapsed() >= interval,
     }
+}
+
+/// How long until the environment's next full re-apply (`None` without `--reapply-interval`,
+/// or before its first reconcile); at least a second, so a due re-apply that failed is not
+/// retried in a loop.
+fn reapply_left(context: &Context, key: &EnvironmentRef) -> Option<Duration> {
+    let interval = context.config.reapply_interval?;
+    let last = *context.memory.last_full_apply.lock().get(key)?;
+    let left = interval.saturating_sub(last.elapsed());
+    Some(left.max(Duration::from_secs(1)))
 }
 
 /// A fraction of `interval` that depends only on the environment's name: the same in every

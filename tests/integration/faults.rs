@@ -241,13 +241,18 @@ async fn a_forge_that_hangs_then_fails_then_recovers_never_blocks_deploying_and_
     .await;
 }
 
-/// GitLab failing (502, then 429 with Retry-After) never blocks deploying a merge request; once
-/// GitLab answers again, previewd makes its note, once.
+/// GitLab hanging (an answer after 60 s, past previewd's timeout), then failing (502, then 429
+/// with Retry-After) never blocks deploying a merge request; once GitLab answers again,
+/// previewd makes its note, once. (The GitLab client is not GitHub's: its timeout is its own.)
 #[tokio::test]
-async fn a_gitlab_outage_never_blocks_deploying_and_ends_with_one_note() {
+async fn a_gitlab_that_hangs_then_fails_never_blocks_deploying_and_ends_with_one_note() {
     in_namespace("faults-gitlab", |client, ns| async move {
         let forge = MockServer::start().await;
-        forge_answers(&forge, ResponseTemplate::new(502)).await;
+        forge_answers(
+            &forge,
+            ResponseTemplate::new(200).set_delay(Duration::from_secs(60)),
+        )
+        .await;
         install_template(
             &client,
             &ns,
@@ -266,9 +271,21 @@ async fn a_gitlab_outage_never_blocks_deploying_and_ends_with_one_note() {
                 SECRET,
             )
             .await;
-        let (name, _) = harness
-            .ready_after(delivered, "da1560886d4f094c3e6c9ef40349f7d38b5d27d7")
-            .await;
+        assert_eq!(delivered.0, 202, "{}", delivered.1);
+        let name = harness
+            .environment_names()
+            .await
+            .pop()
+            .expect("an environment");
+        wait_for_phase(
+            &harness.environments,
+            &name,
+            Phase::Ready,
+            Duration::from_secs(90),
+        )
+        .await;
+        forge_answers(&forge, ResponseTemplate::new(502)).await;
+        tokio::time::sleep(Duration::from_secs(3)).await;
         forge_answers(
             &forge,
             ResponseTemplate::new(429).insert_header("retry-after", "2"),

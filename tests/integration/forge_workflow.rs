@@ -555,44 +555,132 @@ async fn sent_with_token(forge: &MockServer, token: &str) -> usize {
         .count()
 }
 
+/// [`AppEndpoint`] of App `app_id` whose key pair has `public_key` (PEM) as its public half.
+fn app_endpoint(
+    public_key: &str,
+    app_id: u64,
+    answer: fn(usize) -> serde_json::Value,
+) -> AppEndpoint {
+    AppEndpoint {
+        public_key: jsonwebtoken::DecodingKey::from_rsa_pem(public_key.as_bytes()).unwrap(),
+        app_id,
+        calls: Default::default(),
+        answer,
+    }
+}
+
+/// The template of the GitHub App tests: it acts as App `app_id`, whose `private_key` is in
+/// Secret `github-app`. A personal token is configured too (the Secret install_template_with
+/// writes): the App takes precedence, so that token must never be sent.
+async fn install_app_template(
+    client: &kube::Client,
+    ns: &str,
+    forge: &MockServer,
+    app_id: u64,
+    private_key: &str,
+) {
+    let secret: k8s_openapi::api::core::v1::Secret = serde_json::from_value(json!({
+        "metadata": {"name": "github-app"}, "stringData": {"private-key.pem": private_key}
+    }))
+    .unwrap();
+    Api::namespaced(client.clone(), ns)
+        .create(&Default::default(), &secret)
+        .await
+        .unwrap();
+    let forge_section = json!({"forge": {"kind": "github", "repository": GITHUB_REPOSITORY,
+        "apiUrl": forge.uri(), "webhookSecretRef": {"name": "webhook", "key": "secret"},
+        "tokenSecretRef": {"name": "webhook", "key": "token"},
+        "githubApp": {"appId": app_id, "privateKeySecretRef": {"name": "github-app", "key": "private-key.pem"}}}});
+    install_template_with(
+        client,
+        ns,
+        "github",
+        GITHUB_REPOSITORY,
+        None,
+        forge_section,
+        CONFIG_MAP_APP,
+    )
+    .await;
+}
+
+/// How many token requests (`POST /app/installations/{installation}/access_tokens`) GitHub
+/// received for `installation`.
+async fn token_requests(forge: &MockServer, installation: u64) -> usize {
+    let path = format!("/app/installations/{installation}/access_tokens");
+    let requests = forge.received_requests().await.unwrap_or_default();
+    requests
+        .iter()
+        .filter(|r| r.method.as_str() == "POST" && r.url.path() == path)
+        .count()
+}
+
+/// The token requests previewd counted with `outcome` (`ok`, `error`), in the series
+/// docs/forges.md names; `None` when there was no such request.
+fn app_token_requests_counted(metrics: &str, outcome: &str) -> Option<f64> {
+    let series = format!(
+        r#"previewd_forge_requests_total{{forge="github",operation="app_token",outcome="{outcome}"}}"#
+    );
+    metric_value(metrics, &series)
+}
+
+/// The `Authorization` headers of the comment requests (created or edited) whose body contains
+/// `needle`.
+async fn comment_authorizations(forge: &MockServer, needle: &str) -> Vec<String> {
+    let requests = forge.received_requests().await.unwrap_or_default();
+    requests
+        .iter()
+        .filter(|r| r.method.as_str() != "GET" && r.url.path().contains("/comments"))
+        .filter(|r| String::from_utf8_lossy(&r.body).contains(needle))
+        .filter_map(|r| {
+            r.headers
+                .get("authorization")?
+                .to_str()
+                .ok()
+                .map(str::to_string)
+        })
+        .collect()
+}
+
+/// A template acting as a GitHub App reports with installation tokens: the JWT is signed with
+/// the App's key, the installation is looked up once, a token is kept until shortly before it
+/// expires, and every token request is counted (docs/forges.md, "How previewd uses it").
 #[tokio::test]
 async fn a_github_app_gets_installation_tokens_signed_with_its_key_cached_and_renewed() {
     in_namespace("workflow-github-app", |client, ns| async move {
         let forge = github_forge().await;
         let (private_key, public_key) = app_key_pair();
         let app_id = 31337;
-        let key = || jsonwebtoken::DecodingKey::from_rsa_pem(public_key.as_bytes()).unwrap();
-        let endpoint = |answer| AppEndpoint { public_key: key(), app_id, calls: Default::default(), answer };
         wiremock::Mock::given(wiremock::matchers::method("GET"))
-            .and(wiremock::matchers::path(format!("/repos/{GITHUB_REPOSITORY}/installation")))
-            .respond_with(endpoint(|_| json!({"id": 42, "app_id": 31337})))
+            .and(wiremock::matchers::path(format!(
+                "/repos/{GITHUB_REPOSITORY}/installation"
+            )))
+            .respond_with(app_endpoint(
+                &public_key,
+                app_id,
+                |_| json!({"id": 42, "app_id": 31337}),
+            ))
             .mount(&forge)
             .await;
         wiremock::Mock::given(wiremock::matchers::method("POST"))
-            .and(wiremock::matchers::path("/app/installations/42/access_tokens"))
-            .respond_with(endpoint(installation_token))
+            .and(wiremock::matchers::path(
+                "/app/installations/42/access_tokens",
+            ))
+            .respond_with(app_endpoint(&public_key, app_id, installation_token))
             .mount(&forge)
             .await;
-        let secret: k8s_openapi::api::core::v1::Secret = serde_json::from_value(json!({
-            "metadata": {"name": "github-app"}, "stringData": {"private-key.pem": private_key}
-        }))
-        .unwrap();
-        Api::namespaced(client.clone(), &ns).create(&Default::default(), &secret).await.unwrap();
-        // A personal token is configured too (the Secret install_template_with writes): the App
-        // takes precedence, so the token must never be sent.
-        let forge_section = json!({"forge": {"kind": "github", "repository": GITHUB_REPOSITORY,
-            "apiUrl": forge.uri(), "webhookSecretRef": {"name": "webhook", "key": "secret"},
-            "tokenSecretRef": {"name": "webhook", "key": "token"},
-            "githubApp": {"appId": app_id, "privateKeySecretRef": {"name": "github-app", "key": "private-key.pem"}}}});
-        install_template_with(&client, &ns, "github", GITHUB_REPOSITORY, None, forge_section, CONFIG_MAP_APP).await;
+        install_app_template(&client, &ns, &forge, app_id, &private_key).await;
         let harness = Harness::start(&client, &ns, 1 << 20).await;
 
         let name = harness.open_pull_request(2, FIRST).await;
         wait_ready_with_sha(&harness.environments, &name, FIRST).await;
         comment_says(&forge, &name, "Preview environment: ready").await;
-        harness.signed("pull_request", "app-2", &synchronize_to(SECOND)).await;
+        harness
+            .signed("pull_request", "app-2", &synchronize_to(SECOND))
+            .await;
         wait_ready_with_sha(&harness.environments, &name, SECOND).await;
-        harness.signed("pull_request", "app-3", &synchronize_to(THIRD)).await;
+        harness
+            .signed("pull_request", "app-3", &synchronize_to(THIRD))
+            .await;
         wait_ready_with_sha(&harness.environments, &name, THIRD).await;
         comment_says(&forge, &name, "`3333333`").await;
 
@@ -600,19 +688,134 @@ async fn a_github_app_gets_installation_tokens_signed_with_its_key_cached_and_re
         // valid for an hour, served every call after it: two tokens for three commits.
         let minted = sent(&forge, "POST", "/access_tokens", "").await;
         assert_eq!(minted, 2, "installation tokens minted");
-        assert_eq!(sent(&forge, "GET", "/installation", "").await, 1, "installation looked up once");
-        let token_body = sent(&forge, "POST", "/access_tokens", "\"repositories\":[\"Hello-World\"]").await;
-        assert_eq!(token_body, 2, "each token is limited to the template's repository");
+        assert_eq!(
+            sent(&forge, "GET", "/installation", "").await,
+            1,
+            "installation looked up once"
+        );
+        let token_body = sent(
+            &forge,
+            "POST",
+            "/access_tokens",
+            "\"repositories\":[\"Hello-World\"]",
+        )
+        .await;
+        assert_eq!(
+            token_body, 2,
+            "each token is limited to the template's repository"
+        );
         assert!(sent_with_token(&forge, "ghs_first").await >= 1);
         let later = sent_with_token(&forge, "ghs_second").await;
-        assert!(later >= 4, "the renewed token made the later calls ({later})");
-        assert_eq!(sent_with_token(&forge, "forge-token-for-tests").await, 0, "no personal token");
-        // The rate-limit budget is the installation's (GitHub counts an App per installation).
+        assert!(
+            later >= 4,
+            "the renewed token made the later calls ({later})"
+        );
+        assert_eq!(
+            sent_with_token(&forge, "forge-token-for-tests").await,
+            0,
+            "no personal token"
+        );
         let metrics = harness.metrics().await;
-        let budget = r#"previewd_forge_rate_limit_remaining{budget="installation-42",forge="github"}"#;
+        // docs/forges.md: token requests are counted in previewd_forge_requests_total
+        // {operation="app_token"}; the count must be what GitHub received, so an operator can
+        // tell a token renewed about once an hour from one asked for on every call.
+        let received = token_requests(&forge, 42).await;
+        assert_eq!(received, 2, "token requests GitHub received");
+        assert_eq!(
+            app_token_requests_counted(&metrics, "ok"),
+            Some(received as f64),
+            "{metrics}"
+        );
+        assert_eq!(
+            app_token_requests_counted(&metrics, "error"),
+            None,
+            "{metrics}"
+        );
+        // The rate-limit budget is the installation's (GitHub counts an App per installation).
+        let budget =
+            r#"previewd_forge_rate_limit_remaining{budget="installation-42",forge="github"}"#;
         assert_eq!(metric_value(&metrics, budget), Some(4990.0), "{metrics}");
-        let spent_as_token = r#"previewd_forge_rate_limit_remaining{budget="token",forge="github"}"#;
-        assert_eq!(metric_value(&metrics, spent_as_token), None, "no personal-token budget");
+        let spent_as_token =
+            r#"previewd_forge_rate_limit_remaining{budget="token",forge="github"}"#;
+        assert_eq!(
+            metric_value(&metrics, spent_as_token),
+            None,
+            "no personal-token budget"
+        );
+    })
+    .await;
+}
+
+/// docs/forges.md: "an uninstalled and reinstalled App is found again after the next failed
+/// token request". The installation previewd remembered (42) answers 404 once the App was
+/// installed again (as 43): previewd forgets it, looks the installation up again and reports
+/// with a token of the new one, without asking the old id a second time. The first token
+/// expires inside the renewal margin, so the next report asks for one, as it would an hour on.
+#[tokio::test]
+async fn a_reinstalled_github_app_is_looked_up_again_when_its_old_installation_answers_404() {
+    in_namespace("workflow-app-reinstalled", |client, ns| async move {
+        let forge = github_forge().await;
+        let (private_key, public_key) = app_key_pair();
+        let app_id = 31337;
+        // The first lookup finds 42; every later one (after the reinstall) finds 43.
+        wiremock::Mock::given(wiremock::matchers::method("GET"))
+            .and(wiremock::matchers::path(format!("/repos/{GITHUB_REPOSITORY}/installation")))
+            .respond_with(app_endpoint(&public_key, app_id, |n| {
+                let id = if n == 0 { 42 } else { 43 };
+                json!({"id": id, "app_id": 31337})
+            }))
+            .mount(&forge)
+            .await;
+        // 42 mints one token, about to expire; then it is gone, and GitHub answers 404 (wiremock
+        // skips a mock that reached `up_to_n_times` and tries the next one mounted).
+        let old_tokens = || wiremock::matchers::path("/app/installations/42/access_tokens");
+        wiremock::Mock::given(wiremock::matchers::method("POST"))
+            .and(old_tokens())
+            .respond_with(app_endpoint(&public_key, app_id, |_| installation_token(0)))
+            .up_to_n_times(1)
+            .mount(&forge)
+            .await;
+        wiremock::Mock::given(wiremock::matchers::method("POST"))
+            .and(old_tokens())
+            .respond_with(wiremock::ResponseTemplate::new(404).set_body_json(json!({
+                "message": "Not Found",
+                "documentation_url": "https://docs.github.com/rest/apps/apps#create-an-installation-access-token-for-an-app"
+            })))
+            .mount(&forge)
+            .await;
+        // 43 mints tokens valid for an hour.
+        wiremock::Mock::given(wiremock::matchers::method("POST"))
+            .and(wiremock::matchers::path("/app/installations/43/access_tokens"))
+            .respond_with(app_endpoint(&public_key, app_id, |_| installation_token(1)))
+            .mount(&forge)
+            .await;
+        install_app_template(&client, &ns, &forge, app_id, &private_key).await;
+        let harness = Harness::start(&client, &ns, 1 << 20).await;
+
+        let name = harness.open_pull_request(2, FIRST).await;
+        wait_ready_with_sha(&harness.environments, &name, FIRST).await;
+        assert!(sent_with_token(&forge, "ghs_first").await >= 1, "42's token was used");
+        // A new commit: its report needs a new token at the latest (the first one is about to
+        // expire), and the report goes through once the installation was found again.
+        harness.signed("pull_request", "reinstalled-2", &synchronize_to(SECOND)).await;
+        wait_ready_with_sha(&harness.environments, &name, SECOND).await;
+        comment_says(&forge, &name, "`1f2e3d4`").await;
+
+        assert_eq!(token_requests(&forge, 42).await, 2, "42: one token, then the 404 once");
+        assert_eq!(sent(&forge, "GET", "/installation", "").await, 2, "looked up again after the 404");
+        assert_eq!(token_requests(&forge, 43).await, 1, "43's token, valid an hour, served the rest");
+        let authorizations = comment_authorizations(&forge, "`1f2e3d4`").await;
+        assert!(!authorizations.is_empty(), "a comment about the second commit");
+        assert!(
+            authorizations.iter().all(|a| a == "Bearer ghs_second"),
+            "the comment went with the new installation's token: {authorizations:?}"
+        );
+        assert_eq!(sent_with_token(&forge, "forge-token-for-tests").await, 0, "no personal token");
+        let metrics = harness.metrics().await;
+        assert_eq!(app_token_requests_counted(&metrics, "ok"), Some(2.0), "{metrics}");
+        assert_eq!(app_token_requests_counted(&metrics, "error"), Some(1.0), "the 404: {metrics}");
+        let budget = r#"previewd_forge_rate_limit_remaining{budget="installation-43",forge="github"}"#;
+        assert_eq!(metric_value(&metrics, budget), Some(4990.0), "{metrics}");
     })
     .await;
 }

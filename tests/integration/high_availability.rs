@@ -249,6 +249,22 @@ async fn one_leader_reconciles_a_killed_leader_is_replaced_and_sigterm_hands_ove
         c.send(&http, "pull_request", "open-24", &opened_for(24, &sha(24)))
             .await;
         ready_at(&environments, 24, &sha(24)).await;
+        // A delivery signed with another secret: 401, and a log line says so (docs/security.md).
+        let forged_body = opened_for(25, &sha(25));
+        let forged = Some(previewd::forge::github::sign(
+            b"not-the-secret",
+            &forged_body,
+        ));
+        let (status, answer) = post_github(
+            &http,
+            &c.base,
+            "pull_request",
+            "forged-25",
+            &forged_body,
+            forged,
+        )
+        .await;
+        assert_eq!(status, 401, "{answer}");
 
         // Logs: JSON lines; deliveries and reconciles in spans naming what they are about;
         // neither the webhook secret nor the forge token anywhere.
@@ -280,6 +296,16 @@ async fn one_leader_reconciles_a_killed_leader_is_replaced_and_sigterm_hands_ove
             })
         });
         assert!(reconcile_span, "no log line in a reconcile span");
+        let refusal_said = records.iter().any(|r| {
+            r["fields"]["outcome"] == "unauthorized"
+                && r["fields"]["message"]
+                    .as_str()
+                    .is_some_and(|m| m.starts_with("webhook refused"))
+        });
+        assert!(
+            refusal_said,
+            "no `webhook refused` line for the forged delivery"
+        );
         for line in &lines {
             assert!(
                 !line.contains(SECRET),

@@ -12,8 +12,9 @@ use std::time::Duration;
 
 use chrono::{TimeDelta, Utc};
 use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
-use k8s_openapi::api::core::v1::Namespace;
-use kube::api::{Api, Patch, PatchParams};
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Service};
+use kube::api::{Api, ListParams, Patch, PatchParams};
 use previewd::cluster::observed::ObjectKey;
 use previewd::model::crd::Phase;
 use serde_json::{Value, json};
@@ -276,11 +277,14 @@ async fn a_queued_environment_starts_on_its_own_when_no_hand_over_comes() {
 
         remove_behind_previewds_back(&harness.environments, &first).await;
         let removed_at = std::time::Instant::now();
+        // lifecycle.md promises the slot is taken within 30 s (the queue's own check); 15 s more
+        // is slack for a loaded CI machine (the start itself takes a few seconds). A wait of 90 s
+        // would pass even if the check ran only every minute, breaking the promise.
         let started = wait_for_phase(
             &harness.environments,
             &second,
             Phase::Ready,
-            Duration::from_secs(90),
+            Duration::from_secs(45),
         )
         .await;
         println!(
@@ -550,6 +554,57 @@ async fn comment_commands_from_writers_act_and_from_others_are_refused() {
     .await;
 }
 
+/// lifecycle.md, comment commands: when the forge cannot be asked whether the commenter may
+/// write (the collaborator-permission lookup answers 500), the command is refused with "try
+/// again in a minute" in the PR comment, and nothing changes: the environment's spec (and so
+/// its generation) is as before, and it stays Ready, awake.
+#[tokio::test]
+async fn a_command_is_refused_with_try_again_and_changes_nothing_when_the_forge_cannot_say_who_may_write()
+ {
+    in_namespace("lifecycle-access-unknown", |client, ns| async move {
+        let forge = github_forge().await;
+        Mock::given(method("GET"))
+            .and(wiremock::matchers::path_regex(
+                r"^/repos/[^/]+/[^/]+/collaborators/[^/]+/permission$",
+            ))
+            .respond_with(
+                ResponseTemplate::new(500).set_body_json(json!({"message": "Server Error"})),
+            )
+            .mount(&forge)
+            .await;
+        let (harness, name, _) = web_app_ready(&client, &ns, &forge, json!({})).await;
+        let before = harness.environments.get(&name).await.unwrap();
+
+        let (status, body) = harness
+            .signed(
+                "issue_comment",
+                "sleep-unknown-access",
+                &comment_on(2, "maintainer", "/preview sleep"),
+            )
+            .await;
+        assert_eq!(status, 202, "{body}");
+        // The answer reaches the PR comment only after it was written on the environment, with
+        // whatever the command changed: once it is there, look.
+        comment_says(
+            &forge,
+            &name,
+            "`/preview sleep` by @maintainer: refused: the forge could not be asked whether you \
+             may do this; try again in a minute",
+        )
+        .await;
+        assert!(
+            sent(&forge, "GET", "/collaborators/maintainer/permission", "").await >= 1,
+            "the forge was asked"
+        );
+        let after = harness.environments.get(&name).await.unwrap();
+        assert_eq!(after.spec, before.spec, "nothing in the spec changed");
+        assert!(!after.spec.sleep);
+        assert_eq!(after.metadata.generation, before.metadata.generation);
+        assert_eq!(after.status.map(|s| s.phase), Some(Phase::Ready));
+    })
+    .await;
+}
+
 #[tokio::test]
 async fn a_fork_pull_request_waits_for_approval_of_each_commit() {
     in_namespace("lifecycle-fork", |client, ns| async move {
@@ -700,20 +755,98 @@ async fn a_fork_pull_request_waits_for_approval_of_each_commit() {
     .await;
 }
 
+/// A Service and a ConfigMap beside the workloads: what sleep and waking leave as they are.
+const WEB_SERVICE_AND_SETTINGS: &str = "apiVersion: v1
+kind: Service
+metadata:
+  name: web
+spec:
+  selector: {app: web}
+  ports:
+  - {port: 80, targetPort: 80, protocol: TCP}
+---
+apiVersion: v1
+kind: ConfigMap
+metadata:
+  name: settings
+data:
+  greeting: hello
+";
+
+/// A seed Job that names no commit: its content, and so its name, is the same for every
+/// commit, so a second Job (or the same name with another uid) can only come from a seed that
+/// ran again.
+const SEED_LOAD: &str = "apiVersion: batch/v1
+kind: Job
+metadata:
+  name: load
+spec:
+  backoffLimit: 0
+  template:
+    spec:
+      restartPolicy: Never
+      containers:
+      - name: load
+        image: registry.example/seed:1
+";
+
+/// The resourceVersions of Service `web` and ConfigMap `settings` in `namespace`; panics if
+/// either is gone.
+async fn kept_versions(client: &kube::Client, namespace: &str) -> [Option<String>; 2] {
+    let service = Api::<Service>::namespaced(client.clone(), namespace)
+        .get_opt("web")
+        .await
+        .unwrap()
+        .expect("the Service is kept");
+    let settings = Api::<ConfigMap>::namespaced(client.clone(), namespace)
+        .get_opt("settings")
+        .await
+        .unwrap()
+        .expect("the ConfigMap is kept");
+    [
+        service.metadata.resource_version,
+        settings.metadata.resource_version,
+    ]
+}
+
+/// The uids of the Jobs of seed `load` in `namespace`.
+async fn seed_job_uids(client: &kube::Client, namespace: &str) -> Vec<Option<String>> {
+    Api::<Job>::namespaced(client.clone(), namespace)
+        .list(&ListParams::default().labels("previewd.dev/seed=load"))
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .map(|job| job.metadata.uid)
+        .collect()
+}
+
+/// lifecycle.md, sleep instead of delete: an environment idle past its timeout is put to sleep
+/// (every Deployment and StatefulSet at 0 replicas) and a push wakes it at the new commit.
+/// Sleep changes nothing but the replica counts: its Service and ConfigMap keep their
+/// resourceVersion asleep and awake again, and its seed Job stays the one Job (same uid) that
+/// ran before; waking does not run the seed again.
 #[tokio::test]
-async fn idle_environments_sleep_and_a_push_wakes_them() {
+async fn idle_environments_sleep_keeping_all_but_replica_counts_and_a_push_wakes_them_without_reseeding()
+ {
     in_namespace("lifecycle-idle-sleep", |client, ns| async move {
         let forge = github_forge().await;
-        let lifecycle =
-            json!({"lifecycle": {"idleTimeout": "1h", "idleAction": "Sleep", "maxAge": "7d"}});
+        let spec_extra = json!({
+            "lifecycle": {"idleTimeout": "1h", "idleAction": "Sleep", "maxAge": "7d"},
+            "seeds": [{"name": "load", "wave": 1, "job": SEED_LOAD}],
+        });
         let (harness, name, target) = app_ready(
             &client,
             &ns,
             &forge,
-            lifecycle,
-            &format!("{WEB_APP}---\n{DB}"),
+            spec_extra,
+            &format!("{WEB_APP}---\n{DB}---\n{WEB_SERVICE_AND_SETTINGS}"),
         )
         .await;
+        let versions_awake = kept_versions(&client, &target).await;
+        let seed_jobs = seed_job_uids(&client, &target).await;
+        assert_eq!(seed_jobs.len(), 1, "one seed Job ran: {seed_jobs:?}");
+        assert!(seed_jobs[0].is_some());
         let context = harness.context.clone();
         let sweeper = harness.sweeper(&client, &ns);
         // 30 minutes later: not idle yet. (The forge lists nothing: it answers 404, so no forge
@@ -761,6 +894,17 @@ async fn idle_environments_sleep_and_a_push_wakes_them() {
             "the StatefulSet sleeps too"
         );
         assert_eq!(harness.metrics.sweep.sleeps.get(), 1);
+        // The sleep has been applied (replicas at 0): everything else is as it was.
+        assert_eq!(
+            kept_versions(&client, &target).await,
+            versions_awake,
+            "asleep, the Service and the ConfigMap are untouched"
+        );
+        assert_eq!(
+            seed_job_uids(&client, &target).await,
+            seed_jobs,
+            "asleep, the seed Job is kept"
+        );
 
         // A push (synchronize with a new head SHA) wakes it at the new commit.
         let mut synchronize = json_fixture("github/pull_request.synchronize.json");
@@ -781,6 +925,18 @@ async fn idle_environments_sleep_and_a_push_wakes_them() {
             "the StatefulSet wakes with it"
         );
         assert!(!harness.environments.get(&name).await.unwrap().spec.sleep);
+        // Ready means every wave, the seed's included, was applied and healthy again: the seed
+        // is still the one Job that ran before the sleep, and the rest was never rewritten.
+        assert_eq!(
+            seed_job_uids(&client, &target).await,
+            seed_jobs,
+            "waking does not run the seed again"
+        );
+        assert_eq!(
+            kept_versions(&client, &target).await,
+            versions_awake,
+            "awake again, the Service and the ConfigMap are untouched"
+        );
     })
     .await;
 }

@@ -693,6 +693,56 @@ async fn reapply_interval_resends_everything_without_rerunning_the_seed() {
     .await;
 }
 
+/// A Secret a template renders (test data's password): previewd does not watch Secrets, so a
+/// hand edit stays until `--reapply-interval` sends the rendered one again; a change of the
+/// rendered content is sent at once (docs/security.md).
+#[tokio::test]
+async fn a_rendered_secret_is_sent_again_on_reapply_and_when_the_template_changes_it() {
+    use k8s_openapi::api::core::v1::Secret;
+    in_namespace("reapply-secret", |client, ns| async move {
+        let config = ControllerConfig {
+            namespace: Some(ns.clone()),
+            reapply_interval: Some(Duration::from_secs(3)),
+            ..Default::default()
+        };
+        let _context = start_controller_with(&client, config).await;
+        let secret_with = |password: &str| {
+            format!("apiVersion: v1\nkind: Secret\nmetadata:\n  name: test-data\nstringData:\n  password: {password}\n")
+        };
+        let templates: Api<PreviewTemplate> = Api::namespaced(client.clone(), &ns);
+        templates.create(&PostParams::default(), &template_with(&secret_with("rendered"))).await.unwrap();
+        let environments: Api<PreviewEnvironment> = Api::namespaced(client.clone(), &ns);
+        environments.create(&PostParams::default(), &environment_of("unsafe")).await.unwrap();
+        let ready = wait_for_phase(&environments, "pr-7", Phase::Ready, Duration::from_secs(60)).await;
+        let secrets: Api<Secret> = Api::namespaced(client.clone(), &ready.status.unwrap().namespace.unwrap());
+        let password_is = |expected: &'static str| {
+            let secrets = secrets.clone();
+            move || {
+                let secrets = secrets.clone();
+                async move {
+                    let secret = secrets.get("test-data").await.ok()?;
+                    let value = secret.data?.get("password")?.0.clone();
+                    (value == expected.as_bytes()).then_some(())
+                }
+            }
+        };
+        eventually("the rendered password", Duration::from_secs(10), password_is("rendered")).await;
+
+        // A hand edit: undone by the next re-apply, not left for the life of the environment.
+        let edit = json!({"data": {"password": "aGFuZA=="}});
+        secrets.patch("test-data", &PatchParams::default(), &Patch::Merge(&edit)).await.unwrap();
+        eventually("the hand edit to be seen", Duration::from_secs(5), password_is("hand")).await;
+        eventually("the re-apply to restore the rendered password", Duration::from_secs(30), password_is("rendered")).await;
+
+        // The template renders another password: sent.
+        let mut changed = templates.get("unsafe").await.unwrap();
+        changed.spec = template_with(&secret_with("changed")).spec;
+        templates.replace("unsafe", &PostParams::default(), &changed).await.unwrap();
+        eventually("the changed password", Duration::from_secs(30), password_is("changed")).await;
+    })
+    .await;
+}
+
 /// `previewd run` as its own process, so that it can be killed like a crashed pod. Killed
 /// with SIGKILL when dropped, also when the test fails.
 struct ControllerProcess(std::process::Child);

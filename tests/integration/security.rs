@@ -339,6 +339,12 @@ async fn assert_untouched(client: &kube::Client, name: &str) {
         configmaps.get_opt("app").await.unwrap().is_none(),
         "nothing of the environment was applied in {name}"
     );
+    // previewd's own access is bound only in namespaces it created (docs/security.md, RBAC).
+    let bindings = Api::<k8s_openapi::api::rbac::v1::RoleBinding>::namespaced(client.clone(), name);
+    assert!(
+        bindings.get_opt("previewd-access").await.unwrap().is_none(),
+        "previewd bound its access in {name}"
+    );
 }
 
 /// The environment's namespace name already exists and previewd did not create it: the
@@ -858,8 +864,8 @@ async fn requests_at(forge: &wiremock::MockServer, sha: &str) -> usize {
         .count()
 }
 
-/// A pull request that puts thousands of manifests, or one huge one, into `repositoryPath` is
-/// refused from the folder's listing (`ManifestsTooLarge`), before any file is downloaded,
+/// A pull request that puts thousands of manifests, one huge one, or several large ones adding
+/// up to more than 4 MiB into `repositoryPath` is refused from the folder's listing (`ManifestsTooLarge`), before any file is downloaded,
 /// and the previous commit keeps running. Before, previewd read every file, whatever the
 /// count and size.
 #[tokio::test]
@@ -867,6 +873,7 @@ async fn a_repository_folder_beyond_the_limits_is_refused_before_it_is_read() {
     const OPENED: &str = "ec26c3e57ca3a959ca5aad62de7213c562f8c821";
     const MANY: &str = "1111111111111111111111111111111111111111";
     const HUGE: &str = "2222222222222222222222222222222222222222";
+    const HEAVY: &str = "3333333333333333333333333333333333333333";
     in_namespace("security-repo-limits", |client, ns| async move {
         let forge = github_forge().await;
         let file = |name: &str, size: u64| {
@@ -876,6 +883,9 @@ async fn a_repository_folder_beyond_the_limits_is_refused_before_it_is_read() {
         let many: Vec<_> = (0..5_000).map(|i| file(&format!("m{i}.yaml"), 90)).collect();
         mount_repository_folder(&forge, MANY, json!(many), &[("m0.yaml", CONFIG_MAP_APP)]).await;
         mount_repository_folder(&forge, HUGE, json!([file("app.yaml", 50 << 20)]), &[("app.yaml", CONFIG_MAP_APP)]).await;
+        // Five files under 1 MiB each, 4.5 MB in all: over the total, and known from the listing.
+        let heavy: Vec<_> = (0..5).map(|i| file(&format!("h{i}.yaml"), 900 << 10)).collect();
+        mount_repository_folder(&forge, HEAVY, json!(heavy), &[("h0.yaml", CONFIG_MAP_APP)]).await;
         let from_repository = json!({"manifests": {"repositoryPath": "deploy/preview"}});
         install_template_with(&client, &ns, "github", REPOSITORY, Some(&forge.uri()), from_repository, CONFIG_MAP_APP).await;
         let harness = Harness::start(&client, &ns, 2 << 20).await;
@@ -890,7 +900,11 @@ async fn a_repository_folder_beyond_the_limits_is_refused_before_it_is_read() {
         };
         assert_eq!(app().await, OPENED);
 
-        for (sha, limit) in [(MANY, "5000 manifest files, more than the limit of 200"), (HUGE, "52428800 bytes, more than the limit of 1048576")] {
+        for (sha, limit) in [
+            (MANY, "5000 manifest files, more than the limit of 200"),
+            (HUGE, "52428800 bytes, more than the limit of 1048576"),
+            (HEAVY, "4608000 bytes of manifests, more than the limit of 4194304"),
+        ] {
             let mut push = json_fixture("github/pull_request.synchronize.json");
             push["pull_request"]["head"]["sha"] = json!(sha);
             let (status, answer) = harness.signed("pull_request", sha, push.to_string().as_bytes()).await;

@@ -88,6 +88,18 @@ async fn github_pull_request_opened_synchronized_closed() {
                 >= 1,
             "a success commit status"
         );
+        // The webhook secret and the forge token (install_template_with's) show in no status,
+        // Event or metric (docs/security.md), though previewd used both for this story.
+        let shows_a_secret =
+            |text: &str| text.contains(SECRET) || text.contains("forge-token-for-tests");
+        let record = harness.environments.get(&name).await.unwrap();
+        assert!(!shows_a_secret(&serde_json::to_string(&record).unwrap()));
+        let events = Api::<k8s_openapi::api::core::v1::Event>::namespaced(client.clone(), &ns)
+            .list(&Default::default())
+            .await
+            .unwrap();
+        assert!(!events.items.is_empty(), "previewd wrote Events to look through");
+        assert!(!shows_a_secret(&serde_json::to_string(&events.items).unwrap()));
 
         // synchronize: the fixture carries the opened PR's SHA; a copy with a new head SHA.
         let mut synchronize = json_fixture("github/pull_request.synchronize.json");
@@ -171,6 +183,7 @@ async fn github_pull_request_opened_synchronized_closed() {
         assert!(value(r#"previewd_forge_requests_total{forge="github",operation="create_comment",outcome="ok"}"#) == 1.0);
         assert_eq!(value(r#"previewd_forge_rate_limit_remaining{budget="token",forge="github"}"#), 4990.0);
         assert!(!text.contains(&name), "no environment name in any label");
+        assert!(!shows_a_secret(&text), "no secret in any metric");
         let calls = forge.received_requests().await.unwrap_or_default();
         eprintln!(
             "github story: {} forge API calls in all: {}",

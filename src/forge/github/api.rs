@@ -10,7 +10,7 @@ use http::{HeaderMap, Method, StatusCode};
 use serde_json::{Value, json};
 
 use crate::forge::client::{
-    CommentAuthor, DeploymentState, check_manifest_count, check_manifest_size, is_yaml,
+    CommentAuthor, DeploymentState, check_listed_sizes, check_manifest_count, is_yaml,
 };
 use crate::forge::comment::CommitState;
 use crate::forge::metrics::ForgeMetrics;
@@ -381,10 +381,7 @@ impl GithubApi {
             .collect();
         // The listing gives every file's size: refuse before downloading anything.
         check_manifest_count(path, manifests.len())?;
-        for entry in &manifests {
-            let name = entry["path"].as_str().unwrap_or(path);
-            check_manifest_size(name, entry["size"].as_u64().unwrap_or(0))?;
-        }
+        check_listed_sizes(path, manifests.iter().map(|entry| listed_size(entry, path)))?;
         let mut files = Vec::new();
         for entry in manifests {
             let name = entry["name"].as_str().unwrap_or_default().to_string();
@@ -438,10 +435,7 @@ impl GithubApi {
             }
             check_manifest_count(root, entries.len() + folders.len())?;
         }
-        for entry in &entries {
-            let name = entry["path"].as_str().unwrap_or(root);
-            check_manifest_size(name, entry["size"].as_u64().unwrap_or(0))?;
-        }
+        check_listed_sizes(root, entries.iter().map(|entry| listed_size(entry, root)))?;
         let mut files = Vec::new();
         for entry in entries {
             let file_path = entry["path"].as_str().unwrap_or_default().to_string();
@@ -550,6 +544,12 @@ impl GithubApi {
 }
 
 /// GitHub's contents API returns base64 with line breaks.
+/// A listing entry's path (or `folder`) and the size the forge gives for it.
+fn listed_size(entry: &Value, folder: &str) -> (String, u64) {
+    let name = entry["path"].as_str().unwrap_or(folder).to_string();
+    (name, entry["size"].as_u64().unwrap_or(0))
+}
+
 fn decode_base64_content(file: &Value) -> Option<String> {
     String::from_utf8(decode_base64_bytes(file)?).ok()
 }

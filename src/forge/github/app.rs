@@ -262,14 +262,21 @@ pub fn app_jwt(app_id: u64, key: &[u8], now: DateTime<Utc>) -> Result<String, Fo
         message: "the GitHub App private key is not an RSA private key in PEM form".into(),
     };
     let key = jsonwebtoken::EncodingKey::from_rsa_pem(key).map_err(bad_key)?;
+    let claims = jwt_claims(app_id, now);
+    let header = jsonwebtoken::Header::new(jsonwebtoken::Algorithm::RS256);
+    jsonwebtoken::encode(&header, &claims, &key).map_err(bad_key)
+}
+
+/// The claims of the App's JWT at `now`: issued a minute back (GitHub's advice for clock
+/// drift), expiring [`JWT_LIFETIME`] after that, issuer the App id. Apart from [`app_jwt`] so
+/// that these times can be checked without an RSA key.
+fn jwt_claims(app_id: u64, now: DateTime<Utc>) -> Claims {
     let issued = now - TimeDelta::minutes(1);
-    let claims = Claims {
+    Claims {
         iat: issued.timestamp(),
         exp: (issued + JWT_LIFETIME).timestamp(),
         iss: app_id.to_string(),
-    };
-    let header = jsonwebtoken::Header::new(jsonwebtoken::Algorithm::RS256);
-    jsonwebtoken::encode(&header, &claims, &key).map_err(bad_key)
+    }
 }
 
 #[cfg(test)]
@@ -283,6 +290,23 @@ mod tests {
         assert!(error.contains("not an RSA private key"), "{error}");
         assert!(!error.contains("c2VjcmV0"), "{error}");
         assert!(app_jwt(1, b"", Utc::now()).is_err());
+    }
+
+    /// The JWT's times as docs/forges.md promises them: issued a minute back for clock drift,
+    /// valid 9 minutes from then, so it ends 8 minutes after `now`, inside GitHub's 10-minute
+    /// limit. The numbers are written out rather than taken from `JWT_LIFETIME`, so that a
+    /// change of the constant fails here.
+    #[test]
+    fn the_app_jwt_is_issued_a_minute_back_and_lives_nine_minutes() {
+        let now = DateTime::from_timestamp(1_714_564_800, 0).unwrap();
+        let claims = jwt_claims(31337, now);
+        assert_eq!(claims.iat, now.timestamp() - 60, "issued a minute back");
+        assert_eq!(claims.exp, claims.iat + 9 * 60, "valid 9 minutes");
+        assert!(
+            claims.exp - now.timestamp() < 10 * 60,
+            "GitHub refuses more than 10 minutes"
+        );
+        assert_eq!(claims.iss, "31337", "issued by the App id");
     }
 
     #[test]
