@@ -760,3 +760,55 @@ async fn a_verdict_on_a_version_that_changed_since_deletes_nothing() {
     })
     .await;
 }
+
+/// The sweep runs by itself: on start-up and then every `--sweep-interval` (lifecycle.md). An
+/// environment past its `maxAge` goes without anyone calling a sweep, and so does one that
+/// passes its `maxAge` only after the first sweeps ran.
+#[tokio::test]
+async fn the_sweep_runs_on_its_own_every_interval() {
+    in_namespace("sweep-interval", |client, ns| async move {
+        let forge = forge_listing(&[2, 3]).await;
+        install(&client, &ns, &forge.uri(), json!({"maxAge": "6s"})).await;
+        let (running, sweeper) = start(&client, &ns).await;
+        let first = environment(&client, &ns, 2).await;
+        let context = running.context.clone();
+        let sweeps = tokio::spawn(async move {
+            sweeper
+                .run(context.reporter.clients(), Duration::from_secs(2))
+                .await
+        });
+        let gone = |name: String| {
+            let (client, ns) = (client.clone(), ns.clone());
+            move || {
+                let (client, ns, name) = (client.clone(), ns.clone(), name.clone());
+                async move { (!names(&client, &ns).await.contains(&name)).then_some(()) }
+            }
+        };
+        eventually(
+            "the first environment to age out",
+            Duration::from_secs(30),
+            gone(first),
+        )
+        .await;
+        // Created after the start-up sweep: only a later, periodic sweep can remove it.
+        let second = environment(&client, &ns, 3).await;
+        eventually(
+            "the second environment to age out",
+            Duration::from_secs(30),
+            gone(second),
+        )
+        .await;
+        assert_eq!(
+            running
+                .metrics
+                .sweep
+                .deletions
+                .with_label_values(&["max_age"])
+                .get(),
+            2,
+            "both removed by the sweep, for their age"
+        );
+        sweeps.abort();
+    })
+    .await;
+}
