@@ -55,3 +55,132 @@ pub fn limited(config: kube::Config, in_flight: usize) -> Result<kube::Client, C
         .with_layer(&ConcurrencyLimitLayer::new(in_flight.max(1)))
         .build())
 }
+
+#[cfg(test)]
+mod tests {
+    use std::net::SocketAddr;
+    use std::time::Duration;
+
+    use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+    use tokio::net::{TcpListener, TcpStream};
+    use tokio::sync::{mpsc, oneshot};
+
+    use super::*;
+
+    /// A request the stand-in API server has read: its path, and what lets it be answered.
+    type Arrival = (String, oneshot::Sender<()>);
+    /// What happened, in order: the server's arrivals and the test's releases.
+    type Log = std::sync::Arc<std::sync::Mutex<Vec<String>>>;
+
+    /// A stand-in API server on loopback that answers no request until the test says so: each
+    /// request it reads is announced, in the order read, with the sender that releases it.
+    /// The limit is `limited`'s own layer inside kube's client, so it is driven through HTTP
+    /// rather than a tower stand-in (the layer is not built by a function of its own).
+    async fn holding_api_server(log: Log) -> (SocketAddr, mpsc::UnboundedReceiver<Arrival>) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap();
+        let (arrived, arrivals) = mpsc::unbounded_channel();
+        tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                tokio::spawn(serve_held(stream, arrived.clone(), log.clone()));
+            }
+        });
+        (address, arrivals)
+    }
+
+    /// Serves one connection: HTTP/1.1 GETs (no body), one at a time, kept alive, each
+    /// answered `200 {}` once released.
+    async fn serve_held(stream: TcpStream, arrived: mpsc::UnboundedSender<Arrival>, log: Log) {
+        let mut stream = BufReader::new(stream);
+        loop {
+            let mut request_line = String::new();
+            match stream.read_line(&mut request_line).await {
+                Ok(0) | Err(_) => return,
+                Ok(_) => {}
+            }
+            loop {
+                let mut header = String::new();
+                match stream.read_line(&mut header).await {
+                    Ok(0) | Err(_) => return,
+                    Ok(_) if header == "\r\n" => break,
+                    Ok(_) => {}
+                }
+            }
+            let path = request_line.split(' ').nth(1).unwrap_or_default();
+            log.lock().unwrap().push(format!("arrived {path}"));
+            let (release, released) = oneshot::channel();
+            if arrived.send((path.to_string(), release)).is_err() || released.await.is_err() {
+                return;
+            }
+            let answer = "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n\
+                          content-length: 2\r\n\r\n{}";
+            if stream.get_mut().write_all(answer.as_bytes()).await.is_err() {
+                return;
+            }
+        }
+    }
+
+    /// The next request the server reads.
+    async fn next_arrival(arrivals: &mut mpsc::UnboundedReceiver<Arrival>) -> Arrival {
+        tokio::time::timeout(Duration::from_secs(10), arrivals.recv())
+            .await
+            .ok()
+            .flatten()
+            .expect("a request reaches the server")
+    }
+
+    #[tokio::test]
+    async fn a_request_past_the_limit_waits_for_one_to_finish_and_waiters_go_in_arrival_order() {
+        // docs/security.md: "at most `--api-concurrency` API requests in flight, queued in
+        // order of arrival". Two places, four requests: the third and fourth reach the server
+        // only after a request before them was answered, the third (asked first) first. The
+        // log of arrivals and releases shows it; no wait for something not to happen.
+        crate::install_crypto_provider();
+        let log = Log::default();
+        let (address, mut arrivals) = holding_api_server(log.clone()).await;
+        let config = kube::Config::new(format!("http://{address}").parse().unwrap());
+        let client = limited(config, 2).unwrap();
+        let get = |path: &'static str| {
+            let client = client.clone();
+            tokio::spawn(async move {
+                let request = http::Request::get(path).body(Vec::new()).unwrap();
+                client.request_text(request).await
+            })
+        };
+        let release = |(path, answer): Arrival| {
+            log.lock().unwrap().push(format!("released {path}"));
+            answer.send(()).unwrap();
+        };
+
+        let first = get("/first");
+        let held_first = next_arrival(&mut arrivals).await;
+        let second = get("/second");
+        let held_second = next_arrival(&mut arrivals).await;
+        let third = get("/third");
+        // The third is queued before the fourth is asked for: that is their arrival order.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let fourth = get("/fourth");
+        // Without the limit both would arrive now, before any release is logged.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        release(held_first);
+        let held_third = next_arrival(&mut arrivals).await;
+        release(held_second);
+        let held_fourth = next_arrival(&mut arrivals).await;
+        release(held_third);
+        release(held_fourth);
+        for request in [first, second, third, fourth] {
+            assert_eq!(request.await.unwrap().unwrap(), "{}");
+        }
+        let order = [
+            "arrived /first",
+            "arrived /second",
+            "released /first",
+            "arrived /third",
+            "released /second",
+            "arrived /fourth",
+            "released /third",
+            "released /fourth",
+        ];
+        assert_eq!(*log.lock().unwrap(), order);
+    }
+}

@@ -338,3 +338,94 @@ async fn upsert_comment(
     record.comment_sha = Some(update.sha.clone());
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::metrics::ForgeMetrics;
+    use super::*;
+    use crate::cluster::secrets::SecretReader;
+    use crate::model::crd::{PreviewEnvironmentSpec, PreviewTemplateSpec};
+
+    /// A reporter that calls no forge and reads no Secret: the template below names neither a
+    /// token nor a GitHub App, so [`TemplateClients::client`] answers `None` at once. The
+    /// Kubernetes client is never contacted.
+    fn reporter() -> Reporter {
+        crate::install_crypto_provider();
+        let config = kube::Config::new("http://127.0.0.1:9".parse().unwrap());
+        let secrets = SecretReader::new(kube::Client::try_from(config).unwrap());
+        let clients = TemplateClients::new(ForgeMetrics::new(), Arc::new(secrets));
+        Reporter::new(Arc::new(clients))
+    }
+
+    fn template() -> PreviewTemplate {
+        let mut template = PreviewTemplate::new("web", PreviewTemplateSpec::default());
+        template.metadata.namespace = Some("team".into());
+        template
+    }
+
+    fn environment(name: &str, uid: &str) -> PreviewEnvironment {
+        let mut environment = PreviewEnvironment::new(name, PreviewEnvironmentSpec::default());
+        environment.metadata.namespace = Some("team".into());
+        environment.metadata.uid = Some(uid.into());
+        environment
+    }
+
+    /// What was sent for an environment: its comment's id and hashes.
+    fn sent(comment_id: u64) -> ForgeReport {
+        ForgeReport {
+            comment_id: Some(comment_id),
+            comment_sha: Some(format!("comment-{comment_id}")),
+            status_sha: Some(format!("status-{comment_id}")),
+            ..Default::default()
+        }
+    }
+
+    /// What `report` starts from for `environment` when its status records nothing (a cache
+    /// behind the last status write): the reporter's memory, or nothing.
+    async fn remembered(
+        reporter: &Reporter,
+        environment: &PreviewEnvironment,
+    ) -> Option<ForgeReport> {
+        let nothing = PreviewEnvironmentStatus::default();
+        let (record, result) = reporter.report(environment, &template(), &nothing).await;
+        result.expect("no forge is called");
+        record
+    }
+
+    #[tokio::test]
+    async fn forgetting_an_environment_drops_what_was_sent_for_it_and_nothing_of_another() {
+        // docs/security.md: "the forge reports ... (forgotten with their environment)". The
+        // controller calls `forget` when an environment is gone; without it the record of
+        // every environment that ever lived would stay.
+        let reporter = reporter();
+        let gone = environment("web-pr-2", "uid-2");
+        let kept = environment("web-pr-3", "uid-3");
+        for (environment, record) in [(&gone, sent(2)), (&kept, sent(3))] {
+            let status = PreviewEnvironmentStatus {
+                forge: Some(record.clone()),
+                ..Default::default()
+            };
+            let (reported, result) = reporter.report(environment, &template(), &status).await;
+            result.expect("no forge is called");
+            assert_eq!(reported, Some(record));
+        }
+        assert_eq!(remembered(&reporter, &gone).await, Some(sent(2)));
+        assert_eq!(remembered(&reporter, &kept).await, Some(sent(3)));
+
+        reporter.forget(&gone);
+
+        // Looked at before `report` runs again (it remembers what it started from).
+        let uids: Vec<String> = reporter.lock().keys().cloned().collect();
+        assert_eq!(uids, ["uid-3"], "only the other environment is remembered");
+        assert_eq!(
+            remembered(&reporter, &gone).await,
+            None,
+            "the comment id and hashes of the removed environment are gone"
+        );
+        assert_eq!(
+            remembered(&reporter, &kept).await,
+            Some(sent(3)),
+            "the other environment keeps its record"
+        );
+    }
+}

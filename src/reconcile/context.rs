@@ -290,6 +290,65 @@ mod tests {
         assert!(memory.held_back.lock().is_empty());
     }
 
+    /// The environments `map` holds something of.
+    fn keys<V>(map: &Locked<EnvironmentRef, V>) -> Vec<EnvironmentRef> {
+        map.lock().keys().cloned().collect()
+    }
+
+    #[test]
+    fn forgetting_an_environment_empties_every_map_of_it_and_keeps_the_other_environments() {
+        // docs/security.md: "the reconciler's memory (forgotten with their environment)". A map
+        // that `forget` missed would keep every environment that ever lived.
+        let memory = Memory::default();
+        let gone = environment();
+        let kept: EnvironmentRef = ObjectRef::new("pr-8").within("previews");
+        for environment in [&gone, &kept] {
+            let timings = Timings::default();
+            memory
+                .ready_timings
+                .lock()
+                .insert(environment.clone(), timings);
+            memory.backoff_after_failure(environment);
+            let held = HeldBack {
+                until: Instant::now() + Duration::from_secs(60),
+                inputs: "v1".into(),
+            };
+            memory.held_back.lock().insert(environment.clone(), held);
+            memory
+                .last_full_apply
+                .lock()
+                .insert(environment.clone(), Instant::now());
+            memory
+                .last_status_write
+                .lock()
+                .insert(environment.clone(), Instant::now());
+            memory.wrote_status(environment, "41", "42");
+        }
+
+        memory.forget(&gone);
+
+        // Every field is named, so that a map added to `Memory` fails to compile here until it
+        // is listed (and, if it is kept per environment, cleared by `forget`). `seed_started`
+        // is keyed by seed Job (`namespace/job`), not by environment: it is bounded by age
+        // instead (a day, `metrics.rs`).
+        let Memory {
+            seed_started: _,
+            ready_timings,
+            failures,
+            held_back,
+            last_full_apply,
+            last_status_write,
+            unseen_writes,
+        } = &memory;
+        let only_kept = vec![kept.clone()];
+        assert_eq!(keys(ready_timings), only_kept, "ready_timings");
+        assert_eq!(keys(failures), only_kept, "failures");
+        assert_eq!(keys(held_back), only_kept, "held_back");
+        assert_eq!(keys(last_full_apply), only_kept, "last_full_apply");
+        assert_eq!(keys(last_status_write), only_kept, "last_status_write");
+        assert_eq!(keys(unseen_writes), only_kept, "unseen_writes");
+    }
+
     #[test]
     fn a_cache_that_shows_the_version_a_status_write_was_computed_from_is_behind() {
         let memory = Memory::default();

@@ -121,6 +121,12 @@ pub struct Observations {
     pub seed_failures: u64,
 }
 
+/// Drops the seed starts remembered for [`SEED_MEMORY`] or longer at `now` (a clock of its
+/// own, so that a test need not wait a day).
+fn forget_old_seeds(started: &mut std::collections::HashMap<String, Instant>, now: Instant) {
+    started.retain(|_, at| now.saturating_duration_since(*at) < SEED_MEMORY);
+}
+
 impl Observations {
     /// Compares the status about to be written with the previous one: a commit that just
     /// became Ready, seeds that just succeeded (timed from when previewd first saw them
@@ -155,7 +161,7 @@ impl Observations {
                 // A seed whose environment went before it finished is never removed below:
                 // starts older than a day are forgotten whenever a new one is remembered.
                 "Running" if !started.contains_key(&key) => {
-                    started.retain(|_, at| at.elapsed() < SEED_MEMORY);
+                    forget_old_seeds(started, Instant::now());
                     started.insert(key, Instant::now());
                 }
                 "Running" => {}
@@ -182,5 +188,53 @@ impl Observations {
             metrics.seed_duration.observe(*seconds);
         }
         metrics.seed_failures.inc_by(self.seed_failures);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use super::*;
+    use crate::model::crd::SeedStatus;
+
+    #[test]
+    fn seed_start_times_are_kept_for_a_day_at_most() {
+        // docs/security.md ("seed start times (a day)"): a seed whose environment went before
+        // it finished is never removed by its outcome, so only its age bounds this memory.
+        // The clock is passed in: 25 hours later is `start + 25 h`, not a day of waiting.
+        let start = Instant::now();
+        let hour = Duration::from_secs(3600);
+        let mut started = HashMap::from([
+            ("team/twenty-five-hours".to_string(), start),
+            ("team/exactly-a-day".to_string(), start + hour),
+            ("team/twenty-three-hours".to_string(), start + 2 * hour),
+        ]);
+        forget_old_seeds(&mut started, start + 25 * hour);
+        let kept: Vec<&str> = started.keys().map(String::as_str).collect();
+        assert_eq!(kept, ["team/twenty-three-hours"]);
+    }
+
+    #[test]
+    fn a_seed_younger_than_a_day_is_kept_when_another_is_remembered() {
+        // The pruning runs each time a new running seed is remembered; it must not drop the
+        // starts still waiting for their seed to succeed (their duration would be lost).
+        let previous = PreviewEnvironmentStatus::default();
+        let mut started = HashMap::from([("team/older".to_string(), Instant::now())]);
+        let running = SeedStatus {
+            name: "db".into(),
+            job: "newer".into(),
+            state: "Running".into(),
+            message: None,
+        };
+        let status = PreviewEnvironmentStatus {
+            namespace: Some("team".into()),
+            seeds: vec![running],
+            ..Default::default()
+        };
+        Observations::between(&previous, &status, &mut started);
+        let mut kept: Vec<&str> = started.keys().map(String::as_str).collect();
+        kept.sort_unstable();
+        assert_eq!(kept, ["team/newer", "team/older"]);
     }
 }

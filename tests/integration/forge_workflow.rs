@@ -15,8 +15,8 @@ use crate::support;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::ConfigMap;
-use kube::api::Api;
-use previewd::model::crd::{Phase, PreviewEnvironment};
+use kube::api::{Api, Patch, PatchParams};
+use previewd::model::crd::{Phase, PreviewEnvironment, PreviewTemplate};
 use serde_json::json;
 use support::webhooks::*;
 use support::{eventually, in_namespace, wait_for_phase};
@@ -109,6 +109,36 @@ async fn commit_status_says(forge: &MockServer, sha: &str, needle: &str) {
     .await
 }
 
+/// The requests previewd made that would ask the forge about a commit's CI (check runs and
+/// suites, a commit's statuses read back, pipelines, jobs): the forge tells previewd by its
+/// deliveries, so there should be none. Setting a commit status (a POST) is a report, not a
+/// question, and is not listed.
+async fn ci_questions(forge: &MockServer) -> Vec<String> {
+    let requests = forge.received_requests().await.unwrap_or_default();
+    requests
+        .iter()
+        .filter(|r| {
+            let path = r.url.path();
+            let reads_statuses = r.method.as_str() == "GET"
+                && (path.contains("/statuses") || path.ends_with("/status"));
+            reads_statuses
+                || [
+                    "/check-runs",
+                    "/check-suites",
+                    "/commits/",
+                    "/pipelines",
+                    "/jobs",
+                ]
+                .iter()
+                .any(|part| path.contains(part))
+        })
+        .map(|r| format!("{} {}", r.method.as_str(), r.url.path()))
+        .collect()
+}
+
+/// A new commit waits for its named check while the commit deployed before keeps running; the
+/// check results are recorded in `spec.checks` by the field manager `previewd-checks`, and
+/// recording them asks the forge nothing.
 #[tokio::test]
 async fn a_new_commit_waits_for_its_checks_while_the_previous_one_keeps_running() {
     in_namespace("workflow-checks", |client, ns| async move {
@@ -153,6 +183,30 @@ async fn a_new_commit_waits_for_its_checks_while_the_previous_one_keeps_running(
             message.contains("(running)").then_some(environment)
         })
         .await;
+        // The running check is recorded on the environment by its own field manager...
+        let owners: Vec<String> = held
+            .metadata
+            .managed_fields
+            .iter()
+            .flatten()
+            .filter(|entry| {
+                entry.fields_v1.as_ref().is_some_and(|fields| {
+                    fields.0["f:spec"]["f:checks"]
+                        .get("f:build-image")
+                        .is_some()
+                })
+            })
+            .filter_map(|entry| entry.manager.clone())
+            .collect();
+        assert_eq!(
+            owners,
+            ["previewd-checks"],
+            "the managers owning spec.checks.build-image: {:?}",
+            held.metadata.managed_fields
+        );
+        // ... and neither recording it nor deciding from it asked the forge about the commit.
+        let asked = ci_questions(&forge).await;
+        assert!(asked.is_empty(), "no forge request for a check delivery: {asked:?}");
         let status = held.status.unwrap();
         assert_eq!(status.phase, Phase::Ready, "the previous commit still serves");
         assert_eq!(status.deployed_sha.as_deref(), Some(FIRST));
@@ -193,6 +247,9 @@ async fn a_new_commit_waits_for_its_checks_while_the_previous_one_keeps_running(
             Some(4.0),
             "the 4 check results recorded:\n{metrics}"
         );
+        // Six check deliveries in all, and not one question to the forge about a commit's CI.
+        let asked = ci_questions(&forge).await;
+        assert!(asked.is_empty(), "no forge request for check deliveries: {asked:?}");
     })
     .await;
 }
@@ -344,6 +401,12 @@ async fn gitlab_a_merge_request_deploys_once_its_pipeline_succeeded() {
             )
             .await;
         wait_ready_with_sha(&harness.environments, &name, &sha).await;
+        // Three pipeline deliveries decided it, with no question to GitLab about the pipeline.
+        let asked = ci_questions(&forge).await;
+        assert!(
+            asked.is_empty(),
+            "no GitLab request for pipeline deliveries: {asked:?}"
+        );
     })
     .await;
 }
@@ -376,6 +439,8 @@ async fn gitlab_got(forge: &MockServer, verb: &str, path_end: &str, needles: &[&
     .await
 }
 
+/// A GitLab environment is registered once (with its URL, sent again when the URL changes), gets
+/// a deployment per commit on the merge request's source branch, and is stopped on removal.
 #[tokio::test]
 async fn gitlab_an_environment_is_registered_deployed_per_commit_and_stopped_on_removal() {
     in_namespace("workflow-gitlab-env", |client, ns| async move {
@@ -396,6 +461,10 @@ async fn gitlab_an_environment_is_registered_deployed_per_commit_and_stopped_on_
         let harness = Harness::start(&client, &ns, 1 << 20).await;
         let mut delivery = json_fixture("gitlab/merge_request.json");
         let first = delivery["object_attributes"]["last_commit"]["id"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        let branch = delivery["object_attributes"]["source_branch"]
             .as_str()
             .unwrap()
             .to_string();
@@ -423,8 +492,12 @@ async fn gitlab_an_environment_is_registered_deployed_per_commit_and_stopped_on_
         let with_url = gitlab_sent(&forge, "POST", "/environments", &[&environment_url]).await
             + gitlab_sent(&forge, "PUT", "/environments/5", &[&environment_url]).await;
         assert_eq!(with_url, 1, "the environment got its URL {url} once");
-        // One deployment of the commit to it, finished as success.
-        let deployed = [format!("environment={environment}"), format!("sha={first}")];
+        // One deployment of the commit to it, on the source branch, finished as success.
+        let deployed = [
+            format!("environment={environment}"),
+            format!("sha={first}"),
+            format!("ref={}", encoded(&branch)),
+        ];
         let deployed: Vec<&str> = deployed.iter().map(String::as_str).collect();
         gitlab_got(&forge, "POST", "/deployments", &deployed).await;
         let succeeded = || async {
@@ -464,6 +537,36 @@ async fn gitlab_an_environment_is_registered_deployed_per_commit_and_stopped_on_
             "one environment"
         );
 
+        // The URL changes (the template now says `http`): the GitLab environment is told.
+        let changed = url.replacen("https://", "http://", 1);
+        assert_ne!(changed, url, "the first URL is https");
+        let scheme = json!({"spec": {"url": {"scheme": "http"}}});
+        Api::<PreviewTemplate>::namespaced(client.clone(), &ns)
+            .patch(
+                "app-gitlab",
+                &PatchParams::default(),
+                &Patch::Merge(&scheme),
+            )
+            .await
+            .expect("change the template's URL scheme");
+        eventually(
+            "the environment to show its new URL",
+            Duration::from_secs(60),
+            || async {
+                let environment = harness.environments.get(&name).await.ok()?;
+                let url = environment.status?.url?;
+                (url == changed).then_some(())
+            },
+        )
+        .await;
+        let changed_url = format!("external_url={}", encoded(&changed));
+        gitlab_got(&forge, "PUT", "/environments/5", &[&changed_url]).await;
+        assert_eq!(
+            gitlab_sent(&forge, "POST", "/environments", &[]).await,
+            1,
+            "still one environment"
+        );
+
         // Closed: the preview goes, and GitLab's environment is stopped.
         delivery["object_attributes"]["action"] = "close".into();
         harness
@@ -475,6 +578,84 @@ async fn gitlab_an_environment_is_registered_deployed_per_commit_and_stopped_on_
             )
             .await;
         gitlab_got(&forge, "POST", "/environments/5/stop", &[]).await;
+    })
+    .await;
+}
+
+/// A GitLab deployment is created `running` on the merge request's source branch while the
+/// commit deploys, and set to `failed` (once, never back to `running`) when its seed fails.
+#[tokio::test]
+async fn gitlab_a_deployment_starts_running_on_its_branch_and_ends_failed_when_its_seed_fails() {
+    in_namespace("workflow-gitlab-failed", |client, ns| async move {
+        let forge = gitlab_forge().await;
+        let project = "gitlabhq/gitlab-test";
+        let seeds = json!({"seeds": [
+            {"name": "load", "wave": 1, "job": crate::webhooks::SEED_FAILING_ON_BAD_COMMITS}
+        ]});
+        let api = Some(forge.uri());
+        install_template_with(
+            &client,
+            &ns,
+            "gitlab",
+            project,
+            api.as_deref(),
+            seeds,
+            CONFIG_MAP_APP,
+        )
+        .await;
+        let harness = Harness::start(&client, &ns, 1 << 20).await;
+        // The merge request's last commit starts with `bad`: its seed Job fails.
+        let bad = format!("bad{}", "0".repeat(37));
+        let mut delivery = json_fixture("gitlab/merge_request.json");
+        delivery["object_attributes"]["last_commit"]["id"] = bad.clone().into();
+        let branch = delivery["object_attributes"]["source_branch"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        let (code, answer) = harness
+            .gitlab(
+                "Merge Request Hook",
+                "f-1",
+                delivery.to_string().as_bytes(),
+                SECRET,
+            )
+            .await;
+        assert_eq!(code, 202, "{answer}");
+        let name = harness.environment_names().await.pop().unwrap();
+        wait_for_phase(
+            &harness.environments,
+            &name,
+            Phase::Degraded,
+            Duration::from_secs(90),
+        )
+        .await;
+
+        let encoded =
+            |text: &str| url::form_urlencoded::byte_serialize(text.as_bytes()).collect::<String>();
+        let created = [
+            format!("environment={}", encoded(&format!("preview/{ns}/{name}"))),
+            format!("sha={bad}"),
+            format!("ref={}", encoded(&branch)),
+            "status=running".to_string(),
+        ];
+        let created: Vec<&str> = created.iter().map(String::as_str).collect();
+        gitlab_got(&forge, "POST", "/deployments", &created).await;
+        gitlab_got(&forge, "PUT", "/deployments/7", &["status=failed"]).await;
+        assert_eq!(
+            gitlab_sent(&forge, "POST", "/deployments", &[]).await,
+            1,
+            "one deployment of the commit"
+        );
+        assert_eq!(
+            gitlab_sent(&forge, "PUT", "/deployments/7", &["status=failed"]).await,
+            1,
+            "finished once"
+        );
+        assert_eq!(
+            gitlab_sent(&forge, "PUT", "/deployments/7", &["status=running"]).await,
+            0,
+            "a deployment never goes back to running"
+        );
     })
     .await;
 }

@@ -431,11 +431,44 @@ async fn bad_deliveries_are_refused_and_change_nothing() {
         );
         // A GitLab delivery sent twice under one X-Gitlab-Event-UUID: the second is a duplicate.
         let merge_request = std::fs::read(fixture("gitlab/merge_request.json")).unwrap();
+        let counted_before = harness.metrics().await;
         let first = harness.gitlab("Merge Request Hook", "g-twice", &merge_request, SECRET).await;
         assert_eq!(first.0, 202, "{}", first.1);
         let again = harness.gitlab("Merge Request Hook", "g-twice", &merge_request, SECRET).await;
         assert_eq!((again.0, again.1["outcome"].as_str()), (200, Some("duplicate")), "{}", again.1);
         assert_eq!(harness.environment_names().await.len(), 1, "one environment from the two");
+        // Every answer is counted by outcome and timed (forges.md, "Answers"): the two GitLab
+        // deliveries made the latency count grow by two, the second counted as a duplicate.
+        let counted = harness.metrics().await;
+        let timed = |text: &str, forge: &str| {
+            let series = format!(r#"previewd_webhook_duration_seconds_count{{forge="{forge}"}}"#);
+            metric_value(text, &series).unwrap_or(0.0)
+        };
+        assert_eq!(
+            timed(&counted, "gitlab") - timed(&counted_before, "gitlab"),
+            2.0,
+            "both GitLab deliveries timed:\n{counted}"
+        );
+        let duplicate = r#"previewd_webhook_deliveries_total{event="pull_request",forge="gitlab",outcome="duplicate"}"#;
+        assert_eq!(metric_value(&counted, duplicate), Some(1.0), "{counted}");
+        // The unknown event (`deployment_review`) and the tag push were counted as ignored.
+        for event in ["other", "push"] {
+            let ignored = format!(
+                r#"previewd_webhook_deliveries_total{{event="{event}",forge="github",outcome="ignored"}}"#
+            );
+            assert_eq!(metric_value(&counted, &ignored), Some(1.0), "{ignored}:\n{counted}");
+        }
+        // Each GitHub delivery so far, whatever its answer, was timed once.
+        let github_deliveries: f64 = counted
+            .lines()
+            .filter(|line| {
+                line.starts_with("previewd_webhook_deliveries_total{")
+                    && line.contains(r#"forge="github""#)
+            })
+            .filter_map(|line| line.rsplit_once(' ')?.1.parse::<f64>().ok())
+            .sum();
+        assert!(github_deliveries >= 11.0, "{counted}");
+        assert_eq!(timed(&counted, "github"), github_deliveries, "{counted}");
         let (status, answer) = harness
             .signed("pull_request", "b11", extended.to_string().as_bytes())
             .await;
@@ -742,7 +775,7 @@ async fn gitlab_manifests_from_the_repository_are_read_at_the_merge_requests_com
 
 /// A seed Job whose pod fails when the commit starts with `bad` (the node simulator fails a
 /// Job's pod that carries its fail annotation), and succeeds for any other commit.
-const SEED_FAILING_ON_BAD_COMMITS: &str = "apiVersion: batch/v1
+pub(crate) const SEED_FAILING_ON_BAD_COMMITS: &str = "apiVersion: batch/v1
 kind: Job
 metadata:
   name: load
