@@ -272,15 +272,17 @@ impl ObservedStore {
             }
             watcher::Event::InitDone => {
                 let fresh = kind.initial.take().unwrap_or_default();
-                let changed = self.replace_kind(&kind.resource, fresh);
-                match kind.ready.take() {
-                    Some(ready) => {
-                        let _ = ready.send(());
-                    }
-                    // A re-list (after a 410 or a broken watch) brings what the watch missed as
-                    // a list, not as events: it must trigger reconciles as events would, or a
-                    // status change inside the gap waits for the resync.
-                    None => changed.iter().for_each(|object| self.notify(object)),
+                // A re-list (after a 410 or a broken watch) brings what the watch missed as a
+                // list, not as events: it must trigger reconciles as events would, or a status
+                // change inside the gap waits for the resync. The first list tells nobody
+                // (every environment is reconciled when the controller starts).
+                let relist = kind.ready.is_none();
+                let changed = self.replace_kind(&kind.resource, fresh, relist);
+                if let Some(ready) = kind.ready.take() {
+                    let _ = ready.send(());
+                }
+                for object in changed {
+                    self.notify(&object.content());
                 }
             }
             watcher::Event::Apply(object) => {
@@ -300,11 +302,19 @@ impl ObservedStore {
         }
     }
 
-    /// Replaces every object of one kind with a fresh list of it; returns the content of the
+    /// Replaces every object of one kind with a fresh list of it. With `collect`, returns the
     /// objects that appeared, went, or changed in health or content, so their environments can
-    /// hear of it. An object the store holds at a newer resourceVersion than the list (recorded
-    /// from an apply that finished after the list was read) is kept.
-    fn replace_kind(&self, resource: &ApiResource, fresh: Objects) -> Vec<Value> {
+    /// hear of it (cheap clones: the content is shared; parsed only after the lock is released,
+    /// and not at all on a first list, which tells nobody). An object the store holds at a
+    /// newer resourceVersion than the list (recorded from an apply that finished after the list
+    /// was read) is kept. One the store recorded after the list was read that the list lacks
+    /// is dropped until the watch brings it; its environment, told, re-applies it once.
+    fn replace_kind(
+        &self,
+        resource: &ApiResource,
+        fresh: Objects,
+        collect: bool,
+    ) -> Vec<ObservedObject> {
         let same_kind =
             |key: &ObjectKey| key.api_version == resource.api_version && key.kind == resource.kind;
         let mut objects = self.objects.write().expect("store lock");
@@ -326,12 +336,16 @@ impl ObservedStore {
                     objects.insert(key, listed);
                 }
                 _ => {
-                    changed.push(listed.content());
+                    if collect {
+                        changed.push(listed.clone());
+                    }
                     objects.insert(key, listed);
                 }
             }
         }
-        changed.extend(old.values().map(ObservedObject::content));
+        if collect {
+            changed.extend(old.into_values());
+        }
         changed
     }
 

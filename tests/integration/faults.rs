@@ -284,6 +284,17 @@ async fn a_gitlab_that_hangs_then_fails_never_blocks_deploying_and_ends_with_one
             Duration::from_secs(90),
         )
         .await;
+        // previewd gave up on a hanging call and tried again: without a timeout of its own the
+        // GitLab client would still wait for its first answer.
+        eventually(
+            "a call given up and tried again",
+            Duration::from_secs(40),
+            || async {
+                let calls = forge.received_requests().await.unwrap_or_default().len();
+                (calls >= 2).then_some(())
+            },
+        )
+        .await;
         forge_answers(&forge, ResponseTemplate::new(502)).await;
         tokio::time::sleep(Duration::from_secs(3)).await;
         forge_answers(

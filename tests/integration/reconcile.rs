@@ -729,10 +729,21 @@ async fn a_rendered_secret_is_sent_again_on_reapply_and_when_the_template_change
         eventually("the rendered password", Duration::from_secs(10), password_is("rendered")).await;
 
         // A hand edit: undone by the next re-apply, not left for the life of the environment.
+        // (The edit is seen by its resourceVersion, not by reading it back: a re-apply every
+        // 3 s may undo it before a read.)
         let edit = json!({"data": {"password": "aGFuZA=="}});
-        secrets.patch("test-data", &PatchParams::default(), &Patch::Merge(&edit)).await.unwrap();
-        eventually("the hand edit to be seen", Duration::from_secs(5), password_is("hand")).await;
-        eventually("the re-apply to restore the rendered password", Duration::from_secs(30), password_is("rendered")).await;
+        let edited = secrets.patch("test-data", &PatchParams::default(), &Patch::Merge(&edit)).await.unwrap();
+        assert_eq!(edited.data.unwrap()["password"].0, b"hand");
+        let edited_version = edited.metadata.resource_version.unwrap();
+        eventually("the re-apply to restore the rendered password", Duration::from_secs(30), || {
+            let (secrets, edited_version) = (secrets.clone(), edited_version.clone());
+            async move {
+                let secret = secrets.get("test-data").await.ok()?;
+                let restored = secret.data?.get("password")?.0 == b"rendered";
+                (restored && secret.metadata.resource_version? != edited_version).then_some(())
+            }
+        })
+        .await;
 
         // The template renders another password: sent.
         let mut changed = templates.get("unsafe").await.unwrap();

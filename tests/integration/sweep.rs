@@ -762,21 +762,15 @@ async fn a_verdict_on_a_version_that_changed_since_deletes_nothing() {
 }
 
 /// The sweep runs by itself: on start-up and then every `--sweep-interval` (lifecycle.md). An
-/// environment past its `maxAge` goes without anyone calling a sweep, and so does one that
-/// passes its `maxAge` only after the first sweeps ran.
+/// environment already past its `maxAge` goes at start-up (the next sweep is an hour away),
+/// and one that passes its `maxAge` after the first sweep of a 2 s interval goes at a later one;
+/// nobody calls a sweep by hand.
 #[tokio::test]
-async fn the_sweep_runs_on_its_own_every_interval() {
+async fn the_sweep_runs_on_its_own_on_start_up_and_every_interval() {
     in_namespace("sweep-interval", |client, ns| async move {
         let forge = forge_listing(&[2, 3]).await;
         install(&client, &ns, &forge.uri(), json!({"maxAge": "6s"})).await;
         let (running, sweeper) = start(&client, &ns).await;
-        let first = environment(&client, &ns, 2).await;
-        let context = running.context.clone();
-        let sweeps = tokio::spawn(async move {
-            sweeper
-                .run(context.reporter.clients(), Duration::from_secs(2))
-                .await
-        });
         let gone = |name: String| {
             let (client, ns) = (client.clone(), ns.clone());
             move || {
@@ -784,31 +778,29 @@ async fn the_sweep_runs_on_its_own_every_interval() {
                 async move { (!names(&client, &ns).await.contains(&name)).then_some(()) }
             }
         };
-        eventually(
-            "the first environment to age out",
-            Duration::from_secs(30),
-            gone(first),
-        )
-        .await;
-        // Created after the start-up sweep: only a later, periodic sweep can remove it.
+        let sweep_every = |sweeper: Sweeper, interval: Duration| {
+            let context = running.context.clone();
+            tokio::spawn(async move { sweeper.run(context.reporter.clients(), interval).await })
+        };
+
+        let first = environment(&client, &ns, 2).await;
+        tokio::time::sleep(Duration::from_secs(7)).await; // past its maxAge
+        let hourly = sweep_every(sweeper, Duration::from_secs(3600));
+        eventually("the start-up sweep", Duration::from_secs(30), gone(first)).await;
+        hourly.abort();
+
+        let every_two_seconds = sweep_every(running.sweeper(&client, &ns), Duration::from_secs(2));
+        // Created after this sweeper's start-up sweep: only a later one can remove it.
         let second = environment(&client, &ns, 3).await;
-        eventually(
-            "the second environment to age out",
-            Duration::from_secs(30),
-            gone(second),
-        )
-        .await;
-        assert_eq!(
-            running
-                .metrics
-                .sweep
-                .deletions
-                .with_label_values(&["max_age"])
-                .get(),
-            2,
-            "both removed by the sweep, for their age"
-        );
-        sweeps.abort();
+        eventually("a periodic sweep", Duration::from_secs(30), gone(second)).await;
+        every_two_seconds.abort();
+        let by_age = running
+            .metrics
+            .sweep
+            .deletions
+            .with_label_values(&["max_age"])
+            .get();
+        assert_eq!(by_age, 2, "both removed by the sweep, for their age");
     })
     .await;
 }

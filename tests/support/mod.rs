@@ -210,11 +210,16 @@ pub async fn client_as_service_account(namespace: &str, name: &str) -> Client {
 /// What previewd logs during the tests goes to the test's captured output, shown only for a
 /// failing test: the evidence for a failure seen only under load, in CI's log. Info level by
 /// default; `PREVIEWD_TEST_LOG` (an `EnvFilter`, e.g. `previewd=debug,kube_runtime=debug`) says
-/// more.
+/// more. The benchmarks (no test harness: nothing is captured) log only when asked: a line per
+/// delivery on their output would cost the throughput they measure.
 fn log_for_failures() {
     static ONCE: OnceLock<()> = OnceLock::new();
     ONCE.get_or_init(|| {
-        let filter = std::env::var("PREVIEWD_TEST_LOG").unwrap_or_else(|_| "previewd=info".into());
+        let filter = match std::env::var("PREVIEWD_TEST_LOG") {
+            Ok(filter) => filter,
+            Err(_) if !cfg!(test) => return,
+            Err(_) => "previewd=info".into(),
+        };
         let _ = tracing_subscriber::fmt()
             .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
             .with_ansi(false)

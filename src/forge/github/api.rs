@@ -543,13 +543,13 @@ impl GithubApi {
     }
 }
 
-/// GitHub's contents API returns base64 with line breaks.
 /// A listing entry's path (or `folder`) and the size the forge gives for it.
 fn listed_size(entry: &Value, folder: &str) -> (String, u64) {
     let name = entry["path"].as_str().unwrap_or(folder).to_string();
     (name, entry["size"].as_u64().unwrap_or(0))
 }
 
+/// GitHub's contents API returns base64 with line breaks.
 fn decode_base64_content(file: &Value) -> Option<String> {
     String::from_utf8(decode_base64_bytes(file)?).ok()
 }
