@@ -720,7 +720,7 @@ async fn a_replica_whose_controller_panics_turns_unready_drains_and_fails() {
         let access = Arc::new(WriteAccess::new(Arc::new(clients)));
         let state = ServerState::new(client.clone(), caches, access, metrics.server(), 1 << 20);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let readyz = format!("http://{}/readyz", listener.local_addr().unwrap());
+        let base = format!("http://{}", listener.local_addr().unwrap());
         let (_shutdown, shutdown) = tokio::sync::watch::channel(false);
         let bug = Arc::new(tokio::sync::Notify::new());
         let work = {
@@ -744,19 +744,7 @@ async fn a_replica_whose_controller_panics_turns_unready_drains_and_fails() {
         };
         let service = tokio::spawn(serve_and_lead(state.clone(), listener, shutdown, leading));
         let http = reqwest::Client::new();
-        eventually("the replica to be ready", Duration::from_secs(30), || {
-            let (http, readyz) = (http.clone(), readyz.clone());
-            async move {
-                http.get(readyz)
-                    .send()
-                    .await
-                    .ok()?
-                    .status()
-                    .is_success()
-                    .then_some(())
-            }
-        })
-        .await;
+        wait_until_ready(&http, &base).await;
         assert_eq!(metrics.leader.get(), 1);
 
         bug.notify_one();
@@ -785,10 +773,8 @@ async fn a_replica_whose_controller_panics_turns_unready_drains_and_fails() {
             .await
             .unwrap();
         assert_eq!(&body[..], b"the controller stopped");
-        assert!(
-            http.get(&readyz).send().await.is_err(),
-            "the server stopped listening"
-        );
+        let probe = http.get(format!("{base}/readyz")).send().await;
+        assert!(probe.is_err(), "the server stopped listening");
     })
     .await;
 }

@@ -3,9 +3,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::Duration;
 
-use super::eventually;
 use super::webhooks::{SECRET, metric_sum, metric_value, post_github, post_gitlab};
 
 pub struct PreviewdProcess {
@@ -53,15 +51,7 @@ impl PreviewdProcess {
     }
 
     pub async fn wait_ready(&self, http: &reqwest::Client) {
-        eventually(
-            &format!("{} to be ready", self.name),
-            Duration::from_secs(30),
-            || async {
-                let response = http.get(format!("{}/readyz", self.base)).send().await;
-                response.ok()?.status().is_success().then_some(())
-            },
-        )
-        .await;
+        super::webhooks::wait_until_ready(http, &self.base).await;
     }
 
     /// Sends a GitHub delivery signed with the tests' secret; expects 202.

@@ -277,19 +277,7 @@ impl Harness {
         ));
         let http = reqwest::Client::new();
         // Ready once the template and environment caches are synced.
-        eventually("the server to be ready", Duration::from_secs(30), || {
-            let (http, url) = (http.clone(), format!("{base}/readyz"));
-            async move {
-                http.get(url)
-                    .send()
-                    .await
-                    .ok()?
-                    .status()
-                    .is_success()
-                    .then_some(())
-            }
-        })
-        .await;
+        wait_until_ready(&http, &base).await;
         Self {
             base,
             http,
@@ -696,4 +684,25 @@ pub async fn comment_says(forge: &MockServer, environment: &str, needle: &str) {
         },
     )
     .await
+}
+
+/// Waits until the server at `base` answers `/readyz` with a success (its caches are synced).
+pub async fn wait_until_ready(http: &reqwest::Client, base: &str) {
+    eventually(
+        &format!("{base} to be ready"),
+        Duration::from_secs(30),
+        || {
+            let (http, url) = (http.clone(), format!("{base}/readyz"));
+            async move {
+                http.get(url)
+                    .send()
+                    .await
+                    .ok()?
+                    .status()
+                    .is_success()
+                    .then_some(())
+            }
+        },
+    )
+    .await;
 }
