@@ -114,9 +114,39 @@ impl gitlab::api::AsyncClient for ObservedGitlab {
         if let Some(headers) = response.headers_mut() {
             headers.extend(answer.headers().clone());
         }
-        let body = answer.bytes().await.map_err(|e| failed(&e))?;
+        let body = read_capped(answer, MAX_ANSWER_BYTES)
+            .await
+            .map_err(|e| failed(&e))?;
         response.body(body).map_err(|e| failed(&e))
     }
+}
+
+/// The most of one GitLab answer previewd reads. GitLab's tree gives no file sizes, so a file a
+/// pull request committed (a manifest, a chart file) is known to be too large only as it is
+/// read: without a bound, a multi-gigabyte file would be held whole in previewd's memory before
+/// the per-file limit refused it. Far above any answer previewd needs (a 1 MiB file, a page of
+/// 100 merge requests).
+pub const MAX_ANSWER_BYTES: usize = 16 << 20;
+
+/// The body of `answer`, refused as soon as it passes `limit` bytes (by its declared length, or
+/// while it streams): never more than `limit` bytes are held.
+async fn read_capped(mut answer: reqwest::Response, limit: usize) -> Result<bytes::Bytes, String> {
+    let too_large =
+        || format!("GitLab's answer is larger than {limit} bytes; previewd reads no more of it");
+    if answer
+        .content_length()
+        .is_some_and(|length| length > limit as u64)
+    {
+        return Err(too_large());
+    }
+    let mut body = bytes::BytesMut::new();
+    while let Some(chunk) = answer.chunk().await.map_err(|e| e.to_string())? {
+        if body.len().saturating_add(chunk.len()) > limit {
+            return Err(too_large());
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok(body.freeze())
 }
 
 pub struct GitlabApi {
@@ -753,5 +783,68 @@ mod tests {
         );
         assert_eq!(form.get("state").map(String::as_str), Some("success"));
         assert_eq!(form.get("name").map(String::as_str), Some("previewd/web"));
+    }
+
+    /// A pull request commits a huge manifest into `repositoryPath` on GitLab, whose tree gives
+    /// no sizes. previewd stops reading past its bound and says so, never holding the file
+    /// whole (before, every GitLab answer was read to its end); a file over the per-file limit
+    /// but within the bound is refused by that limit, as before.
+    #[tokio::test]
+    async fn a_huge_file_on_gitlab_is_refused_while_it_streams_not_held_whole() {
+        use wiremock::matchers::{method, path_regex};
+        use wiremock::{Mock, ResponseTemplate};
+        crate::install_crypto_provider();
+        let server = wiremock::MockServer::start().await;
+        let tree = serde_json::json!([
+            {"id": "a", "name": "app.yaml", "type": "blob", "path": "deploy/app.yaml", "mode": "100644"}
+        ]);
+        Mock::given(method("GET"))
+            .and(path_regex("/repository/tree$"))
+            .respond_with(ResponseTemplate::new(200).set_body_json(tree))
+            .mount(&server)
+            .await;
+        let huge = vec![b'x'; MAX_ANSWER_BYTES + 1];
+        Mock::given(method("GET"))
+            .and(path_regex("/repository/files/.*/raw$"))
+            .respond_with(ResponseTemplate::new(200).set_body_bytes(huge))
+            .up_to_n_times(1)
+            .mount(&server)
+            .await;
+        let large = vec![b'x'; 2 << 20];
+        Mock::given(method("GET"))
+            .and(path_regex("/repository/files/.*/raw$"))
+            .respond_with(ResponseTemplate::new(200).set_body_bytes(large))
+            .mount(&server)
+            .await;
+        // A client each: a failed read makes a client back off from GitLab for a while.
+        let uri = server.uri();
+        let client = || {
+            GitlabApi::connect(
+                Some(uri.as_str()),
+                "glpat-test".into(),
+                ForgeMetrics::default(),
+            )
+        };
+        let sha = "ec26c3e57ca3a959ca5aad62de7213c562f8c821";
+        let huge = client()
+            .await
+            .unwrap()
+            .read_manifests("group/app", "deploy", sha)
+            .await
+            .unwrap_err();
+        assert!(
+            huge.to_string().contains("larger than 16777216 bytes"),
+            "{huge}"
+        );
+        let large = client()
+            .await
+            .unwrap()
+            .read_manifests("group/app", "deploy", sha)
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(large, ForgeApiError::ManifestsTooLarge { .. }),
+            "{large}"
+        );
     }
 }
