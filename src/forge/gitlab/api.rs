@@ -816,32 +816,23 @@ mod tests {
             .respond_with(ResponseTemplate::new(200).set_body_bytes(large))
             .mount(&server)
             .await;
-        // A client each: a failed read makes a client back off from GitLab for a while.
+        // A client each read: a failed read makes a client back off from GitLab for a while.
         let uri = server.uri();
-        let client = || {
-            GitlabApi::connect(
-                Some(uri.as_str()),
-                "glpat-test".into(),
-                ForgeMetrics::default(),
-            )
+        let refused_read = || async {
+            let metrics = ForgeMetrics::default();
+            let api = GitlabApi::connect(Some(uri.as_str()), "glpat-test".into(), metrics);
+            let api = api.await.unwrap();
+            let sha = "ec26c3e57ca3a959ca5aad62de7213c562f8c821";
+            api.read_manifests("group/app", "deploy", sha)
+                .await
+                .unwrap_err()
         };
-        let sha = "ec26c3e57ca3a959ca5aad62de7213c562f8c821";
-        let huge = client()
-            .await
-            .unwrap()
-            .read_manifests("group/app", "deploy", sha)
-            .await
-            .unwrap_err();
+        let huge = refused_read().await;
         assert!(
             huge.to_string().contains("larger than 16777216 bytes"),
             "{huge}"
         );
-        let large = client()
-            .await
-            .unwrap()
-            .read_manifests("group/app", "deploy", sha)
-            .await
-            .unwrap_err();
+        let large = refused_read().await;
         assert!(
             matches!(large, ForgeApiError::ManifestsTooLarge { .. }),
             "{large}"
