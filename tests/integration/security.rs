@@ -991,3 +991,98 @@ async fn a_secrets_trailing_newline_is_not_part_of_its_value() {
     })
     .await;
 }
+
+/// Server-side applies in flight at once, and the most there ever were.
+#[derive(Default)]
+struct InFlight {
+    now: std::sync::atomic::AtomicUsize,
+    most: std::sync::atomic::AtomicUsize,
+}
+
+/// A client layer that holds every server-side apply (a PATCH) for 100 ms before sending it,
+/// counting how many are held at once: with nothing else bounding them, every apply of a wave
+/// would be held together.
+#[derive(Clone)]
+struct HoldApplies<S> {
+    inner: S,
+    in_flight: std::sync::Arc<InFlight>,
+}
+
+impl<S, B> tower::Service<http::Request<B>> for HoldApplies<S>
+where
+    S: tower::Service<http::Request<B>>,
+    S::Future: Send + 'static,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = futures::future::BoxFuture<'static, Result<S::Response, S::Error>>;
+
+    fn poll_ready(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), S::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: http::Request<B>) -> Self::Future {
+        use std::sync::atomic::Ordering;
+        let is_apply = request.method() == http::Method::PATCH;
+        let answer = self.inner.call(request);
+        let in_flight = self.in_flight.clone();
+        Box::pin(async move {
+            if !is_apply {
+                return answer.await;
+            }
+            let now = in_flight.now.fetch_add(1, Ordering::SeqCst) + 1;
+            in_flight.most.fetch_max(now, Ordering::SeqCst);
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            let answered = answer.await;
+            in_flight.now.fetch_sub(1, Ordering::SeqCst);
+            answered
+        })
+    }
+}
+
+#[tokio::test]
+async fn one_environments_wave_holds_at_most_apply_concurrency_of_the_clients_places() {
+    // docs/security.md: "within a wave an environment has at most `--apply-concurrency`, 16,
+    // of the 32 places". A wave of 12 objects applied with an apply concurrency of 3 on a
+    // client that would let all 12 go at once: every apply is held 100 ms, so all 12 would be
+    // in flight together without the bound, and exactly 3 are with it.
+    in_namespace("apply-concurrency", |_client, ns| async move {
+        use previewd::cluster::observed::ObservedStore;
+        use previewd::cluster::{applier::Applier, metrics::ClusterMetrics};
+        let kubeconfig =
+            kube::config::Kubeconfig::read_from(&support::shared().kubeconfig_path).unwrap();
+        let config = previewd::cluster::client::config_from_kubeconfig(kubeconfig)
+            .await
+            .unwrap();
+        let in_flight = std::sync::Arc::new(InFlight::default());
+        let held = in_flight.clone();
+        let client = kube::client::ClientBuilder::try_from(config)
+            .unwrap()
+            .with_layer(&tower::layer::layer_fn(move |inner| HoldApplies {
+                inner,
+                in_flight: held.clone(),
+            }))
+            .build();
+        let (trigger, _reconciles) = tokio::sync::mpsc::unbounded_channel();
+        let store = ObservedStore::new(client.clone(), trigger);
+        let applier = Applier::new(client, store, ClusterMetrics::new(), 3);
+        let wave: Vec<serde_json::Value> = (0..12)
+            .map(|i| {
+                json!({"apiVersion": "v1", "kind": "ConfigMap",
+                       "metadata": {"name": format!("wave-{i}"), "namespace": ns},
+                       "data": {"index": i.to_string()}})
+            })
+            .collect();
+        let objects: Vec<&serde_json::Value> = wave.iter().collect();
+
+        let stats = applier.apply(&objects, false).await.unwrap();
+
+        assert_eq!(stats.sent, 12);
+        let most = in_flight.most.load(std::sync::atomic::Ordering::SeqCst);
+        assert_eq!(most, 3, "applies in flight at once");
+    })
+    .await;
+}
