@@ -750,6 +750,32 @@ fn app_endpoint(
     }
 }
 
+/// A new key pair for App `app_id`, whose installation 42 on the tests' repository answers
+/// `forge`'s installation lookup and token requests ([`installation_token`]). Returns the
+/// private key (PEM).
+async fn mount_app_installation_42(forge: &MockServer, app_id: u64) -> String {
+    let (private_key, public_key) = app_key_pair();
+    wiremock::Mock::given(wiremock::matchers::method("GET"))
+        .and(wiremock::matchers::path(format!(
+            "/repos/{GITHUB_REPOSITORY}/installation"
+        )))
+        .respond_with(app_endpoint(
+            &public_key,
+            app_id,
+            |_| json!({"id": 42, "app_id": 31337}),
+        ))
+        .mount(forge)
+        .await;
+    wiremock::Mock::given(wiremock::matchers::method("POST"))
+        .and(wiremock::matchers::path(
+            "/app/installations/42/access_tokens",
+        ))
+        .respond_with(app_endpoint(&public_key, app_id, installation_token))
+        .mount(forge)
+        .await;
+    private_key
+}
+
 /// The template of the GitHub App tests: it acts as App `app_id`, whose `private_key` is in
 /// Secret `github-app`. A personal token is configured too (the Secret install_template_with
 /// writes): the App takes precedence, so that token must never be sent.
@@ -829,26 +855,8 @@ async fn comment_authorizations(forge: &MockServer, needle: &str) -> Vec<String>
 async fn a_github_app_gets_installation_tokens_signed_with_its_key_cached_and_renewed() {
     in_namespace("workflow-github-app", |client, ns| async move {
         let forge = github_forge().await;
-        let (private_key, public_key) = app_key_pair();
         let app_id = 31337;
-        wiremock::Mock::given(wiremock::matchers::method("GET"))
-            .and(wiremock::matchers::path(format!(
-                "/repos/{GITHUB_REPOSITORY}/installation"
-            )))
-            .respond_with(app_endpoint(
-                &public_key,
-                app_id,
-                |_| json!({"id": 42, "app_id": 31337}),
-            ))
-            .mount(&forge)
-            .await;
-        wiremock::Mock::given(wiremock::matchers::method("POST"))
-            .and(wiremock::matchers::path(
-                "/app/installations/42/access_tokens",
-            ))
-            .respond_with(app_endpoint(&public_key, app_id, installation_token))
-            .mount(&forge)
-            .await;
+        let private_key = mount_app_installation_42(&forge, app_id).await;
         install_app_template(&client, &ns, &forge, app_id, &private_key).await;
         let harness = Harness::start(&client, &ns, 1 << 20).await;
 
@@ -923,6 +931,76 @@ async fn a_github_app_gets_installation_tokens_signed_with_its_key_cached_and_re
             None,
             "no personal-token budget"
         );
+    })
+    .await;
+}
+
+/// docs/forges.md: "The key and the tokens are never logged". A real previewd process, logging
+/// everything every crate will say (`RUST_LOG=trace`), reports as a GitHub App across a token
+/// renewal; its log holds none of the key's lines, none of the JWTs it signed and none of the
+/// installation tokens it was given.
+#[tokio::test]
+async fn a_github_apps_key_jwts_and_tokens_are_never_logged_even_at_trace_level() {
+    in_namespace("workflow-app-logs", |client, ns| async move {
+        let forge = github_forge().await;
+        let app_id = 31337;
+        let private_key = mount_app_installation_42(&forge, app_id).await;
+        install_app_template(&client, &ns, &forge, app_id, &private_key).await;
+        let logs = tempfile::tempdir().unwrap();
+        let previewd = support::process::PreviewdProcess::start(
+            "app-logs",
+            &support::shared().kubeconfig_path,
+            &["--watch-namespace", &ns, "--lease-namespace", &ns],
+            &[("RUST_LOG".into(), "trace".into())],
+            logs.path(),
+        );
+        let http = reqwest::Client::new();
+        previewd.wait_ready(&http).await;
+        let environments: Api<PreviewEnvironment> = Api::namespaced(client.clone(), &ns);
+
+        previewd
+            .send(&http, "pull_request", "app-logs-1", &opened_for(2, FIRST))
+            .await;
+        let name = environment_of_pr(&environments, 2).await;
+        wait_ready_with_sha(&environments, &name, FIRST).await;
+        previewd
+            .send(&http, "pull_request", "app-logs-2", &synchronize_to(SECOND))
+            .await;
+        wait_ready_with_sha(&environments, &name, SECOND).await;
+        comment_says(&forge, &name, "`1f2e3d4`").await;
+
+        let jwts: Vec<String> = forge
+            .received_requests()
+            .await
+            .unwrap_or_default()
+            .iter()
+            .filter(|r| r.url.path().contains("/installation"))
+            .filter_map(|r| r.headers.get("authorization")?.to_str().ok())
+            .filter_map(|v| v.strip_prefix("Bearer ").map(str::to_string))
+            .collect();
+        assert!(jwts.len() >= 2, "JWTs sent: {jwts:?}");
+        assert_eq!(
+            token_requests(&forge, 42).await,
+            2,
+            "a token, then its renewal"
+        );
+        let key_lines: Vec<&str> = private_key
+            .lines()
+            .filter(|line| !line.starts_with("-----"))
+            .collect();
+        let log = previewd.log_lines().join("\n");
+        assert!(
+            log.contains("secrets/github-app"),
+            "the trace log does not show the key's Secret being read at all"
+        );
+        for secret in jwts
+            .iter()
+            .map(String::as_str)
+            .chain(["ghs_first", "ghs_second"])
+            .chain(key_lines)
+        {
+            assert!(!log.contains(secret), "logged: {secret}");
+        }
     })
     .await;
 }
