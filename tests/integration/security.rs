@@ -1052,11 +1052,7 @@ async fn one_environments_wave_holds_at_most_apply_concurrency_of_the_clients_pl
     in_namespace("apply-concurrency", |_client, ns| async move {
         use previewd::cluster::observed::ObservedStore;
         use previewd::cluster::{applier::Applier, metrics::ClusterMetrics};
-        let kubeconfig =
-            kube::config::Kubeconfig::read_from(&support::shared().kubeconfig_path).unwrap();
-        let config = previewd::cluster::client::config_from_kubeconfig(kubeconfig)
-            .await
-            .unwrap();
+        let config = support::shared_config().await;
         let in_flight = std::sync::Arc::new(InFlight::default());
         let held = in_flight.clone();
         let client = kube::client::ClientBuilder::try_from(config)

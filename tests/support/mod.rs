@@ -170,6 +170,16 @@ pub async fn client() -> Client {
         .expect("test client")
 }
 
+/// The connection settings of the shared cluster, for a test that builds a client of its own
+/// (e.g. with a layer that watches or holds its requests).
+pub async fn shared_config() -> kube::Config {
+    let kubeconfig =
+        Kubeconfig::read_from(&shared().kubeconfig_path).expect("read the test kubeconfig");
+    previewd::cluster::client::config_from_kubeconfig(kubeconfig)
+        .await
+        .expect("test kube config")
+}
+
 /// The built-in template kinds plus `extra` (`{"group", "kind", "resource"[, "inert"]}` each),
 /// as the operator's `--template-kinds` would give them.
 pub fn template_kinds_and(extra: &[serde_json::Value]) -> previewd::model::kinds::TemplateKinds {
