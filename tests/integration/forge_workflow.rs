@@ -582,6 +582,138 @@ async fn gitlab_an_environment_is_registered_deployed_per_commit_and_stopped_on_
     .await;
 }
 
+/// The requests previewd sent to the forge that were not reads: `METHOD path` each.
+async fn forge_writes(forge: &MockServer) -> Vec<String> {
+    let requests = forge.received_requests().await.unwrap_or_default();
+    requests
+        .iter()
+        .filter(|r| r.method.as_str() != "GET")
+        .map(|r| format!("{} {}", r.method, r.url.path()))
+        .collect()
+}
+
+/// docs/forges.md: "The ids and the last URL and state sent are kept in `status.forge` …, so a
+/// restart neither makes a second environment nor resends anything." A real previewd process
+/// registers a merge request's GitLab environment and finishes its deployment, and is
+/// SIGKILLed; the next process reconciles the environment and sends GitLab nothing, then
+/// deploys a new commit to the same GitLab environment (GitLab lists none by name here, so a
+/// process that had lost the id would register a second one).
+#[tokio::test]
+async fn gitlab_a_restarted_previewd_neither_registers_a_second_environment_nor_resends() {
+    in_namespace("workflow-gitlab-restart", |client, ns| async move {
+        let forge = gitlab_forge().await;
+        let project = "gitlabhq/gitlab-test";
+        let api = Some(forge.uri());
+        let app = format!("{CONFIG_MAP_APP}---\n{INGRESS_FOR_HOST}");
+        install_template_with(
+            &client,
+            &ns,
+            "gitlab",
+            project,
+            api.as_deref(),
+            json!({}),
+            &app,
+        )
+        .await;
+        let logs = tempfile::tempdir().unwrap();
+        let start = |name: &str| {
+            support::process::PreviewdProcess::start(
+                name,
+                &support::shared().kubeconfig_path,
+                &["--watch-namespace", &ns, "--lease-namespace", &ns],
+                &[],
+                logs.path(),
+            )
+        };
+        let http = reqwest::Client::new();
+        let environments: Api<PreviewEnvironment> = Api::namespaced(client.clone(), &ns);
+        let mut delivery = json_fixture("gitlab/merge_request.json");
+        let first = delivery["object_attributes"]["last_commit"]["id"]
+            .as_str()
+            .unwrap()
+            .to_string();
+
+        let before = start("before-restart");
+        before.wait_ready(&http).await;
+        before
+            .send_gitlab(
+                &http,
+                "Merge Request Hook",
+                "restart-1",
+                delivery.to_string().as_bytes(),
+            )
+            .await;
+        let name = eventually("the environment", Duration::from_secs(30), || async {
+            environments
+                .list(&Default::default())
+                .await
+                .ok()?
+                .items
+                .pop()
+        })
+        .await
+        .metadata
+        .name
+        .unwrap();
+        wait_ready_with_sha(&environments, &name, &first).await;
+        let recorded = eventually(
+            "the deployment recorded",
+            Duration::from_secs(30),
+            || async {
+                let environment = environments.get(&name).await.ok()?;
+                let forge = environment.status?.forge?;
+                (forge.deployment_state.as_deref() == Some("Success")).then_some(forge)
+            },
+        )
+        .await;
+        assert_eq!(recorded.environment_id, Some(5));
+        assert_eq!(gitlab_sent(&forge, "POST", "/environments", &[]).await, 1);
+        let sent_before = forge_writes(&forge).await;
+        before.signal(libc::SIGKILL);
+        drop(before);
+
+        let after = start("after-restart");
+        after.wait_ready(&http).await;
+        eventually(
+            "the new process to reconcile",
+            Duration::from_secs(30),
+            || async {
+                let reconciled = after
+                    .metric_total(&http, "previewd_reconcile_duration_seconds_count")
+                    .await?;
+                (reconciled >= 1.0).then_some(())
+            },
+        )
+        .await;
+        assert_eq!(
+            forge_writes(&forge).await,
+            sent_before,
+            "sent again after the restart"
+        );
+
+        let second = "0a1b2c3d4e5f60718293a4b5c6d7e8f901234567";
+        delivery["object_attributes"]["action"] = "update".into();
+        delivery["object_attributes"]["last_commit"]["id"] = second.into();
+        after
+            .send_gitlab(
+                &http,
+                "Merge Request Hook",
+                "restart-2",
+                delivery.to_string().as_bytes(),
+            )
+            .await;
+        wait_ready_with_sha(&environments, &name, second).await;
+        gitlab_got(&forge, "POST", "/deployments", &[&format!("sha={second}")]).await;
+        assert_eq!(
+            gitlab_sent(&forge, "POST", "/environments", &[]).await,
+            1,
+            "one GitLab environment across the restart: {:#?}",
+            forge_writes(&forge).await
+        );
+    })
+    .await;
+}
+
 /// A GitLab deployment is created `running` on the merge request's source branch while the
 /// commit deploys, and set to `failed` (once, never back to `running`) when its seed fails.
 #[tokio::test]
