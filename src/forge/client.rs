@@ -257,7 +257,7 @@ fn check_manifest_total(path: &str, files: &[(String, String)]) -> Result<(), Fo
     check_total(path, files.iter().map(|(_, text)| text.len()).sum())
 }
 
-fn check_total(path: &str, total: usize) -> Result<(), ForgeApiError> {
+pub(crate) fn check_total(path: &str, total: usize) -> Result<(), ForgeApiError> {
     if total > MAX_MANIFEST_BYTES {
         return Err(ForgeApiError::ManifestsTooLarge {
             path: path.to_string(),

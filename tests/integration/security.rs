@@ -913,6 +913,145 @@ async fn a_repository_folder_beyond_the_limits_is_refused_before_it_is_read() {
     .await;
 }
 
+/// GitLab's folder `deploy/preview` at commit `sha`: `count` YAML files, each holding `text`.
+async fn mount_gitlab_folder(forge: &wiremock::MockServer, sha: &str, count: usize, text: String) {
+    use wiremock::matchers::{method, path_regex, query_param};
+    use wiremock::{Mock, ResponseTemplate};
+    let tree: Vec<_> = (0..count)
+        .map(|i| {
+            json!({"id": format!("{i:0>40}"), "name": format!("m{i}.yaml"), "type": "blob",
+                   "path": format!("deploy/preview/m{i}.yaml"), "mode": "100644"})
+        })
+        .collect();
+    Mock::given(method("GET"))
+        .and(path_regex(r"^/api/v4/projects/[^/]+/repository/tree$"))
+        .and(query_param("ref", sha))
+        .respond_with(ResponseTemplate::new(200).set_body_json(tree))
+        .mount(forge)
+        .await;
+    Mock::given(method("GET"))
+        .and(path_regex(
+            r"^/api/v4/projects/[^/]+/repository/files/[^/]+/raw$",
+        ))
+        .and(query_param("ref", sha))
+        .respond_with(ResponseTemplate::new(200).set_body_string(text))
+        .mount(forge)
+        .await;
+}
+
+/// GitLab's (tree listings, files read) at commit `sha`.
+async fn gitlab_reads_at(forge: &wiremock::MockServer, sha: &str) -> (usize, usize) {
+    let at = format!("ref={sha}");
+    let requests = forge.received_requests().await.unwrap_or_default();
+    let at_sha = || {
+        requests
+            .iter()
+            .filter(|r| r.url.query().is_some_and(|q| q.contains(&at)))
+    };
+    let listings = at_sha().filter(|r| r.url.path().ends_with("/tree")).count();
+    let reads = at_sha().filter(|r| r.url.path().ends_with("/raw")).count();
+    (listings, reads)
+}
+
+/// [`a_repository_folder_beyond_the_limits_is_refused_before_it_is_read`] on GitLab, whose tree
+/// lists no sizes (docs/writing-templates.md): more files than the limit are refused from the
+/// listing, none read; a file over 1 MiB is refused as read; files adding up to more than
+/// 4 MiB stop the reading at the first file past the total (five of ten read; before, all ten
+/// were downloaded and held first). The previous commit keeps running.
+#[tokio::test]
+async fn gitlab_a_repository_folder_beyond_the_limits_is_refused_reading_no_more_than_it_must() {
+    const OPENED: &str = "da1560886d4f094c3e6c9ef40349f7d38b5d27d7";
+    const MANY: &str = "1111111111111111111111111111111111111111";
+    const HUGE: &str = "2222222222222222222222222222222222222222";
+    const HEAVY: &str = "3333333333333333333333333333333333333333";
+    in_namespace("security-gitlab-repo-limits", |client, ns| async move {
+        let forge = gitlab_forge().await;
+        mount_gitlab_folder(&forge, OPENED, 1, CONFIG_MAP_APP.into()).await;
+        mount_gitlab_folder(&forge, MANY, 300, CONFIG_MAP_APP.into()).await;
+        mount_gitlab_folder(&forge, HUGE, 1, "#".repeat(2 << 20)).await;
+        mount_gitlab_folder(&forge, HEAVY, 10, "#".repeat(900 << 10)).await;
+        let from_repository = json!({"manifests": {"repositoryPath": "deploy/preview"}});
+        let project = "gitlabhq/gitlab-test";
+        let api = forge.uri();
+        install_template_with(
+            &client,
+            &ns,
+            "gitlab",
+            project,
+            Some(&api),
+            from_repository,
+            CONFIG_MAP_APP,
+        )
+        .await;
+        let harness = Harness::start(&client, &ns, 2 << 20).await;
+        let mut delivery = json_fixture("gitlab/merge_request.json");
+        let opened = harness
+            .gitlab(
+                "Merge Request Hook",
+                "limits-open",
+                delivery.to_string().as_bytes(),
+                SECRET,
+            )
+            .await;
+        let (name, ready) = harness.ready_after(opened, OPENED).await;
+        let target = ready.status.unwrap().namespace.unwrap();
+        let app = || async {
+            let config_maps: Api<ConfigMap> = Api::namespaced(client.clone(), &target);
+            config_maps.get("app").await.unwrap().data.unwrap()["sha"].clone()
+        };
+        assert_eq!(app().await, OPENED);
+
+        for (sha, limit, files_read) in [
+            (MANY, "300 manifest files, more than the limit of 200", 0),
+            (
+                HUGE,
+                "2097152 bytes, more than the limit of 1048576 per manifest file",
+                1,
+            ),
+            (
+                HEAVY,
+                "4608000 bytes of manifests, more than the limit of 4194304",
+                5,
+            ),
+        ] {
+            delivery["object_attributes"]["action"] = "update".into();
+            delivery["object_attributes"]["last_commit"]["id"] = sha.into();
+            let (status, answer) = harness
+                .gitlab(
+                    "Merge Request Hook",
+                    sha,
+                    delivery.to_string().as_bytes(),
+                    SECRET,
+                )
+                .await;
+            assert_eq!(status, 202, "{answer}");
+            let condition = eventually(
+                "the refusal of this commit",
+                Duration::from_secs(60),
+                || {
+                    let environments = harness.environments.clone();
+                    let name = name.clone();
+                    async move {
+                        let status = environments.get(&name).await.ok()?.status?;
+                        let condition = status.conditions.first()?.clone();
+                        (condition.reason == "ManifestsTooLarge" && condition.message.contains(sha))
+                            .then_some(condition)
+                    }
+                },
+            )
+            .await;
+            assert!(condition.message.contains(limit), "{}", condition.message);
+            assert_eq!(
+                gitlab_reads_at(&forge, sha).await,
+                (1, files_read),
+                "at {sha}"
+            );
+            assert_eq!(app().await, OPENED, "the previous commit keeps running");
+        }
+    })
+    .await;
+}
+
 /// A forge API that redirects (a moved instance, or a hostile `apiUrl`) never gets the token
 /// sent on to where it points: neither client follows the redirect. Before, GitLab's (the
 /// gitlab crate's own HTTP client) followed it with the `PRIVATE-TOKEN` header.

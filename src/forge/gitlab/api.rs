@@ -24,7 +24,8 @@ use super::environments::{
 };
 use super::tree::TreeAt;
 use crate::forge::client::{
-    DeploymentState, MAX_MANIFEST_FILES, check_manifest_count, check_manifest_size, is_yaml,
+    DeploymentState, MAX_MANIFEST_FILES, check_manifest_count, check_manifest_size, check_total,
+    is_yaml,
 };
 use crate::forge::comment::CommitState;
 use crate::forge::metrics::ForgeMetrics;
@@ -394,8 +395,10 @@ impl GitlabApi {
         let mut out = Vec::new();
         let manifests = self.manifest_files(project, path, sha).await?;
         check_manifest_count(path, manifests.len())?;
+        let mut total = 0usize;
         for (name, file_path) in manifests {
             let bytes = self.read_file(project, &file_path, sha).await?;
+            total = add_within_total(path, total, &bytes)?;
             out.push((name, String::from_utf8_lossy(&bytes).into_owned()));
         }
         Ok(out)
@@ -502,8 +505,10 @@ impl GitlabApi {
         let blobs: Vec<Entry> = entries.into_iter().filter(|e| e.kind == "blob").collect();
         check_manifest_count(root, blobs.len())?;
         let mut files = Vec::new();
+        let mut total = 0usize;
         for blob in blobs {
             let bytes = self.read_file(project, &blob.path, sha).await?;
+            total = add_within_total(root, total, &bytes)?;
             let relative = blob.path.strip_prefix(root).unwrap_or(&blob.path);
             files.push((relative.trim_start_matches('/').to_string(), bytes));
         }
@@ -729,6 +734,15 @@ fn built<T, E: std::fmt::Display>(
         operation,
         message: e.to_string(),
     })
+}
+
+/// `total` plus the file just read, refused once past [`check_total`]'s limit: GitLab's tree
+/// gives no sizes, so the total is known only as files are read, and reading stops at the first
+/// file past it instead of downloading (and holding) up to 200 files of 1 MiB first.
+fn add_within_total(path: &str, total: usize, bytes: &[u8]) -> Result<usize, ForgeApiError> {
+    let total = total.saturating_add(bytes.len());
+    check_total(path, total)?;
+    Ok(total)
 }
 
 #[cfg(test)]
