@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use sha2::{Digest, Sha256};
 
+use super::blobs::BlobCache;
 use super::comment::CommitState;
 use super::github::api::GithubApi;
 use super::gitlab::api::GitlabApi;
@@ -305,6 +306,8 @@ pub const TOKEN_BUDGET: &str = "token";
 pub struct ForgeClients {
     metrics: ForgeMetrics,
     clients: tokio::sync::Mutex<HashMap<ClientKey, Arc<ForgeClient>>>,
+    /// Repository files by blob id, for every client: they outlive a rotated token.
+    blobs: Arc<BlobCache>,
 }
 
 impl ForgeClients {
@@ -312,6 +315,7 @@ impl ForgeClients {
         Self {
             metrics,
             clients: tokio::sync::Mutex::new(HashMap::new()),
+            blobs: Arc::default(),
         }
     }
 
@@ -356,10 +360,14 @@ impl ForgeClients {
             ForgeKind::Github => {
                 let budget = budget.to_string();
                 let api = GithubApi::new(api_url, token, budget, self.metrics.clone())?;
-                ForgeClient::Github(api.commenting_as(author))
+                ForgeClient::Github(
+                    api.commenting_as(author)
+                        .keeping_blobs_in(self.blobs.clone()),
+                )
             }
             ForgeKind::Gitlab => {
-                ForgeClient::Gitlab(GitlabApi::connect(api_url, token, self.metrics.clone()).await?)
+                let api = GitlabApi::connect(api_url, token, self.metrics.clone()).await?;
+                ForgeClient::Gitlab(api.keeping_blobs_in(self.blobs.clone()))
             }
         });
         if clients.len() >= MAX_CLIENTS {

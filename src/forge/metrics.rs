@@ -14,6 +14,9 @@ pub struct ForgeMetrics {
     /// `token` for a personal or project token, `installation-<id>` for each GitHub App
     /// installation (GitHub counts an App's requests per installation).
     pub rate_limit_remaining: IntGaugeVec,
+    /// Repository files by forge and outcome: `read` (fetched by blob id) or `kept` (the
+    /// blob cache had that content: no request).
+    pub blobs: IntCounterVec,
 }
 
 impl Default for ForgeMetrics {
@@ -27,6 +30,7 @@ impl MetricSet for ForgeMetrics {
         vec![
             Box::new(self.requests.clone()),
             Box::new(self.rate_limit_remaining.clone()),
+            Box::new(self.blobs.clone()),
         ]
     }
 }
@@ -45,6 +49,14 @@ impl ForgeMetrics {
                     "Requests left in the forge's rate-limit window, as its last answer said",
                 ),
                 &["forge", "budget"],
+            )
+            .expect("valid metric"),
+            blobs: IntCounterVec::new(
+                Opts::new(
+                    "previewd_forge_blobs_total",
+                    "Repository files, read from the forge by blob id or kept from an earlier read",
+                ),
+                &["forge", "outcome"],
             )
             .expect("valid metric"),
         }

@@ -7,8 +7,10 @@
 //! synchronize, labeled, …) becomes the same [`EventKind::ChangeRequest`] snapshot.
 
 pub mod access;
+pub mod blobs;
 pub mod client;
 mod comment;
+mod folders;
 pub mod github;
 pub mod gitlab;
 pub mod metrics;

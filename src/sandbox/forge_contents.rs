@@ -1,15 +1,26 @@
 //! Repository contents as the forges' APIs answer them, for the forge stand-in: the calls
 //! previewd makes to read manifests, charts and overlays (`src/forge/github/api.rs`,
-//! `src/forge/gitlab/api.rs`), answered from [`Repositories`].
+//! `src/forge/gitlab/api.rs`), answered from [`Repositories`]: one tree listing per commit,
+//! then each file by its blob id.
 //!
-//! * GitHub: `GET /repos/{owner}/{name}/contents/{path}?ref=R`: a folder's entries (`name`,
-//!   `path`, `type` `file`/`dir`, `size`), or one file with its `content` in base64.
+//! * GitHub: `GET /repos/{owner}/{name}/git/trees/{reference}[?recursive=1]` (a commit SHA or
+//!   a branch; `recursive` with any value lists every file and folder, else the root's
+//!   entries): `sha`, `truncated` (always `false`) and `tree`, entries sorted by path with
+//!   `path`, `mode`, `type` `blob`/`tree`, `sha` (a file's blob id) and a file's `size`.
+//! * GitHub: `GET /repos/{owner}/{name}/git/blobs/{sha}`: `sha`, `size`, and `content` in
+//!   base64 (`encoding` `base64`).
 //! * GitLab: `GET /api/v4/projects/{id}/repository/tree?path=P&ref=R[&recursive=true]` (entries
-//!   with `type` `blob`/`tree`; `[]` for a path that is no folder, which previewd reads as
-//!   "maybe one file"), and `GET /api/v4/projects/{id}/repository/files/{path}/raw?ref=R`.
+//!   with `type` `blob`/`tree` and `id`, a file's blob id; `[]` for a path that is no folder,
+//!   which previewd reads as "maybe one file").
+//! * GitLab: `GET /api/v4/projects/{id}/repository/blobs/{sha}/raw`: the blob's bytes.
+//! * Both: a repository's branches (`GET /repos/{owner}/{name}/branches`,
+//!   `GET /api/v4/projects/{id}/repository/branches`), for the repositories whose source has
+//!   them (not the examples).
 //!
-//! A repository the sandbox does not serve answers 404, as before.
+//! Every call needs the sandbox's token ([`Repositories::admits`]): else 401. A repository the
+//! sandbox does not serve, a ref it does not know and a blob id it does not list answer 404.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use axum::http::{HeaderMap, Method, StatusCode};
@@ -17,7 +28,7 @@ use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 
 use super::forge_relay::{query_parameter, requested_page};
-use super::repositories::{NotServed, Repositories, entries_in};
+use super::repositories::{NotServed, Repositories, entries_in, folder_id};
 
 /// The answer to a contents call, or `None` when `path` is no contents call.
 pub async fn answer(
@@ -40,13 +51,20 @@ pub async fn answer(
         ["api", "v4", "projects", project, "repository", "branches"] => {
             branches_of(project.to_string())?
         }
-        ["repos", owner, name, "contents", rest @ ..] => Call::GithubContents {
+        // A branch may hold `/`: the rest of the path is the reference.
+        ["repos", owner, name, "git", "trees", reference @ ..] => Call::GithubTree {
             repository: format!("{owner}/{name}"),
-            path: rest.join("/"),
+            reference: reference.join("/"),
+            recursive: query_parameter(query, "recursive").is_some(),
+        },
+        ["repos", owner, name, "git", "blobs", id] => Call::GithubBlob {
+            repository: format!("{owner}/{name}"),
+            id: id.to_string(),
         },
         ["api", "v4", "projects", project, "repository", "tree"] => Call::GitlabTree {
             repository: project.to_string(),
             path: query_parameter(query, "path").unwrap_or_default(),
+            reference: query_parameter(query, "ref").unwrap_or_default(),
             recursive: query_parameter(query, "recursive").as_deref() == Some("true"),
         },
         [
@@ -55,12 +73,12 @@ pub async fn answer(
             "projects",
             project,
             "repository",
-            "files",
-            file,
+            "blobs",
+            id,
             "raw",
-        ] => Call::GitlabRaw {
+        ] => Call::GitlabBlob {
             repository: project.to_string(),
-            path: file.to_string(),
+            id: id.to_string(),
         },
         _ => return None,
     };
@@ -68,12 +86,10 @@ pub async fn answer(
         let refused = json!({"message": "Bad credentials"});
         return Some((StatusCode::UNAUTHORIZED, axum::Json(refused)).into_response());
     }
-    let reference = query_parameter(query, "ref").unwrap_or_default();
     let page = requested_page(query);
     let repositories = repositories.clone();
     // Listing a folder or asking git blocks: off the stand-in's async threads.
-    let answered =
-        tokio::task::spawn_blocking(move || call.answer(&repositories, &reference, page)).await;
+    let answered = tokio::task::spawn_blocking(move || call.answer(&repositories, page)).await;
     Some(answered.unwrap_or_else(|e| {
         let failed = json!({"message": format!("the stand-in failed: {e}")});
         (StatusCode::INTERNAL_SERVER_ERROR, axum::Json(failed)).into_response()
@@ -81,18 +97,25 @@ pub async fn answer(
 }
 
 enum Call {
-    GithubContents {
+    /// The tree of a commit (or a branch's), the root's entries or all (`recursive`).
+    GithubTree {
         repository: String,
-        path: String,
+        reference: String,
+        recursive: bool,
+    },
+    GithubBlob {
+        repository: String,
+        id: String,
     },
     GitlabTree {
         repository: String,
         path: String,
+        reference: String,
         recursive: bool,
     },
-    GitlabRaw {
+    GitlabBlob {
         repository: String,
-        path: String,
+        id: String,
     },
     /// A repository's branches (a git checkout's, a plain folder's `main`), on page `1`.
     Branches {
@@ -101,18 +124,24 @@ enum Call {
 }
 
 impl Call {
-    fn answer(&self, repositories: &Repositories, reference: &str, page: u64) -> Response {
+    fn answer(&self, repositories: &Repositories, page: u64) -> Response {
         let outcome = match self {
-            Call::GithubContents { repository, path } => {
-                github_contents(repositories, repository, path.trim_matches('/'), reference)
-            }
+            Call::GithubTree {
+                repository,
+                reference,
+                recursive,
+            } => github_tree(repositories, repository, reference, *recursive),
+            Call::GithubBlob { repository, id } => repositories
+                .blob(repository, id)
+                .map(|read| read.map(|bytes| json_ok(github_blob(id, &bytes)))),
             Call::GitlabTree {
                 repository,
                 path,
+                reference,
                 recursive,
             } => gitlab_tree(repositories, repository, path, reference, *recursive),
-            Call::GitlabRaw { repository, path } => repositories
-                .read(repository, reference, path)
+            Call::GitlabBlob { repository, id } => repositories
+                .blob(repository, id)
                 .map(|read| read.map(|bytes| (StatusCode::OK, bytes).into_response())),
             Call::Branches { repository } => repositories.branches(repository).map(|listed| {
                 // The one list previewd pages through: everything on the first page.
@@ -131,39 +160,64 @@ impl Call {
 
 type Answered = Option<Result<Response, NotServed>>;
 
-fn github_contents(
+/// A commit's tree as GitHub's trees API gives it, never truncated: every file and folder
+/// (`recursive`), or the entries directly at the root.
+fn github_tree(
     repositories: &Repositories,
     repository: &str,
-    path: &str,
     reference: &str,
+    recursive: bool,
 ) -> Answered {
+    if reference.is_empty() {
+        return Some(Err(NotServed("Not Found".into())));
+    }
     let files = match repositories.files(repository, reference)? {
         Ok(files) => files,
         Err(not) => return Some(Err(not)),
     };
-    if files.contains_key(path) {
-        return Some(
-            repositories
-                .read(repository, reference, path)?
-                .map(|bytes| json_ok(github_file(path, &bytes))),
-        );
-    }
-    let Some(entries) = entries_in(&files, path) else {
-        return Some(Err(NotServed("Not Found".into())));
-    };
-    let listed: Vec<Value> = entries
-        .into_iter()
-        .map(|(name, folder, size)| {
-            let full = joined(path, &name);
-            let kind = if folder { "dir" } else { "file" };
-            json!({"name": name, "path": full, "type": kind, "size": size})
+    let folder = |path: &str| {
+        json!({
+            "path": path, "mode": "040000", "type": "tree", "sha": folder_id(reference, path),
         })
-        .collect();
-    Some(Ok(json_ok(Value::Array(listed))))
+    };
+    let file = |path: &str, size: u64, blob: &str| {
+        json!({
+            "path": path, "mode": "100644", "type": "blob", "sha": blob, "size": size,
+        })
+    };
+    // By path, so that the entries come sorted as GitHub sorts them.
+    let mut entries: BTreeMap<String, Value> = BTreeMap::new();
+    if recursive {
+        for (path, listed) in &files {
+            let mut parent = path.as_str();
+            while let Some((above, _)) = parent.rsplit_once('/') {
+                if entries.contains_key(above) {
+                    break;
+                }
+                entries.insert(above.to_string(), folder(above));
+                parent = above;
+            }
+            entries.insert(
+                path.clone(),
+                file(path.as_str(), listed.size, listed.blob.as_str()),
+            );
+        }
+    } else {
+        for (name, listed) in entries_in(&files, "").unwrap_or_default() {
+            let entry = match &listed {
+                Some(listed) => file(name.as_str(), listed.size, listed.blob.as_str()),
+                None => folder(name.as_str()),
+            };
+            entries.insert(name, entry);
+        }
+    }
+    let tree: Vec<Value> = entries.into_values().collect();
+    let answer = json!({"sha": folder_id(reference, ""), "tree": tree, "truncated": false});
+    Some(Ok(json_ok(answer)))
 }
 
-/// A file as GitHub's contents API gives it: base64 in lines of 60, as GitHub writes it.
-fn github_file(path: &str, bytes: &[u8]) -> Value {
+/// A blob as GitHub's blobs API gives it: base64 in lines of 60, as GitHub writes it.
+fn github_blob(id: &str, bytes: &[u8]) -> Value {
     use base64::Engine;
     let encoded = base64::engine::general_purpose::STANDARD.encode(bytes);
     let lines: Vec<&str> = encoded
@@ -171,9 +225,8 @@ fn github_file(path: &str, bytes: &[u8]) -> Value {
         .chunks(60)
         .filter_map(|chunk| std::str::from_utf8(chunk).ok())
         .collect();
-    let name = path.rsplit('/').next().unwrap_or(path);
     json!({
-        "type": "file", "name": name, "path": path, "size": bytes.len(),
+        "sha": id.to_ascii_lowercase(), "size": bytes.len(),
         "encoding": "base64", "content": lines.join("\n"),
     })
 }
@@ -192,15 +245,16 @@ fn gitlab_tree(
     let mut listed = Vec::new();
     let mut folders = vec![path.trim_matches('/').to_string()];
     while let Some(folder) = folders.pop() {
-        for (name, is_folder, _) in entries_in(&files, &folder).unwrap_or_default() {
+        for (name, file) in entries_in(&files, &folder).unwrap_or_default() {
             let full = joined(&folder, &name);
-            let kind = if is_folder { "tree" } else { "blob" };
-            if is_folder && recursive {
+            let (kind, mode, id) = match &file {
+                Some(file) => ("blob", "100644", file.blob.clone()),
+                None => ("tree", "040000", folder_id(reference, &full)),
+            };
+            if file.is_none() && recursive {
                 folders.push(full.clone());
             }
-            listed.push(
-                json!({"id": "", "name": name, "type": kind, "path": full, "mode": "100644"}),
-            );
+            listed.push(json!({"id": id, "name": name, "type": kind, "path": full, "mode": mode}));
         }
     }
     Some(Ok(json_ok(Value::Array(listed))))
@@ -319,7 +373,7 @@ mod tests {
             let read = right.read_folder(repository, "deploy/chart", "x").await;
             assert_eq!(read.map(|files| files.len()).ok(), Some(10), "{kind:?}");
         }
-        let anonymous = reqwest::get(format!("{url}/repos/{GITHUB_REPOSITORY}/contents/deploy"))
+        let anonymous = reqwest::get(format!("{url}/repos/{GITHUB_REPOSITORY}/git/trees/main"))
             .await
             .unwrap();
         assert_eq!(anonymous.status().as_u16(), 401);

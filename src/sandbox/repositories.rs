@@ -8,14 +8,21 @@
 //! * A plain folder serves what is in it now, at any ref (it has no history).
 //! * The examples are compiled in, so the sandbox serves them wherever the binary runs.
 //!
-//! Only files found by listing the source are ever read (a request's path is looked up in the
-//! listing, never joined onto a folder), symbolic links are not followed, and a folder is
-//! listed to at most [`MAX_FILES`] files: the stand-in listens on loopback, but what it serves
-//! is exactly the folder named.
+//! Each listed file has a blob id, as a forge's trees give it, by which it is then read
+//! ([`Repositories::blob`]): a git checkout's object id; for the examples, an id of the
+//! content; for a plain folder, an id of the path, size and modification time (a listing
+//! reads no file), so an id changes when the file does.
+//!
+//! Only files found by listing the source are ever read (a request's path or blob id is looked
+//! up in the listing, never joined onto a folder), symbolic links are not followed, and a
+//! folder is listed to at most [`MAX_FILES`] files: the stand-in listens on loopback, but what
+//! it serves is exactly the folder named.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 use std::process::Command;
+
+use sha2::{Digest, Sha256};
 
 use super::SandboxError;
 
@@ -100,6 +107,14 @@ pub enum Source {
 /// Why a listing or a file is not served: a 404 with this message.
 #[derive(Debug, PartialEq, Eq)]
 pub struct NotServed(pub String);
+
+/// One file of a listing: its size in bytes and its blob id (40 or 64 hex characters), by
+/// which [`Repositories::blob`] reads it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Listed {
+    pub size: u64,
+    pub blob: String,
+}
 
 /// The repositories served, by `owner/name` in lower case (forges compare names so), and the
 /// token a caller must present to read them.
@@ -229,20 +244,54 @@ impl Repositories {
             .is_some_and(|source| *source != Source::Examples)
     }
 
-    /// Every file of `repository` at `reference` (path, size), sorted; `None`: not served.
+    /// Every file of `repository` at `reference` (path, with its size and blob id), sorted;
+    /// `None`: not served.
     pub fn files(
         &self,
         repository: &str,
         reference: &str,
-    ) -> Option<Result<BTreeMap<String, u64>, NotServed>> {
+    ) -> Option<Result<BTreeMap<String, Listed>, NotServed>> {
         let source = self.served.get(&repository.to_lowercase())?;
         Some(match source {
             Source::Examples => Ok(EXAMPLE_FILES
                 .iter()
-                .map(|(path, bytes)| (path.to_string(), bytes.len() as u64))
+                .map(|(path, bytes)| {
+                    let listed = Listed {
+                        size: bytes.len() as u64,
+                        blob: content_id(bytes),
+                    };
+                    (path.to_string(), listed)
+                })
                 .collect()),
             Source::Folder(root) => Ok(walk(root)),
             Source::Git(root) => commit(root, reference).and_then(|sha| git_files(root, &sha)),
+        })
+    }
+
+    /// The bytes of the blob `id` of `repository` (an id its listings give); `None`: not
+    /// served. Only ids of 40 or 64 hex characters are looked up. A plain folder serves only
+    /// a file listed now with that id (a file changed since its listing has another id).
+    pub fn blob(&self, repository: &str, id: &str) -> Option<Result<Vec<u8>, NotServed>> {
+        let source = self.served.get(&repository.to_lowercase())?;
+        let missing = || NotServed(format!("{id}: no such blob"));
+        if !is_object_id(id) {
+            return Some(Err(missing()));
+        }
+        let id = id.to_ascii_lowercase();
+        Some(match source {
+            Source::Examples => EXAMPLE_FILES
+                .iter()
+                .find(|(_, bytes)| content_id(bytes) == id)
+                .map(|(_, bytes)| bytes.to_vec())
+                .ok_or_else(missing),
+            // The path comes from the listing, never from the request.
+            Source::Folder(root) => walk(root)
+                .into_iter()
+                .find(|(_, listed)| listed.blob == id)
+                .and_then(|(path, _)| read_inside(root, &path))
+                .ok_or_else(missing),
+            // `id` is hex only: no option, no revision syntax reaches git.
+            Source::Git(root) => git_bytes(root, &["cat-file", "blob", &id]).map_err(|_| missing()),
         })
     }
 
@@ -274,9 +323,13 @@ impl Repositories {
     }
 }
 
-/// One level of a folder in a file listing: `(name, is a folder, size)` of each entry
-/// directly in `folder` (`""`: the root), sorted; `None` when nothing is under it.
-pub fn entries_in(files: &BTreeMap<String, u64>, folder: &str) -> Option<Vec<(String, bool, u64)>> {
+/// One level of a folder in a file listing: `(name, the file)` of each entry directly in
+/// `folder` (`""`: the root), the file `None` for a subfolder, sorted by name; `None` when
+/// nothing is under `folder`.
+pub fn entries_in(
+    files: &BTreeMap<String, Listed>,
+    folder: &str,
+) -> Option<Vec<(String, Option<Listed>)>> {
     let folder = folder.trim_matches('/');
     let prefix = if folder.is_empty() {
         String::new()
@@ -284,8 +337,8 @@ pub fn entries_in(files: &BTreeMap<String, u64>, folder: &str) -> Option<Vec<(St
         format!("{folder}/")
     };
     let mut folders = BTreeSet::new();
-    let mut entries = Vec::new();
-    for (path, size) in files.range(prefix.clone()..) {
+    let mut entries: Vec<(String, Option<Listed>)> = Vec::new();
+    for (path, listed) in files.range(prefix.clone()..) {
         let Some(rest) = path.strip_prefix(&prefix) else {
             break;
         };
@@ -293,12 +346,49 @@ pub fn entries_in(files: &BTreeMap<String, u64>, folder: &str) -> Option<Vec<(St
             Some((child, _)) => {
                 folders.insert(child.to_string());
             }
-            None => entries.push((rest.to_string(), false, *size)),
+            None => entries.push((rest.to_string(), Some(listed.clone()))),
         }
     }
-    entries.extend(folders.into_iter().map(|name| (name, true, 0)));
-    entries.sort();
+    entries.extend(folders.into_iter().map(|name| (name, None)));
+    entries.sort_by(|a, b| a.0.cmp(&b.0));
     (!entries.is_empty()).then_some(entries)
+}
+
+/// The id a folder `path` (`""`: the root) of a listing at `reference` is given: 40 hex
+/// characters, the same for the same folder and reference.
+pub fn folder_id(reference: &str, path: &str) -> String {
+    object_id("tree", format!("{reference}\0{path}").as_bytes())
+}
+
+/// The id of a file with these bytes, as git names a blob's object but with SHA-256 (cut to
+/// the 40 hex characters of a git id): the same bytes, the same id.
+fn content_id(bytes: &[u8]) -> String {
+    object_id("blob", bytes)
+}
+
+/// `<kind> <length>\0<bytes>` hashed with SHA-256, in lowercase hex cut to 40 characters.
+fn object_id(kind: &str, bytes: &[u8]) -> String {
+    let mut digest = Sha256::new();
+    digest.update(format!("{kind} {}\0", bytes.len()).as_bytes());
+    digest.update(bytes);
+    let mut id = hex::encode(digest.finalize());
+    id.truncate(40);
+    id
+}
+
+/// The id of a plain folder's file at `path` (relative to the folder) from its metadata:
+/// its path, size and modification time (ns), so a listing reads no file's content and an
+/// edited file gets a new id.
+fn metadata_id(path: &str, metadata: &std::fs::Metadata) -> String {
+    use std::os::unix::fs::MetadataExt;
+    let modified = i128::from(metadata.mtime()) * 1_000_000_000 + i128::from(metadata.mtime_nsec());
+    let described = format!("{path}\0{}\0{modified}", metadata.len());
+    object_id("blob", described.as_bytes())
+}
+
+/// A full object id: 40 (SHA-1) or 64 (SHA-256) hex characters.
+fn is_object_id(id: &str) -> bool {
+    matches!(id.len(), 40 | 64) && id.bytes().all(|b| b.is_ascii_hexdigit())
 }
 
 /// `owner/name` (GitHub) or `group/…/project` (GitLab): plain segments only.
@@ -314,8 +404,8 @@ fn is_repository_name(name: &str) -> bool {
 }
 
 /// The regular files under `root` (not `.git`, no symbolic links), by path relative to it,
-/// at most [`MAX_FILES`].
-fn walk(root: &Path) -> BTreeMap<String, u64> {
+/// at most [`MAX_FILES`], with ids of their metadata ([`metadata_id`]).
+fn walk(root: &Path) -> BTreeMap<String, Listed> {
     let mut files = BTreeMap::new();
     let mut folders = vec![root.to_path_buf()];
     while let Some(folder) = folders.pop() {
@@ -334,9 +424,16 @@ fn walk(root: &Path) -> BTreeMap<String, u64> {
                 folders.push(path);
             } else if kind.is_file() {
                 let relative = path.strip_prefix(root).ok().and_then(Path::to_str);
-                let size = entry.metadata().map(|m| m.len()).unwrap_or(0);
+                // The entry's own metadata (`lstat`): a link is never followed.
+                let Ok(metadata) = entry.metadata() else {
+                    continue;
+                };
                 if let Some(relative) = relative {
-                    files.insert(relative.to_string(), size);
+                    let listed = Listed {
+                        size: metadata.len(),
+                        blob: metadata_id(relative, &metadata),
+                    };
+                    files.insert(relative.to_string(), listed);
                 }
             }
         }
@@ -363,8 +460,7 @@ fn read_inside(root: &Path, path: &str) -> Option<Vec<u8>> {
 /// for: an environment's `headSha`), or a branch (`refs/heads/…`). Nothing else git could
 /// resolve (stashes, `ORIG_HEAD`, `HEAD~1`, short SHAs of commits no branch holds) is served.
 fn commit(root: &Path, reference: &str) -> Result<String, NotServed> {
-    let full_sha =
-        matches!(reference.len(), 40 | 64) && reference.bytes().all(|b| b.is_ascii_hexdigit());
+    let full_sha = is_object_id(reference);
     let branch = !reference.is_empty()
         && reference.len() <= 255
         && !reference.starts_with(['-', '/', '.'])
@@ -381,9 +477,9 @@ fn commit(root: &Path, reference: &str) -> Result<String, NotServed> {
     git(root, &["rev-parse", "--verify", "--quiet", &spec]).map_err(|_| unknown())
 }
 
-/// Every blob of commit `sha` with its size (`git ls-tree -r -l`); links and submodules left
-/// out, as previewd reads files only.
-fn git_files(root: &Path, sha: &str) -> Result<BTreeMap<String, u64>, NotServed> {
+/// Every blob of commit `sha` with its size and object id (`git ls-tree -r -l`); links and
+/// submodules left out, as previewd reads files only.
+fn git_files(root: &Path, sha: &str) -> Result<BTreeMap<String, Listed>, NotServed> {
     let listing = git_bytes(root, &["ls-tree", "-r", "-l", "-z", sha])?;
     let mut files = BTreeMap::new();
     for line in listing.split(|b| *b == 0) {
@@ -393,8 +489,12 @@ fn git_files(root: &Path, sha: &str) -> Result<BTreeMap<String, u64>, NotServed>
             continue;
         };
         let fields: Vec<&str> = meta.split_whitespace().collect();
-        if let ["100644" | "100755", "blob", _, size] = fields.as_slice() {
-            files.insert(path.to_string(), size.parse().unwrap_or(0));
+        if let ["100644" | "100755", "blob", object, size] = fields.as_slice() {
+            let listed = Listed {
+                size: size.parse().unwrap_or(0),
+                blob: object.to_string(),
+            };
+            files.insert(path.to_string(), listed);
         }
     }
     Ok(files)
@@ -480,30 +580,43 @@ mod tests {
         assert!(repositories.files("someone/else", "x").is_none());
     }
 
+    /// A listed file of `size` bytes with blob id `blob`.
+    fn listed(size: u64, blob: &str) -> Listed {
+        Listed {
+            size,
+            blob: blob.to_string(),
+        }
+    }
+
     #[test]
     fn a_folder_lists_one_level_with_its_subfolders() {
-        let files: BTreeMap<String, u64> = [
-            ("deploy/chart/Chart.yaml", 10),
-            ("deploy/chart/templates/a.yaml", 5),
-            ("deploy/chart/templates/tests/t.yaml", 5),
-            ("deploy/chartless.yaml", 1),
+        let files: BTreeMap<String, Listed> = [
+            ("deploy/chart/Chart.yaml", 10, "a"),
+            ("deploy/chart/templates/a.yaml", 5, "b"),
+            ("deploy/chart/templates/tests/t.yaml", 5, "c"),
+            ("deploy/chartless.yaml", 1, "d"),
         ]
-        .map(|(p, s)| (p.to_string(), s))
+        .map(|(p, s, b)| (p.to_string(), listed(s, b)))
         .into_iter()
         .collect();
         assert_eq!(
             entries_in(&files, "deploy/chart"),
             Some(vec![
-                ("Chart.yaml".into(), false, 10),
-                ("templates".into(), true, 0)
+                ("Chart.yaml".to_string(), Some(listed(10, "a"))),
+                ("templates".to_string(), None)
             ])
         );
         assert_eq!(
             entries_in(&files, "/deploy/"),
             Some(vec![
-                ("chart".into(), true, 0),
-                ("chartless.yaml".into(), false, 1)
+                ("chart".to_string(), None),
+                ("chartless.yaml".to_string(), Some(listed(1, "d")))
             ])
+        );
+        assert_eq!(
+            entries_in(&files, "").map(|entries| entries.len()),
+            Some(1),
+            "the root holds deploy/ only"
         );
         assert_eq!(entries_in(&files, "deploy/chart/Chart.yaml"), None);
         assert_eq!(entries_in(&files, "nowhere"), None);
@@ -587,7 +700,8 @@ mod tests {
         assert_eq!(read(&first), Ok(b"replicas: 1\n".to_vec()));
         assert_eq!(read("main"), Ok(b"replicas: 2\n".to_vec()));
         let files = repositories.files("me/app", &first).unwrap().unwrap();
-        assert_eq!(files.get("chart/values.yaml"), Some(&12));
+        let size = files.get("chart/values.yaml").map(|listed| listed.size);
+        assert_eq!(size, Some(12));
         // A stash: git resolves it, the forge has no such ref.
         std::fs::write(folder.path().join("chart/values.yaml"), "secret: 1\n").unwrap();
         run(&["stash", "-q"]);
@@ -610,5 +724,162 @@ mod tests {
             );
         }
         assert!(read(&format!("{first}:chart/values.yaml")).is_err());
+    }
+    /// The blob ids of every file of `repository` at `reference`, by path.
+    fn blob_ids(
+        repositories: &Repositories,
+        repository: &str,
+        reference: &str,
+    ) -> BTreeMap<String, String> {
+        let files = repositories.files(repository, reference).unwrap().unwrap();
+        files
+            .into_iter()
+            .map(|(path, listed)| (path, listed.blob))
+            .collect()
+    }
+
+    #[test]
+    fn the_examples_are_read_by_the_ids_of_their_content() {
+        let repositories = Repositories::default();
+        let ids = blob_ids(&repositories, GITHUB_REPOSITORY, "one-sha");
+        assert_eq!(
+            ids,
+            blob_ids(&repositories, GITLAB_REPOSITORY, "another-sha")
+        );
+        let id = &ids["deploy/chart/Chart.yaml"];
+        assert_eq!(id.len(), 40);
+        assert!(
+            id.bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+        );
+        let on_disk = std::fs::read(
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("templates/web-chart/chart/Chart.yaml"),
+        )
+        .unwrap();
+        assert_eq!(repositories.blob(GITHUB_REPOSITORY, id), Some(Ok(on_disk)));
+        let distinct: BTreeSet<&String> = ids.values().collect();
+        assert_eq!(distinct.len(), ids.len(), "files of different content");
+        let hostile = [
+            "deploy/chart/Chart.yaml".to_string(),
+            "main".to_string(),
+            String::new(),
+            "g".repeat(40),
+            id[..39].to_string(),
+        ];
+        for refused in &hostile {
+            assert!(
+                repositories
+                    .blob(GITHUB_REPOSITORY, refused)
+                    .unwrap()
+                    .is_err(),
+                "{refused}"
+            );
+        }
+        assert!(repositories.blob("someone/else", id).is_none());
+        let deploy = folder_id("main", "deploy");
+        assert_eq!(deploy.len(), 40);
+        assert_eq!(deploy, folder_id("main", "deploy"));
+        assert_ne!(deploy, folder_id("main", "deploy/chart"));
+        assert_ne!(deploy, folder_id("other", "deploy"));
+    }
+
+    #[test]
+    fn a_plain_folders_ids_change_with_its_files_and_read_nothing_outside_it() {
+        let folder = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(folder.path().join("chart")).unwrap();
+        std::fs::write(folder.path().join("chart/Chart.yaml"), "name: mine\n").unwrap();
+        std::fs::write(folder.path().join("chart/values.yaml"), "replicas: 1\n").unwrap();
+        std::os::unix::fs::symlink("/etc/passwd", folder.path().join("chart/passwd")).unwrap();
+        let mut repositories = Repositories::default();
+        repositories.add("me/app", folder.path()).unwrap();
+        let before = blob_ids(&repositories, "me/app", "any");
+        assert_eq!(
+            before.keys().collect::<Vec<_>>(),
+            ["chart/Chart.yaml", "chart/values.yaml"]
+        );
+        assert_eq!(before, blob_ids(&repositories, "me/app", "other"));
+        let blob = |id: &str| repositories.blob("me/app", id).unwrap();
+        assert_eq!(
+            blob(&before["chart/values.yaml"]),
+            Ok(b"replicas: 1\n".to_vec())
+        );
+        // Another size: a new id even within the clock's resolution.
+        std::fs::write(folder.path().join("chart/values.yaml"), "replicas: 10\n").unwrap();
+        let after = blob_ids(&repositories, "me/app", "any");
+        assert_eq!(after["chart/Chart.yaml"], before["chart/Chart.yaml"]);
+        assert_ne!(after["chart/values.yaml"], before["chart/values.yaml"]);
+        assert_eq!(
+            blob(&after["chart/values.yaml"]),
+            Ok(b"replicas: 10\n".to_vec())
+        );
+        assert!(blob(&before["chart/values.yaml"]).is_err(), "a stale id");
+        let hostile = [
+            "chart/passwd".to_string(),
+            "../../etc/passwd".to_string(),
+            "/etc/passwd".to_string(),
+            "chart/Chart.yaml".to_string(),
+            "0".repeat(40),
+            "0".repeat(64),
+        ];
+        for refused in &hostile {
+            assert!(blob(refused).is_err(), "{refused} served");
+        }
+    }
+
+    #[test]
+    fn a_git_checkouts_ids_are_its_blobs_and_change_with_each_commit() {
+        let folder = tempfile::tempdir().unwrap();
+        let run = |args: &[&str]| {
+            let status = Command::new("git")
+                .arg("-C")
+                .arg(folder.path())
+                .args(["-c", "user.name=t", "-c", "user.email=t@example.com"])
+                .args(args)
+                .status()
+                .unwrap();
+            assert!(status.success(), "git {args:?}");
+        };
+        run(&["init", "-q", "-b", "main"]);
+        std::fs::create_dir_all(folder.path().join("chart")).unwrap();
+        std::fs::write(folder.path().join("chart/Chart.yaml"), "name: mine\n").unwrap();
+        std::fs::write(folder.path().join("chart/values.yaml"), "replicas: 1\n").unwrap();
+        run(&["add", "."]);
+        run(&["commit", "-q", "-m", "one"]);
+        let first = git(folder.path(), &["rev-parse", "HEAD"]).unwrap();
+        std::fs::write(folder.path().join("chart/values.yaml"), "replicas: 2\n").unwrap();
+        run(&["commit", "-q", "-am", "two"]);
+        let mut repositories = Repositories::default();
+        repositories.add("me/app", folder.path()).unwrap();
+        let one = blob_ids(&repositories, "me/app", &first);
+        let two = blob_ids(&repositories, "me/app", "main");
+        assert_eq!(one, blob_ids(&repositories, "me/app", &first));
+        assert_eq!(one["chart/Chart.yaml"], two["chart/Chart.yaml"]);
+        assert_ne!(one["chart/values.yaml"], two["chart/values.yaml"]);
+        let object = git(
+            folder.path(),
+            &["rev-parse", &format!("{first}:chart/values.yaml")],
+        );
+        assert_eq!(object, Ok(one["chart/values.yaml"].clone()));
+        let blob = |id: &str| repositories.blob("me/app", id).unwrap();
+        assert_eq!(
+            blob(&one["chart/values.yaml"]),
+            Ok(b"replicas: 1\n".to_vec())
+        );
+        assert_eq!(
+            blob(&two["chart/values.yaml"]),
+            Ok(b"replicas: 2\n".to_vec())
+        );
+        let hostile = [
+            first.clone(),
+            first[..10].to_string(),
+            "main".to_string(),
+            "HEAD".to_string(),
+            "--output=/tmp/x".to_string(),
+            format!("{first}:chart/values.yaml"),
+            "0".repeat(40),
+        ];
+        for refused in &hostile {
+            assert!(blob(refused).is_err(), "{refused} served");
+        }
     }
 }

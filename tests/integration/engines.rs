@@ -27,7 +27,9 @@ use previewd::model::crd::{Phase, PreviewEnvironment, PreviewTemplate};
 use previewd::reconcile::ControllerConfig;
 use serde_json::{Value, json};
 use support::apps::example;
-use support::contents::{assert_live_as_rendered, files_of, serve_folder, with_file};
+use support::contents::{
+    assert_live_as_rendered, files_of, serve_folder, serve_folders, with_file,
+};
 use support::{Running, eventually, in_namespace, wait_for_phase};
 use wiremock::MockServer;
 
@@ -664,11 +666,12 @@ async fn a_kustomize_overlay_from_the_repository_is_built_by_kustomize_with_the_
 async fn a_template_whose_renders_hang_delays_another_by_one_render_at_most() {
     in_namespace("helm-fair-turns", |client, ns| async move {
         let forge = MockServer::start().await;
-        serve_chart(&forge, FIRST, &files_of(&example_chart())).await;
         let hanging =
             "{{- range $i := until 20000 }}{{- range $j := until 20000 }}{{- end }}{{- end }}\n";
         let slow_chart = chart_with("templates/slow.yaml", hanging);
-        serve_folder(&forge, REPOSITORY, "deploy/slow", FIRST, &slow_chart).await;
+        let example = files_of(&example_chart());
+        let folders = [(CHART_PATH, &example[..]), ("deploy/slow", &slow_chart[..])];
+        serve_folders(&forge, REPOSITORY, FIRST, &folders).await;
         let _running = start_controller_timing_out(&client, &ns, Duration::from_secs(3)).await;
         create_forge_token(&client, &ns).await;
         create_chart_variant(&client, &ns, &forge, "slow", "deploy/slow").await;
@@ -744,16 +747,14 @@ fn peak_memory() -> u64 {
 async fn a_chart_that_builds_a_gigabyte_is_stopped_by_its_memory_limit_and_said() {
     in_namespace("helm-memory", |client, ns| async move {
         let forge = MockServer::start().await;
-        serve_chart(&forge, FIRST, &files_of(&example_chart())).await;
         let greedy = "# {{ len (repeat 1073741824 \"x\") }}\n";
-        serve_folder(
-            &forge,
-            REPOSITORY,
-            "deploy/greedy",
-            FIRST,
-            &chart_with("templates/greedy.yaml", greedy),
-        )
-        .await;
+        let greedy_chart = chart_with("templates/greedy.yaml", greedy);
+        let example = files_of(&example_chart());
+        let folders = [
+            (CHART_PATH, &example[..]),
+            ("deploy/greedy", &greedy_chart[..]),
+        ];
+        serve_folders(&forge, REPOSITORY, FIRST, &folders).await;
         let _running = start_controller(&client, &ns).await;
         create_forge_token(&client, &ns).await;
         for (name, path, number) in [("greedy", "deploy/greedy", 2), ("quick", CHART_PATH, 3)] {

@@ -809,49 +809,73 @@ async fn a_template_that_would_render_forever_is_stopped_and_named() {
     .await;
 }
 
-/// The repository folder at commit `sha`: its listing, and each file's content.
+/// `listing` (entries `name`, `size`) as folder `deploy/preview` of the commit `sha`'s tree, and
+/// `files` by their blob ids.
 async fn mount_repository_folder(
     forge: &wiremock::MockServer,
     sha: &str,
     listing: serde_json::Value,
     files: &[(&str, &str)],
 ) {
-    use base64::Engine;
-    use wiremock::matchers::{method, path, query_param};
+    use support::contents::blob_id;
+    use wiremock::matchers::{method, path};
     use wiremock::{Mock, ResponseTemplate};
-    let folder = format!("/repos/{REPOSITORY}/contents/deploy/preview");
+    let id_of = |name: &str| blob_id(format!("{sha}/{name}").as_bytes());
+    let mut tree = vec![
+        json!({"path": "deploy", "mode": "040000", "type": "tree", "sha": blob_id(b"deploy")}),
+        json!({"path": "deploy/preview", "mode": "040000", "type": "tree", "sha": blob_id(b"preview")}),
+    ];
+    for entry in listing.as_array().unwrap() {
+        let name = entry["name"].as_str().unwrap();
+        tree.push(
+            json!({"path": format!("deploy/preview/{name}"), "mode": "100644", "type": "blob",
+            "sha": id_of(name), "size": entry["size"]}),
+        );
+    }
     Mock::given(method("GET"))
-        .and(path(folder.clone()))
-        .and(query_param("ref", sha))
-        .respond_with(ResponseTemplate::new(200).set_body_json(listing))
+        .and(path(format!("/repos/{REPOSITORY}/git/trees/{sha}")))
+        .respond_with(ResponseTemplate::new(200).set_body_json(
+            json!({"sha": blob_id(sha.as_bytes()), "tree": tree, "truncated": false}),
+        ))
         .mount(forge)
         .await;
     for (name, text) in files {
-        let body = json!({"type": "file", "name": name, "encoding": "base64",
+        use base64::Engine;
+        let body = json!({"sha": id_of(name), "size": text.len(), "encoding": "base64",
             "content": base64::engine::general_purpose::STANDARD.encode(text)});
         Mock::given(method("GET"))
-            .and(path(format!("{folder}/{name}")))
-            .and(query_param("ref", sha))
+            .and(path(format!(
+                "/repos/{REPOSITORY}/git/blobs/{}",
+                id_of(name)
+            )))
             .respond_with(ResponseTemplate::new(200).set_body_json(body))
             .mount(forge)
             .await;
     }
 }
 
-/// Requests previewd made for commit `sha`.
+/// Requests previewd made for commit `sha`: its tree listing, and any blob of its folder.
 async fn requests_at(forge: &wiremock::MockServer, sha: &str) -> usize {
-    let query = format!("ref={sha}");
+    let tree = format!("/git/trees/{sha}");
+    let blobs: Vec<String> = (0..5_000)
+        .flat_map(|i| [format!("m{i}.yaml"), format!("h{i}.yaml")])
+        .chain(["app.yaml".to_string()])
+        .map(|name| support::contents::blob_id(format!("{sha}/{name}").as_bytes()))
+        .collect();
     forge
         .received_requests()
         .await
         .unwrap_or_default()
         .iter()
-        .filter(|r| r.url.query() == Some(query.as_str()))
+        .filter(|r| {
+            let path = r.url.path();
+            path.ends_with(&tree) || blobs.iter().any(|id| path.ends_with(id.as_str()))
+        })
         .count()
 }
 
 /// A pull request that puts thousands of manifests, one huge one, or several large ones adding
-/// up to more than 4 MiB into `repositoryPath` is refused from the folder's listing (`ManifestsTooLarge`), before any file is downloaded,
+/// up to more than 4 MiB into `repositoryPath` is refused from the commit's tree listing (`ManifestsTooLarge`), before any file is downloaded,
 /// and the previous commit keeps running. Before, previewd read every file, whatever the
 /// count and size.
 #[tokio::test]
@@ -913,13 +937,25 @@ async fn a_repository_folder_beyond_the_limits_is_refused_before_it_is_read() {
     .await;
 }
 
-/// GitLab's folder `deploy/preview` at commit `sha`: `count` YAML files, each holding `text`.
-async fn mount_gitlab_folder(forge: &wiremock::MockServer, sha: &str, count: usize, text: String) {
+/// The blob id of file `i` of commit `sha` in [`mount_gitlab_folder`].
+fn gitlab_blob(sha: &str, i: usize) -> String {
+    support::contents::blob_id(format!("{sha}/m{i}.yaml").as_bytes())
+}
+
+/// GitLab's folder `deploy/preview` at commit `sha`: `count` YAML files, each holding `text`,
+/// served by blob id unless `served` is false.
+async fn mount_gitlab_folder(
+    forge: &wiremock::MockServer,
+    sha: &str,
+    count: usize,
+    text: String,
+    served: bool,
+) {
     use wiremock::matchers::{method, path_regex, query_param};
     use wiremock::{Mock, ResponseTemplate};
     let tree: Vec<_> = (0..count)
         .map(|i| {
-            json!({"id": format!("{i:0>40}"), "name": format!("m{i}.yaml"), "type": "blob",
+            json!({"id": gitlab_blob(sha, i), "name": format!("m{i}.yaml"), "type": "blob",
                    "path": format!("deploy/preview/m{i}.yaml"), "mode": "100644"})
         })
         .collect();
@@ -929,33 +965,39 @@ async fn mount_gitlab_folder(forge: &wiremock::MockServer, sha: &str, count: usi
         .respond_with(ResponseTemplate::new(200).set_body_json(tree))
         .mount(forge)
         .await;
-    Mock::given(method("GET"))
-        .and(path_regex(
-            r"^/api/v4/projects/[^/]+/repository/files/[^/]+/raw$",
-        ))
-        .and(query_param("ref", sha))
-        .respond_with(ResponseTemplate::new(200).set_body_string(text))
-        .mount(forge)
-        .await;
+    for i in (0..count).filter(|_| served) {
+        let blob = format!(
+            r"^/api/v4/projects/[^/]+/repository/blobs/{}/raw$",
+            gitlab_blob(sha, i)
+        );
+        Mock::given(method("GET"))
+            .and(path_regex(blob))
+            .respond_with(ResponseTemplate::new(200).set_body_string(text.clone()))
+            .mount(forge)
+            .await;
+    }
 }
 
-/// GitLab's (tree listings, files read) at commit `sha`.
-async fn gitlab_reads_at(forge: &wiremock::MockServer, sha: &str) -> (usize, usize) {
+/// GitLab's (tree listings, blob reads) for commit `sha` of [`mount_gitlab_folder`].
+async fn gitlab_reads_at(forge: &wiremock::MockServer, sha: &str, count: usize) -> (usize, usize) {
     let at = format!("ref={sha}");
     let requests = forge.received_requests().await.unwrap_or_default();
-    let at_sha = || {
-        requests
-            .iter()
-            .filter(|r| r.url.query().is_some_and(|q| q.contains(&at)))
-    };
-    let listings = at_sha().filter(|r| r.url.path().ends_with("/tree")).count();
-    let reads = at_sha().filter(|r| r.url.path().ends_with("/raw")).count();
+    let listings = requests
+        .iter()
+        .filter(|r| r.url.path().ends_with("/tree"))
+        .filter(|r| r.url.query().is_some_and(|q| q.contains(&at)))
+        .count();
+    let blobs: Vec<String> = (0..count).map(|i| gitlab_blob(sha, i)).collect();
+    let reads = requests
+        .iter()
+        .filter(|r| blobs.iter().any(|id| r.url.path().contains(id.as_str())))
+        .count();
     (listings, reads)
 }
 
 /// [`a_repository_folder_beyond_the_limits_is_refused_before_it_is_read`] on GitLab, whose tree
 /// lists no sizes (docs/writing-templates.md): more files than the limit are refused from the
-/// listing, none read; a file over 1 MiB is refused as read; files adding up to more than
+/// listing, none read; a file over 1 MiB is refused as soon as 1 MiB of it is read; files adding up to more than
 /// 4 MiB stop the reading at the first file past the total (five of ten read; before, all ten
 /// were downloaded and held first). The previous commit keeps running.
 #[tokio::test]
@@ -966,10 +1008,10 @@ async fn gitlab_a_repository_folder_beyond_the_limits_is_refused_reading_no_more
     const HEAVY: &str = "3333333333333333333333333333333333333333";
     in_namespace("security-gitlab-repo-limits", |client, ns| async move {
         let forge = gitlab_forge().await;
-        mount_gitlab_folder(&forge, OPENED, 1, CONFIG_MAP_APP.into()).await;
-        mount_gitlab_folder(&forge, MANY, 300, CONFIG_MAP_APP.into()).await;
-        mount_gitlab_folder(&forge, HUGE, 1, "#".repeat(2 << 20)).await;
-        mount_gitlab_folder(&forge, HEAVY, 10, "#".repeat(900 << 10)).await;
+        mount_gitlab_folder(&forge, OPENED, 1, CONFIG_MAP_APP.into(), true).await;
+        mount_gitlab_folder(&forge, MANY, 300, CONFIG_MAP_APP.into(), false).await;
+        mount_gitlab_folder(&forge, HUGE, 1, "#".repeat(2 << 20), true).await;
+        mount_gitlab_folder(&forge, HEAVY, 10, "#".repeat(900 << 10), true).await;
         let from_repository = json!({"manifests": {"repositoryPath": "deploy/preview"}});
         let project = "gitlabhq/gitlab-test";
         let api = forge.uri();
@@ -1001,15 +1043,22 @@ async fn gitlab_a_repository_folder_beyond_the_limits_is_refused_reading_no_more
         };
         assert_eq!(app().await, OPENED);
 
-        for (sha, limit, files_read) in [
-            (MANY, "300 manifest files, more than the limit of 200", 0),
+        for (sha, files, limit, files_read) in [
+            (
+                MANY,
+                300,
+                "300 manifest files, more than the limit of 200",
+                0,
+            ),
             (
                 HUGE,
-                "2097152 bytes, more than the limit of 1048576 per manifest file",
+                1,
+                "limit of 1048576 bytes per manifest file; previewd read no more",
                 1,
             ),
             (
                 HEAVY,
+                10,
                 "4608000 bytes of manifests, more than the limit of 4194304",
                 5,
             ),
@@ -1042,7 +1091,7 @@ async fn gitlab_a_repository_folder_beyond_the_limits_is_refused_reading_no_more
             .await;
             assert!(condition.message.contains(limit), "{}", condition.message);
             assert_eq!(
-                gitlab_reads_at(&forge, sha).await,
+                gitlab_reads_at(&forge, sha, files).await,
                 (1, files_read),
                 "at {sha}"
             );

@@ -641,61 +641,70 @@ async fn a_forge_outage_never_blocks_deploying_or_deleting() {
     .await;
 }
 
+/// Manifests from the repository, read from GitHub's Git data API: one listing of the commit's
+/// tree, then the YAML files directly in the folder by blob id. A subfolder's file and a README
+/// are not read. A commit is never fetched twice, and a new commit
+/// whose folder is unchanged costs its tree listing alone (the blob is kept by its id).
 #[tokio::test]
 async fn manifests_from_the_repository_are_read_once_per_commit() {
-    use base64::Engine;
+    const OPENED: &str = "ec26c3e57ca3a959ca5aad62de7213c562f8c821";
+    const NEXT: &str = "abcdef0123456789abcdef0123456789abcdef01";
+    const REPOSITORY: &str = "Codertocat/Hello-World";
     in_namespace("webhook-repo", |client, ns| async move {
+        use support::contents::{content_requests, serve_commit_tree};
         let forge = github_forge().await;
-        let listing = json!([
-            {"type": "file", "name": "app.yaml", "path": "deploy/preview/app.yaml"},
-            {"type": "file", "name": "README.md", "path": "deploy/preview/README.md"},
-            {"type": "dir", "name": "old", "path": "deploy/preview/old"}
-        ]);
         let manifest = "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: from-repo\ndata:\n  sha: \"{{ short_sha }}\"\n";
-        let file = json!({"type": "file", "name": "app.yaml", "encoding": "base64",
-            "content": base64::engine::general_purpose::STANDARD.encode(manifest)});
-        Mock::given(method("GET")).and(path_regex(r"^/repos/Codertocat/Hello-World/contents/deploy/preview$"))
-            .respond_with(ResponseTemplate::new(200).set_body_json(listing)).mount(&forge).await;
-        Mock::given(method("GET")).and(path_regex(r"^/repos/Codertocat/Hello-World/contents/deploy/preview/app.yaml$"))
-            .respond_with(ResponseTemplate::new(200).set_body_json(file)).mount(&forge).await;
-        install_template(&client, &ns, "github", "Codertocat/Hello-World", Some(&forge.uri())).await;
+        let stray = "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: stray\n";
+        let tree: Vec<(String, Vec<u8>)> = [
+            ("README.md", "# Hello"),
+            ("deploy/preview/app.yaml", manifest),
+            ("deploy/preview/README.md", "not a manifest"),
+            ("deploy/preview/old/stray.yaml", stray),
+        ]
+        .iter()
+        .map(|(path, text)| (path.to_string(), text.as_bytes().to_vec()))
+        .collect();
+        for sha in [OPENED, NEXT] {
+            serve_commit_tree(&forge, REPOSITORY, sha, &tree).await;
+        }
+        install_template(&client, &ns, "github", REPOSITORY, Some(&forge.uri())).await;
         let templates: Api<PreviewTemplate> = Api::namespaced(client.clone(), &ns);
         let from_repository = json!({"spec": {"manifests": {"inline": null, "repositoryPath": "deploy/preview"}}});
         templates.patch("app-github", &kube::api::PatchParams::default(), &kube::api::Patch::Merge(from_repository)).await.unwrap();
         let harness = Harness::start(&client, &ns, 2 << 20).await;
 
         let delivered = harness.signed("pull_request", "r-opened", &github_fixture("pull_request.opened.json")).await;
-        let (name, ready) = harness.ready_after(delivered, "ec26c3e57ca3a959ca5aad62de7213c562f8c821").await;
+        let (name, ready) = harness.ready_after(delivered, OPENED).await;
         let target = ready.status.unwrap().namespace.unwrap();
         let config_maps: Api<k8s_openapi::api::core::v1::ConfigMap> = Api::namespaced(client.clone(), &target);
         assert_eq!(config_maps.get("from-repo").await.unwrap().data.unwrap()["sha"], "ec26c3e");
-        let reads = || async { sent(&forge, "GET", "/contents/deploy/preview", "").await + sent(&forge, "GET", "/contents/deploy/preview/app.yaml", "").await };
-        assert_eq!(reads().await, 2, "one listing and one file");
+        assert!(config_maps.get_opt("stray").await.unwrap().is_none(), "a subfolder's file was read");
+        assert_eq!(content_requests(&forge, REPOSITORY).await, (1, 1), "one tree listing and one blob");
 
         // More reconciles of the same commit (each waited for) read nothing more.
         for i in 0..3 {
             harness.poke_and_wait_for_a_reconcile(&name, i).await;
         }
-        assert_eq!(reads().await, 2, "an unchanged commit is never fetched twice");
+        assert_eq!(content_requests(&forge, REPOSITORY).await, (1, 1), "an unchanged commit is never fetched twice");
 
-        // A new commit is read at that commit.
+        // A new commit is listed at that commit; its unchanged file is not fetched again.
         let mut synchronize = json_fixture("github/pull_request.synchronize.json");
-        synchronize["pull_request"]["head"]["sha"] = "abcdef0123456789abcdef0123456789abcdef01".into();
+        synchronize["pull_request"]["head"]["sha"] = NEXT.into();
         harness.signed("pull_request", "r-sync", synchronize.to_string().as_bytes()).await;
-        wait_ready_with_sha(&harness.environments, &name, "abcdef0123456789abcdef0123456789abcdef01").await;
+        wait_ready_with_sha(&harness.environments, &name, NEXT).await;
         assert_eq!(config_maps.get("from-repo").await.unwrap().data.unwrap()["sha"], "abcdef0");
-        assert_eq!(reads().await, 4);
-        let at_new_commit = forge.received_requests().await.unwrap_or_default().iter()
-            .filter(|r| r.url.path().contains("/contents/") && r.url.query() == Some("ref=abcdef0123456789abcdef0123456789abcdef01"))
-            .count();
-        assert_eq!(at_new_commit, 2, "read at the new head commit");
+        assert_eq!(content_requests(&forge, REPOSITORY).await, (2, 1), "the new commit cost its tree listing alone");
+        let metrics = harness.metrics().await;
+        let kept = r#"previewd_forge_blobs_total{forge="github",outcome="kept"}"#;
+        assert_eq!(metric_value(&metrics, kept), Some(1.0), "{metrics}");
     })
     .await;
 }
 
 /// The same from GitLab: the folder listed with the repository tree API (entries in the shape
-/// GitLab documents for `GET /projects/:id/repository/tree`: id, name, type, path, mode), each
-/// YAML blob read raw at the merge request's last commit, and read again at the next commit only.
+/// GitLab documents for `GET /projects/:id/repository/tree`: id, name, type, path, mode) at the
+/// merge request's last commit, each YAML blob read raw by its id, and at the next commit, whose
+/// folder is unchanged, only the listing.
 #[tokio::test]
 async fn gitlab_manifests_from_the_repository_are_read_at_the_merge_requests_commit() {
     in_namespace("webhook-gitlab-repo", |client, ns| async move {
@@ -714,7 +723,7 @@ async fn gitlab_manifests_from_the_repository_are_read_at_the_merge_requests_com
             .await;
         Mock::given(method("GET"))
             .and(path_regex(
-                r"^/api/v4/projects/[^/]+/repository/files/deploy%2Fpreview%2Fapp\.yaml/raw$",
+                r"^/api/v4/projects/[^/]+/repository/blobs/a1e8f8d745cc87e3a9248358d9352bb7f9a0aeba/raw$",
             ))
             .respond_with(ResponseTemplate::new(200).set_body_string(manifest))
             .mount(&forge)
@@ -756,18 +765,23 @@ async fn gitlab_manifests_from_the_repository_are_read_at_the_merge_requests_com
         wait_ready_with_sha(&harness.environments, &name, second).await;
         assert_eq!(sha_in_cluster().await, "0a1b2c3");
         let requests = forge.received_requests().await.unwrap_or_default();
-        let reads_at = |sha: &str| {
+        let listings_at = |sha: &str| {
             let at = format!("ref={sha}");
             requests
                 .iter()
-                .filter(|r| r.url.path().contains("/repository/"))
+                .filter(|r| r.url.path().ends_with("/repository/tree"))
                 .filter(|r| r.url.query().is_some_and(|q| q.contains(&at)))
                 .count()
         };
+        let blob_reads = requests
+            .iter()
+            .filter(|r| r.url.path().contains("/repository/blobs/"))
+            .count();
         assert_eq!(
-            (reads_at(first), reads_at(second)),
-            (2, 2),
-            "one tree listing and one raw file per commit, README and folder skipped"
+            (listings_at(first), listings_at(second), blob_reads),
+            (1, 1, 1),
+            "one tree listing per commit and the YAML blob once (unchanged at the second \
+             commit), README and folder skipped"
         );
     })
     .await;

@@ -1,4 +1,4 @@
-//! A repository's folder as the forge serves it (GitHub's contents API on a forge double), and
+//! A repository's folder as the forge serves it (GitHub's Git trees and blobs on a forge double), and
 //! the comparison of live objects with what a third-party engine renders for the same input.
 
 use std::collections::BTreeMap;
@@ -39,8 +39,17 @@ pub fn with_file(files: &[(String, Vec<u8>)], path: &str, text: &str) -> Vec<(St
     changed
 }
 
-/// Serves `files` as folder `folder` of `repository` at commit `sha`, the way GitHub's
-/// contents API lists folders and returns files.
+/// The id the tests' forge doubles give a file's content (a Git blob id has the same shape: 40
+/// hex digits naming the content).
+pub fn blob_id(bytes: &[u8]) -> String {
+    use sha2::Digest;
+    hex::encode(sha2::Sha256::digest(bytes))[..40].to_string()
+}
+
+/// Serves `files` as folder `folder` of `repository` at commit `sha`, the way GitHub's Git
+/// data API does: the commit's whole tree in one listing (`git/trees/{sha}?recursive=1`, with
+/// an entry for each folder on the way and each file's blob id and size), and each file by its
+/// blob id (`git/blobs/{id}`, base64).
 pub async fn serve_folder(
     forge: &MockServer,
     repository: &str,
@@ -48,43 +57,81 @@ pub async fn serve_folder(
     sha: &str,
     files: &[(String, Vec<u8>)],
 ) {
-    let mut listings: BTreeMap<String, Vec<Value>> = BTreeMap::new();
-    listings.insert(folder.into(), Vec::new());
-    let top = folder.split('/').count();
-    for (relative, bytes) in files {
-        let full = format!("{folder}/{relative}");
-        // Each folder on the way lists the next one down.
+    serve_folders(forge, repository, sha, &[(folder, files)]).await;
+}
+
+/// Files as (path, bytes).
+pub type Files = [(String, Vec<u8>)];
+
+/// [`serve_folder`] for several folders of the same commit.
+pub async fn serve_folders(
+    forge: &MockServer,
+    repository: &str,
+    sha: &str,
+    folders: &[(&str, &Files)],
+) {
+    let files: Vec<(String, Vec<u8>)> = folders
+        .iter()
+        .flat_map(|(folder, files)| {
+            files
+                .iter()
+                .map(move |(relative, bytes)| (format!("{folder}/{relative}"), bytes.clone()))
+        })
+        .collect();
+    serve_commit_tree(forge, repository, sha, &files).await;
+}
+
+/// Serves `files` (paths from the repository's root) as the whole tree of commit `sha` of
+/// `repository`, with their blobs, as GitHub's Git data API does. Every folder of one commit
+/// goes in one call ([`serve_folders`]): a commit has one tree.
+pub async fn serve_commit_tree(
+    forge: &MockServer,
+    repository: &str,
+    sha: &str,
+    files: &[(String, Vec<u8>)],
+) {
+    let mut entries: BTreeMap<String, Value> = BTreeMap::new();
+    for (full, bytes) in files {
         let parts: Vec<&str> = full.split('/').collect();
-        for depth in top..parts.len() {
-            let listed = parts[..depth].join("/");
-            let child = parts[..=depth].join("/");
-            let entry = if depth + 1 == parts.len() {
-                json!({"type": "file", "name": parts[depth], "path": child, "size": bytes.len()})
-            } else {
-                json!({"type": "dir", "name": parts[depth], "path": child})
-            };
-            let listing = listings.entry(listed).or_default();
-            if !listing.contains(&entry) {
-                listing.push(entry);
-            }
+        for depth in 1..parts.len() {
+            let folder = parts[..depth].join("/");
+            let entry = json!({"path": folder, "mode": "040000", "type": "tree",
+                "sha": blob_id(folder.as_bytes())});
+            entries.insert(folder, entry);
         }
-        let file = json!({"type": "file", "path": full, "size": bytes.len(), "encoding": "base64",
+        let id = blob_id(bytes);
+        let entry = json!({"path": full, "mode": "100644", "type": "blob", "sha": id,
+            "size": bytes.len()});
+        entries.insert(full.clone(), entry);
+        let blob = json!({"sha": id, "size": bytes.len(), "encoding": "base64",
             "content": base64::engine::general_purpose::STANDARD.encode(bytes)});
         Mock::given(method("GET"))
-            .and(path(format!("/repos/{repository}/contents/{full}")))
-            .and(query_param("ref", sha))
-            .respond_with(ResponseTemplate::new(200).set_body_json(file))
+            .and(path(format!("/repos/{repository}/git/blobs/{id}")))
+            .respond_with(ResponseTemplate::new(200).set_body_json(blob))
             .mount(forge)
             .await;
     }
-    for (listed, listing) in listings {
-        Mock::given(method("GET"))
-            .and(path(format!("/repos/{repository}/contents/{listed}")))
-            .and(query_param("ref", sha))
-            .respond_with(ResponseTemplate::new(200).set_body_json(listing))
-            .mount(forge)
-            .await;
-    }
+    let tree = json!({"sha": blob_id(sha.as_bytes()), "truncated": false,
+        "tree": entries.into_values().collect::<Vec<_>>()});
+    Mock::given(method("GET"))
+        .and(path(format!("/repos/{repository}/git/trees/{sha}")))
+        .and(query_param("recursive", "1"))
+        .respond_with(ResponseTemplate::new(200).set_body_json(tree))
+        .mount(forge)
+        .await;
+}
+
+/// The requests `forge` received for `repository`'s content: (tree listings, blob reads).
+pub async fn content_requests(forge: &MockServer, repository: &str) -> (usize, usize) {
+    let requests = forge.received_requests().await.unwrap_or_default();
+    let under = |folder: &str| {
+        let prefix = format!("/repos/{repository}/git/{folder}/");
+        requests
+            .iter()
+            .filter(|r| r.url.path().starts_with(&prefix))
+            .count()
+    };
+    (under("trees"), under("blobs"))
 }
 
 /// Every object `engine` rendered is in namespace `target` as the engine rendered it: every

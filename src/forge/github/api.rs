@@ -9,10 +9,10 @@ use std::sync::{Arc, Mutex};
 use http::{HeaderMap, Method, StatusCode};
 use serde_json::{Value, json};
 
-use crate::forge::client::{
-    CommentAuthor, DeploymentState, check_listed_sizes, check_manifest_count, is_yaml,
-};
+use crate::forge::blobs::BlobCache;
+use crate::forge::client::{CommentAuthor, DeploymentState, is_yaml};
 use crate::forge::comment::CommitState;
+use crate::forge::folders::{BlobSource, TreeFile, is_object_id, read_blobs};
 use crate::forge::metrics::ForgeMetrics;
 use crate::forge::transport::{
     Backoff, FORGE_CONNECT_TIMEOUT, FORGE_TIMEOUT, ForgeApiError, error_summary,
@@ -50,6 +50,10 @@ pub struct GithubApi {
     author: CommentAuthor,
     /// The token's login, once asked (`GET /user`).
     own_login: tokio::sync::OnceCell<String>,
+    /// The API URL, which keys what is kept in `blobs`.
+    origin: String,
+    /// Repository files by blob id, shared by every client of one [`super::super::client::ForgeClients`].
+    blobs: Arc<BlobCache>,
 }
 
 impl GithubApi {
@@ -80,7 +84,14 @@ impl GithubApi {
             etags: Mutex::new(HashMap::new()),
             author: CommentAuthor::Token,
             own_login: tokio::sync::OnceCell::new(),
+            origin: api_url.to_string(),
+            blobs: Arc::default(),
         })
+    }
+
+    /// This client, keeping repository files in `blobs` (shared with other clients).
+    pub fn keeping_blobs_in(self, blobs: Arc<BlobCache>) -> Self {
+        Self { blobs, ..self }
     }
 
     /// This client, commenting as `author`.
@@ -355,63 +366,40 @@ impl GithubApi {
             .map(|_| ())
     }
 
+    /// The YAML files directly in folder `path` at commit `sha` (or the one file `path`
+    /// names), as (file name, text): one tree listing, then one read per file whose blob is
+    /// not kept ([`crate::forge::folders`]).
     pub(crate) async fn read_manifests(
         &self,
         repository: &str,
         path: &str,
         sha: &str,
     ) -> Result<Vec<(String, String)>, ForgeApiError> {
-        let path = path.trim_matches('/');
-        let listing = self
-            .request(
-                "read_manifests",
-                Method::GET,
-                &format!("/repos/{repository}/contents/{path}?ref={sha}"),
-                None,
-            )
-            .await?;
-        // A folder lists its entries; a file comes back as one object with its content.
-        let entries = match listing {
-            Value::Array(entries) => entries,
-            file => vec![file],
+        let root = path.trim_matches('/');
+        let files = match self.tree_at(repository, root, sha).await? {
+            AtPath::Folder(files) => files
+                .into_iter()
+                .filter(|file| !file.path.contains('/') && is_yaml(&file.path))
+                .collect(),
+            AtPath::File(file) => [file].into_iter().filter(|f| is_yaml(&f.path)).collect(),
+            AtPath::Missing => {
+                return Err(ForgeApiError::Http {
+                    operation: "read_tree",
+                    status: 404,
+                    message: format!("{root} is not in the repository at {sha}"),
+                });
+            }
         };
-        let manifests: Vec<&Value> = entries
-            .iter()
-            .filter(|e| e["type"] == "file" && is_yaml(e["name"].as_str().unwrap_or_default()))
-            .collect();
-        // The listing gives every file's size: refuse before downloading anything.
-        check_manifest_count(path, manifests.len())?;
-        check_listed_sizes(path, manifests.iter().map(|entry| listed_size(entry, path)))?;
-        let mut files = Vec::new();
-        for entry in manifests {
-            let name = entry["name"].as_str().unwrap_or_default().to_string();
-            let file = if entry.get("content").is_some() {
-                entry.clone()
-            } else {
-                let file_path = entry["path"].as_str().unwrap_or_default();
-                self.request(
-                    "read_manifests",
-                    Method::GET,
-                    &format!("/repos/{repository}/contents/{file_path}?ref={sha}"),
-                    None,
-                )
-                .await?
-            };
-            files.push((
-                name,
-                decode_base64_content(&file).ok_or(ForgeApiError::Http {
-                    operation: "read_manifests",
-                    status: 200,
-                    message: format!("{path}: the file content is not base64"),
-                })?,
-            ));
-        }
-        Ok(files)
+        let read = self.read_blobs(repository, root, files).await?;
+        Ok(read
+            .into_iter()
+            .map(|(name, bytes)| (name, String::from_utf8_lossy(&bytes).into_owned()))
+            .collect())
     }
 
     /// Every file under folder `path` at commit `sha`, as (path relative to the folder, bytes):
-    /// one listing per folder, one read per file whose content the listing does not carry.
-    /// Sizes are checked from the listings before any file is read.
+    /// one tree listing, then one read per file whose blob is not kept. Counts and sizes are
+    /// checked from the listing before any file is read.
     pub(crate) async fn read_folder(
         &self,
         repository: &str,
@@ -419,54 +407,89 @@ impl GithubApi {
         sha: &str,
     ) -> Result<Vec<(String, Vec<u8>)>, ForgeApiError> {
         let root = path.trim_matches('/');
-        let mut folders = vec![root.to_string()];
-        let mut entries = Vec::new();
-        while let Some(folder) = folders.pop() {
-            let listing = self.contents(&folder, repository, sha).await?;
-            let Value::Array(listed) = listing else {
-                return Err(not_a_folder(root));
-            };
-            for entry in listed {
-                match entry["type"].as_str() {
-                    Some("dir") => folders.push(entry["path"].as_str().unwrap_or_default().into()),
-                    Some("file") => entries.push(entry),
-                    _ => {}
-                }
-            }
-            check_manifest_count(root, entries.len() + folders.len())?;
+        match self.tree_at(repository, root, sha).await? {
+            AtPath::Folder(files) => self.read_blobs(repository, root, files).await,
+            AtPath::File(_) | AtPath::Missing => Err(not_a_folder(root)),
         }
-        check_listed_sizes(root, entries.iter().map(|entry| listed_size(entry, root)))?;
-        let mut files = Vec::new();
-        for entry in entries {
-            let file_path = entry["path"].as_str().unwrap_or_default().to_string();
-            let file = self.contents(&file_path, repository, sha).await?;
-            let bytes = decode_base64_bytes(&file).ok_or(ForgeApiError::Http {
-                operation: "read_manifests",
-                status: 200,
-                message: format!("{file_path}: the file content is not base64"),
-            })?;
-            let relative = file_path
-                .strip_prefix(root)
-                .unwrap_or(&file_path)
-                .trim_start_matches('/');
-            files.push((relative.to_string(), bytes));
-        }
-        Ok(files)
     }
 
-    async fn contents(
+    /// `files` of `repository`, from the blob cache or by `GET …/git/blobs/{id}`.
+    async fn read_blobs(
         &self,
-        path: &str,
         repository: &str,
-        sha: &str,
-    ) -> Result<Value, ForgeApiError> {
-        self.request(
-            "read_manifests",
-            Method::GET,
-            &format!("/repos/{repository}/contents/{path}?ref={sha}"),
-            None,
-        )
+        root: &str,
+        files: Vec<TreeFile>,
+    ) -> Result<Vec<(String, Vec<u8>)>, ForgeApiError> {
+        let source = BlobSource {
+            cache: &self.blobs,
+            metrics: &self.metrics,
+            forge: "github",
+            origin: &self.origin,
+            repository,
+        };
+        read_blobs(root, files, source, |file| async move {
+            let blob = file.blob;
+            let path = format!("/repos/{repository}/git/blobs/{blob}");
+            let answer = self.request("read_blob", Method::GET, &path, None).await?;
+            decode_base64_bytes(&answer).ok_or(ForgeApiError::Http {
+                operation: "read_blob",
+                status: 200,
+                message: format!("blob {blob}: the content is not base64"),
+            })
+        })
         .await
+    }
+
+    /// What commit `sha` holds at `root`: one listing of the commit's whole tree. GitHub cuts
+    /// a recursive listing off past 100,000 entries or 7 MB (`truncated`); then the folder's
+    /// own tree is found one level at a time and listed alone.
+    async fn tree_at(
+        &self,
+        repository: &str,
+        root: &str,
+        sha: &str,
+    ) -> Result<AtPath, ForgeApiError> {
+        let whole = self.tree(repository, sha, true).await?;
+        if whole["truncated"] != Value::Bool(true) {
+            return Ok(AtPath::under(&whole, root));
+        }
+        let segments: Vec<&str> = root.split('/').filter(|s| !s.is_empty()).collect();
+        let mut tree = sha.to_string();
+        for (depth, segment) in segments.iter().enumerate() {
+            let level = self.tree(repository, &tree, false).await?;
+            let entry = tree_entries(&level).find(|entry| entry["path"] == *segment);
+            let Some(entry) = entry else {
+                return Ok(AtPath::Missing);
+            };
+            let id = entry["sha"].as_str().unwrap_or_default();
+            match entry["type"].as_str() {
+                Some("tree") if is_object_id(id) => tree = id.to_string(),
+                Some("blob") if depth + 1 == segments.len() => {
+                    return Ok(AtPath::under(&level, segment));
+                }
+                _ => return Ok(AtPath::Missing),
+            }
+        }
+        let folder = self.tree(repository, &tree, true).await?;
+        if folder["truncated"] == Value::Bool(true) {
+            return Err(ForgeApiError::ManifestsTooLarge {
+                path: root.to_string(),
+                problem: "more entries than GitHub lists in one tree; none was read".into(),
+            });
+        }
+        Ok(AtPath::under(&folder, ""))
+    }
+
+    /// `GET /repos/{repository}/git/trees/{tree}` (a commit SHA names its root tree).
+    async fn tree(
+        &self,
+        repository: &str,
+        tree: &str,
+        recursive: bool,
+    ) -> Result<Value, ForgeApiError> {
+        let query = if recursive { "?recursive=1" } else { "" };
+        let path = format!("/repos/{repository}/git/trees/{tree}{query}");
+        self.request("read_tree", Method::GET, &path, None).await
     }
 
     pub(crate) async fn write_access(
@@ -543,15 +566,61 @@ impl GithubApi {
     }
 }
 
-/// A listing entry's path (or `folder`) and the size the forge gives for it.
-fn listed_size(entry: &Value, folder: &str) -> (String, u64) {
-    let name = entry["path"].as_str().unwrap_or(folder).to_string();
-    (name, entry["size"].as_u64().unwrap_or(0))
+/// What a commit's tree holds at a path.
+enum AtPath {
+    /// A folder: every regular file under it, paths relative to it.
+    Folder(Vec<TreeFile>),
+    /// One regular file, by its name.
+    File(TreeFile),
+    Missing,
 }
 
-/// GitHub's contents API returns base64 with line breaks.
-fn decode_base64_content(file: &Value) -> Option<String> {
-    String::from_utf8(decode_base64_bytes(file)?).ok()
+impl AtPath {
+    /// What `listing` (a tree answer; paths relative to the tree listed) holds at `root` (`""`:
+    /// the listed tree itself). Links and submodules are left out: previewd reads files only.
+    fn under(listing: &Value, root: &str) -> Self {
+        let prefix = if root.is_empty() {
+            String::new()
+        } else {
+            format!("{root}/")
+        };
+        let mut folder = root.is_empty();
+        let mut files = Vec::new();
+        for entry in tree_entries(listing) {
+            let path = entry["path"].as_str().unwrap_or_default();
+            let regular = entry["type"] == "blob"
+                && matches!(entry["mode"].as_str(), Some("100644" | "100755"));
+            if path == root {
+                if regular {
+                    let name = root.rsplit('/').next().unwrap_or(root);
+                    return AtPath::File(tree_file(name, entry));
+                }
+                folder |= entry["type"] == "tree";
+            } else if let Some(relative) = path.strip_prefix(&prefix) {
+                folder = true;
+                if regular {
+                    files.push(tree_file(relative, entry));
+                }
+            }
+        }
+        match folder {
+            true => AtPath::Folder(files),
+            false => AtPath::Missing,
+        }
+    }
+}
+
+/// The entries of a tree answer.
+fn tree_entries(listing: &Value) -> impl Iterator<Item = &Value> {
+    listing["tree"].as_array().into_iter().flatten()
+}
+
+fn tree_file(path: &str, entry: &Value) -> TreeFile {
+    TreeFile {
+        path: path.to_string(),
+        blob: entry["sha"].as_str().unwrap_or_default().to_string(),
+        size: Some(entry["size"].as_u64().unwrap_or(0)),
+    }
 }
 
 fn decode_base64_bytes(file: &Value) -> Option<Vec<u8>> {
@@ -690,5 +759,98 @@ mod tests {
             vec![json!({"number": 7}), json!({"number": 9}), json!({})]
         );
         assert!(reduced(&json!({"message": "Not Found"}), &["number"]).is_empty());
+    }
+
+    #[test]
+    fn a_commit_tree_gives_a_folders_regular_files_and_leaves_links_and_submodules_out() {
+        let entry = |path: &str, kind: &str, mode: &str| json!({"path": path, "type": kind, "mode": mode, "sha": "a".repeat(40), "size": 7});
+        let listing = json!({"tree": [
+            entry("deploy", "tree", "040000"),
+            entry("deploy/chart", "tree", "040000"),
+            entry("deploy/chart/Chart.yaml", "blob", "100644"),
+            entry("deploy/chart/run.sh", "blob", "100755"),
+            entry("deploy/chart/templates/web.yaml", "blob", "100644"),
+            // A link to a file outside the folder, and a submodule: never read.
+            entry("deploy/chart/secrets.yaml", "blob", "120000"),
+            entry("deploy/chart/vendor", "commit", "160000"),
+            // Beside the folder, with a name that starts alike.
+            entry("deploy/chart-old/Chart.yaml", "blob", "100644"),
+        ]});
+        let AtPath::Folder(files) = AtPath::under(&listing, "deploy/chart") else {
+            panic!("deploy/chart is a folder");
+        };
+        let paths: Vec<&str> = files.iter().map(|f| f.path.as_str()).collect();
+        assert_eq!(paths, ["Chart.yaml", "run.sh", "templates/web.yaml"]);
+        assert_eq!(files[0].size, Some(7));
+        assert!(matches!(
+            AtPath::under(&listing, "deploy/chart/Chart.yaml"),
+            AtPath::File(TreeFile { ref path, .. }) if path == "Chart.yaml"
+        ));
+        assert!(matches!(
+            AtPath::under(&listing, "deploy/none"),
+            AtPath::Missing
+        ));
+        assert!(matches!(
+            AtPath::under(&listing, "deploy/chart/secrets.yaml"),
+            AtPath::Missing
+        ));
+    }
+
+    /// GitHub cuts a recursive listing off past 100,000 entries or 7 MB (`truncated`): the
+    /// folder's own tree is then found one level at a time and listed alone, and its files
+    /// read by blob id.
+    #[tokio::test]
+    async fn a_truncated_commit_tree_is_walked_down_to_the_folder() {
+        use wiremock::matchers::{method, path, query_param};
+        use wiremock::{Mock, ResponseTemplate};
+        let (server, api) = accepting_github().await;
+        let commit = "c".repeat(40);
+        let (deploy, chart, blob) = ("d".repeat(40), "e".repeat(40), "f".repeat(40));
+        let trees = [
+            (commit.clone(), true, json!({"truncated": true, "tree": []})),
+            (
+                commit.clone(),
+                false,
+                json!({"truncated": false, "tree": [
+                {"path": "deploy", "type": "tree", "mode": "040000", "sha": deploy}]}),
+            ),
+            (
+                deploy.clone(),
+                false,
+                json!({"truncated": false, "tree": [
+                {"path": "chart", "type": "tree", "mode": "040000", "sha": chart}]}),
+            ),
+            (
+                chart.clone(),
+                true,
+                json!({"truncated": false, "tree": [
+                {"path": "Chart.yaml", "type": "blob", "mode": "100644", "sha": blob, "size": 5}]}),
+            ),
+        ];
+        for (tree, recursive, answer) in trees {
+            let listed =
+                Mock::given(method("GET")).and(path(format!("/repos/o/r/git/trees/{tree}")));
+            let listed = match recursive {
+                true => listed.and(query_param("recursive", "1")),
+                false => listed.and(wiremock::matchers::query_param_is_missing("recursive")),
+            };
+            listed
+                .respond_with(ResponseTemplate::new(200).set_body_json(answer))
+                .mount(&server)
+                .await;
+        }
+        let content = json!({"sha": blob, "size": 5, "encoding": "base64", "content": "bmFtZQo="});
+        Mock::given(method("GET"))
+            .and(path(format!("/repos/o/r/git/blobs/{blob}")))
+            .respond_with(ResponseTemplate::new(200).set_body_json(content))
+            .mount(&server)
+            .await;
+
+        let files = api
+            .read_folder("o/r", "deploy/chart", &commit)
+            .await
+            .unwrap();
+
+        assert_eq!(files, [("Chart.yaml".to_string(), b"name\n".to_vec())]);
     }
 }

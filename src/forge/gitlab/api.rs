@@ -14,7 +14,6 @@ use gitlab::api::projects::merge_requests::notes::{
 use gitlab::api::projects::merge_requests::{MergeRequestState, MergeRequestView, MergeRequests};
 use gitlab::api::projects::repository::branches::Branches;
 use gitlab::api::projects::repository::commits::{CommitStatusState, CreateCommitStatus};
-use gitlab::api::projects::repository::files::FileRaw;
 use gitlab::api::users::CurrentUser;
 use gitlab::api::{AsyncQuery, Endpoint, Pageable, Pagination};
 use serde::de::DeserializeOwned;
@@ -23,11 +22,12 @@ use super::environments::{
     CreateEnvironment, EditEnvironmentUrl, EnvironmentsNamed, StopEnvironment,
 };
 use super::tree::TreeAt;
+use crate::forge::blobs::BlobCache;
 use crate::forge::client::{
-    DeploymentState, MAX_MANIFEST_FILES, check_manifest_count, check_manifest_size, check_total,
-    is_yaml,
+    DeploymentState, MAX_MANIFEST_FILE_BYTES, MAX_MANIFEST_FILES, check_manifest_count, is_yaml,
 };
 use crate::forge::comment::CommitState;
+use crate::forge::folders::{BlobSource, TreeFile, read_blobs};
 use crate::forge::metrics::ForgeMetrics;
 use crate::forge::transport::{
     Backoff, FORGE_CONNECT_TIMEOUT, FORGE_TIMEOUT, ForgeApiError, error_summary, observe_rate_limit,
@@ -122,6 +122,53 @@ impl gitlab::api::AsyncClient for ObservedGitlab {
     }
 }
 
+impl ObservedGitlab {
+    /// `GET` of `endpoint` (below the API URL), of which at most `limit` bytes are read:
+    /// `Ok(None)` when the answer is longer (by its declared length, or as it streams).
+    async fn get_capped(
+        &self,
+        endpoint: &str,
+        limit: usize,
+    ) -> Result<Option<bytes::Bytes>, GitlabFailure> {
+        let failed = |message: String| GitlabFailure {
+            status: None,
+            message,
+        };
+        let url = self
+            .rest_url
+            .join(endpoint)
+            .map_err(|e| failed(e.to_string()))?;
+        let answer = self
+            .http
+            .get(url)
+            .header("PRIVATE-TOKEN", self.token.clone())
+            .send()
+            .await
+            .map_err(|e| failed(e.to_string()))?;
+        observe_rate_limit(
+            ("gitlab", "token"),
+            answer.status(),
+            answer.headers(),
+            &self.metrics,
+            &self.backoff,
+        );
+        let status = answer.status();
+        if !status.is_success() {
+            // What GitLab said, within a bound of its own.
+            let said = read_capped(answer, 64 << 10).await.unwrap_or_default();
+            return Err(GitlabFailure {
+                status: Some(status.as_u16()),
+                message: String::from_utf8_lossy(&said).into_owned(),
+            });
+        }
+        match read_capped(answer, limit).await {
+            Ok(body) => Ok(Some(body)),
+            Err(CappedRead::TooLarge { .. }) => Ok(None),
+            Err(other) => Err(failed(other.to_string())),
+        }
+    }
+}
+
 /// The most of one GitLab answer previewd reads. GitLab's tree gives no file sizes, so a file a
 /// pull request committed (a manifest, a chart file) is known to be too large only as it is
 /// read: without a bound, a multi-gigabyte file would be held whole in previewd's memory before
@@ -129,21 +176,35 @@ impl gitlab::api::AsyncClient for ObservedGitlab {
 /// 100 merge requests).
 pub const MAX_ANSWER_BYTES: usize = 16 << 20;
 
+/// Why an answer was not read whole.
+#[derive(Debug, thiserror::Error)]
+enum CappedRead {
+    #[error("GitLab's answer is larger than {limit} bytes; previewd reads no more of it")]
+    TooLarge { limit: usize },
+    #[error("{0}")]
+    Transport(String),
+}
+
 /// The body of `answer`, refused as soon as it passes `limit` bytes (by its declared length, or
 /// while it streams): never more than `limit` bytes are held.
-async fn read_capped(mut answer: reqwest::Response, limit: usize) -> Result<bytes::Bytes, String> {
-    let too_large =
-        || format!("GitLab's answer is larger than {limit} bytes; previewd reads no more of it");
+async fn read_capped(
+    mut answer: reqwest::Response,
+    limit: usize,
+) -> Result<bytes::Bytes, CappedRead> {
     if answer
         .content_length()
         .is_some_and(|length| length > limit as u64)
     {
-        return Err(too_large());
+        return Err(CappedRead::TooLarge { limit });
     }
     let mut body = bytes::BytesMut::new();
-    while let Some(chunk) = answer.chunk().await.map_err(|e| e.to_string())? {
+    while let Some(chunk) = answer
+        .chunk()
+        .await
+        .map_err(|e| CappedRead::Transport(e.to_string()))?
+    {
         if body.len().saturating_add(chunk.len()) > limit {
-            return Err(too_large());
+            return Err(CappedRead::TooLarge { limit });
         }
         body.extend_from_slice(&chunk);
     }
@@ -157,6 +218,9 @@ pub struct GitlabApi {
     /// The id of the user the token belongs to, once asked (`GET /user`): previewd's own
     /// notes are that user's.
     own_user: tokio::sync::OnceCell<u64>,
+    /// Repository files by blob id, shared by every client of one
+    /// [`crate::forge::client::ForgeClients`].
+    blobs: Arc<BlobCache>,
 }
 
 #[derive(serde::Deserialize)]
@@ -215,6 +279,7 @@ impl GitlabApi {
             backoff,
             metrics,
             own_user: tokio::sync::OnceCell::new(),
+            blobs: Arc::default(),
         })
     }
 
@@ -226,6 +291,11 @@ impl GitlabApi {
             Ok::<u64, ForgeApiError>(user.id)
         });
         id.await.copied()
+    }
+
+    /// This client, keeping repository files in `blobs` (shared with other clients).
+    pub fn keeping_blobs_in(self, blobs: Arc<BlobCache>) -> Self {
+        Self { blobs, ..self }
     }
 
     async fn run<T, F, Fut>(&self, operation: &'static str, call: F) -> Result<T, ForgeApiError>
@@ -384,135 +454,132 @@ impl GitlabApi {
             .await
     }
 
-    /// The YAML files directly in folder `path` at `sha` (or the one file `path` names).
+    /// The YAML files directly in folder `path` at `sha` (or the one file `path` names), as
+    /// (file name, text): one tree listing, then one read per file whose blob is not kept.
     pub(crate) async fn read_manifests(
         &self,
         project: &str,
         path: &str,
         sha: &str,
     ) -> Result<Vec<(String, String)>, ForgeApiError> {
-        let path = path.trim_matches('/');
-        let mut out = Vec::new();
-        let manifests = self.manifest_files(project, path, sha).await?;
-        check_manifest_count(path, manifests.len())?;
-        let mut total = 0usize;
-        for (name, file_path) in manifests {
-            let bytes = self.read_file(project, &file_path, sha).await?;
-            total = add_within_total(path, total, &bytes)?;
-            out.push((name, String::from_utf8_lossy(&bytes).into_owned()));
-        }
-        Ok(out)
-    }
-
-    /// One file of `project` at commit `sha`, within the per-file limit (GitLab's tree gives
-    /// no sizes: the file is checked once read).
-    async fn read_file(
-        &self,
-        project: &str,
-        file_path: &str,
-        sha: &str,
-    ) -> Result<Vec<u8>, ForgeApiError> {
-        const OPERATION: &str = "read_manifests";
-        let raw = FileRaw::builder()
-            .project(project)
-            .file_path(file_path)
-            .ref_(sha)
-            .build();
-        let raw = built(OPERATION, raw)?;
-        let bytes: Vec<u8> = self
-            .run(OPERATION, || async {
-                gitlab::api::raw(raw)
-                    .query_async(&self.client)
-                    .await
-                    .map_err(GitlabFailure::from)
-            })
-            .await?;
-        check_manifest_size(file_path, bytes.len() as u64)?;
-        Ok(bytes)
-    }
-
-    /// (file name, path) of the YAML files in the tree at `path`; an empty tree means `path`
-    /// may be one file.
-    async fn manifest_files(
-        &self,
-        project: &str,
-        path: &str,
-        sha: &str,
-    ) -> Result<Vec<(String, String)>, ForgeApiError> {
-        #[derive(serde::Deserialize)]
-        struct Entry {
-            name: String,
-            path: String,
-            #[serde(rename = "type")]
-            kind: String,
-        }
-        let tree = TreeAt {
-            project,
-            path,
-            sha,
-            recursive: false,
+        let root = path.trim_matches('/');
+        let entries = self.tree(project, root, sha, false).await?;
+        let files: Vec<TreeFile> = if entries.is_empty() {
+            // No folder there: `path` may name one file, listed in its parent folder.
+            let (parent, name) = root.rsplit_once('/').unwrap_or(("", root));
+            let siblings = self.tree(project, parent, sha, false).await?;
+            let file = siblings.into_iter().find(|e| e.name == name && e.is_file());
+            let Some(file) = file else {
+                return Err(ForgeApiError::Http {
+                    operation: "read_tree",
+                    status: 404,
+                    message: format!("{root} is not in the repository at {sha}"),
+                });
+            };
+            vec![file.named(name.to_string())]
+        } else {
+            entries
+                .into_iter()
+                .filter(|e| e.is_file())
+                .map(|e| {
+                    let name = e.name.clone();
+                    e.named(name)
+                })
+                .collect()
         };
-        let entries: Vec<Entry> = self
-            .list("read_manifests", tree, Pagination::Limit(1000))
-            .await?;
-        if entries.is_empty() {
-            let name = path.rsplit('/').next().unwrap_or(path).to_string();
-            return Ok(vec![(name, path.to_string())]);
-        }
-        Ok(entries
+        let manifests = files.into_iter().filter(|f| is_yaml(&f.path)).collect();
+        let read = self.read_blobs(project, root, manifests).await?;
+        Ok(read
             .into_iter()
-            .filter(|e| e.kind == "blob" && is_yaml(&e.name))
-            .map(|e| (e.name, e.path))
+            .map(|(name, bytes)| (name, String::from_utf8_lossy(&bytes).into_owned()))
             .collect())
     }
 
     /// Every file under folder `path` at commit `sha`, as (path relative to the folder, bytes):
-    /// one recursive tree listing, then one read per file (GitLab's tree gives no sizes, so
-    /// each file is checked as it is read).
+    /// one recursive tree listing, then one read per file whose blob is not kept. GitLab's
+    /// tree gives no sizes: the count is checked from the listing, each file as it is read
+    /// (never more than the per-file limit of it), and the total as files are read.
     pub(crate) async fn read_folder(
         &self,
         project: &str,
         path: &str,
         sha: &str,
     ) -> Result<Vec<(String, Vec<u8>)>, ForgeApiError> {
-        const OPERATION: &str = "read_manifests";
-        #[derive(serde::Deserialize)]
-        struct Entry {
-            path: String,
-            #[serde(rename = "type")]
-            kind: String,
-        }
         let root = path.trim_matches('/');
-        let tree = TreeAt {
-            project,
-            path: root,
-            sha,
-            recursive: true,
-        };
-        // Folders count too: a listing cut off at the limit is refused, not read in part.
-        const MOST_ENTRIES: usize = 4 * MAX_MANIFEST_FILES;
-        let entries: Vec<Entry> = self
-            .list(OPERATION, tree, Pagination::Limit(MOST_ENTRIES))
-            .await?;
-        if entries.len() >= MOST_ENTRIES {
-            check_manifest_count(root, entries.len())?;
-        }
+        let entries = self.tree(project, root, sha, true).await?;
         if entries.is_empty() {
             return Err(ForgeApiError::NotAFolder {
                 path: root.to_string(),
             });
         }
-        let blobs: Vec<Entry> = entries.into_iter().filter(|e| e.kind == "blob").collect();
-        check_manifest_count(root, blobs.len())?;
-        let mut files = Vec::new();
-        let mut total = 0usize;
-        for blob in blobs {
-            let bytes = self.read_file(project, &blob.path, sha).await?;
-            total = add_within_total(root, total, &bytes)?;
-            let relative = blob.path.strip_prefix(root).unwrap_or(&blob.path);
-            files.push((relative.trim_start_matches('/').to_string(), bytes));
+        let files = entries
+            .into_iter()
+            .filter(|e| e.is_file())
+            .map(|e| {
+                let relative = e.path.strip_prefix(root).unwrap_or(&e.path);
+                let relative = relative.trim_start_matches('/').to_string();
+                e.named(relative)
+            })
+            .collect();
+        self.read_blobs(project, root, files).await
+    }
+
+    /// The entries of folder `path` at commit `sha` (every level below it when `recursive`).
+    /// A listing cut off at the limit is refused, not read in part (folders count too).
+    async fn tree(
+        &self,
+        project: &str,
+        path: &str,
+        sha: &str,
+        recursive: bool,
+    ) -> Result<Vec<TreeEntry>, ForgeApiError> {
+        const MOST_ENTRIES: usize = 4 * MAX_MANIFEST_FILES;
+        let tree = TreeAt {
+            project,
+            path,
+            sha,
+            recursive,
+        };
+        let entries: Vec<TreeEntry> = self
+            .list("read_tree", tree, Pagination::Limit(MOST_ENTRIES))
+            .await?;
+        if entries.len() >= MOST_ENTRIES {
+            check_manifest_count(path, entries.len())?;
         }
-        Ok(files)
+        Ok(entries)
+    }
+
+    /// `files` of `project`, from the blob cache or by `GET …/repository/blobs/{id}/raw`, of
+    /// which no more than the per-file limit is read.
+    async fn read_blobs(
+        &self,
+        project: &str,
+        root: &str,
+        files: Vec<TreeFile>,
+    ) -> Result<Vec<(String, Vec<u8>)>, ForgeApiError> {
+        let origin = self.client.rest_url.as_str();
+        let source = BlobSource {
+            cache: &self.blobs,
+            metrics: &self.metrics,
+            forge: "gitlab",
+            origin,
+            repository: project,
+        };
+        read_blobs(root, files, source, |file| async move {
+            let project = gitlab::api::common::NameOrId::from(project);
+            let endpoint = format!("projects/{project}/repository/blobs/{}/raw", file.blob);
+            let limit = MAX_MANIFEST_FILE_BYTES;
+            let read = self
+                .run("read_blob", || self.client.get_capped(&endpoint, limit))
+                .await?;
+            read.map(|bytes| bytes.to_vec()).ok_or_else(|| ForgeApiError::ManifestsTooLarge {
+                path: file.path.clone(),
+                problem: format!(
+                    "more than the limit of {limit} bytes per manifest file; previewd read no more of it"
+                ),
+            })
+        })
+        .await
     }
 
     /// Whether the user with id `user_id` is a Developer (30) or above in the project (or a
@@ -736,13 +803,32 @@ fn built<T, E: std::fmt::Display>(
     })
 }
 
-/// `total` plus the file just read, refused once past [`check_total`]'s limit: GitLab's tree
-/// gives no sizes, so the total is known only as files are read, and reading stops at the first
-/// file past it instead of downloading (and holding) up to 200 files of 1 MiB first.
-fn add_within_total(path: &str, total: usize, bytes: &[u8]) -> Result<usize, ForgeApiError> {
-    let total = total.saturating_add(bytes.len());
-    check_total(path, total)?;
-    Ok(total)
+/// An entry of GitLab's repository tree.
+#[derive(serde::Deserialize)]
+struct TreeEntry {
+    /// The blob id of a file.
+    id: String,
+    name: String,
+    path: String,
+    #[serde(rename = "type")]
+    kind: String,
+    #[serde(default)]
+    mode: String,
+}
+
+impl TreeEntry {
+    /// A regular file (links and submodules are left out: previewd reads files only).
+    fn is_file(&self) -> bool {
+        self.kind == "blob" && matches!(self.mode.as_str(), "100644" | "100755")
+    }
+
+    fn named(self, path: String) -> TreeFile {
+        TreeFile {
+            path,
+            blob: self.id,
+            size: None,
+        }
+    }
 }
 
 #[cfg(test)]
@@ -800,9 +886,9 @@ mod tests {
     }
 
     /// A pull request commits a huge manifest into `repositoryPath` on GitLab, whose tree gives
-    /// no sizes. previewd stops reading past its bound and says so, never holding the file
-    /// whole (before, every GitLab answer was read to its end); a file over the per-file limit
-    /// but within the bound is refused by that limit, as before.
+    /// no sizes. previewd stops reading a file past the per-file limit and says so, never
+    /// holding it whole (before, every GitLab answer was read to its end): a file of 16 MiB
+    /// and one of 2 MiB are both refused as too large.
     #[tokio::test]
     async fn a_huge_file_on_gitlab_is_refused_while_it_streams_not_held_whole() {
         use wiremock::matchers::{method, path_regex};
@@ -810,7 +896,7 @@ mod tests {
         crate::install_crypto_provider();
         let server = wiremock::MockServer::start().await;
         let tree = serde_json::json!([
-            {"id": "a", "name": "app.yaml", "type": "blob", "path": "deploy/app.yaml", "mode": "100644"}
+            {"id": "a1e8f8d745cc87e3a9248358d9352bb7f9a0aeba", "name": "app.yaml", "type": "blob", "path": "deploy/app.yaml", "mode": "100644"}
         ]);
         Mock::given(method("GET"))
             .and(path_regex("/repository/tree$"))
@@ -819,14 +905,18 @@ mod tests {
             .await;
         let huge = vec![b'x'; MAX_ANSWER_BYTES + 1];
         Mock::given(method("GET"))
-            .and(path_regex("/repository/files/.*/raw$"))
+            .and(path_regex(
+                "/repository/blobs/a1e8f8d745cc87e3a9248358d9352bb7f9a0aeba/raw$",
+            ))
             .respond_with(ResponseTemplate::new(200).set_body_bytes(huge))
             .up_to_n_times(1)
             .mount(&server)
             .await;
         let large = vec![b'x'; 2 << 20];
         Mock::given(method("GET"))
-            .and(path_regex("/repository/files/.*/raw$"))
+            .and(path_regex(
+                "/repository/blobs/a1e8f8d745cc87e3a9248358d9352bb7f9a0aeba/raw$",
+            ))
             .respond_with(ResponseTemplate::new(200).set_body_bytes(large))
             .mount(&server)
             .await;
@@ -841,15 +931,13 @@ mod tests {
                 .await
                 .unwrap_err()
         };
-        let huge = refused_read().await;
-        assert!(
-            huge.to_string().contains("larger than 16777216 bytes"),
-            "{huge}"
-        );
-        let large = refused_read().await;
-        assert!(
-            matches!(large, ForgeApiError::ManifestsTooLarge { .. }),
-            "{large}"
-        );
+        for size in ["16 MiB", "2 MiB"] {
+            let refused = refused_read().await;
+            assert!(
+                matches!(refused, ForgeApiError::ManifestsTooLarge { .. })
+                    && refused.to_string().contains("previewd read no more of it"),
+                "{size}: {refused}"
+            );
+        }
     }
 }

@@ -1,0 +1,204 @@
+//! Reading a repository folder at a commit the way both forges let content be named by hash:
+//! the forge's tree listing names each file's blob id (and, on GitHub, its size), and each file
+//! is fetched by that id unless its content is already kept ([`BlobCache`]). A push that
+//! changed nothing in the folder costs the listing alone; one that changed one file costs the
+//! listing and that file.
+//!
+//! The files are code from the pull request, so the limits apply before anything is fetched
+//! where the listing allows (the count; GitHub's sizes), and to each file and the running total
+//! as files are read: reading stops at the first file past a limit.
+
+use std::future::Future;
+use std::sync::Arc;
+
+use super::blobs::{BlobCache, BlobKey};
+use super::client::{check_listed_sizes, check_manifest_count, check_manifest_size, check_total};
+use super::metrics::ForgeMetrics;
+use super::transport::ForgeApiError;
+
+/// A file of the tree under the folder being read.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct TreeFile {
+    /// Relative to the folder read (or the file's name, when the path named one file).
+    pub path: String,
+    /// The forge's id of its content.
+    pub blob: String,
+    /// Its size as the listing gives it (GitHub's does; GitLab's tree gives none).
+    pub size: Option<u64>,
+}
+
+/// Whether `id` has the shape of a Git object id (40 hex digits for SHA-1, 64 for SHA-256).
+/// Ids come from the forge's answer and go into a URL path: nothing else is used.
+pub(crate) fn is_object_id(id: &str) -> bool {
+    matches!(id.len(), 40 | 64) && id.bytes().all(|b| b.is_ascii_hexdigit())
+}
+
+/// Where blobs are read: the cache, and the forge and repository its entries are kept for.
+pub(crate) struct BlobSource<'a> {
+    pub cache: &'a BlobCache,
+    pub metrics: &'a ForgeMetrics,
+    /// `github` or `gitlab`, for the metrics.
+    pub forge: &'static str,
+    /// The forge's API URL.
+    pub origin: &'a str,
+    pub repository: &'a str,
+}
+
+/// The contents of `files` under folder `root`, as (path, bytes): kept blobs from the cache,
+/// the others by `fetch` (given the file), each checked and then kept. The file count and
+/// every listed size are checked before anything is fetched.
+pub(crate) async fn read_blobs<F, Fut>(
+    root: &str,
+    files: Vec<TreeFile>,
+    source: BlobSource<'_>,
+    fetch: F,
+) -> Result<Vec<(String, Vec<u8>)>, ForgeApiError>
+where
+    F: Fn(TreeFile) -> Fut,
+    Fut: Future<Output = Result<Vec<u8>, ForgeApiError>>,
+{
+    check_manifest_count(root, files.len())?;
+    let listed = files
+        .iter()
+        .filter_map(|file| Some((file.path.clone(), file.size?)));
+    check_listed_sizes(root, listed)?;
+    let counted = |outcome: &str| {
+        source
+            .metrics
+            .blobs
+            .with_label_values(&[source.forge, outcome])
+            .inc();
+    };
+    let mut total = 0usize;
+    let mut read = Vec::with_capacity(files.len());
+    for file in files {
+        if !is_object_id(&file.blob) {
+            return Err(ForgeApiError::Http {
+                operation: "read_manifests",
+                status: 200,
+                message: format!("{}: the forge's tree names no valid blob id", file.path),
+            });
+        }
+        let key = BlobKey::new(source.origin, source.repository, &file.blob);
+        let bytes = match source.cache.get(&key) {
+            Some(kept) => {
+                counted("kept");
+                kept
+            }
+            None => {
+                let fetched = fetch(file.clone()).await?;
+                check_manifest_size(&file.path, fetched.len() as u64)?;
+                counted("read");
+                let fetched = Arc::new(fetched);
+                source.cache.insert(key, fetched.clone());
+                fetched
+            }
+        };
+        total = total.saturating_add(bytes.len());
+        // Stop at the first file past the total: the rest would be read for nothing.
+        check_total(root, total)?;
+        read.push((file.path, bytes.to_vec()));
+    }
+    Ok(read)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Mutex;
+
+    fn file(path: &str, blob: char, size: Option<u64>) -> TreeFile {
+        TreeFile {
+            path: path.into(),
+            blob: blob.to_string().repeat(40),
+            size,
+        }
+    }
+
+    /// Reads `files` with a fetch that records the ids it was asked for and answers `size`
+    /// bytes for each.
+    async fn read_recording(
+        cache: &BlobCache,
+        files: Vec<TreeFile>,
+        size: usize,
+    ) -> (Result<Vec<(String, Vec<u8>)>, ForgeApiError>, Vec<String>) {
+        let fetched = Mutex::new(Vec::new());
+        let metrics = ForgeMetrics::new();
+        let source = BlobSource {
+            cache,
+            metrics: &metrics,
+            forge: "github",
+            origin: "https://api.github.com",
+            repository: "octo/app",
+        };
+        let result = read_blobs("chart", files, source, |file: TreeFile| {
+            fetched.lock().unwrap().push(file.blob);
+            async move { Ok(vec![b'x'; size]) }
+        })
+        .await;
+        (result, fetched.into_inner().unwrap())
+    }
+
+    #[tokio::test]
+    async fn a_blob_read_once_is_not_fetched_again_for_a_later_commit() {
+        let cache = BlobCache::default();
+        let first = vec![
+            file("Chart.yaml", 'a', Some(3)),
+            file("values.yaml", 'b', Some(3)),
+        ];
+        let (read, fetched) = read_recording(&cache, first, 3).await;
+        assert_eq!(read.unwrap().len(), 2);
+        assert_eq!(fetched.len(), 2);
+        // The next commit changed values.yaml only: one fetch, Chart.yaml from the cache.
+        let next = vec![
+            file("Chart.yaml", 'a', Some(3)),
+            file("values.yaml", 'c', Some(3)),
+        ];
+        let (read, fetched) = read_recording(&cache, next, 3).await;
+        assert_eq!(fetched, ["c".repeat(40)]);
+        let read = read.unwrap();
+        assert_eq!(read[0], ("Chart.yaml".to_string(), b"xxx".to_vec()));
+    }
+
+    #[tokio::test]
+    async fn listed_sizes_and_counts_are_refused_before_any_fetch() {
+        let cache = BlobCache::default();
+        let huge = vec![file("a.yaml", 'a', Some(5 << 20))];
+        let (read, fetched) = read_recording(&cache, huge, 1).await;
+        assert!(matches!(read, Err(ForgeApiError::ManifestsTooLarge { .. })));
+        assert!(fetched.is_empty(), "fetched {fetched:?}");
+        let many: Vec<_> = (0..201)
+            .map(|i| file(&format!("{i}.yaml"), 'a', Some(1)))
+            .collect();
+        let (read, fetched) = read_recording(&cache, many, 1).await;
+        assert!(matches!(read, Err(ForgeApiError::ManifestsTooLarge { .. })));
+        assert!(fetched.is_empty());
+    }
+
+    #[tokio::test]
+    async fn unlisted_sizes_stop_the_reading_at_the_first_file_past_a_limit() {
+        // GitLab lists no sizes: ten files of 900 KiB, the fifth takes the total past 4 MiB.
+        let cache = BlobCache::default();
+        let heavy: Vec<_> = "0123456789"
+            .chars()
+            .map(|c| file(&format!("{c}.yaml"), c, None))
+            .collect();
+        let (read, fetched) = read_recording(&cache, heavy, 900 << 10).await;
+        assert!(matches!(read, Err(ForgeApiError::ManifestsTooLarge { .. })));
+        assert_eq!(fetched.len(), 5);
+        // One file over 1 MiB, fetched (its size was not listed) and refused.
+        let (read, _) = read_recording(&cache, vec![file("big.yaml", 'f', None)], 2 << 20).await;
+        let said = read.err().map(|e| e.to_string()).unwrap_or_default();
+        assert!(said.contains("per manifest file"), "{said}");
+    }
+
+    #[tokio::test]
+    async fn an_id_that_is_no_object_id_never_reaches_a_url() {
+        let cache = BlobCache::default();
+        let mut hostile = file("a.yaml", 'a', Some(1));
+        hostile.blob = "../../user".into();
+        let (read, fetched) = read_recording(&cache, vec![hostile], 1).await;
+        assert!(read.is_err());
+        assert!(fetched.is_empty());
+    }
+}
