@@ -31,6 +31,7 @@ use std::time::{Duration, Instant};
 use previewd::engines::helm::{Chart, HelmRender};
 use previewd::engines::kustomize::KustomizeRender;
 use previewd::engines::{EngineConfig, EngineError, Engines, Rendered};
+use previewd::forge::metrics::ForgeMetrics;
 use previewd::model::crd::{PreviewEnvironment, PreviewTemplate};
 use previewd::reconcile::plan::request::{RenderRequest, decode};
 use previewd::reconcile::plan::templates_request;
@@ -391,6 +392,148 @@ async fn templates(engines: &Engines) -> (Duration, Duration, Duration) {
     (median(child), median(here), median(again))
 }
 
+/// Commits `files` (paths from the repository's root) in the git checkout at `root`; returns
+/// the commit's SHA.
+fn commit(root: &Path, files: &Files, message: &str) -> String {
+    write(root, files);
+    let git = |args: &[&str]| {
+        let output = Command::new("git")
+            .arg("-C")
+            .arg(root)
+            .args([
+                "-c",
+                "user.name=bench",
+                "-c",
+                "user.email=bench@example.com",
+            ])
+            .args(args)
+            .output()
+            .expect("run git");
+        assert!(output.status.success(), "git {args:?}: {output:?}");
+        String::from_utf8_lossy(&output.stdout).trim().to_string()
+    };
+    git(&["add", "-A"]);
+    git(&["commit", "-q", "-m", message]);
+    git(&["rev-parse", "HEAD"])
+}
+
+/// Forge requests counted so far, every operation.
+fn forge_requests(metrics: &ForgeMetrics) -> u64 {
+    use prometheus::core::Collector;
+    metrics
+        .requests
+        .collect()
+        .iter()
+        .flat_map(|family| family.get_metric())
+        .map(|metric| metric.get_counter().get_value() as u64)
+        .sum()
+}
+
+/// The Online Boutique as a chart in a repository (`deploy/chart`, 37 files beside the app's
+/// own), served by the sandbox's forge stand-in from a git checkout, and 20 pushes: 18 change
+/// only the app (`src/`), 2 change one chart file each. Each push's chart is read through
+/// previewd's forge client and repository cache, and rendered by Helm through previewd's
+/// engines. Returns (requests of the first commit, per push that changed no chart file, per push
+/// that changed one, renders kept of 20).
+async fn pushes_of_a_repository_chart(
+    engines: &Engines,
+    objects: &[Value],
+) -> (u64, f64, f64, usize) {
+    use previewd::forge::client::ForgeClients;
+    use previewd::forge::repository::RepositoryManifests;
+    use previewd::model::crd::ForgeKind;
+    use previewd::sandbox::forge_standin::ForgeStandIn;
+    use previewd::sandbox::repositories::Repositories;
+    const REPOSITORY: &str = "bench/boutique";
+    let chart_files: Files = chart(objects)
+        .into_iter()
+        .map(|(path, bytes)| (format!("deploy/chart/{path}"), bytes))
+        .collect();
+    let checkout = tempfile::tempdir().expect("a folder");
+    let init = Command::new("git")
+        .args(["init", "-q", "-b", "main"])
+        .arg(checkout.path())
+        .status();
+    assert!(init.expect("git init").success());
+    let app = |push: usize| {
+        (
+            "src/app.txt".to_string(),
+            format!("build {push}\n").into_bytes(),
+        )
+    };
+    let mut files = chart_files.clone();
+    files.push(app(0));
+    files.push(("README.md".into(), b"# The boutique\n".to_vec()));
+    let mut commits = vec![commit(checkout.path(), &files, "the chart")];
+    let mut changed_chart = Vec::new();
+    for push in 1..=20 {
+        let change = match push {
+            7 => (
+                "deploy/chart/values.yaml".to_string(),
+                b"image:\n  tag: v0.10.2\n".to_vec(),
+            ),
+            14 => {
+                let (path, bytes) = &chart_files[5];
+                let mut edited = bytes.clone();
+                edited.extend_from_slice(b"# reviewed\n");
+                (path.clone(), edited)
+            }
+            _ => app(push),
+        };
+        changed_chart.push(change.0.starts_with("deploy/chart/"));
+        commits.push(commit(
+            checkout.path(),
+            &vec![change],
+            &format!("push {push}"),
+        ));
+    }
+    let mut repositories = Repositories::default();
+    repositories
+        .add(REPOSITORY, checkout.path())
+        .expect("serve the checkout");
+    let stand_in = ForgeStandIn::serving(repositories)
+        .await
+        .expect("the forge stand-in");
+    let metrics = ForgeMetrics::new();
+    let clients = ForgeClients::new(metrics.clone());
+    let url = stand_in.url();
+    let client = clients
+        .get(ForgeKind::Github, Some(&url), b"token", "token")
+        .await
+        .expect("a forge client");
+    let manifests = RepositoryManifests::default();
+    let values = json!({"image": {"tag": "v0.10.1"}});
+    let (mut unchanged, mut changed, mut kept) = (Vec::new(), Vec::new(), 0);
+    let mut first = 0;
+    for (index, sha) in commits.iter().enumerate() {
+        let before = forge_requests(&metrics);
+        let chart = manifests
+            .folder(&client, REPOSITORY, "deploy/chart", sha)
+            .await
+            .expect("the chart at this commit");
+        assert_eq!(chart.len(), objects.len() + 2, "the chart's files at {sha}");
+        let spent = forge_requests(&metrics) - before;
+        match index {
+            0 => first = spent,
+            _ if changed_chart[index - 1] => changed.push(spent),
+            _ => unchanged.push(spent),
+        }
+        let render = HelmRender {
+            chart: Chart::Files(&chart),
+            release: "boutique",
+            namespace: NAMESPACE,
+            values: &values,
+        };
+        let rendered = engines
+            .helm_template(&render, "bench/app")
+            .await
+            .expect("the render");
+        kept += usize::from(rendered.cached && index > 0);
+    }
+    let mean = |spent: &[u64]| spent.iter().sum::<u64>() as f64 / spent.len() as f64;
+    (first, mean(&unchanged), mean(&changed), kept)
+}
+
 async fn benchmark() {
     let objects = boutique();
     // One round outside the figures, with engines of its own (so its renders are not cached
@@ -415,6 +558,12 @@ async fn benchmark() {
         chart_figures.engine_runs_unchanged + overlay_figures.engine_runs_unchanged,
         0,
         "an unchanged push ran an engine"
+    );
+    let (first, unchanged, changed, kept) = pushes_of_a_repository_chart(&engines, &objects).await;
+    println!(
+        "Chart from the repository (Online Boutique, 37 files, sandbox forge stand-in, 20 pushes): \
+         forge requests {first} for the first commit, {unchanged:.2} per push that changed no chart \
+         file (18), {changed:.2} per push that changed one (2); Helm renders kept: {kept} of 20"
     );
     let (child, here, again) = templates(&engines).await;
     println!(
