@@ -384,4 +384,43 @@ mod tests {
         };
         assert_ne!(key, other.key(b"a"), "the repository's files");
     }
+
+    /// docs/security.md: "previewd passes neither `--enable-helm` nor `--enable-alpha-plugins`".
+    /// A `kubectl` that prints its arguments as a ConfigMap shows exactly what previewd runs.
+    #[tokio::test]
+    async fn kustomize_runs_with_no_flag_that_enables_helm_or_plugins() {
+        use std::os::unix::fs::PermissionsExt;
+        let folder = tempfile::tempdir().unwrap();
+        let kubectl = folder.path().join("kubectl");
+        let script = "#!/bin/sh\nprintf 'apiVersion: v1\\nkind: ConfigMap\\nmetadata:\\n  \
+                      name: args\\ndata:\\n  args: \"%s\"\\n' \"$*\"\n";
+        std::fs::write(&kubectl, script).unwrap();
+        std::fs::set_permissions(&kubectl, std::fs::Permissions::from_mode(0o755)).unwrap();
+        // Another test's fork may briefly hold the new file open for writing (ETXTBSY): wait
+        // until it runs here before the engine runs it.
+        for _ in 0..100 {
+            match std::process::Command::new(&kubectl).output() {
+                Ok(_) => break,
+                Err(_) => std::thread::sleep(std::time::Duration::from_millis(20)),
+            }
+        }
+        let engines = crate::engines::Engines::new(crate::engines::EngineConfig {
+            kubectl,
+            ..Default::default()
+        });
+        let files = base_and_overlay("resources: [../../base]\n");
+        let render = KustomizeRender {
+            files: &files,
+            root: "deploy",
+            overlay: "overlays/preview",
+            namespace: "preview-x",
+            images: &[],
+            patches: &[],
+        };
+
+        let rendered = engines.kustomize_build(&render, "team/app").await.unwrap();
+
+        let args = format!("args: \"kustomize {OWN_FOLDER}\"");
+        assert!(rendered.text.contains(&args), "{}", rendered.text);
+    }
 }
