@@ -770,6 +770,7 @@ async fn the_sweep_runs_on_its_own_on_start_up_and_every_interval() {
     in_namespace("sweep-interval", |client, ns| async move {
         let forge = forge_listing(&[2, 3]).await;
         install(&client, &ns, &forge.uri(), json!({"maxAge": "6s"})).await;
+        let (_logging, logs) = support::capture_logs();
         let (running, sweeper) = start(&client, &ns).await;
         let gone = |name: String| {
             let (client, ns) = (client.clone(), ns.clone());
@@ -801,6 +802,15 @@ async fn the_sweep_runs_on_its_own_on_start_up_and_every_interval() {
             .with_label_values(&["max_age"])
             .get();
         assert_eq!(by_age, 2, "both removed by the sweep, for their age");
+        // docs/lifecycle.md: "Every removal is logged".
+        let logged: Vec<String> = logs
+            .lines()
+            .into_iter()
+            .filter(|line| line["fields"]["reason"] == "max_age")
+            .filter_map(|line| line["fields"]["message"].as_str().map(str::to_string))
+            .filter(|message| message.starts_with("sweep deleted environment"))
+            .collect();
+        assert_eq!(logged.len(), 2, "{logged:?}");
     })
     .await;
 }

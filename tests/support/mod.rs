@@ -238,6 +238,45 @@ fn log_for_failures() {
     });
 }
 
+/// What previewd logs on the calling thread while the guard lives, as JSON lines (info and
+/// above): a `#[tokio::test]` runs its tasks on its own thread, so this is what the test's own
+/// controller, sweeper or server said, and nothing of another test's.
+pub fn capture_logs() -> (tracing::subscriber::DefaultGuard, CapturedLogs) {
+    let captured = CapturedLogs::default();
+    let writer = captured.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .json()
+        .with_env_filter(tracing_subscriber::EnvFilter::new("previewd=info"))
+        .with_writer(move || writer.clone())
+        .finish();
+    (tracing::subscriber::set_default(subscriber), captured)
+}
+
+/// The log lines [`capture_logs`] collected.
+#[derive(Clone, Default)]
+pub struct CapturedLogs(Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl CapturedLogs {
+    pub fn lines(&self) -> Vec<serde_json::Value> {
+        let bytes = self.0.lock().unwrap().clone();
+        String::from_utf8_lossy(&bytes)
+            .lines()
+            .filter_map(|line| serde_json::from_str(line).ok())
+            .collect()
+    }
+}
+
+impl std::io::Write for CapturedLogs {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
 /// Runs `test` in a fresh namespace named after it; on failure prints what the namespace
 /// held; deletes the namespace afterwards either way.
 pub async fn in_namespace<F, Fut>(test_name: &str, test: F)
