@@ -610,7 +610,25 @@ async fn a_restarted_previewd_writes_nothing_for_an_unchanged_environment_and_re
         .await;
         // … and it is the only write: every other object keeps its resourceVersion, and
         // previewd's own count agrees (one apply sent, nine recalled; no status, no Event).
-        tokio::time::sleep(Duration::from_secs(5)).await;
+        // The marker: a reconcile asked for after the repair has finished, so whatever the
+        // restart would write is written by then.
+        let reconciles = || async {
+            let total = second.metric_total(&http, "previewd_reconcile_duration_seconds_count");
+            total.await.unwrap_or(0.0)
+        };
+        let reconciled = reconciles().await;
+        let poke =
+            serde_json::json!({"metadata": {"annotations": {"test.previewd.dev/poke": "1"}}});
+        environments
+            .patch(&name, &Default::default(), &kube::api::Patch::Merge(&poke))
+            .await
+            .unwrap();
+        eventually(
+            "a reconcile after the poke",
+            Duration::from_secs(30),
+            || async { (reconciles().await > reconciled).then_some(()) },
+        )
+        .await;
         let after = versions_in(&client, &namespace).await;
         let changed: Vec<_> = after.iter().filter(|v| !edited.contains(v)).collect();
         assert_eq!(changed.len(), 1, "changed after the restart: {changed:?}");
