@@ -8,7 +8,7 @@
 //! (with its own token) to learn the id. Another team's template, pointing its `apiUrl` at a
 //! server of its own, fills only its own entries.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, PoisonError};
 
 /// Bytes of blobs kept at most. A chart is a few hundred KB; 64 MiB keeps the charts of many
@@ -35,6 +35,17 @@ impl BlobKey {
     }
 }
 
+/// What one entry costs beyond its content: its key and the maps' own bookkeeping. Counted so
+/// that a forge answering with thousands of empty files cannot grow the cache without bound.
+const ENTRY_OVERHEAD: usize = 128;
+
+impl BlobKey {
+    /// Bytes one entry of `content` bytes holds.
+    fn cost(&self, content: usize) -> usize {
+        content + self.origin.len() + self.repository.len() + self.blob.len() + ENTRY_OVERHEAD
+    }
+}
+
 struct Kept {
     bytes: Arc<Vec<u8>>,
     /// When it was last read (a counter, not a clock): the smallest goes first.
@@ -44,8 +55,24 @@ struct Kept {
 #[derive(Default)]
 struct Blobs {
     kept: HashMap<BlobKey, Kept>,
+    /// The keys by when they were last read, oldest first.
+    by_use: BTreeMap<u64, BlobKey>,
     bytes: usize,
     clock: u64,
+}
+
+impl Blobs {
+    fn tick(&mut self) -> u64 {
+        self.clock += 1;
+        self.clock
+    }
+
+    fn remove(&mut self, key: &BlobKey) {
+        if let Some(gone) = self.kept.remove(key) {
+            self.by_use.remove(&gone.used);
+            self.bytes -= key.cost(gone.bytes.len());
+        }
+    }
 }
 
 /// Blobs by [`BlobKey`], at most `capacity` bytes in all.
@@ -71,43 +98,39 @@ impl BlobCache {
     /// The kept bytes of `key`, if any (it then counts as just used).
     pub fn get(&self, key: &BlobKey) -> Option<Arc<Vec<u8>>> {
         let mut blobs = self.lock();
-        blobs.clock += 1;
-        let now = blobs.clock;
+        let now = blobs.tick();
         let kept = blobs.kept.get_mut(key)?;
-        kept.used = now;
-        Some(kept.bytes.clone())
+        let before = std::mem::replace(&mut kept.used, now);
+        let bytes = kept.bytes.clone();
+        blobs.by_use.remove(&before);
+        blobs.by_use.insert(now, key.clone());
+        Some(bytes)
     }
 
     /// Keeps `bytes` for `key`, letting the least recently used blobs go to stay within the
     /// capacity. A blob larger than the whole capacity is not kept.
     pub fn insert(&self, key: BlobKey, bytes: Arc<Vec<u8>>) {
-        if bytes.len() > self.capacity {
+        let cost = key.cost(bytes.len());
+        if cost > self.capacity {
             return;
         }
         let mut blobs = self.lock();
-        blobs.clock += 1;
-        let used = blobs.clock;
-        let size = bytes.len();
-        if let Some(previous) = blobs.kept.insert(key, Kept { bytes, used }) {
-            blobs.bytes -= previous.bytes.len();
-        }
-        blobs.bytes += size;
+        blobs.remove(&key);
+        let used = blobs.tick();
+        blobs.by_use.insert(used, key.clone());
+        blobs.kept.insert(key, Kept { bytes, used });
+        blobs.bytes += cost;
         while blobs.bytes > self.capacity {
-            let Some(oldest) = blobs
-                .kept
-                .iter()
-                .min_by_key(|(_, kept)| kept.used)
-                .map(|(key, _)| key.clone())
-            else {
+            let Some((_, oldest)) = blobs.by_use.pop_first() else {
                 break;
             };
             if let Some(gone) = blobs.kept.remove(&oldest) {
-                blobs.bytes -= gone.bytes.len();
+                blobs.bytes -= oldest.cost(gone.bytes.len());
             }
         }
     }
 
-    /// Bytes kept now.
+    /// Bytes kept now, keys and bookkeeping included.
     pub fn bytes(&self) -> usize {
         self.lock().bytes
     }
@@ -132,7 +155,8 @@ mod tests {
 
     #[test]
     fn the_least_recently_used_blob_goes_first_and_the_bytes_stay_within_the_capacity() {
-        let cache = BlobCache::with_capacity(100);
+        let entry = key("a").cost(40);
+        let cache = BlobCache::with_capacity(2 * entry + 10);
         cache.insert(key("a"), bytes(40));
         cache.insert(key("b"), bytes(40));
         // `a` read again: `b` is now the least recently used.
@@ -140,11 +164,25 @@ mod tests {
         cache.insert(key("c"), bytes(40));
         assert!(cache.get(&key("b")).is_none(), "b went");
         assert!(cache.get(&key("a")).is_some() && cache.get(&key("c")).is_some());
-        assert_eq!(cache.bytes(), 80);
+        assert_eq!(cache.bytes(), 2 * entry);
         // Larger than the whole capacity: not kept, nothing else lost.
-        cache.insert(key("huge"), bytes(101));
+        cache.insert(key("huge"), bytes(2 * entry));
         assert!(cache.get(&key("huge")).is_none());
-        assert_eq!(cache.bytes(), 80);
+        assert_eq!(cache.bytes(), 2 * entry);
+        // The same key again replaces its entry, counted once.
+        cache.insert(key("a"), bytes(40));
+        assert_eq!(cache.bytes(), 2 * entry);
+    }
+
+    #[test]
+    fn empty_blobs_count_too_so_a_forge_of_empty_files_cannot_grow_the_cache() {
+        let cache = BlobCache::with_capacity(64 << 10);
+        for n in 0..100_000 {
+            cache.insert(key(&format!("{n:040x}")), Arc::new(Vec::new()));
+        }
+        assert!(cache.bytes() <= 64 << 10, "{} bytes", cache.bytes());
+        assert!(cache.get(&key(&format!("{:040x}", 99_999))).is_some());
+        assert!(cache.get(&key(&format!("{:040x}", 0))).is_none());
     }
 
     #[test]

@@ -40,6 +40,24 @@ pub enum ForgeClient {
     Gitlab(GitlabApi),
 }
 
+impl ForgeClient {
+    /// Whose reads this client makes: the forge, API URL and token it was built for
+    /// ([`ForgeClients`]), or a scope of its own. What it read is kept for that scope only.
+    pub fn scope(&self) -> &str {
+        match self {
+            ForgeClient::Github(api) => api.scope(),
+            ForgeClient::Gitlab(api) => api.scope(),
+        }
+    }
+}
+
+/// A scope no other client has: a client built outside [`ForgeClients`] shares nothing.
+pub(crate) fn unshared_scope() -> String {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    format!("unshared-{n}")
+}
+
 /// A GitHub deployment status word.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum DeploymentState {
@@ -356,18 +374,20 @@ impl ForgeClients {
             super::transport::check_api_url(api_url)?;
         }
         let token = String::from_utf8_lossy(token).into_owned();
+        // Readings are kept per scope: the same forge, URL and token read the same content.
+        let scope = format!("{kind:?} {} {}", key.1, hex::encode(key.2));
         let client = Arc::new(match kind {
             ForgeKind::Github => {
                 let budget = budget.to_string();
                 let api = GithubApi::new(api_url, token, budget, self.metrics.clone())?;
-                ForgeClient::Github(
-                    api.commenting_as(author)
-                        .keeping_blobs_in(self.blobs.clone()),
-                )
+                let api = api
+                    .commenting_as(author)
+                    .keeping_blobs_in(self.blobs.clone());
+                ForgeClient::Github(api.scoped(scope))
             }
             ForgeKind::Gitlab => {
                 let api = GitlabApi::connect(api_url, token, self.metrics.clone()).await?;
-                ForgeClient::Gitlab(api.keeping_blobs_in(self.blobs.clone()))
+                ForgeClient::Gitlab(api.keeping_blobs_in(self.blobs.clone()).scoped(scope))
             }
         });
         if clients.len() >= MAX_CLIENTS {

@@ -74,7 +74,7 @@ where
     for file in files {
         if !is_object_id(&file.blob) {
             return Err(ForgeApiError::Http {
-                operation: "read_manifests",
+                operation: "read_blob",
                 status: 200,
                 message: format!("{}: the forge's tree names no valid blob id", file.path),
             });

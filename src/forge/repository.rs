@@ -15,7 +15,8 @@ use crate::model::crd::InlineManifest;
 /// How many (repository, path, commit) readings are kept, of each kind.
 pub const CAPACITY: usize = 64;
 
-type Key = (String, String, String);
+/// (whose reading: the client's [`ForgeClient::scope`], repository, path, commit).
+type Key = (String, String, String, String);
 
 /// A chart or overlay folder: (path relative to the folder, bytes), sorted by path.
 pub type FolderFiles = Vec<(String, Vec<u8>)>;
@@ -53,7 +54,8 @@ impl<T> Readings<T> {
         let reading = match read.await {
             Ok(found) => Ok(Arc::new(found)),
             Err(refused @ ForgeApiError::ManifestsTooLarge { .. })
-            | Err(refused @ ForgeApiError::NotAFolder { .. }) => Err(refused),
+            | Err(refused @ ForgeApiError::NotAFolder { .. })
+            | Err(refused @ ForgeApiError::NotInRepository { .. }) => Err(refused),
             // Anything else may pass: not kept.
             Err(other) => return Err(other),
         };
@@ -81,7 +83,7 @@ impl RepositoryManifests {
         path: &str,
         sha: &str,
     ) -> Result<Arc<Vec<InlineManifest>>, ForgeApiError> {
-        let key = (repository.to_string(), path.to_string(), sha.to_string());
+        let key = key_of(client, repository, path, sha);
         let read = async {
             let files = client.read_manifests(repository, path, sha).await?;
             Ok(named(path, files))
@@ -97,11 +99,23 @@ impl RepositoryManifests {
         path: &str,
         sha: &str,
     ) -> Result<Arc<FolderFiles>, ForgeApiError> {
-        let key = (repository.to_string(), path.to_string(), sha.to_string());
+        let key = key_of(client, repository, path, sha);
         self.folders
             .get(key, client.read_folder(repository, path, sha))
             .await
     }
+}
+
+/// A reading is kept for the client that made it (forge, API URL and token): another team's
+/// template naming the same repository and commit, with a server of its own as `apiUrl` or a
+/// token that may not read the repository, never gets it, and never fills it.
+fn key_of(client: &ForgeClient, repository: &str, path: &str, sha: &str) -> Key {
+    (
+        client.scope().to_string(),
+        repository.to_string(),
+        path.to_string(),
+        sha.to_string(),
+    )
 }
 
 /// Each file as a manifest named `<path>/<file>`.
@@ -121,7 +135,11 @@ mod tests {
     use std::sync::atomic::{AtomicUsize, Ordering};
 
     fn key(commit: usize) -> Key {
-        ("octo/app".into(), "deploy".into(), format!("{commit:040x}"))
+        let (scope, repository) = (
+            "github https://api.github.com token".into(),
+            "octo/app".into(),
+        );
+        (scope, repository, "deploy".into(), format!("{commit:040x}"))
     }
 
     #[tokio::test]
@@ -155,6 +173,84 @@ mod tests {
             reads.load(Ordering::SeqCst),
             66,
             "the oldest was read again"
+        );
+    }
+
+    /// A GitHub API serving `text` as `deploy/app.yaml` of `octo/app` at every commit, under
+    /// one blob id whatever the text (as a hostile server would claim).
+    async fn github_serving(text: &str) -> wiremock::MockServer {
+        use base64::Engine;
+        use wiremock::matchers::{method, path_regex};
+        use wiremock::{Mock, ResponseTemplate};
+        let server = wiremock::MockServer::start().await;
+        let id = "b".repeat(40);
+        let tree = serde_json::json!({"truncated": false, "tree": [
+            {"path": "deploy", "type": "tree", "mode": "040000", "sha": "d".repeat(40)},
+            {"path": "deploy/app.yaml", "type": "blob", "mode": "100644", "sha": id, "size": text.len()}]});
+        Mock::given(method("GET"))
+            .and(path_regex("^/repos/octo/app/git/trees/"))
+            .respond_with(ResponseTemplate::new(200).set_body_json(tree))
+            .mount(&server)
+            .await;
+        let content = base64::engine::general_purpose::STANDARD.encode(text);
+        let blob = serde_json::json!({"sha": id, "encoding": "base64", "content": content});
+        Mock::given(method("GET"))
+            .and(path_regex("^/repos/octo/app/git/blobs/"))
+            .respond_with(ResponseTemplate::new(200).set_body_json(blob))
+            .mount(&server)
+            .await;
+        server
+    }
+
+    /// Another team's template names the same repository and commit, with a server of its own
+    /// as `apiUrl`: it gets what its server says, and the real forge's reader still gets the
+    /// real content (readings and blobs are kept per forge and token). The real forge with
+    /// another token (one that may not read the repository) is asked again, not served the
+    /// first token's reading.
+    #[tokio::test]
+    async fn a_reading_is_kept_for_its_own_forge_and_token_only() {
+        use crate::forge::client::ForgeClients;
+        use crate::forge::metrics::ForgeMetrics;
+        use crate::model::crd::ForgeKind;
+        crate::install_crypto_provider();
+        let (real, hostile) = (github_serving("real").await, github_serving("forged").await);
+        let clients = ForgeClients::new(ForgeMetrics::new());
+        let client = |url: String, token: &'static [u8]| {
+            let clients = &clients;
+            async move {
+                let client = clients.get(ForgeKind::Github, Some(&url), token, "token");
+                client.await.unwrap()
+            }
+        };
+        let victim = client(real.uri(), b"victim").await;
+        let attacker = client(hostile.uri(), b"attacker").await;
+        let other_token = client(real.uri(), b"attacker").await;
+        let manifests = RepositoryManifests::default();
+        let sha = "c".repeat(40);
+        let read = |client: Arc<ForgeClient>| {
+            let (manifests, sha) = (&manifests, sha.clone());
+            async move {
+                let read = manifests.get(&client, "octo/app", "deploy", &sha).await;
+                read.unwrap()[0].template.clone()
+            }
+        };
+
+        assert_eq!(read(victim.clone()).await, "real");
+        assert_eq!(read(attacker).await, "forged");
+        assert_eq!(read(victim).await, "real");
+        let trees_asked = || async {
+            let requests = real.received_requests().await.unwrap_or_default();
+            requests
+                .iter()
+                .filter(|r| r.url.path().contains("/git/trees/"))
+                .count()
+        };
+        assert_eq!(trees_asked().await, 1);
+        assert_eq!(read(other_token).await, "real");
+        assert_eq!(
+            trees_asked().await,
+            2,
+            "another token lists the tree itself"
         );
     }
 }

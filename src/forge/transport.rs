@@ -60,6 +60,9 @@ pub enum ForgeApiError {
     /// A chart `path` names a file, or nothing: a commit never changes, so it is not retried.
     #[error("{path} is not a folder at this commit (a chart is a folder with Chart.yaml)")]
     NotAFolder { path: String },
+    /// Nothing at `path` at this commit: a commit never changes, so it is not retried.
+    #[error("{path} is not in the repository at this commit")]
+    NotInRepository { path: String },
 }
 
 /// What of a forge's error answer previewd repeats (in conditions, logs and the public PR

@@ -18,7 +18,7 @@
 //! folder is listed to at most [`MAX_FILES`] files: the stand-in listens on loopback, but what
 //! it serves is exactly the folder named.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -122,6 +122,9 @@ pub struct Listed {
 pub struct Repositories {
     served: HashMap<String, Source>,
     token: Option<String>,
+    /// The blob ids a listing of a git checkout gave, by repository: only those are served,
+    /// never another object of the checkout's store (a stash, a staged file).
+    listed_blobs: std::sync::Mutex<HashSet<(String, String)>>,
 }
 
 impl Default for Repositories {
@@ -132,6 +135,7 @@ impl Default for Repositories {
         Self {
             served: served.into_iter().collect(),
             token: None,
+            listed_blobs: Default::default(),
         }
     }
 }
@@ -264,8 +268,22 @@ impl Repositories {
                 })
                 .collect()),
             Source::Folder(root) => Ok(walk(root)),
-            Source::Git(root) => commit(root, reference).and_then(|sha| git_files(root, &sha)),
+            Source::Git(root) => commit(root, reference)
+                .and_then(|sha| git_files(root, &sha))
+                .inspect(|files| self.remember_blobs(repository, files)),
         })
+    }
+
+    fn remember_blobs(&self, repository: &str, files: &BTreeMap<String, Listed>) {
+        let mut listed = self.listed_blobs.lock().unwrap_or_else(|e| e.into_inner());
+        for file in files.values() {
+            listed.insert((repository.to_lowercase(), file.blob.clone()));
+        }
+    }
+
+    fn was_listed(&self, repository: &str, id: &str) -> bool {
+        let listed = self.listed_blobs.lock().unwrap_or_else(|e| e.into_inner());
+        listed.contains(&(repository.to_lowercase(), id.to_string()))
     }
 
     /// The bytes of the blob `id` of `repository` (an id its listings give); `None`: not
@@ -290,7 +308,9 @@ impl Repositories {
                 .find(|(_, listed)| listed.blob == id)
                 .and_then(|(path, _)| read_inside(root, &path))
                 .ok_or_else(missing),
-            // `id` is hex only: no option, no revision syntax reaches git.
+            // `id` is hex only: no option, no revision syntax reaches git; and only an id a
+            // listing gave.
+            Source::Git(_) if !self.was_listed(repository, &id) => Err(missing()),
             Source::Git(root) => git_bytes(root, &["cat-file", "blob", &id]).map_err(|_| missing()),
         })
     }
@@ -382,7 +402,14 @@ fn object_id(kind: &str, bytes: &[u8]) -> String {
 fn metadata_id(path: &str, metadata: &std::fs::Metadata) -> String {
     use std::os::unix::fs::MetadataExt;
     let modified = i128::from(metadata.mtime()) * 1_000_000_000 + i128::from(metadata.mtime_nsec());
-    let described = format!("{path}\0{}\0{modified}", metadata.len());
+    // The change time and inode too: tools that keep a file's modification time (`cp -p`,
+    // `rsync -t`, tar) still change these, which no user can set.
+    let changed = i128::from(metadata.ctime()) * 1_000_000_000 + i128::from(metadata.ctime_nsec());
+    let described = format!(
+        "{path}\0{}\0{modified}\0{changed}\0{}",
+        metadata.len(),
+        metadata.ino()
+    );
     object_id("blob", described.as_bytes())
 }
 
@@ -869,7 +896,12 @@ mod tests {
             blob(&two["chart/values.yaml"]),
             Ok(b"replicas: 2\n".to_vec())
         );
+        // A file never committed, but written into the checkout's object store (as `git add`
+        // or a stash would): its id is a blob's, yet no listing gave it.
+        std::fs::write(folder.path().join(".env"), "TOKEN=secret\n").unwrap();
+        let unlisted = git(folder.path(), &["hash-object", "-w", ".env"]).unwrap();
         let hostile = [
+            unlisted,
             first.clone(),
             first[..10].to_string(),
             "main".to_string(),

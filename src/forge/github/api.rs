@@ -54,6 +54,8 @@ pub struct GithubApi {
     origin: String,
     /// Repository files by blob id, shared by every client of one [`super::super::client::ForgeClients`].
     blobs: Arc<BlobCache>,
+    /// Whose reads these are ([`crate::forge::client::ForgeClient::scope`]).
+    scope: String,
 }
 
 impl GithubApi {
@@ -86,12 +88,22 @@ impl GithubApi {
             own_login: tokio::sync::OnceCell::new(),
             origin: api_url.to_string(),
             blobs: Arc::default(),
+            scope: crate::forge::client::unshared_scope(),
         })
     }
 
     /// This client, keeping repository files in `blobs` (shared with other clients).
     pub fn keeping_blobs_in(self, blobs: Arc<BlobCache>) -> Self {
         Self { blobs, ..self }
+    }
+
+    /// This client, reading for `scope` ([`crate::forge::client::ForgeClient::scope`]).
+    pub fn scoped(self, scope: String) -> Self {
+        Self { scope, ..self }
+    }
+
+    pub fn scope(&self) -> &str {
+        &self.scope
     }
 
     /// This client, commenting as `author`.
@@ -376,17 +388,16 @@ impl GithubApi {
         sha: &str,
     ) -> Result<Vec<(String, String)>, ForgeApiError> {
         let root = path.trim_matches('/');
-        let files = match self.tree_at(repository, root, sha).await? {
+        // One level is all that is read: a huge subfolder beside the manifests costs nothing.
+        let files = match self.tree_at(repository, root, sha, false).await? {
             AtPath::Folder(files) => files
                 .into_iter()
                 .filter(|file| !file.path.contains('/') && is_yaml(&file.path))
                 .collect(),
             AtPath::File(file) => [file].into_iter().filter(|f| is_yaml(&f.path)).collect(),
             AtPath::Missing => {
-                return Err(ForgeApiError::Http {
-                    operation: "read_tree",
-                    status: 404,
-                    message: format!("{root} is not in the repository at {sha}"),
+                return Err(ForgeApiError::NotInRepository {
+                    path: root.to_string(),
                 });
             }
         };
@@ -407,7 +418,7 @@ impl GithubApi {
         sha: &str,
     ) -> Result<Vec<(String, Vec<u8>)>, ForgeApiError> {
         let root = path.trim_matches('/');
-        match self.tree_at(repository, root, sha).await? {
+        match self.tree_at(repository, root, sha, true).await? {
             AtPath::Folder(files) => self.read_blobs(repository, root, files).await,
             AtPath::File(_) | AtPath::Missing => Err(not_a_folder(root)),
         }
@@ -442,12 +453,14 @@ impl GithubApi {
 
     /// What commit `sha` holds at `root`: one listing of the commit's whole tree. GitHub cuts
     /// a recursive listing off past 100,000 entries or 7 MB (`truncated`); then the folder's
-    /// own tree is found one level at a time and listed alone.
+    /// own tree is found one level at a time and listed alone (with every level below it when
+    /// `below`).
     async fn tree_at(
         &self,
         repository: &str,
         root: &str,
         sha: &str,
+        below: bool,
     ) -> Result<AtPath, ForgeApiError> {
         let whole = self.tree(repository, sha, true).await?;
         if whole["truncated"] != Value::Bool(true) {
@@ -470,7 +483,7 @@ impl GithubApi {
                 _ => return Ok(AtPath::Missing),
             }
         }
-        let folder = self.tree(repository, &tree, true).await?;
+        let folder = self.tree(repository, &tree, below).await?;
         if folder["truncated"] == Value::Bool(true) {
             return Err(ForgeApiError::ManifestsTooLarge {
                 path: root.to_string(),
@@ -489,7 +502,16 @@ impl GithubApi {
     ) -> Result<Value, ForgeApiError> {
         let query = if recursive { "?recursive=1" } else { "" };
         let path = format!("/repos/{repository}/git/trees/{tree}{query}");
-        self.request("read_tree", Method::GET, &path, None).await
+        let answer = self.request("read_tree", Method::GET, &path, None).await?;
+        // An answer that is no tree (a body cut off, a proxy's page) says nothing about the
+        // commit: an error to retry, never "not in the repository", which is kept.
+        if !answer["tree"].is_array() {
+            return Err(ForgeApiError::Transport {
+                operation: "read_tree",
+                message: format!("{path}: the answer is not a tree listing"),
+            });
+        }
+        Ok(answer)
     }
 
     pub(crate) async fn write_access(
@@ -852,5 +874,30 @@ mod tests {
             .unwrap();
 
         assert_eq!(files, [("Chart.yaml".to_string(), b"name\n".to_vec())]);
+    }
+
+    /// An answer that is no tree listing (a proxy's page, a body cut off) is an error to retry:
+    /// never "not a folder" or "not in the repository", which are kept for the commit.
+    #[tokio::test]
+    async fn an_answer_that_is_no_tree_is_retried_not_taken_for_a_missing_folder() {
+        use wiremock::matchers::{method, path_regex};
+        use wiremock::{Mock, ResponseTemplate};
+        let (server, api) = accepting_github().await;
+        Mock::given(method("GET"))
+            .and(path_regex("/git/trees/"))
+            .respond_with(ResponseTemplate::new(200).set_body_string("<html>maintenance</html>"))
+            .mount(&server)
+            .await;
+        let sha = "c".repeat(40);
+        let folder = api.read_folder("o/r", "deploy/chart", &sha).await;
+        assert!(
+            matches!(folder, Err(ForgeApiError::Transport { .. })),
+            "{folder:?}"
+        );
+        let manifests = api.read_manifests("o/r", "deploy", &sha).await;
+        assert!(
+            matches!(manifests, Err(ForgeApiError::Transport { .. })),
+            "{manifests:?}"
+        );
     }
 }

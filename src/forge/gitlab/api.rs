@@ -221,6 +221,8 @@ pub struct GitlabApi {
     /// Repository files by blob id, shared by every client of one
     /// [`crate::forge::client::ForgeClients`].
     blobs: Arc<BlobCache>,
+    /// Whose reads these are ([`crate::forge::client::ForgeClient::scope`]).
+    scope: String,
 }
 
 #[derive(serde::Deserialize)]
@@ -280,6 +282,7 @@ impl GitlabApi {
             metrics,
             own_user: tokio::sync::OnceCell::new(),
             blobs: Arc::default(),
+            scope: crate::forge::client::unshared_scope(),
         })
     }
 
@@ -296,6 +299,15 @@ impl GitlabApi {
     /// This client, keeping repository files in `blobs` (shared with other clients).
     pub fn keeping_blobs_in(self, blobs: Arc<BlobCache>) -> Self {
         Self { blobs, ..self }
+    }
+
+    /// This client, reading for `scope` ([`crate::forge::client::ForgeClient::scope`]).
+    pub fn scoped(self, scope: String) -> Self {
+        Self { scope, ..self }
+    }
+
+    pub fn scope(&self) -> &str {
+        &self.scope
     }
 
     async fn run<T, F, Fut>(&self, operation: &'static str, call: F) -> Result<T, ForgeApiError>
@@ -470,10 +482,8 @@ impl GitlabApi {
             let siblings = self.tree(project, parent, sha, false).await?;
             let file = siblings.into_iter().find(|e| e.name == name && e.is_file());
             let Some(file) = file else {
-                return Err(ForgeApiError::Http {
-                    operation: "read_tree",
-                    status: 404,
-                    message: format!("{root} is not in the repository at {sha}"),
+                return Err(ForgeApiError::NotInRepository {
+                    path: root.to_string(),
                 });
             };
             vec![file.named(name.to_string())]
@@ -525,7 +535,8 @@ impl GitlabApi {
     }
 
     /// The entries of folder `path` at commit `sha` (every level below it when `recursive`).
-    /// A listing cut off at the limit is refused, not read in part (folders count too).
+    /// A recursive listing cut off at its limit is refused, not read in part (folders count
+    /// too); one level is read to 1,000 entries, of which only the YAML files count.
     async fn tree(
         &self,
         project: &str,
@@ -534,6 +545,7 @@ impl GitlabApi {
         recursive: bool,
     ) -> Result<Vec<TreeEntry>, ForgeApiError> {
         const MOST_ENTRIES: usize = 4 * MAX_MANIFEST_FILES;
+        let most = if recursive { MOST_ENTRIES } else { 1000 };
         let tree = TreeAt {
             project,
             path,
@@ -541,9 +553,9 @@ impl GitlabApi {
             recursive,
         };
         let entries: Vec<TreeEntry> = self
-            .list("read_tree", tree, Pagination::Limit(MOST_ENTRIES))
+            .list("read_tree", tree, Pagination::Limit(most))
             .await?;
-        if entries.len() >= MOST_ENTRIES {
+        if recursive && entries.len() >= MOST_ENTRIES {
             check_manifest_count(path, entries.len())?;
         }
         Ok(entries)

@@ -101,7 +101,7 @@ fn repository_refusal(path: &str, head_sha: &str, error: ForgeApiError) -> Refus
             RefusalReason::ManifestsTooLarge,
             format!("reading {path} at {head_sha}: {error}; nothing was applied"),
         ),
-        ForgeApiError::NotAFolder { .. } => Refusal::new(
+        ForgeApiError::NotAFolder { .. } | ForgeApiError::NotInRepository { .. } => Refusal::new(
             RefusalReason::ManifestsUnavailable,
             format!("reading {path} at {head_sha}: {error}; nothing was applied"),
         ),
