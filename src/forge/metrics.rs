@@ -37,6 +37,18 @@ impl MetricSet for ForgeMetrics {
 
 impl ForgeMetrics {
     pub fn new() -> Self {
+        let metrics = Self::without_series();
+        // Every series of the blob counter from the start: /metrics shows what the docs name
+        // before the first repository read.
+        for forge in ["github", "gitlab"] {
+            for outcome in ["read", "kept"] {
+                metrics.blobs.with_label_values(&[forge, outcome]);
+            }
+        }
+        metrics
+    }
+
+    fn without_series() -> Self {
         Self {
             requests: IntCounterVec::new(
                 Opts::new("previewd_forge_requests_total", "Forge API requests"),

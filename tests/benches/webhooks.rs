@@ -26,25 +26,36 @@ fn main() {
     support::run_benchmark(benchmark());
 }
 
-/// Sends `deliveries` with at most [`IN_FLIGHT`] at once and prints throughput and latency.
-async fn run<F, Fut>(what: &str, deliveries: Vec<(String, Vec<u8>)>, send: &F)
+/// What one delivery got: its HTTP status, how long the answer took, and the answer's
+/// `outcome`.
+type Answered = (u16, Duration, String);
+
+/// Sends `deliveries` with at most [`IN_FLIGHT`] at once, checks that every one was answered
+/// 202 with `outcome`, and prints throughput and latency.
+async fn run<F, Fut>(what: &str, outcome: &str, deliveries: Vec<(String, Vec<u8>)>, send: &F)
 where
     F: Fn(String, Vec<u8>) -> Fut,
-    Fut: std::future::Future<Output = (u16, Duration)>,
+    Fut: std::future::Future<Output = Answered>,
 {
     let count = deliveries.len();
     let started = Instant::now();
-    let results: Vec<(u16, Duration)> = futures::stream::iter(deliveries)
+    let results: Vec<Answered> = futures::stream::iter(deliveries)
         .map(|(id, body)| send(id, body))
         .buffer_unordered(IN_FLIGHT)
         .collect()
         .await;
     let elapsed = started.elapsed();
+    let unexpected: Vec<&Answered> = results
+        .iter()
+        .filter(|(status, _, said)| *status != 202 || said != outcome)
+        .collect();
     assert!(
-        results.iter().all(|(status, _)| *status == 202),
-        "every delivery accepted"
+        unexpected.is_empty(),
+        "{what}: {} of {count} not answered 202 {outcome}, e.g. {:?}",
+        unexpected.len(),
+        unexpected.first()
     );
-    let mut latencies: Vec<Duration> = results.iter().map(|(_, l)| *l).collect();
+    let mut latencies: Vec<Duration> = results.iter().map(|(_, l, _)| *l).collect();
     latencies.sort();
     let percentile =
         |p: f64| latencies[((latencies.len() as f64 * p) as usize).min(latencies.len() - 1)];
@@ -129,12 +140,23 @@ async fn benchmark() {
                 .send()
                 .await
                 .expect("send");
-            (response.status().as_u16(), started.elapsed())
+            let status = response.status().as_u16();
+            let answer: serde_json::Value = response.json().await.unwrap_or_default();
+            let outcome = answer["outcome"].as_str().unwrap_or_default().to_string();
+            (status, started.elapsed(), outcome)
         }
+    };
+    // Writes to PreviewEnvironments themselves (not their status, which the controller
+    // writes as it redeploys), as the API server counted them.
+    let environment_writes = |counts: &support::apiserver::RequestCounts| {
+        counts.writes(|series| {
+            series.resource == "previewenvironments" && series.subresource.is_empty()
+        })
     };
     // Warm-up: connections, caches, the environment's creation.
     for i in 0..20 {
-        assert_eq!(send(format!("warm-{i}"), same_commit.clone()).await.0, 202);
+        let (status, _, outcome) = send(format!("warm-{i}"), same_commit.clone()).await;
+        assert_eq!(status, 202, "{outcome}");
     }
     println!(
         "Webhooks: signed pull_request.synchronize deliveries ({:.1} KB each) on loopback, {IN_FLIGHT} in flight, real apiserver, controller running:",
@@ -143,18 +165,42 @@ async fn benchmark() {
     let same: Vec<(String, Vec<u8>)> = (0..DELIVERIES)
         .map(|i| (format!("same-{i}"), same_commit.clone()))
         .collect();
-    run("the same commit again (redeliveries, retries)", same, &send).await;
+    // Settled: the warm-up's environment is written, and nothing else writes it meanwhile.
+    let before = support::apiserver::request_counts(&client).await;
+    run(
+        "the same commit again (redeliveries, retries)",
+        "unchanged",
+        same,
+        &send,
+    )
+    .await;
+    let served = support::apiserver::request_counts(&client)
+        .await
+        .since(&before);
+    assert_eq!(environment_writes(&served), 0, "{}", served.describe());
     let fresh: Vec<(String, Vec<u8>)> = new_commits
         .into_iter()
         .enumerate()
         .map(|(i, body)| (format!("new-{i}"), body))
         .collect();
+    let before = support::apiserver::request_counts(&client).await;
     run(
         "a new head SHA each (one server-side apply each)",
+        "accepted",
         fresh,
         &send,
     )
     .await;
+    let served = support::apiserver::request_counts(&client)
+        .await
+        .since(&before);
+    // One apply each, and one more for each that met a concurrent status write (a 409 on the
+    // resourceVersion precondition, read again and applied again).
+    let applies = served.count("APPLY", "previewenvironments");
+    assert!(applies as usize >= DELIVERIES, "{}", served.describe());
+    println!(
+        "  server-side applies of the PreviewEnvironment: {applies} for {DELIVERIES} new heads"
+    );
     let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client);
     let _ = namespaces.delete(&namespace, &Default::default()).await;
 }

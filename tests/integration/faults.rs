@@ -190,6 +190,20 @@ async fn a_forge_that_hangs_then_fails_then_recovers_never_blocks_deploying_and_
             "Ready {:.1} s after the delivery, with the forge hanging",
             sent_at.elapsed().as_secs_f64()
         );
+        // What "never touched" is checked against: the app's object and the environment's spec.
+        let ready = harness.environments.get(&name).await.unwrap();
+        let target = ready.status.as_ref().unwrap().namespace.clone().unwrap();
+        let config_maps: kube::Api<k8s_openapi::api::core::v1::ConfigMap> =
+            kube::Api::namespaced(client.clone(), &target);
+        let app_version = || async {
+            config_maps
+                .get("app")
+                .await
+                .unwrap()
+                .metadata
+                .resource_version
+        };
+        let app_at_ready = app_version().await;
 
         // Then 502 Bad Gateway, then 429 with Retry-After, for a while each.
         forge_answers(&forge, ResponseTemplate::new(502)).await;
@@ -230,6 +244,15 @@ async fn a_forge_that_hangs_then_fails_then_recovers_never_blocks_deploying_and_
         let environment = harness.environments.get(&name).await.unwrap();
         assert_eq!(environment.status.unwrap().phase, Phase::Ready);
         assert!(environment.metadata.deletion_timestamp.is_none());
+        assert_eq!(
+            environment.metadata.generation, ready.metadata.generation,
+            "the environment's spec was rewritten"
+        );
+        assert_eq!(
+            app_version().await,
+            app_at_ready,
+            "the app was written again"
+        );
         let text = harness.metrics().await;
         let errors = metric_value(
             &text,

@@ -762,6 +762,11 @@ impl ControllerProcess {
     /// The Lease lives in the test's namespace and lasts 4 s (not 15): each start after a
     /// SIGKILL waits for the killed replica's Lease to expire, and this test kills twice.
     fn start(namespace: &str) -> Self {
+        Self::start_with(namespace, &[])
+    }
+
+    /// [`ControllerProcess::start`] with more arguments.
+    fn start_with(namespace: &str, more: &[&str]) -> Self {
         let child = std::process::Command::new(env!("CARGO_BIN_EXE_previewd"))
             .args([
                 "run",
@@ -776,6 +781,7 @@ impl ControllerProcess {
                 "--kubeconfig",
             ])
             .arg(&support::shared().kubeconfig_path)
+            .args(more)
             .env("RUST_LOG", "warn")
             .stdout(std::process::Stdio::null())
             .spawn()
@@ -808,7 +814,9 @@ async fn controller_killed_mid_apply_converges_after_restart_without_rerunning_t
         let environments: Api<PreviewEnvironment> = Api::namespaced(client.clone(), &ns);
         let (_, environment) = example("online-boutique");
         let name = environment.metadata.name.clone().unwrap();
-        let controller = ControllerProcess::start(&ns);
+        // One API request at a time: wave 0's applies go one after another, so the kill lands
+        // inside the wave, not after it.
+        let controller = ControllerProcess::start_with(&ns, &["--api-concurrency", "1"]);
         environments
             .create(&PostParams::default(), &environment)
             .await
@@ -846,8 +854,18 @@ async fn controller_killed_mid_apply_converges_after_restart_without_rerunning_t
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
         controller.kill();
-        eprintln!("killed during wave 0 with {deployments_at_kill} of 12 Deployments applied");
+        let after_kill = deployments
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .len();
+        eprintln!("killed during wave 0 with {after_kill} of 12 Deployments applied");
         assert!(deployments_at_kill > 0, "wave 0 started");
+        assert!(
+            after_kill < 12,
+            "the kill came after wave 0's Deployments were all applied"
+        );
 
         // Kill 2: while the seed Job runs.
         let controller = ControllerProcess::start(&ns);
