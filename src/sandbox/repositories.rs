@@ -693,27 +693,39 @@ mod tests {
         );
     }
 
-    #[test]
-    fn a_git_checkout_serves_each_commit_and_refuses_unknown_refs() {
+    /// Runs git in `folder` as a test user.
+    fn run_git(folder: &Path, args: &[&str]) {
+        let status = Command::new("git")
+            .arg("-C")
+            .arg(folder)
+            .args(["-c", "user.name=t", "-c", "user.email=t@example.com"])
+            .args(args)
+            .status()
+            .unwrap();
+        assert!(status.success(), "git {args:?}");
+    }
+
+    /// A git checkout with two commits of `chart/`: `Chart.yaml`, and `values.yaml` at
+    /// `replicas: 1`, then `replicas: 2`. Returns it and the first commit's SHA.
+    fn checkout_of_two_commits() -> (tempfile::TempDir, String) {
         let folder = tempfile::tempdir().unwrap();
-        let run = |args: &[&str]| {
-            let status = Command::new("git")
-                .arg("-C")
-                .arg(folder.path())
-                .args(["-c", "user.name=t", "-c", "user.email=t@example.com"])
-                .args(args)
-                .status()
-                .unwrap();
-            assert!(status.success(), "git {args:?}");
-        };
+        let run = |args: &[&str]| run_git(folder.path(), args);
         run(&["init", "-q", "-b", "main"]);
         std::fs::create_dir_all(folder.path().join("chart")).unwrap();
+        std::fs::write(folder.path().join("chart/Chart.yaml"), "name: mine\n").unwrap();
         std::fs::write(folder.path().join("chart/values.yaml"), "replicas: 1\n").unwrap();
         run(&["add", "."]);
         run(&["commit", "-q", "-m", "one"]);
         let first = git(folder.path(), &["rev-parse", "HEAD"]).unwrap();
         std::fs::write(folder.path().join("chart/values.yaml"), "replicas: 2\n").unwrap();
         run(&["commit", "-q", "-am", "two"]);
+        (folder, first)
+    }
+
+    #[test]
+    fn a_git_checkout_serves_each_commit_and_refuses_unknown_refs() {
+        let (folder, first) = checkout_of_two_commits();
+        let run = |args: &[&str]| run_git(folder.path(), args);
         let mut repositories = Repositories::default();
         assert!(matches!(
             repositories.add("me/app", folder.path()).unwrap(),
@@ -855,26 +867,7 @@ mod tests {
 
     #[test]
     fn a_git_checkouts_ids_are_its_blobs_and_change_with_each_commit() {
-        let folder = tempfile::tempdir().unwrap();
-        let run = |args: &[&str]| {
-            let status = Command::new("git")
-                .arg("-C")
-                .arg(folder.path())
-                .args(["-c", "user.name=t", "-c", "user.email=t@example.com"])
-                .args(args)
-                .status()
-                .unwrap();
-            assert!(status.success(), "git {args:?}");
-        };
-        run(&["init", "-q", "-b", "main"]);
-        std::fs::create_dir_all(folder.path().join("chart")).unwrap();
-        std::fs::write(folder.path().join("chart/Chart.yaml"), "name: mine\n").unwrap();
-        std::fs::write(folder.path().join("chart/values.yaml"), "replicas: 1\n").unwrap();
-        run(&["add", "."]);
-        run(&["commit", "-q", "-m", "one"]);
-        let first = git(folder.path(), &["rev-parse", "HEAD"]).unwrap();
-        std::fs::write(folder.path().join("chart/values.yaml"), "replicas: 2\n").unwrap();
-        run(&["commit", "-q", "-am", "two"]);
+        let (folder, first) = checkout_of_two_commits();
         let mut repositories = Repositories::default();
         repositories.add("me/app", folder.path()).unwrap();
         let one = blob_ids(&repositories, "me/app", &first);

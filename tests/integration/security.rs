@@ -1187,50 +1187,6 @@ struct InFlight {
     most: std::sync::atomic::AtomicUsize,
 }
 
-/// A client layer that holds every server-side apply (a PATCH) for 100 ms before sending it,
-/// counting how many are held at once: with nothing else bounding them, every apply of a wave
-/// would be held together.
-#[derive(Clone)]
-struct HoldApplies<S> {
-    inner: S,
-    in_flight: std::sync::Arc<InFlight>,
-}
-
-impl<S, B> tower::Service<http::Request<B>> for HoldApplies<S>
-where
-    S: tower::Service<http::Request<B>>,
-    S::Future: Send + 'static,
-{
-    type Response = S::Response;
-    type Error = S::Error;
-    type Future = futures::future::BoxFuture<'static, Result<S::Response, S::Error>>;
-
-    fn poll_ready(
-        &mut self,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Result<(), S::Error>> {
-        self.inner.poll_ready(cx)
-    }
-
-    fn call(&mut self, request: http::Request<B>) -> Self::Future {
-        use std::sync::atomic::Ordering;
-        let is_apply = request.method() == http::Method::PATCH;
-        let answer = self.inner.call(request);
-        let in_flight = self.in_flight.clone();
-        Box::pin(async move {
-            if !is_apply {
-                return answer.await;
-            }
-            let now = in_flight.now.fetch_add(1, Ordering::SeqCst) + 1;
-            in_flight.most.fetch_max(now, Ordering::SeqCst);
-            tokio::time::sleep(Duration::from_millis(100)).await;
-            let answered = answer.await;
-            in_flight.now.fetch_sub(1, Ordering::SeqCst);
-            answered
-        })
-    }
-}
-
 #[tokio::test]
 async fn one_environments_wave_holds_at_most_apply_concurrency_of_the_clients_places() {
     // docs/security.md: "within a wave an environment has at most `--apply-concurrency`, 16,
@@ -1241,14 +1197,30 @@ async fn one_environments_wave_holds_at_most_apply_concurrency_of_the_clients_pl
         use previewd::cluster::observed::ObservedStore;
         use previewd::cluster::{applier::Applier, metrics::ClusterMetrics};
         let config = support::shared_config().await;
+        // Every server-side apply (a PATCH) is held for 100 ms before it is sent, counted while
+        // held: with nothing else bounding them, every apply of the wave is held at once.
         let in_flight = std::sync::Arc::new(InFlight::default());
         let held = in_flight.clone();
+        let hold_applies = support::layers::Around::new(move |method, _| {
+            use std::sync::atomic::Ordering;
+            if method != http::Method::PATCH {
+                return Default::default();
+            }
+            let (entering, leaving) = (held.clone(), held.clone());
+            support::layers::Hooks {
+                before: Some(Box::pin(async move {
+                    let now = entering.now.fetch_add(1, Ordering::SeqCst) + 1;
+                    entering.most.fetch_max(now, Ordering::SeqCst);
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                })),
+                after: Some(Box::pin(async move {
+                    leaving.now.fetch_sub(1, Ordering::SeqCst);
+                })),
+            }
+        });
         let client = kube::client::ClientBuilder::try_from(config)
             .unwrap()
-            .with_layer(&tower::layer::layer_fn(move |inner| HoldApplies {
-                inner,
-                in_flight: held.clone(),
-            }))
+            .with_layer(&hold_applies)
             .build();
         let (trigger, _reconciles) = tokio::sync::mpsc::unbounded_channel();
         let store = ObservedStore::new(client.clone(), trigger);

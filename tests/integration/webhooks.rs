@@ -1255,54 +1255,6 @@ async fn a_body_far_over_the_limit_gets_413_directly_and_through_the_sandbox_rel
     .await;
 }
 
-/// Runs `then` once, right after the first `GET` of environment `name` is answered and before
-/// that answer reaches the caller: a write by someone else that lands between a read and the
-/// write made from it.
-#[derive(Clone)]
-struct AfterFirstRead<S> {
-    inner: S,
-    name: &'static str,
-    fired: Arc<std::sync::atomic::AtomicBool>,
-    then: Arc<dyn Fn() -> futures::future::BoxFuture<'static, ()> + Send + Sync>,
-}
-
-impl<S, B> tower::Service<http::Request<B>> for AfterFirstRead<S>
-where
-    S: tower::Service<http::Request<B>>,
-    S::Future: Send + 'static,
-    S::Response: Send,
-    S::Error: Send,
-{
-    type Response = S::Response;
-    type Error = S::Error;
-    type Future = futures::future::BoxFuture<'static, Result<S::Response, S::Error>>;
-
-    fn poll_ready(
-        &mut self,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Result<(), S::Error>> {
-        self.inner.poll_ready(cx)
-    }
-
-    fn call(&mut self, request: http::Request<B>) -> Self::Future {
-        let reads_it = request.method() == http::Method::GET
-            && request
-                .uri()
-                .path()
-                .ends_with(&format!("/previewenvironments/{}", self.name));
-        let fire = reads_it && !self.fired.swap(true, std::sync::atomic::Ordering::SeqCst);
-        let then = self.then.clone();
-        let answer = self.inner.call(request);
-        Box::pin(async move {
-            let answered = answer.await;
-            if fire {
-                then().await;
-            }
-            answered
-        })
-    }
-}
-
 #[tokio::test]
 async fn a_newer_write_between_the_intakes_read_and_its_write_is_not_overwritten() {
     // docs/forges.md: "The intake reads the environment fresh before writing and writes with
@@ -1326,27 +1278,32 @@ async fn a_newer_write_between_the_intakes_read_and_its_write_is_not_overwritten
         let environments: Api<PreviewEnvironment> = Api::namespaced(client.clone(), &ns);
         let first = apply_in_order(&client, &at('1', "2026-11-26T10:00:00Z")).await;
         assert_eq!(first.unwrap(), Applied::Written);
+        // Another replica's write of the third commit, right after this intake's first read of
+        // the environment is answered (before the intake sees the answer).
+        let fired = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let third = at('3', "2026-11-26T10:03:00Z");
         let other_replica = {
             let environments = environments.clone();
-            let third = at('3', "2026-11-26T10:03:00Z");
-            move || -> futures::future::BoxFuture<'static, ()> {
-                let environments = environments.clone();
-                let third = third.clone();
-                Box::pin(async move {
-                    let params = kube::api::PatchParams::apply("other-replica").force();
-                    let patch = kube::api::Patch::Apply(&third);
-                    environments.patch("pr-7", &params, &patch).await.unwrap();
-                })
-            }
+            support::layers::Around::new(move |method, path| {
+                let reads_it =
+                    method == http::Method::GET && path.ends_with("/previewenvironments/pr-7");
+                if !reads_it || fired.swap(true, std::sync::atomic::Ordering::SeqCst) {
+                    return Default::default();
+                }
+                let (environments, third) = (environments.clone(), third.clone());
+                support::layers::Hooks {
+                    before: None,
+                    after: Some(Box::pin(async move {
+                        let params = kube::api::PatchParams::apply("other-replica").force();
+                        let patch = kube::api::Patch::Apply(&third);
+                        environments.patch("pr-7", &params, &patch).await.unwrap();
+                    })),
+                }
+            })
         };
         let interleaving = kube::client::ClientBuilder::try_from(support::shared_config().await)
             .unwrap()
-            .with_layer(&tower::layer::layer_fn(move |inner| AfterFirstRead {
-                inner,
-                name: "pr-7",
-                fired: Default::default(),
-                then: Arc::new(other_replica.clone()),
-            }))
+            .with_layer(&other_replica)
             .build();
 
         let second = apply_in_order(&interleaving, &at('2', "2026-11-26T10:02:00Z")).await;

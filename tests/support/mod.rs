@@ -20,6 +20,7 @@ pub mod apps;
 pub mod contents;
 pub mod gate;
 pub mod helm;
+pub mod layers;
 pub mod process;
 pub mod prometheus;
 pub mod proxy;
