@@ -103,14 +103,7 @@ impl gitlab::api::AsyncClient for ObservedGitlab {
         let request = request.body(body).map_err(|e| failed(&e))?;
         let request = reqwest::Request::try_from(request).map_err(|e| failed(&e))?;
         let answer = self.http.execute(request).await.map_err(|e| failed(&e))?;
-        // GitLab counts requests per user: a project or personal token is one budget.
-        observe_rate_limit(
-            ("gitlab", "token"),
-            answer.status(),
-            answer.headers(),
-            &self.metrics,
-            &self.backoff,
-        );
+        self.observe(&answer);
         let mut response = http::Response::builder().status(answer.status());
         if let Some(headers) = response.headers_mut() {
             headers.extend(answer.headers().clone());
@@ -123,6 +116,18 @@ impl gitlab::api::AsyncClient for ObservedGitlab {
 }
 
 impl ObservedGitlab {
+    /// Reads the budget headers of `answer`; a rate-limit refusal pauses the client. GitLab
+    /// counts requests per user: a project or personal token is one budget.
+    fn observe(&self, answer: &reqwest::Response) {
+        observe_rate_limit(
+            ("gitlab", "token"),
+            answer.status(),
+            answer.headers(),
+            &self.metrics,
+            &self.backoff,
+        );
+    }
+
     /// `GET` of `endpoint` (below the API URL), of which at most `limit` bytes are read:
     /// `Ok(None)` when the answer is longer (by its declared length, or as it streams).
     async fn get_capped(
@@ -145,13 +150,7 @@ impl ObservedGitlab {
             .send()
             .await
             .map_err(|e| failed(e.to_string()))?;
-        observe_rate_limit(
-            ("gitlab", "token"),
-            answer.status(),
-            answer.headers(),
-            &self.metrics,
-            &self.backoff,
-        );
+        self.observe(&answer);
         let status = answer.status();
         if !status.is_success() {
             // What GitLab said, within a bound of its own.
