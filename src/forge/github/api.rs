@@ -23,6 +23,41 @@ use crate::forge::transport::{
 /// list is an error rather than a partial answer.
 pub const MAX_LIST_PAGES: usize = 100;
 
+/// The most of one GitHub answer previewd reads. The largest previewd asks for is a commit's
+/// recursive tree listing, which GitHub cuts off at 7 MB; a template's `apiUrl` may name any
+/// server, and an answer without a bound would be held whole in previewd's memory.
+pub const MAX_ANSWER_BYTES: usize = 16 << 20;
+
+/// The body of an answer as text, refused as soon as it passes `limit` bytes (by its declared
+/// length, or as it streams): never more than `limit` bytes are held.
+pub(crate) async fn read_capped<B>(body: B, limit: usize) -> Result<String, String>
+where
+    B: http_body::Body,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    use http_body_util::BodyExt;
+    let too_large =
+        || format!("the forge's answer is larger than {limit} bytes; previewd reads no more of it");
+    if body
+        .size_hint()
+        .exact()
+        .is_some_and(|length| length > limit as u64)
+    {
+        return Err(too_large());
+    }
+    let collected = http_body_util::Limited::new(body, limit).collect().await;
+    match collected {
+        Ok(bytes) => Ok(String::from_utf8_lossy(&bytes.to_bytes()).into_owned()),
+        Err(e)
+            if e.downcast_ref::<http_body_util::LengthLimitError>()
+                .is_some() =>
+        {
+            Err(too_large())
+        }
+        Err(e) => Err(e.to_string()),
+    }
+}
+
 /// One GitHub answer, past the shared checks.
 struct GithubAnswer {
     not_modified: bool,
@@ -212,11 +247,14 @@ impl GithubApi {
             .get(http::header::ETAG)
             .and_then(|v| v.to_str().ok())
             .map(str::to_string);
-        let text = self
-            .octocrab
-            .body_to_string(response)
-            .await
-            .unwrap_or_default();
+        let text = match read_capped(response.into_body(), MAX_ANSWER_BYTES).await {
+            Ok(text) => text,
+            Err(message) => {
+                self.backoff.failure();
+                count("error");
+                return Err(ForgeApiError::Transport { operation, message });
+            }
+        };
         if !status.is_success() && status != StatusCode::NOT_MODIFIED {
             if status.is_server_error() {
                 self.backoff.failure();
@@ -899,5 +937,27 @@ mod tests {
             matches!(manifests, Err(ForgeApiError::Transport { .. })),
             "{manifests:?}"
         );
+    }
+
+    /// A server at a template's `apiUrl` answers with more than 16 MiB: previewd stops reading
+    /// and says so (the call fails and is retried later), never holding the answer whole.
+    #[tokio::test]
+    async fn an_answer_over_16_mib_is_refused_while_it_streams() {
+        use wiremock::matchers::{method, path_regex};
+        use wiremock::{Mock, ResponseTemplate};
+        let (server, api) = accepting_github().await;
+        let huge = vec![b' '; MAX_ANSWER_BYTES + 1];
+        Mock::given(method("GET"))
+            .and(path_regex("/git/trees/"))
+            .respond_with(ResponseTemplate::new(200).set_body_bytes(huge))
+            .mount(&server)
+            .await;
+        let read = api
+            .read_folder("o/r", "deploy/chart", &"c".repeat(40))
+            .await;
+        let Err(ForgeApiError::Transport { message, .. }) = read else {
+            panic!("not refused: {read:?}");
+        };
+        assert!(message.contains("larger than 16777216 bytes"), "{message}");
     }
 }

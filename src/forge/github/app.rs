@@ -222,7 +222,15 @@ impl AppTokens {
             }
         })?;
         let status = response.status();
-        let text = response.text().await.unwrap_or_default();
+        // An installation and a token are a few hundred bytes; whatever the server at `apiUrl`
+        // sends, no more than 1 MiB of it is read.
+        let body = http::Response::from(response).into_body();
+        let text = super::api::read_capped(body, 1 << 20)
+            .await
+            .map_err(|message| {
+                outcome("error");
+                ForgeApiError::Transport { operation, message }
+            })?;
         if !status.is_success() {
             outcome("error");
             return Err(ForgeApiError::Http {
@@ -336,5 +344,31 @@ mod tests {
             .await
             .unwrap_err();
         assert!(matches!(plain, ForgeApiError::InsecureUrl(_)), "{plain}");
+    }
+
+    /// The server at a template's `apiUrl` answers the installation lookup with 2 MiB: previewd
+    /// reads no more than 1 MiB of it and fails the call, holding nothing more.
+    #[tokio::test]
+    async fn an_answer_over_1_mib_to_an_app_call_is_refused() {
+        use wiremock::matchers::method;
+        use wiremock::{Mock, ResponseTemplate};
+        crate::install_crypto_provider();
+        let key = std::process::Command::new("openssl")
+            .args(["genrsa", "2048"])
+            .output()
+            .unwrap();
+        assert!(key.status.success(), "openssl genrsa: {key:?}");
+        let server = wiremock::MockServer::start().await;
+        Mock::given(method("GET"))
+            .respond_with(ResponseTemplate::new(200).set_body_bytes(vec![b' '; 2 << 20]))
+            .mount(&server)
+            .await;
+        let tokens = AppTokens::new(ForgeMetrics::default());
+        let uri = server.uri();
+        let refused = tokens.token(Some(&uri), 1, &key.stdout, "o/r").await;
+        let Err(ForgeApiError::Transport { message, .. }) = refused else {
+            panic!("not refused: {refused:?}");
+        };
+        assert!(message.contains("larger than 1048576 bytes"), "{message}");
     }
 }
