@@ -28,6 +28,10 @@ pub const MAX_LIST_PAGES: usize = 100;
 /// server, and an answer without a bound would be held whole in previewd's memory.
 pub const MAX_ANSWER_BYTES: usize = 16 << 20;
 
+/// How long an answer's body may take to arrive whole, once its headers have: a 7 MB tree
+/// listing needs about 2 MB/s; a server dripping its answer is cut off.
+const ANSWER_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+
 /// The body of an answer as text, refused as soon as it passes `limit` bytes (by its declared
 /// length, or as it streams): never more than `limit` bytes are held.
 pub(crate) async fn read_capped<B>(body: B, limit: usize) -> Result<String, String>
@@ -209,16 +213,28 @@ impl GithubApi {
                 .with_label_values(&["github", operation, outcome])
                 .inc();
         };
-        let sent = match method {
-            Method::POST => self.octocrab._post(path, body).await,
-            Method::PATCH => self.octocrab._patch(path, body).await,
-            _ => {
-                let mut headers = HeaderMap::new();
-                if let Some(value) = if_none_match.and_then(|etag| etag.parse().ok()) {
-                    headers.insert(http::header::IF_NONE_MATCH, value);
+        let call = async {
+            match method {
+                Method::POST => self.octocrab._post(path, body).await,
+                Method::PATCH => self.octocrab._patch(path, body).await,
+                _ => {
+                    let mut headers = HeaderMap::new();
+                    if let Some(value) = if_none_match.and_then(|etag| etag.parse().ok()) {
+                        headers.insert(http::header::IF_NONE_MATCH, value);
+                    }
+                    self.octocrab._get_with_headers(path, Some(headers)).await
                 }
-                self.octocrab._get_with_headers(path, Some(headers)).await
             }
+        };
+        // octocrab's timeouts are per read: a server that sends a byte every few seconds
+        // would hold the call (and a reconcile) for ever. The whole call has a bound.
+        let Ok(sent) = tokio::time::timeout(FORGE_TIMEOUT, call).await else {
+            self.backoff.failure();
+            count("error");
+            return Err(ForgeApiError::Transport {
+                operation,
+                message: format!("no answer within {} s", FORGE_TIMEOUT.as_secs()),
+            });
         };
         let response = sent.map_err(|e| {
             self.backoff.failure();
@@ -247,7 +263,15 @@ impl GithubApi {
             .get(http::header::ETAG)
             .and_then(|v| v.to_str().ok())
             .map(str::to_string);
-        let text = match read_capped(response.into_body(), MAX_ANSWER_BYTES).await {
+        let body = read_capped(response.into_body(), MAX_ANSWER_BYTES);
+        let read = tokio::time::timeout(ANSWER_READ_TIMEOUT, body).await;
+        let read = read.unwrap_or_else(|_| {
+            let seconds = ANSWER_READ_TIMEOUT.as_secs();
+            Err(format!(
+                "the forge's answer did not arrive whole within {seconds} s"
+            ))
+        });
+        let text = match read {
             Ok(text) => text,
             Err(message) => {
                 self.backoff.failure();

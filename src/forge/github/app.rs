@@ -13,6 +13,7 @@ use std::sync::Mutex;
 use chrono::{DateTime, TimeDelta, Utc};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
+use sha2::Digest;
 
 use crate::forge::metrics::ForgeMetrics;
 use crate::forge::transport::{
@@ -26,8 +27,10 @@ pub const RENEW_BEFORE: TimeDelta = TimeDelta::minutes(5);
 /// allow for clock drift, as GitHub recommends.
 const JWT_LIFETIME: TimeDelta = TimeDelta::minutes(9);
 
-/// (API URL, App id, repository in lower case).
-type RepositoryKey = (String, u64, String);
+/// (API URL, App id, repository in lower case, SHA-256 of the private key). The key is part of
+/// it: App ids are public, and a template naming another team's App id and repository with a
+/// key of its own must get nothing that team's key obtained, never a cached token.
+type RepositoryKey = (String, u64, String, [u8; 32]);
 
 /// A repository's token and when GitHub says it expires.
 type Tokens = HashMap<RepositoryKey, (AppToken, DateTime<Utc>)>;
@@ -118,7 +121,13 @@ impl AppTokens {
                 ),
             });
         }
-        let cache_key = (api_url.to_string(), app_id, repository.to_lowercase());
+        let key_digest: [u8; 32] = sha2::Sha256::digest(key).into();
+        let cache_key = (
+            api_url.to_string(),
+            app_id,
+            repository.to_lowercase(),
+            key_digest,
+        );
         let now = Utc::now();
         if let Some((token, expires_at)) = self.cached(&cache_key)
             && expires_at - RENEW_BEFORE > now
@@ -370,5 +379,66 @@ mod tests {
             panic!("not refused: {refused:?}");
         };
         assert!(message.contains("larger than 1048576 bytes"), "{message}");
+    }
+
+    /// An RSA private key (PEM), new each call.
+    fn new_key() -> Vec<u8> {
+        let key = std::process::Command::new("openssl")
+            .args(["genrsa", "2048"])
+            .output()
+            .unwrap();
+        assert!(key.status.success(), "openssl genrsa: {key:?}");
+        key.stdout
+    }
+
+    /// App ids are public: another team's template naming the same App id and repository,
+    /// with a key of its own, must not be handed the token the App's real key obtained. Its
+    /// call goes to GitHub with its own JWT (which GitHub refuses; this double answers
+    /// anything, so the test counts the token requests).
+    #[tokio::test]
+    async fn a_cached_token_is_only_for_the_key_that_obtained_it() {
+        use wiremock::matchers::{method, path};
+        use wiremock::{Mock, ResponseTemplate};
+        crate::install_crypto_provider();
+        let server = wiremock::MockServer::start().await;
+        Mock::given(method("GET"))
+            .and(path("/repos/o/r/installation"))
+            .respond_with(ResponseTemplate::new(200).set_body_json(json!({"id": 42})))
+            .mount(&server)
+            .await;
+        let expires_at = (Utc::now() + TimeDelta::hours(1)).to_rfc3339();
+        Mock::given(method("POST"))
+            .and(path("/app/installations/42/access_tokens"))
+            .respond_with(
+                ResponseTemplate::new(201)
+                    .set_body_json(json!({"token": "ghs_owners", "expires_at": expires_at})),
+            )
+            .mount(&server)
+            .await;
+        let tokens = AppTokens::new(ForgeMetrics::default());
+        let uri = server.uri();
+        let (owners, intruders) = (new_key(), new_key());
+        let token = tokens.token(Some(&uri), 7, &owners, "o/r").await.unwrap();
+        assert_eq!(token.token, "ghs_owners");
+        tokens.token(Some(&uri), 7, &owners, "o/r").await.unwrap();
+        let asked = || async {
+            let received = server.received_requests().await.unwrap_or_default();
+            received
+                .iter()
+                .filter(|r| r.method.as_str() == "POST")
+                .count()
+        };
+        assert_eq!(
+            asked().await,
+            1,
+            "the owner's second call is served from the cache"
+        );
+
+        tokens
+            .token(Some(&uri), 7, &intruders, "o/r")
+            .await
+            .unwrap();
+
+        assert_eq!(asked().await, 2, "another key asked GitHub itself");
     }
 }
