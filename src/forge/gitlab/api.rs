@@ -534,8 +534,8 @@ impl GitlabApi {
     }
 
     /// The entries of folder `path` at commit `sha` (every level below it when `recursive`).
-    /// A recursive listing cut off at its limit is refused, not read in part (folders count
-    /// too); one level is read to 1,000 entries, of which only the YAML files count.
+    /// A listing cut off at its limit is refused, not read in part: 800 entries below a folder
+    /// (folders count too), 1,000 in one level (of which only the YAML files are read).
     async fn tree(
         &self,
         project: &str,
@@ -544,7 +544,12 @@ impl GitlabApi {
         recursive: bool,
     ) -> Result<Vec<TreeEntry>, ForgeApiError> {
         const MOST_ENTRIES: usize = 4 * MAX_MANIFEST_FILES;
-        let most = if recursive { MOST_ENTRIES } else { 1000 };
+        const MOST_IN_ONE_LEVEL: usize = 1000;
+        let most = if recursive {
+            MOST_ENTRIES
+        } else {
+            MOST_IN_ONE_LEVEL + 1
+        };
         let tree = TreeAt {
             project,
             path,
@@ -556,6 +561,14 @@ impl GitlabApi {
             .await?;
         if recursive && entries.len() >= MOST_ENTRIES {
             check_manifest_count(path, entries.len())?;
+        }
+        if !recursive && entries.len() > MOST_IN_ONE_LEVEL {
+            return Err(ForgeApiError::ManifestsTooLarge {
+                path: path.to_string(),
+                problem: format!(
+                    "more than {MOST_IN_ONE_LEVEL} entries in one folder; none was read"
+                ),
+            });
         }
         Ok(entries)
     }
@@ -950,5 +963,40 @@ mod tests {
                 "{size}: {refused}"
             );
         }
+    }
+
+    /// A folder of more than 1,000 entries (GitLab lists them 100 a page) is refused, not read
+    /// in part: applying the YAML files of the first 1,000 only would deploy half an app.
+    #[tokio::test]
+    async fn a_folder_of_more_than_1000_entries_is_refused_not_read_in_part() {
+        use wiremock::matchers::{method, path_regex};
+        use wiremock::{Mock, ResponseTemplate};
+        crate::install_crypto_provider();
+        let server = wiremock::MockServer::start().await;
+        // 1,000 files that are no manifests, then the one manifest: cut off at 1,000, the
+        // folder would look empty of manifests and deploy nothing.
+        let name = |i: usize| match i {
+            1000 => "app.yaml".to_string(),
+            _ => format!("asset-{i}.txt"),
+        };
+        let entries: Vec<_> = (0..1001)
+            .map(|i| {
+                serde_json::json!({"id": format!("{i:040x}"), "name": name(i),
+                    "type": "blob", "path": format!("deploy/{}", name(i)), "mode": "100644"})
+            })
+            .collect();
+        Mock::given(method("GET"))
+            .and(path_regex("/repository/tree$"))
+            .respond_with(ResponseTemplate::new(200).set_body_json(entries))
+            .mount(&server)
+            .await;
+        let uri = server.uri();
+        let api = GitlabApi::connect(Some(&uri), "glpat-test".into(), Default::default());
+        let api = api.await.unwrap();
+        let read = api.read_manifests("group/app", "deploy", "c0ffee").await;
+        let Err(ForgeApiError::ManifestsTooLarge { problem, .. }) = read else {
+            panic!("not refused: {read:?}");
+        };
+        assert!(problem.contains("more than 1000 entries"), "{problem}");
     }
 }
