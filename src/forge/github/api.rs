@@ -9,10 +9,9 @@ use std::sync::{Arc, Mutex};
 use http::{HeaderMap, Method, StatusCode};
 use serde_json::{Value, json};
 
-use crate::forge::blobs::BlobCache;
 use crate::forge::client::{CommentAuthor, DeploymentState, is_yaml};
 use crate::forge::comment::CommitState;
-use crate::forge::folders::{BlobSource, TreeFile, is_object_id, read_blobs};
+use crate::forge::folders::{BlobSource, RepositoryReads, TreeFile, is_object_id, read_blobs};
 use crate::forge::metrics::ForgeMetrics;
 use crate::forge::transport::{
     Backoff, FORGE_CONNECT_TIMEOUT, FORGE_TIMEOUT, ForgeApiError, error_summary,
@@ -91,10 +90,8 @@ pub struct GithubApi {
     own_login: tokio::sync::OnceCell<String>,
     /// The API URL, which keys what is kept in `blobs`.
     origin: String,
-    /// Repository files by blob id, shared by every client of one [`super::super::client::ForgeClients`].
-    blobs: Arc<BlobCache>,
-    /// Whose reads these are ([`crate::forge::client::ForgeClient::scope`]).
-    scope: String,
+    /// The blob cache it shares and whose reads these are.
+    reads: RepositoryReads,
 }
 
 impl GithubApi {
@@ -126,23 +123,19 @@ impl GithubApi {
             author: CommentAuthor::Token,
             own_login: tokio::sync::OnceCell::new(),
             origin: api_url.to_string(),
-            blobs: Arc::default(),
-            scope: crate::forge::client::unshared_scope(),
+            reads: RepositoryReads::default(),
         })
     }
 
-    /// This client, keeping repository files in `blobs` (shared with other clients).
-    pub fn keeping_blobs_in(self, blobs: Arc<BlobCache>) -> Self {
-        Self { blobs, ..self }
+    /// This client, keeping what it reads of repositories in `reads` (shared with other
+    /// clients of the same scope).
+    pub fn reading_into(self, reads: RepositoryReads) -> Self {
+        Self { reads, ..self }
     }
 
-    /// This client, reading for `scope` ([`crate::forge::client::ForgeClient::scope`]).
-    pub fn scoped(self, scope: String) -> Self {
-        Self { scope, ..self }
-    }
-
+    /// Whose reads these are ([`crate::forge::client::ForgeClient::scope`]).
     pub fn scope(&self) -> &str {
-        &self.scope
+        &self.reads.scope
     }
 
     /// This client, commenting as `author`.
@@ -448,7 +441,7 @@ impl GithubApi {
         repository: &str,
         path: &str,
         sha: &str,
-    ) -> Result<Vec<(String, String)>, ForgeApiError> {
+    ) -> Result<Vec<(String, Vec<u8>)>, ForgeApiError> {
         let root = path.trim_matches('/');
         // One level is all that is read: a huge subfolder beside the manifests costs nothing.
         let files = match self.tree_at(repository, root, sha, false).await? {
@@ -463,11 +456,7 @@ impl GithubApi {
                 });
             }
         };
-        let read = self.read_blobs(repository, root, files).await?;
-        Ok(read
-            .into_iter()
-            .map(|(name, bytes)| (name, String::from_utf8_lossy(&bytes).into_owned()))
-            .collect())
+        self.read_blobs(repository, root, files).await
     }
 
     /// Every file under folder `path` at commit `sha`, as (path relative to the folder, bytes):
@@ -494,7 +483,7 @@ impl GithubApi {
         files: Vec<TreeFile>,
     ) -> Result<Vec<(String, Vec<u8>)>, ForgeApiError> {
         let source = BlobSource {
-            cache: &self.blobs,
+            cache: &self.reads.blobs,
             metrics: &self.metrics,
             forge: "github",
             origin: &self.origin,
