@@ -10,7 +10,6 @@ use sha2::{Digest, Sha256};
 
 use super::blobs::BlobCache;
 use super::comment::CommitState;
-use super::folders::RepositoryReads;
 use super::github::api::GithubApi;
 use super::gitlab::api::GitlabApi;
 use super::metrics::ForgeMetrics;
@@ -119,14 +118,10 @@ impl ForgeClient {
         path: &str,
         sha: &str,
     ) -> Result<Vec<(String, String)>, ForgeApiError> {
-        let read = match self {
+        let mut files = match self {
             ForgeClient::Github(api) => api.read_manifests(repository, path, sha).await?,
             ForgeClient::Gitlab(api) => api.read_manifests(repository, path, sha).await?,
         };
-        let mut files: Vec<(String, String)> = read
-            .into_iter()
-            .map(|(name, bytes)| (name, String::from_utf8_lossy(&bytes).into_owned()))
-            .collect();
         check_manifest_total(path, &files)?;
         files.sort();
         Ok(files)
@@ -380,19 +375,19 @@ impl ForgeClients {
         }
         let token = String::from_utf8_lossy(token).into_owned();
         // Readings are kept per scope: the same forge, URL and token read the same content.
-        let reads = RepositoryReads {
-            blobs: self.blobs.clone(),
-            scope: format!("{kind:?} {} {}", key.1, hex::encode(key.2)),
-        };
+        let scope = format!("{kind:?} {} {}", key.1, hex::encode(key.2));
         let client = Arc::new(match kind {
             ForgeKind::Github => {
                 let budget = budget.to_string();
                 let api = GithubApi::new(api_url, token, budget, self.metrics.clone())?;
-                ForgeClient::Github(api.commenting_as(author).reading_into(reads))
+                let api = api
+                    .commenting_as(author)
+                    .keeping_blobs_in(self.blobs.clone());
+                ForgeClient::Github(api.scoped(scope))
             }
             ForgeKind::Gitlab => {
                 let api = GitlabApi::connect(api_url, token, self.metrics.clone()).await?;
-                ForgeClient::Gitlab(api.reading_into(reads))
+                ForgeClient::Gitlab(api.keeping_blobs_in(self.blobs.clone()).scoped(scope))
             }
         });
         if clients.len() >= MAX_CLIENTS {

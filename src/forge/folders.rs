@@ -16,23 +16,6 @@ use super::client::{check_listed_sizes, check_manifest_count, check_manifest_siz
 use super::metrics::ForgeMetrics;
 use super::transport::ForgeApiError;
 
-/// Where a forge client keeps what it reads of repositories: the blob cache (shared by every
-/// client of one [`super::client::ForgeClients`]) and whose reads these are (its scope: the
-/// forge, API URL and token; a client built on its own has a scope no other client has).
-pub struct RepositoryReads {
-    pub blobs: Arc<BlobCache>,
-    pub scope: String,
-}
-
-impl Default for RepositoryReads {
-    fn default() -> Self {
-        Self {
-            blobs: Arc::default(),
-            scope: super::client::unshared_scope(),
-        }
-    }
-}
-
 /// A file of the tree under the folder being read.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct TreeFile {

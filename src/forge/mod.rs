@@ -10,7 +10,7 @@ pub mod access;
 pub mod blobs;
 pub mod client;
 mod comment;
-pub mod folders;
+mod folders;
 pub mod github;
 pub mod gitlab;
 pub mod metrics;

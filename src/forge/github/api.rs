@@ -9,9 +9,10 @@ use std::sync::{Arc, Mutex};
 use http::{HeaderMap, Method, StatusCode};
 use serde_json::{Value, json};
 
+use crate::forge::blobs::BlobCache;
 use crate::forge::client::{CommentAuthor, DeploymentState, is_yaml};
 use crate::forge::comment::CommitState;
-use crate::forge::folders::{BlobSource, RepositoryReads, TreeFile, is_object_id, read_blobs};
+use crate::forge::folders::{BlobSource, TreeFile, is_object_id, read_blobs};
 use crate::forge::metrics::ForgeMetrics;
 use crate::forge::transport::{
     Backoff, FORGE_CONNECT_TIMEOUT, FORGE_TIMEOUT, ForgeApiError, error_summary,
@@ -90,8 +91,10 @@ pub struct GithubApi {
     own_login: tokio::sync::OnceCell<String>,
     /// The API URL, which keys what is kept in `blobs`.
     origin: String,
-    /// The blob cache it shares and whose reads these are.
-    reads: RepositoryReads,
+    /// Repository files by blob id, shared by every client of one [`super::super::client::ForgeClients`].
+    blobs: Arc<BlobCache>,
+    /// Whose reads these are ([`crate::forge::client::ForgeClient::scope`]).
+    scope: String,
 }
 
 impl GithubApi {
@@ -123,19 +126,23 @@ impl GithubApi {
             author: CommentAuthor::Token,
             own_login: tokio::sync::OnceCell::new(),
             origin: api_url.to_string(),
-            reads: RepositoryReads::default(),
+            blobs: Arc::default(),
+            scope: crate::forge::client::unshared_scope(),
         })
     }
 
-    /// This client, keeping what it reads of repositories in `reads` (shared with other
-    /// clients of the same scope).
-    pub fn reading_into(self, reads: RepositoryReads) -> Self {
-        Self { reads, ..self }
+    /// This client, keeping repository files in `blobs` (shared with other clients).
+    pub fn keeping_blobs_in(self, blobs: Arc<BlobCache>) -> Self {
+        Self { blobs, ..self }
     }
 
-    /// Whose reads these are ([`crate::forge::client::ForgeClient::scope`]).
+    /// This client, reading for `scope` ([`crate::forge::client::ForgeClient::scope`]).
+    pub fn scoped(self, scope: String) -> Self {
+        Self { scope, ..self }
+    }
+
     pub fn scope(&self) -> &str {
-        &self.reads.scope
+        &self.scope
     }
 
     /// This client, commenting as `author`.
@@ -441,7 +448,7 @@ impl GithubApi {
         repository: &str,
         path: &str,
         sha: &str,
-    ) -> Result<Vec<(String, Vec<u8>)>, ForgeApiError> {
+    ) -> Result<Vec<(String, String)>, ForgeApiError> {
         let root = path.trim_matches('/');
         // One level is all that is read: a huge subfolder beside the manifests costs nothing.
         let files = match self.tree_at(repository, root, sha, false).await? {
@@ -456,7 +463,11 @@ impl GithubApi {
                 });
             }
         };
-        self.read_blobs(repository, root, files).await
+        let read = self.read_blobs(repository, root, files).await?;
+        Ok(read
+            .into_iter()
+            .map(|(name, bytes)| (name, String::from_utf8_lossy(&bytes).into_owned()))
+            .collect())
     }
 
     /// Every file under folder `path` at commit `sha`, as (path relative to the folder, bytes):
@@ -483,7 +494,7 @@ impl GithubApi {
         files: Vec<TreeFile>,
     ) -> Result<Vec<(String, Vec<u8>)>, ForgeApiError> {
         let source = BlobSource {
-            cache: &self.reads.blobs,
+            cache: &self.blobs,
             metrics: &self.metrics,
             forge: "github",
             origin: &self.origin,

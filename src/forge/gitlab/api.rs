@@ -22,11 +22,12 @@ use super::environments::{
     CreateEnvironment, EditEnvironmentUrl, EnvironmentsNamed, StopEnvironment,
 };
 use super::tree::TreeAt;
+use crate::forge::blobs::BlobCache;
 use crate::forge::client::{
     DeploymentState, MAX_MANIFEST_FILE_BYTES, MAX_MANIFEST_FILES, check_manifest_count, is_yaml,
 };
 use crate::forge::comment::CommitState;
-use crate::forge::folders::{BlobSource, RepositoryReads, TreeFile, read_blobs};
+use crate::forge::folders::{BlobSource, TreeFile, read_blobs};
 use crate::forge::metrics::ForgeMetrics;
 use crate::forge::transport::{
     Backoff, FORGE_CONNECT_TIMEOUT, FORGE_TIMEOUT, ForgeApiError, error_summary, observe_rate_limit,
@@ -216,8 +217,11 @@ pub struct GitlabApi {
     /// The id of the user the token belongs to, once asked (`GET /user`): previewd's own
     /// notes are that user's.
     own_user: tokio::sync::OnceCell<u64>,
-    /// The blob cache it shares and whose reads these are.
-    reads: RepositoryReads,
+    /// Repository files by blob id, shared by every client of one
+    /// [`crate::forge::client::ForgeClients`].
+    blobs: Arc<BlobCache>,
+    /// Whose reads these are ([`crate::forge::client::ForgeClient::scope`]).
+    scope: String,
 }
 
 #[derive(serde::Deserialize)]
@@ -276,7 +280,8 @@ impl GitlabApi {
             backoff,
             metrics,
             own_user: tokio::sync::OnceCell::new(),
-            reads: RepositoryReads::default(),
+            blobs: Arc::default(),
+            scope: crate::forge::client::unshared_scope(),
         })
     }
 
@@ -290,15 +295,18 @@ impl GitlabApi {
         id.await.copied()
     }
 
-    /// This client, keeping what it reads of repositories in `reads` (shared with other
-    /// clients of the same scope).
-    pub fn reading_into(self, reads: RepositoryReads) -> Self {
-        Self { reads, ..self }
+    /// This client, keeping repository files in `blobs` (shared with other clients).
+    pub fn keeping_blobs_in(self, blobs: Arc<BlobCache>) -> Self {
+        Self { blobs, ..self }
     }
 
-    /// Whose reads these are ([`crate::forge::client::ForgeClient::scope`]).
+    /// This client, reading for `scope` ([`crate::forge::client::ForgeClient::scope`]).
+    pub fn scoped(self, scope: String) -> Self {
+        Self { scope, ..self }
+    }
+
     pub fn scope(&self) -> &str {
-        &self.reads.scope
+        &self.scope
     }
 
     async fn run<T, F, Fut>(&self, operation: &'static str, call: F) -> Result<T, ForgeApiError>
@@ -464,7 +472,7 @@ impl GitlabApi {
         project: &str,
         path: &str,
         sha: &str,
-    ) -> Result<Vec<(String, Vec<u8>)>, ForgeApiError> {
+    ) -> Result<Vec<(String, String)>, ForgeApiError> {
         let root = path.trim_matches('/');
         let entries = self.tree(project, root, sha, false).await?;
         let files: Vec<TreeFile> = if entries.is_empty() {
@@ -489,7 +497,11 @@ impl GitlabApi {
                 .collect()
         };
         let manifests = files.into_iter().filter(|f| is_yaml(&f.path)).collect();
-        self.read_blobs(project, root, manifests).await
+        let read = self.read_blobs(project, root, manifests).await?;
+        Ok(read
+            .into_iter()
+            .map(|(name, bytes)| (name, String::from_utf8_lossy(&bytes).into_owned()))
+            .collect())
     }
 
     /// Every file under folder `path` at commit `sha`, as (path relative to the folder, bytes):
@@ -571,7 +583,7 @@ impl GitlabApi {
     ) -> Result<Vec<(String, Vec<u8>)>, ForgeApiError> {
         let origin = self.client.rest_url.as_str();
         let source = BlobSource {
-            cache: &self.reads.blobs,
+            cache: &self.blobs,
             metrics: &self.metrics,
             forge: "gitlab",
             origin,
