@@ -28,6 +28,17 @@ pub const MAX_LIST_PAGES: usize = 100;
 /// server, and an answer without a bound would be held whole in previewd's memory.
 pub const MAX_ANSWER_BYTES: usize = 16 << 20;
 
+/// The most of one answer of `operation`: a recursive tree listing is cut off by GitHub at
+/// 7 MB, and a blob is asked for only when the listing says it is at most 1 MiB (1.4 MiB as
+/// base64 in JSON). A server that sends more is refused early, not at 16 MiB.
+fn answer_limit(operation: &str) -> usize {
+    match operation {
+        "read_tree" => 8 << 20,
+        "read_blob" => 2 << 20,
+        _ => MAX_ANSWER_BYTES,
+    }
+}
+
 /// How long an answer's body may take to arrive whole, once its headers have: a 7 MB tree
 /// listing needs about 2 MB/s; a server dripping its answer is cut off.
 const ANSWER_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
@@ -66,7 +77,38 @@ where
 struct GithubAnswer {
     not_modified: bool,
     etag: Option<String>,
-    json: Value,
+    text: String,
+}
+
+impl GithubAnswer {
+    /// The answer as JSON (`Null` when it is none).
+    fn json(&self) -> Value {
+        serde_json::from_str(&self.text).unwrap_or(Value::Null)
+    }
+}
+
+/// A tree listing with only the fields previewd reads. Parsed into these rather than a
+/// `Value`, a listing near its 8 MiB limit costs about its own size in memory, not several
+/// times it.
+#[derive(serde::Deserialize)]
+struct TreeListing {
+    #[serde(default)]
+    truncated: bool,
+    tree: Vec<TreeEntry>,
+}
+
+#[derive(serde::Deserialize)]
+struct TreeEntry {
+    #[serde(default)]
+    path: String,
+    #[serde(default, rename = "type")]
+    kind: String,
+    #[serde(default)]
+    mode: String,
+    #[serde(default)]
+    sha: String,
+    #[serde(default)]
+    size: u64,
 }
 
 /// A list page as kept for conditional requests: its ETag and its items reduced to the fields
@@ -193,7 +235,7 @@ impl GithubApi {
         path: &str,
         body: Option<&Value>,
     ) -> Result<Value, ForgeApiError> {
-        Ok(self.send(operation, method, path, body, None).await?.json)
+        Ok(self.send(operation, method, path, body, None).await?.json())
     }
 
     /// Sends one request with the accounting every call shares: the backoff, the rate-limit
@@ -263,7 +305,7 @@ impl GithubApi {
             .get(http::header::ETAG)
             .and_then(|v| v.to_str().ok())
             .map(str::to_string);
-        let body = read_capped(response.into_body(), MAX_ANSWER_BYTES);
+        let body = read_capped(response.into_body(), answer_limit(operation));
         let read = tokio::time::timeout(ANSWER_READ_TIMEOUT, body).await;
         let read = read.unwrap_or_else(|_| {
             let seconds = ANSWER_READ_TIMEOUT.as_secs();
@@ -299,7 +341,7 @@ impl GithubApi {
         Ok(GithubAnswer {
             not_modified: status == StatusCode::NOT_MODIFIED,
             etag,
-            json: serde_json::from_str(&text).unwrap_or(Value::Null),
+            text,
         })
     }
 
@@ -319,7 +361,7 @@ impl GithubApi {
         {
             return Ok(page);
         }
-        let page = Arc::new(reduced(&answer.json, fields));
+        let page = Arc::new(reduced(&answer.json(), fields));
         if let Some(etag) = answer.etag {
             self.etags().insert(path.to_string(), (etag, page.clone()));
         }
@@ -525,28 +567,27 @@ impl GithubApi {
         below: bool,
     ) -> Result<AtPath, ForgeApiError> {
         let whole = self.tree(repository, sha, true).await?;
-        if whole["truncated"] != Value::Bool(true) {
+        if !whole.truncated {
             return Ok(AtPath::under(&whole, root));
         }
         let segments: Vec<&str> = root.split('/').filter(|s| !s.is_empty()).collect();
         let mut tree = sha.to_string();
         for (depth, segment) in segments.iter().enumerate() {
             let level = self.tree(repository, &tree, false).await?;
-            let entry = tree_entries(&level).find(|entry| entry["path"] == *segment);
+            let entry = level.tree.iter().find(|entry| entry.path == *segment);
             let Some(entry) = entry else {
                 return Ok(AtPath::Missing);
             };
-            let id = entry["sha"].as_str().unwrap_or_default();
-            match entry["type"].as_str() {
-                Some("tree") if is_object_id(id) => tree = id.to_string(),
-                Some("blob") if depth + 1 == segments.len() => {
+            match entry.kind.as_str() {
+                "tree" if is_object_id(&entry.sha) => tree = entry.sha.clone(),
+                "blob" if depth + 1 == segments.len() => {
                     return Ok(AtPath::under(&level, segment));
                 }
                 _ => return Ok(AtPath::Missing),
             }
         }
         let folder = self.tree(repository, &tree, below).await?;
-        if folder["truncated"] == Value::Bool(true) {
+        if folder.truncated {
             return Err(ForgeApiError::ManifestsTooLarge {
                 path: root.to_string(),
                 problem: "more entries than GitHub lists in one tree; none was read".into(),
@@ -561,19 +602,18 @@ impl GithubApi {
         repository: &str,
         tree: &str,
         recursive: bool,
-    ) -> Result<Value, ForgeApiError> {
+    ) -> Result<TreeListing, ForgeApiError> {
         let query = if recursive { "?recursive=1" } else { "" };
         let path = format!("/repos/{repository}/git/trees/{tree}{query}");
-        let answer = self.request("read_tree", Method::GET, &path, None).await?;
+        let answer = self
+            .send("read_tree", Method::GET, &path, None, None)
+            .await?;
         // An answer that is no tree (a body cut off, a proxy's page) says nothing about the
         // commit: an error to retry, never "not in the repository", which is kept.
-        if !answer["tree"].is_array() {
-            return Err(ForgeApiError::Transport {
-                operation: "read_tree",
-                message: format!("{path}: the answer is not a tree listing"),
-            });
-        }
-        Ok(answer)
+        serde_json::from_str(&answer.text).map_err(|_| ForgeApiError::Transport {
+            operation: "read_tree",
+            message: format!("{path}: the answer is not a tree listing"),
+        })
     }
 
     pub(crate) async fn write_access(
@@ -662,7 +702,7 @@ enum AtPath {
 impl AtPath {
     /// What `listing` (a tree answer; paths relative to the tree listed) holds at `root` (`""`:
     /// the listed tree itself). Links and submodules are left out: previewd reads files only.
-    fn under(listing: &Value, root: &str) -> Self {
+    fn under(listing: &TreeListing, root: &str) -> Self {
         let prefix = if root.is_empty() {
             String::new()
         } else {
@@ -670,16 +710,16 @@ impl AtPath {
         };
         let mut folder = root.is_empty();
         let mut files = Vec::new();
-        for entry in tree_entries(listing) {
-            let path = entry["path"].as_str().unwrap_or_default();
-            let regular = entry["type"] == "blob"
-                && matches!(entry["mode"].as_str(), Some("100644" | "100755"));
+        for entry in &listing.tree {
+            let path = entry.path.as_str();
+            let regular =
+                entry.kind == "blob" && matches!(entry.mode.as_str(), "100644" | "100755");
             if path == root {
                 if regular {
                     let name = root.rsplit('/').next().unwrap_or(root);
                     return AtPath::File(tree_file(name, entry));
                 }
-                folder |= entry["type"] == "tree";
+                folder |= entry.kind == "tree";
             } else if let Some(relative) = path.strip_prefix(&prefix) {
                 folder = true;
                 if regular {
@@ -694,16 +734,11 @@ impl AtPath {
     }
 }
 
-/// The entries of a tree answer.
-fn tree_entries(listing: &Value) -> impl Iterator<Item = &Value> {
-    listing["tree"].as_array().into_iter().flatten()
-}
-
-fn tree_file(path: &str, entry: &Value) -> TreeFile {
+fn tree_file(path: &str, entry: &TreeEntry) -> TreeFile {
     TreeFile {
         path: path.to_string(),
-        blob: entry["sha"].as_str().unwrap_or_default().to_string(),
-        size: Some(entry["size"].as_u64().unwrap_or(0)),
+        blob: entry.sha.clone(),
+        size: Some(entry.size),
     }
 }
 
@@ -860,6 +895,7 @@ mod tests {
             // Beside the folder, with a name that starts alike.
             entry("deploy/chart-old/Chart.yaml", "blob", "100644"),
         ]});
+        let listing: TreeListing = serde_json::from_value(listing).unwrap();
         let AtPath::Folder(files) = AtPath::under(&listing, "deploy/chart") else {
             panic!("deploy/chart is a folder");
         };
@@ -963,14 +999,16 @@ mod tests {
         );
     }
 
-    /// A server at a template's `apiUrl` answers with more than 16 MiB: previewd stops reading
-    /// and says so (the call fails and is retried later), never holding the answer whole.
+    /// A server at a template's `apiUrl` answers a tree listing with more than 8 MiB (GitHub
+    /// cuts one off at 7 MB): previewd stops reading and says so (the call fails and is
+    /// retried later), never holding the answer whole, nor reading on to the 16 MiB of other
+    /// answers.
     #[tokio::test]
-    async fn an_answer_over_16_mib_is_refused_while_it_streams() {
+    async fn a_tree_answer_over_8_mib_is_refused_while_it_streams() {
         use wiremock::matchers::{method, path_regex};
         use wiremock::{Mock, ResponseTemplate};
         let (server, api) = accepting_github().await;
-        let huge = vec![b' '; MAX_ANSWER_BYTES + 1];
+        let huge = vec![b' '; (8 << 20) + 1];
         Mock::given(method("GET"))
             .and(path_regex("/git/trees/"))
             .respond_with(ResponseTemplate::new(200).set_body_bytes(huge))
@@ -982,6 +1020,6 @@ mod tests {
         let Err(ForgeApiError::Transport { message, .. }) = read else {
             panic!("not refused: {read:?}");
         };
-        assert!(message.contains("larger than 16777216 bytes"), "{message}");
+        assert!(message.contains("larger than 8388608 bytes"), "{message}");
     }
 }
