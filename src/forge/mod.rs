@@ -7,7 +7,9 @@
 //! synchronize, labeled, …) becomes the same [`EventKind::ChangeRequest`] snapshot.
 
 pub mod access;
+mod admission;
 pub mod blobs;
+pub mod budget;
 pub mod client;
 mod comment;
 mod folders;

@@ -16,11 +16,14 @@ use std::sync::{Arc, Mutex};
 
 use kube::ResourceExt;
 
+use super::admission::{Admissions, Asking, urgency_of};
+use super::budget::{ContentLimits, Urgency};
 use super::client::{DeploymentState, ForgeApiError, ForgeClient};
 use super::comment;
 use super::gitlab::api::GitlabApi;
 use super::report_plan::{
-    CommentUpdate, DeployUpdate, RemovalPlan, Retire, StatusUpdate, plan_removal, plan_report,
+    CommentUpdate, DeployUpdate, RemovalPlan, ReportPlan, Retire, StatusUpdate, plan_removal,
+    plan_report,
 };
 use super::template_client::{ForgeCallError, TemplateClients};
 use crate::model::crd::{
@@ -36,14 +39,28 @@ pub struct Reporter {
     sent: Mutex<HashMap<String, ForgeReport>>,
     /// The operator's prices, for the footprint's cost in the comment (`--price-per-*`).
     prices: Option<Prices>,
+    /// The content budget each report must fit in.
+    admissions: Admissions,
 }
 
 impl Reporter {
     pub fn new(clients: Arc<TemplateClients>) -> Self {
+        let metrics = clients.metrics().clone();
         Self {
             clients,
             sent: Mutex::new(HashMap::new()),
             prices: None,
+            admissions: Admissions::new(ContentLimits::default(), metrics),
+        }
+    }
+
+    /// Sends no more content-creating requests per installation, token or instance than
+    /// `limits` (`--forge-content-per-minute`, `--forge-content-per-hour`).
+    pub fn with_content_limits(self, limits: ContentLimits) -> Self {
+        let metrics = self.clients.metrics().clone();
+        Self {
+            admissions: Admissions::new(limits, metrics),
+            ..self
         }
     }
 
@@ -99,24 +116,39 @@ impl Reporter {
         status: &PreviewEnvironmentStatus,
         record: &mut ForgeReport,
     ) -> Result<(), ForgeCallError> {
-        let Some(client) = self.clients.client(template).await? else {
+        let Some((client, budget)) = self.clients.client_with_budget(template).await? else {
             return Ok(());
         };
         let plan = plan_report(environment, template, status, record, self.prices.as_ref());
-        let repository = &environment.spec.source.repository;
-        if let Some(update) = &plan.comment {
-            upsert_comment(&client, repository, update, record).await?;
+        let source = &environment.spec.source;
+        let parts = plan.parts(template.spec.forge.kind, record, &source.head_sha);
+        let uid = environment.uid().unwrap_or_default();
+        let asking = Asking {
+            environment: &uid,
+            budget: &budget,
+            forge: template.spec.forge.kind,
+        };
+        if !self
+            .admissions
+            .admit(&asking, parts, urgency_of(status.phase))?
+        {
+            return Ok(());
         }
-        if let Some(update) = &plan.waiting {
-            commit_status(&client, repository, update).await?;
-            record.waiting_status_sha = Some(update.sha.clone());
+        let sent = send_plan(&client, environment, &plan, record).await;
+        self.pause_if_refused(&budget, sent)
+    }
+
+    /// A rate-limit answer to a content-creating request pauses the budget it spent: the
+    /// forge counts those on its own, and asks for no more for a while.
+    fn pause_if_refused(
+        &self,
+        budget: &str,
+        sent: Result<(), ForgeApiError>,
+    ) -> Result<(), ForgeCallError> {
+        if let Err(ForgeApiError::RateLimited { wait, .. }) = &sent {
+            self.admissions.pause(budget, *wait);
         }
-        if let Some(update) = &plan.deploy {
-            deploy(&client, environment, update, record).await?;
-            commit_status(&client, repository, &update.status).await?;
-            record.status_sha = Some(update.status.sha.clone());
-        }
-        Ok(())
+        Ok(sent?)
     }
 
     /// The environment is gone: the comment says so and the GitHub deployment goes inactive
@@ -155,6 +187,7 @@ impl Reporter {
     pub fn forget(&self, environment: &PreviewEnvironment) {
         let uid = environment.uid().unwrap_or_default();
         self.lock().remove(&uid);
+        self.admissions.forget(&uid);
     }
 
     async fn send_removal(
@@ -164,26 +197,72 @@ impl Reporter {
         plan: &RemovalPlan,
         record: &mut ForgeReport,
     ) -> Result<(), ForgeCallError> {
-        let Some(client) = self.clients.client(template).await? else {
+        let Some((client, budget)) = self.clients.client_with_budget(template).await? else {
             return Ok(());
         };
+        let uid = environment.uid().unwrap_or_default();
+        let asking = Asking {
+            environment: &uid,
+            budget: &budget,
+            forge: template.spec.forge.kind,
+        };
+        if !self
+            .admissions
+            .admit(&asking, plan.parts(), Urgency::Final)?
+        {
+            return Ok(());
+        }
         let repository = &environment.spec.source.repository;
-        if let Some(update) = &plan.comment {
-            upsert_comment(&client, repository, update, record).await?;
+        let sent = send_removal_plan(&client, repository, plan, record).await;
+        self.pause_if_refused(&budget, sent)
+    }
+}
+
+/// Sends `plan` of a live environment, recording each part in `record` as it goes.
+async fn send_plan(
+    client: &ForgeClient,
+    environment: &PreviewEnvironment,
+    plan: &ReportPlan,
+    record: &mut ForgeReport,
+) -> Result<(), ForgeApiError> {
+    let repository = &environment.spec.source.repository;
+    if let Some(update) = &plan.comment {
+        upsert_comment(client, repository, update, record).await?;
+    }
+    if let Some(update) = &plan.waiting {
+        commit_status(client, repository, update).await?;
+        record.waiting_status_sha = Some(update.sha.clone());
+    }
+    if let Some(update) = &plan.deploy {
+        deploy(client, environment, update, record).await?;
+        commit_status(client, repository, &update.status).await?;
+        record.status_sha = Some(update.status.sha.clone());
+    }
+    Ok(())
+}
+
+/// Sends the removal `plan`: the comment says the environment is gone, and the forge's
+/// deployment (GitHub) or environment (GitLab) ends.
+async fn send_removal_plan(
+    client: &ForgeClient,
+    repository: &str,
+    plan: &RemovalPlan,
+    record: &mut ForgeReport,
+) -> Result<(), ForgeApiError> {
+    if let Some(update) = &plan.comment {
+        upsert_comment(client, repository, update, record).await?;
+    }
+    match (client, &plan.retire) {
+        (ForgeClient::Github(github), Some(Retire::GithubDeployment(id))) => {
+            let inactive = DeploymentState::Inactive;
+            github
+                .deployment_status(repository, *id, inactive, "")
+                .await
         }
-        match (client.as_ref(), &plan.retire) {
-            (ForgeClient::Github(github), Some(Retire::GithubDeployment(id))) => {
-                let inactive = DeploymentState::Inactive;
-                github
-                    .deployment_status(repository, *id, inactive, "")
-                    .await?;
-            }
-            (ForgeClient::Gitlab(gitlab), Some(Retire::GitlabEnvironment(id))) => {
-                gitlab.stop_environment(repository, *id).await?;
-            }
-            _ => {}
+        (ForgeClient::Gitlab(gitlab), Some(Retire::GitlabEnvironment(id))) => {
+            gitlab.stop_environment(repository, *id).await
         }
-        Ok(())
+        _ => Ok(()),
     }
 }
 

@@ -74,6 +74,106 @@ pub enum Retire {
     GitlabEnvironment(u64),
 }
 
+/// One part of a plan as the content budget counts it ([`super::budget`]): which part, the
+/// hash of what it says, and the content-creating requests sending it makes, by kind
+/// (`comment`, `commit_status`, `deployment`, `deployment_status`, `environment`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct PlannedPart {
+    pub part: &'static str,
+    pub sha: String,
+    pub requests: Vec<&'static str>,
+}
+
+impl ReportPlan {
+    /// The parts of this plan, with the requests each makes on `forge` given `record`.
+    pub fn parts(&self, forge: ForgeKind, record: &ForgeReport, head: &str) -> Vec<PlannedPart> {
+        let mut parts = Vec::new();
+        if let Some(update) = &self.comment {
+            parts.push(comment_part(update));
+        }
+        if let Some(update) = &self.waiting {
+            parts.push(PlannedPart {
+                part: "waiting",
+                sha: update.sha.clone(),
+                requests: vec!["commit_status"],
+            });
+        }
+        if let Some(update) = &self.deploy {
+            let mut requests = deploy_requests(forge, update, record, head);
+            requests.push("commit_status");
+            parts.push(PlannedPart {
+                part: "deploy",
+                sha: update.status.sha.clone(),
+                requests,
+            });
+        }
+        parts
+    }
+}
+
+impl RemovalPlan {
+    /// The parts of this plan, as [`ReportPlan::parts`] counts them.
+    pub fn parts(&self) -> Vec<PlannedPart> {
+        let mut parts: Vec<PlannedPart> = self.comment.iter().map(comment_part).collect();
+        let retire = match &self.retire {
+            Some(Retire::GithubDeployment(_)) => Some("deployment_status"),
+            Some(Retire::GitlabEnvironment(_)) => Some("environment"),
+            None => None,
+        };
+        if let Some(request) = retire {
+            parts.push(PlannedPart {
+                part: "retire",
+                sha: String::new(),
+                requests: vec![request],
+            });
+        }
+        parts
+    }
+}
+
+fn comment_part(update: &CommentUpdate) -> PlannedPart {
+    PlannedPart {
+        part: "comment",
+        sha: update.sha.clone(),
+        requests: vec!["comment"],
+    }
+}
+
+/// What sending `update` asks of the forge before the commit status, as
+/// [`super::report`] sends it: GitHub, a deployment per new head and a status of it; GitLab,
+/// the environment when it is new or its URL changed, then a deployment per new head or its
+/// finished state once.
+fn deploy_requests(
+    forge: ForgeKind,
+    update: &DeployUpdate,
+    record: &ForgeReport,
+    head: &str,
+) -> Vec<&'static str> {
+    let new_head = record.deployment_sha.as_deref() != Some(head);
+    let mut requests = Vec::new();
+    match forge {
+        ForgeKind::Github => {
+            if new_head {
+                requests.push("deployment");
+            }
+            requests.push("deployment_status");
+        }
+        ForgeKind::Gitlab => {
+            let url = update.status.url.as_str();
+            let new_url = !url.is_empty() && record.environment_url.as_deref() != Some(url);
+            if record.environment_id.is_none() || new_url {
+                requests.push("environment");
+            }
+            let state = format!("{:?}", update.deployment_state);
+            let finished = update.deployment_state != DeploymentState::InProgress;
+            if new_head || (finished && record.deployment_state.as_deref() != Some(&state)) {
+                requests.push("deployment");
+            }
+        }
+    }
+    requests
+}
+
 /// What a report of `status` sends, given what `record` says was sent.
 pub fn plan_report(
     environment: &PreviewEnvironment,

@@ -6,6 +6,7 @@
 use std::sync::Arc;
 
 use kube::ResourceExt;
+use sha2::{Digest, Sha256};
 
 use super::client::TOKEN_BUDGET;
 use super::client::{ApiDefaults, CommentAuthor, ForgeApiError, ForgeClient, ForgeClients};
@@ -29,7 +30,17 @@ impl ForgeCallError {
     pub fn retry_after(&self) -> Option<std::time::Duration> {
         match self {
             ForgeCallError::Forge(ForgeApiError::BackingOff { wait, .. })
-            | ForgeCallError::Forge(ForgeApiError::RateLimited { wait, .. }) => Some(*wait),
+            | ForgeCallError::Forge(ForgeApiError::RateLimited { wait, .. })
+            | ForgeCallError::Forge(ForgeApiError::ContentBudget { wait }) => Some(*wait),
+            _ => None,
+        }
+    }
+
+    /// How long a report waits for its turn in the content budget, when that is why it was
+    /// not sent: not a failure, nothing to warn about.
+    pub fn waits_for_budget(&self) -> Option<std::time::Duration> {
+        match self {
+            ForgeCallError::Forge(ForgeApiError::ContentBudget { wait }) => Some(*wait),
             _ => None,
         }
     }
@@ -55,15 +66,17 @@ pub struct TemplateClients {
     secrets: Arc<SecretReader>,
     /// Where templates that name no API URL go ([`ApiDefaults`]).
     api_defaults: ApiDefaults,
+    metrics: ForgeMetrics,
 }
 
 impl TemplateClients {
     pub fn new(metrics: ForgeMetrics, secrets: Arc<SecretReader>) -> Self {
         Self {
             app_tokens: AppTokens::new(metrics.clone()),
-            clients: ForgeClients::new(metrics),
+            clients: ForgeClients::new(metrics.clone()),
             secrets,
             api_defaults: ApiDefaults::default(),
+            metrics,
         }
     }
 
@@ -87,6 +100,17 @@ impl TemplateClients {
         &self,
         template: &PreviewTemplate,
     ) -> Result<Option<Arc<ForgeClient>>, ForgeCallError> {
+        let client = self.client_with_budget(template).await?;
+        Ok(client.map(|(client, _)| client))
+    }
+
+    /// The forge client of `template`, with the key of the content budget it spends
+    /// ([`crate::forge::budget`]): the App installation's or the token's on GitHub (GitHub
+    /// counts per installation or user), the instance's on GitLab.
+    pub async fn client_with_budget(
+        &self,
+        template: &PreviewTemplate,
+    ) -> Result<Option<(Arc<ForgeClient>, String)>, ForgeCallError> {
         let forge = &template.spec.forge;
         let namespace = template.namespace().unwrap_or_default();
         let (token, budget, author) = match (&forge.github_app, &forge.token_secret_ref) {
@@ -111,9 +135,26 @@ impl TemplateClients {
             _ => return Ok(None),
         };
         let api_url = self.api_url(forge);
+        let content_budget = match (forge.kind, author) {
+            (ForgeKind::Github, CommentAuthor::GithubApp(_)) => budget.clone(),
+            (ForgeKind::Github, CommentAuthor::Token) => {
+                format!("token {}", hex::encode(Sha256::digest(&token)))
+            }
+            (ForgeKind::Gitlab, _) => "instance".to_string(),
+        };
+        let content_budget = format!(
+            "{:?} {} {content_budget}",
+            forge.kind,
+            api_url.unwrap_or_default()
+        );
         let client = self
             .clients
             .get_as(forge.kind, api_url, &token, &budget, author);
-        Ok(Some(client.await?))
+        Ok(Some((client.await?, content_budget)))
+    }
+
+    /// The metrics the clients count into.
+    pub fn metrics(&self) -> &ForgeMetrics {
+        &self.metrics
     }
 }

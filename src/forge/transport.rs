@@ -60,6 +60,10 @@ pub enum ForgeApiError {
     /// A chart `path` names a file, or nothing: a commit never changes, so it is not retried.
     #[error("{path} is not a folder at this commit (a chart is a folder with Chart.yaml)")]
     NotAFolder { path: String },
+    /// The content budget of the installation, token or instance is spent
+    /// ([`super::budget`]): the report waits its turn, and is asked for again after `wait`.
+    #[error("not sent yet: the forge's content budget is spent; this report's turn is in {wait:?}")]
+    ContentBudget { wait: Duration },
     /// Nothing at `path` at this commit: a commit never changes, so it is not retried.
     #[error("{path} is not in the repository at this commit")]
     NotInRepository { path: String },

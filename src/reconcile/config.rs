@@ -3,6 +3,7 @@
 use std::time::Duration;
 
 use crate::engines::EngineConfig;
+use crate::forge::budget::ContentLimits;
 use crate::forge::client::ApiDefaults;
 use crate::model::footprint::Prices;
 use crate::model::grants::OperatorPolicy;
@@ -56,6 +57,9 @@ pub struct ControllerConfig {
     /// The operator's prices (`--price-per-core-hour`, `--price-per-gib-hour`): the comment
     /// shows the footprint's cost with them.
     pub prices: Option<Prices>,
+    /// The content-creating requests previewd sends per GitHub App installation or token, or
+    /// GitLab instance (`--forge-content-per-minute`, `--forge-content-per-hour`).
+    pub content_limits: ContentLimits,
 }
 
 /// Who previewd is, and which ClusterRole gives it its rights in an environment namespace.
@@ -82,6 +86,7 @@ impl Default for ControllerConfig {
             forge_api_defaults: ApiDefaults::default(),
             gate_answers: false,
             prices: None,
+            content_limits: ContentLimits::default(),
         }
     }
 }

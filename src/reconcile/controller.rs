@@ -151,7 +151,8 @@ fn build_context(parts: Parts) -> Context {
                 TemplateClients::new(metrics.forge, Arc::new(SecretReader::new(client.clone())))
                     .with_api_defaults(config.forge_api_defaults.clone()),
             ))
-            .with_prices(config.prices.clone()),
+            .with_prices(config.prices.clone())
+            .with_content_limits(config.content_limits),
         ),
         client,
         config,
@@ -316,6 +317,14 @@ fn error_policy(
     error: &ReconcileError,
     context: Arc<Context>,
 ) -> Action {
+    if let ReconcileError::Forge(e) = error
+        && let Some(wait) = e.waits_for_budget()
+    {
+        // Not a failure: the report waits its turn in the content budget, and the status
+        // was written.
+        tracing::debug!(environment = %environment.name_any(), "the forge report waits {wait:?} for the content budget");
+        return Action::requeue(wait.max(Duration::from_millis(200)));
+    }
     context
         .metrics
         .reconcile_errors

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use clap::Args;
 
+use crate::forge::budget::ContentLimits;
 use crate::model::durations::parse_duration;
 use crate::model::grants::{
     AnnotationKeys, OperatorPolicy, RoleGrants, parse_annotation_keys, parse_annotation_patterns,
@@ -105,6 +106,25 @@ pub struct ControllerArgs {
     /// Written before amounts, e.g. `$`, `€` or `EUR `.
     #[arg(long, env = "PREVIEWD_CURRENCY", default_value = "$")]
     pub currency: String,
+    /// Content-creating forge requests (comments, commit statuses, deployments) previewd sends
+    /// per GitHub App installation, GitHub token or GitLab instance in any minute. GitHub
+    /// allows 80; the default leaves room for other tools on the same token (docs/forges.md).
+    #[arg(long, env = "PREVIEWD_FORGE_CONTENT_PER_MINUTE", default_value_t = ContentLimits::default().per_minute, value_parser = parse_content_limit)]
+    pub forge_content_per_minute: u32,
+    /// The same, in any hour. GitHub allows 500.
+    #[arg(long, env = "PREVIEWD_FORGE_CONTENT_PER_HOUR", default_value_t = ContentLimits::default().per_hour, value_parser = parse_content_limit)]
+    pub forge_content_per_hour: u32,
+}
+
+/// A content budget: at least what one report sends, or no report could ever go out.
+fn parse_content_limit(text: &str) -> Result<u32, String> {
+    let least = crate::forge::budget::MOST_REQUESTS_PER_REPORT;
+    match text.parse::<u32>() {
+        Ok(limit) if limit >= least => Ok(limit),
+        _ => Err(format!(
+            "{text:?}: write a whole number of requests, at least {least} (one report's)"
+        )),
+    }
 }
 
 /// A price: a finite number, zero or more.
@@ -196,6 +216,10 @@ impl ControllerArgs {
             forge_api_defaults: Default::default(),
             gate_answers: false,
             prices: self.prices(),
+            content_limits: ContentLimits {
+                per_minute: self.forge_content_per_minute,
+                per_hour: self.forge_content_per_hour,
+            },
         }
     }
 

@@ -321,6 +321,14 @@ impl GithubApi {
                 return Err(ForgeApiError::Transport { operation, message });
             }
         };
+        if status == StatusCode::FORBIDDEN && is_secondary_limit(&text) {
+            // GitHub's secondary limits may answer 403 with only their message: wait at least
+            // a minute, as GitHub asks.
+            let wait = std::time::Duration::from_secs(60);
+            self.backoff.rate_limited(wait);
+            count("rate_limited");
+            return Err(ForgeApiError::RateLimited { operation, wait });
+        }
         if !status.is_success() && status != StatusCode::NOT_MODIFIED {
             if status.is_server_error() {
                 self.backoff.failure();
@@ -732,6 +740,13 @@ impl AtPath {
             false => AtPath::Missing,
         }
     }
+}
+
+/// Whether a 403's body is GitHub's "You have exceeded a secondary rate limit" (any case).
+fn is_secondary_limit(body: &str) -> bool {
+    error_summary(body)
+        .to_ascii_lowercase()
+        .contains("secondary rate limit")
 }
 
 fn tree_file(path: &str, entry: &TreeEntry) -> TreeFile {

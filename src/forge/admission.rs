@@ -1,0 +1,210 @@
+//! Which reports go out now, by the content budget ([`super::budget`]), and what became of
+//! the ones held back: a held report is never sent later as it was; the environment's next
+//! report plans from its newest status, and a part of the held one that this report no
+//! longer says was superseded (counted, never sent).
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use super::budget::{ContentBudgets, ContentLimits, NotNow, Urgency};
+use super::metrics::ForgeMetrics;
+use super::report_plan::PlannedPart;
+use super::transport::ForgeApiError;
+use crate::model::crd::{ForgeKind, Phase};
+
+/// Whether a report of an environment in `phase` says where it came to rest.
+pub fn urgency_of(phase: Phase) -> Urgency {
+    match phase {
+        Phase::Ready | Phase::Degraded | Phase::Sleeping | Phase::Queued => Urgency::Final,
+        Phase::Pending | Phase::Deploying | Phase::Seeding | Phase::Terminating => {
+            Urgency::Intermediate
+        }
+    }
+}
+
+/// One environment's report, for the budget: its UID, the budget it spends, its forge.
+pub struct Asking<'a> {
+    pub environment: &'a str,
+    pub budget: &'a str,
+    pub forge: ForgeKind,
+}
+
+pub struct Admissions {
+    budgets: ContentBudgets,
+    /// Reports held back, by environment UID.
+    held: Mutex<HashMap<String, Held>>,
+    metrics: ForgeMetrics,
+}
+
+struct Held {
+    parts: Vec<PlannedPart>,
+    /// When the environment's first report held back was asked for.
+    since: Instant,
+}
+
+impl Admissions {
+    pub fn new(limits: ContentLimits, metrics: ForgeMetrics) -> Self {
+        Self {
+            budgets: ContentBudgets::new(limits),
+            held: Mutex::default(),
+            metrics,
+        }
+    }
+
+    fn held(&self) -> std::sync::MutexGuard<'_, HashMap<String, Held>> {
+        self.held
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Whether a report of `parts` goes out now (`Ok(false)`: not sent, nothing to retry: it
+    /// is empty, or intermediate and held back). A final report that does not fit is
+    /// [`ForgeApiError::ContentBudget`], with its turn.
+    pub fn admit(
+        &self,
+        asking: &Asking,
+        parts: Vec<PlannedPart>,
+        urgency: Urgency,
+    ) -> Result<bool, ForgeApiError> {
+        let forge = forge_label(asking.forge);
+        let previous = self.held().remove(asking.environment);
+        if let Some(previous) = &previous {
+            let gone = previous.parts.iter().filter(|part| !parts.contains(part));
+            for request in gone.flat_map(|part| &part.requests) {
+                self.count(forge, request, "superseded");
+            }
+        }
+        let requests: u32 = parts.iter().map(|part| part.requests.len() as u32).sum();
+        if requests == 0 {
+            return Ok(false);
+        }
+        let budget = self.budgets.of(asking.budget);
+        match budget.admit(asking.environment, requests, urgency) {
+            Ok(()) => {
+                for request in parts.iter().flat_map(|part| &part.requests) {
+                    self.count(forge, request, "sent");
+                }
+                if let Some(previous) = previous {
+                    let waited = previous.since.elapsed().as_secs_f64();
+                    self.metrics
+                        .content_wait
+                        .with_label_values(&[forge])
+                        .observe(waited);
+                }
+                Ok(true)
+            }
+            Err(NotNow { wait }) => {
+                let since = previous.map_or_else(Instant::now, |previous| previous.since);
+                let held = Held { parts, since };
+                self.held().insert(asking.environment.to_string(), held);
+                match urgency {
+                    Urgency::Final => Err(ForgeApiError::ContentBudget { wait }),
+                    Urgency::Intermediate => Ok(false),
+                }
+            }
+        }
+    }
+
+    /// The forge refused a request for its own limit: budget `key` sends nothing for `wait`.
+    pub fn pause(&self, key: &str, wait: Duration) {
+        self.budgets.of(key).pause(wait);
+    }
+
+    /// Drops what was held for a removed environment.
+    pub fn forget(&self, environment: &str) {
+        self.held().remove(environment);
+    }
+
+    fn count(&self, forge: &str, kind: &str, outcome: &str) {
+        let labels = [forge, kind, outcome];
+        self.metrics
+            .content_requests
+            .with_label_values(&labels)
+            .inc();
+    }
+}
+
+fn forge_label(forge: ForgeKind) -> &'static str {
+    match forge {
+        ForgeKind::Github => "github",
+        ForgeKind::Gitlab => "gitlab",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn part(part: &'static str, sha: &str, requests: &[&'static str]) -> PlannedPart {
+        PlannedPart {
+            part,
+            sha: sha.to_string(),
+            requests: requests.to_vec(),
+        }
+    }
+
+    fn count(metrics: &ForgeMetrics, kind: &str, outcome: &str) -> u64 {
+        let labels = ["github", kind, outcome];
+        metrics.content_requests.with_label_values(&labels).get()
+    }
+
+    #[test]
+    fn a_held_intermediate_report_is_superseded_by_the_final_one_and_never_sent() {
+        let metrics = ForgeMetrics::new();
+        let limits = ContentLimits {
+            per_minute: 8,
+            per_hour: 500,
+        };
+        let admissions = Admissions::new(limits, metrics.clone());
+        let asking = |environment| Asking {
+            environment,
+            budget: "installation-1",
+            forge: ForgeKind::Github,
+        };
+        let comment = |sha| part("comment", sha, &["comment"]);
+        let deploy = |sha| part("deploy", sha, &["deployment_status", "commit_status"]);
+        // Another environment's final report takes 7 of the minute's 8.
+        let other = vec![
+            comment("x"),
+            deploy("x"),
+            part("waiting", "x", &["commit_status"]),
+        ];
+        let other = [other, vec![comment("y"), deploy("y")]].concat();
+        assert!(
+            admissions
+                .admit(&asking("b"), other, Urgency::Final)
+                .unwrap()
+        );
+        // Deploying: it would take the reserve (a quarter), so it is held, not sent.
+        let deploying = vec![comment("deploying"), deploy("in-progress")];
+        let sent = admissions.admit(&asking("a"), deploying, Urgency::Intermediate);
+        assert!(!sent.unwrap());
+        assert_eq!(count(&metrics, "comment", "sent"), 2);
+        // Ready: the final report waits its turn, then goes; what Deploying would have said is
+        // superseded, once.
+        let ready = vec![comment("ready"), deploy("success")];
+        let refused = admissions.admit(&asking("a"), ready.clone(), Urgency::Final);
+        assert!(
+            matches!(refused, Err(ForgeApiError::ContentBudget { .. })),
+            "{refused:?}"
+        );
+        assert_eq!(count(&metrics, "comment", "superseded"), 1);
+        assert_eq!(count(&metrics, "deployment_status", "superseded"), 1);
+        // Its turn: the minute has passed (played by a budget of another key: the one above
+        // is full for a minute, which a unit test does not wait for).
+        let next = Asking {
+            budget: "installation-2",
+            ..asking("a")
+        };
+        assert!(admissions.admit(&next, ready, Urgency::Final).unwrap());
+        assert_eq!(count(&metrics, "comment", "sent"), 3);
+        assert_eq!(
+            count(&metrics, "comment", "superseded"),
+            1,
+            "the same held report counts once"
+        );
+        let waited = metrics.content_wait.with_label_values(&["github"]);
+        assert_eq!(waited.get_sample_count(), 1);
+    }
+}

@@ -1,0 +1,401 @@
+//! The budget of content-creating requests (comments, comment edits, commit statuses,
+//! deployments and their statuses, GitLab environments): GitHub allows 80 a minute and 500 an
+//! hour per token or App installation besides the hourly rate limit, and answers a breach with
+//! 403/429 and a wait. previewd spends its own budget first, a little under those limits, so
+//! the forge never has to refuse it.
+//!
+//! One [`ContentBudget`] per installation (a GitHub App), token (GitHub) or instance (GitLab):
+//! [`ContentBudgets`] keeps them. Each counts what it let through in the last minute and hour
+//! (a sliding window: no minute or hour of the forge's, however it counts, sees more).
+//!
+//! Final reports (an environment Ready, Degraded, asleep or gone) go first: a final report
+//! that does not fit waits its turn in line and is told when to come back, and intermediate
+//! reports (Pending, Deploying, Seeding) go out only while a quarter of each window is left
+//! and no final report waits. An intermediate report that does not fit is not sent at all:
+//! the next report of that environment says something newer.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// How many content-creating requests a budget lets through.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ContentLimits {
+    pub per_minute: u32,
+    pub per_hour: u32,
+}
+
+/// Under GitHub's published 80 a minute and 500 an hour, with room for a clock that differs
+/// from the forge's by a little and for an operator's other tools on the same token.
+impl Default for ContentLimits {
+    fn default() -> Self {
+        Self {
+            per_minute: 70,
+            per_hour: 450,
+        }
+    }
+}
+
+/// The most content-creating requests one report sends (a comment, a deployment with its
+/// status and a commit status, a GitLab environment's URL): a budget smaller than this
+/// could never let a report through.
+pub const MOST_REQUESTS_PER_REPORT: u32 = 5;
+
+/// Whether a report says where an environment came to rest, or a step on the way.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Urgency {
+    /// Ready, Degraded, Sleeping, Queued, or destroyed: must arrive, waits its turn.
+    Final,
+    /// Pending, Deploying, Seeding: sent while there is room, else dropped for a newer one.
+    Intermediate,
+}
+
+/// Why a report is not sent now.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct NotNow {
+    /// When to ask again (a final report's turn in line), or when room is expected.
+    pub wait: Duration,
+}
+
+const MINUTE: Duration = Duration::from_secs(60);
+const HOUR: Duration = Duration::from_secs(3_600);
+/// How long past its turn a waiting final report keeps its place: one that does not come back
+/// (its environment was removed, or changed again) must not hold the others up.
+const TURN_GRACE: Duration = Duration::from_secs(10);
+
+/// The content budget of one installation, token or instance.
+pub struct ContentBudget {
+    limits: ContentLimits,
+    state: Mutex<BudgetState>,
+}
+
+#[derive(Default)]
+struct BudgetState {
+    /// When each request of the last hour was let through, oldest first.
+    sent: VecDeque<Instant>,
+    /// Until when the forge asked for no more (a secondary-limit answer).
+    paused_until: Option<Instant>,
+    /// Final reports waiting their turn, first come first.
+    line: Vec<Waiting>,
+}
+
+struct Waiting {
+    /// The environment (its UID).
+    key: String,
+    requests: u32,
+    /// When its turn is expected.
+    turn: Instant,
+}
+
+impl ContentBudget {
+    pub fn new(limits: ContentLimits) -> Self {
+        let limits = ContentLimits {
+            per_minute: limits.per_minute.max(MOST_REQUESTS_PER_REPORT),
+            per_hour: limits.per_hour.max(MOST_REQUESTS_PER_REPORT),
+        };
+        Self {
+            limits,
+            state: Mutex::default(),
+        }
+    }
+
+    /// The state, even if a thread panicked holding it (a few numbers, always valid).
+    fn lock(&self) -> std::sync::MutexGuard<'_, BudgetState> {
+        self.state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Lets environment `key`'s report of `requests` content-creating requests through now
+    /// (and counts them), or says when to ask again.
+    pub fn admit(&self, key: &str, requests: u32, urgency: Urgency) -> Result<(), NotNow> {
+        self.admit_at(key, requests, urgency, Instant::now())
+    }
+
+    fn admit_at(
+        &self,
+        key: &str,
+        requests: u32,
+        urgency: Urgency,
+        now: Instant,
+    ) -> Result<(), NotNow> {
+        // More than a window holds could never go: it goes when the window is empty.
+        let requests = requests
+            .min(self.limits.per_minute)
+            .min(self.limits.per_hour);
+        let mut state = self.lock();
+        state.forget_before(now);
+        if urgency == Urgency::Intermediate {
+            // A newer report of the same environment replaces its place in line.
+            state.line.retain(|waiting| waiting.key != key);
+        }
+        if let Some(until) = state.paused_until.filter(|until| *until > now) {
+            if urgency == Urgency::Final {
+                state.wait_in_line(key, requests, until);
+            }
+            return Err(NotNow { wait: until - now });
+        }
+        let ahead = state.requests_ahead_of(key);
+        if urgency == Urgency::Intermediate
+            && let Some(first) = state.line.first()
+        {
+            // Final reports wait: the room that comes back is theirs.
+            return Err(NotNow {
+                wait: first.turn.saturating_duration_since(now),
+            });
+        }
+        let reserve = match urgency {
+            Urgency::Final => (0, 0),
+            Urgency::Intermediate => (self.limits.per_minute / 4, self.limits.per_hour / 4),
+        };
+        let needed = ahead.saturating_add(requests);
+        let room = self.room(&state, now);
+        if room.0 >= needed.saturating_add(reserve.0) && room.1 >= needed.saturating_add(reserve.1)
+        {
+            state.line.retain(|waiting| waiting.key != key);
+            for _ in 0..requests {
+                state.sent.push_back(now);
+            }
+            return Ok(());
+        }
+        let turn = self.room_for(&state, needed.saturating_add(reserve.0), now);
+        if urgency == Urgency::Final {
+            state.wait_in_line(key, requests, turn);
+        }
+        Err(NotNow {
+            wait: turn.saturating_duration_since(now),
+        })
+    }
+
+    /// The forge refused a request for its own limit: nothing more until `wait` is over.
+    pub fn pause(&self, wait: Duration) {
+        let until = Instant::now() + wait.min(super::transport::MAX_RATE_LIMIT_WAIT);
+        let mut state = self.lock();
+        state.paused_until = Some(state.paused_until.map_or(until, |at| at.max(until)));
+    }
+
+    /// Requests the windows allow now: (this minute, this hour).
+    fn room(&self, state: &BudgetState, now: Instant) -> (u32, u32) {
+        let in_minute = state.sent.iter().rev().take_while(|at| now - **at < MINUTE);
+        let in_minute = u32::try_from(in_minute.count()).unwrap_or(u32::MAX);
+        let in_hour = u32::try_from(state.sent.len()).unwrap_or(u32::MAX);
+        (
+            self.limits.per_minute.saturating_sub(in_minute),
+            self.limits.per_hour.saturating_sub(in_hour),
+        )
+    }
+
+    /// When both windows will have room for `needed` requests, if nothing else is sent: the
+    /// oldest requests that must age out first, out of each window.
+    fn room_for(&self, state: &BudgetState, needed: u32, now: Instant) -> Instant {
+        let mut turn = now;
+        for (window, limit) in [
+            (MINUTE, self.limits.per_minute),
+            (HOUR, self.limits.per_hour),
+        ] {
+            let inside: Vec<Instant> = state
+                .sent
+                .iter()
+                .copied()
+                .filter(|at| now - *at < window)
+                .collect();
+            let over = (inside.len() as u64 + u64::from(needed)).saturating_sub(u64::from(limit));
+            if over == 0 {
+                continue;
+            }
+            // More than one window's worth ahead: each full window lets `limit` through.
+            let windows_ahead = (over - 1) / u64::from(limit.max(1));
+            let index = usize::try_from((over - 1) % u64::from(limit.max(1))).unwrap_or(0);
+            let ages_out = inside.get(index).map_or(now, |at| *at + window);
+            let later = window.saturating_mul(u32::try_from(windows_ahead).unwrap_or(u32::MAX));
+            turn = turn.max(ages_out + later.min(HOUR * 24));
+        }
+        turn
+    }
+}
+
+impl BudgetState {
+    /// Drops requests older than the hour, and waiting reports that did not come back.
+    fn forget_before(&mut self, now: Instant) {
+        while self.sent.front().is_some_and(|at| now - *at >= HOUR) {
+            self.sent.pop_front();
+        }
+        self.line.retain(|waiting| waiting.turn + TURN_GRACE > now);
+    }
+
+    /// The requests of the final reports in line before `key` (all of them when `key` is not in
+    /// line).
+    fn requests_ahead_of(&self, key: &str) -> u32 {
+        self.line
+            .iter()
+            .take_while(|waiting| waiting.key != key)
+            .map(|waiting| waiting.requests)
+            .fold(0, u32::saturating_add)
+    }
+
+    fn wait_in_line(&mut self, key: &str, requests: u32, turn: Instant) {
+        match self.line.iter_mut().find(|waiting| waiting.key == key) {
+            Some(waiting) => {
+                waiting.requests = requests;
+                waiting.turn = turn;
+            }
+            None => self.line.push(Waiting {
+                key: key.to_string(),
+                requests,
+                turn,
+            }),
+        }
+    }
+}
+
+/// The budgets, one per installation, token or instance ([`super::client::ForgeClient::budget_key`]).
+pub struct ContentBudgets {
+    limits: ContentLimits,
+    budgets: Mutex<HashMap<String, Arc<ContentBudget>>>,
+}
+
+/// The most budgets kept: rotated tokens leave budgets nobody spends any more.
+const MAX_BUDGETS: usize = 256;
+
+impl ContentBudgets {
+    pub fn new(limits: ContentLimits) -> Self {
+        Self {
+            limits,
+            budgets: Mutex::default(),
+        }
+    }
+
+    /// The budget of `key`, made on first use.
+    pub fn of(&self, key: &str) -> Arc<ContentBudget> {
+        let mut budgets = self
+            .budgets
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(budget) = budgets.get(key) {
+            return budget.clone();
+        }
+        if budgets.len() >= MAX_BUDGETS {
+            budgets.clear();
+        }
+        let budget = Arc::new(ContentBudget::new(self.limits));
+        budgets.insert(key.to_string(), budget.clone());
+        budget
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn budget(per_minute: u32, per_hour: u32) -> ContentBudget {
+        ContentBudget::new(ContentLimits {
+            per_minute,
+            per_hour,
+        })
+    }
+
+    #[test]
+    fn no_minute_and_no_hour_lets_more_through_than_the_limits() {
+        let budget = budget(80, 500);
+        let start = Instant::now();
+        let mut let_through: Vec<Instant> = Vec::new();
+        // A final report of 4 requests asked for every second for two hours.
+        for second in 0..7_200u64 {
+            let now = start + Duration::from_secs(second);
+            if budget.admit_at("env", 4, Urgency::Final, now).is_ok() {
+                let_through.extend([now; 4]);
+            }
+        }
+        for (window, limit) in [(MINUTE, 80), (HOUR, 500)] {
+            for (i, at) in let_through.iter().enumerate() {
+                let inside = let_through[i..]
+                    .iter()
+                    .filter(|t| **t - *at < window)
+                    .count();
+                assert!(inside <= limit, "{inside} within {window:?} of {at:?}");
+            }
+        }
+        // The hour's budget is spent in full: 125 reports of 4 in each hour.
+        assert_eq!(let_through.len(), 1_000);
+    }
+
+    #[test]
+    fn final_reports_go_before_intermediate_ones_and_wait_their_turn_in_line() {
+        let budget = budget(20, 500);
+        let now = Instant::now();
+        // Half the minute spent: an intermediate report fits while a quarter stays free.
+        for key in ["a", "b"] {
+            budget.admit_at(key, 5, Urgency::Final, now).unwrap();
+        }
+        budget.admit_at("c", 5, Urgency::Intermediate, now).unwrap();
+        // 5 left: a quarter (5) must stay for final reports.
+        let refused = budget.admit_at("d", 1, Urgency::Intermediate, now);
+        assert!(
+            refused.is_err(),
+            "an intermediate report may not take the reserve"
+        );
+        budget.admit_at("e", 4, Urgency::Final, now).unwrap();
+        // Full: two final reports wait in line, the first one's turn comes first.
+        let first = budget.admit_at("f", 4, Urgency::Final, now).unwrap_err();
+        let second = budget.admit_at("g", 4, Urgency::Final, now).unwrap_err();
+        assert!(
+            first.wait <= second.wait && second.wait <= MINUTE,
+            "{first:?} {second:?}"
+        );
+        // While they wait, no intermediate report goes out, even when room comes back.
+        let later = now + MINUTE;
+        assert!(
+            budget
+                .admit_at("h", 1, Urgency::Intermediate, later)
+                .is_err()
+        );
+        // The second in line cannot jump the first, who then gets through.
+        budget.admit_at("g", 4, Urgency::Final, later).unwrap();
+        // (`g` was let through: 8 requests fit, `f` keeps its 4 ahead of it.)
+        budget.admit_at("f", 4, Urgency::Final, later).unwrap();
+    }
+
+    #[test]
+    fn a_second_in_line_does_not_take_the_room_of_the_first() {
+        let budget = budget(5, 500);
+        let now = Instant::now();
+        budget.admit_at("a", 5, Urgency::Final, now).unwrap();
+        budget
+            .admit_at("first", 5, Urgency::Final, now)
+            .unwrap_err();
+        budget
+            .admit_at("second", 5, Urgency::Final, now)
+            .unwrap_err();
+        let later = now + MINUTE;
+        assert!(
+            budget.admit_at("second", 5, Urgency::Final, later).is_err(),
+            "room for 5 is the first one's"
+        );
+        budget.admit_at("first", 5, Urgency::Final, later).unwrap();
+    }
+
+    #[test]
+    fn a_waiting_report_that_does_not_come_back_holds_nobody_up_for_long() {
+        let budget = budget(5, 500);
+        let now = Instant::now();
+        budget.admit_at("a", 5, Urgency::Final, now).unwrap();
+        let gone = budget.admit_at("gone", 5, Urgency::Final, now).unwrap_err();
+        let turn = now + gone.wait;
+        budget.admit_at("next", 5, Urgency::Final, now).unwrap_err();
+        let after_grace = turn + TURN_GRACE;
+        budget
+            .admit_at("next", 5, Urgency::Final, after_grace)
+            .unwrap();
+    }
+
+    #[test]
+    fn a_pause_holds_every_report_and_final_ones_keep_their_place() {
+        let budget = budget(80, 500);
+        budget.pause(Duration::from_secs(30));
+        let refused = budget.admit("env", 1, Urgency::Final).unwrap_err();
+        assert!(refused.wait > Duration::from_secs(28), "{refused:?}");
+        assert!(budget.admit("other", 1, Urgency::Intermediate).is_err());
+        let later = Instant::now() + Duration::from_secs(31);
+        budget.admit_at("env", 1, Urgency::Final, later).unwrap();
+    }
+}
