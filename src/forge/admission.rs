@@ -70,9 +70,10 @@ impl Admissions {
         let forge = forge_label(asking.forge);
         let previous = self.held().remove(asking.environment);
         if let Some(previous) = &previous {
-            let gone = previous.parts.iter().filter(|part| !parts.contains(part));
-            for request in gone.flat_map(|part| &part.requests) {
-                self.count(forge, request, "superseded");
+            for held in &previous.parts {
+                for request in superseded(held, &parts) {
+                    self.count(forge, request, "superseded");
+                }
             }
         }
         let requests: u32 = parts.iter().map(|part| part.requests.len() as u32).sum();
@@ -123,6 +124,25 @@ impl Admissions {
             .with_label_values(&labels)
             .inc();
     }
+}
+
+/// The requests of `held` that the newer report's `parts` replace: none when it says the
+/// same; else each, except a creation (of a GitHub deployment, a GitLab environment) that
+/// the newer report makes too, which is the same object, not a newer word.
+fn superseded<'a>(held: &'a PlannedPart, parts: &[PlannedPart]) -> Vec<&'a str> {
+    if parts.contains(held) {
+        return Vec::new();
+    }
+    let newer = parts.iter().find(|part| part.part == held.part);
+    let made_again = |request: &str| {
+        matches!(request, "deployment" | "environment")
+            && newer.is_some_and(|part| part.requests.contains(&request))
+    };
+    held.requests
+        .iter()
+        .copied()
+        .filter(|request| !made_again(request))
+        .collect()
 }
 
 fn forge_label(forge: ForgeKind) -> &'static str {
@@ -177,13 +197,17 @@ mod tests {
                 .unwrap()
         );
         // Deploying: it would take the reserve (a quarter), so it is held, not sent.
-        let deploying = vec![comment("deploying"), deploy("in-progress")];
+        let new_deploy = |sha| {
+            let requests = ["deployment", "deployment_status", "commit_status"];
+            part("deploy", sha, &requests)
+        };
+        let deploying = vec![comment("deploying"), new_deploy("in-progress")];
         let sent = admissions.admit(&asking("a"), deploying, Urgency::Intermediate);
         assert!(!sent.unwrap());
         assert_eq!(count(&metrics, "comment", "sent"), 2);
         // Ready: the final report waits its turn, then goes; what Deploying would have said is
         // superseded, once.
-        let ready = vec![comment("ready"), deploy("success")];
+        let ready = vec![comment("ready"), new_deploy("success")];
         let refused = admissions.admit(&asking("a"), ready.clone(), Urgency::Final);
         assert!(
             matches!(refused, Err(ForgeApiError::ContentBudget { .. })),
@@ -191,6 +215,10 @@ mod tests {
         );
         assert_eq!(count(&metrics, "comment", "superseded"), 1);
         assert_eq!(count(&metrics, "deployment_status", "superseded"), 1);
+        assert_eq!(count(&metrics, "commit_status", "superseded"), 1);
+        // The deployment of the head is made by the final report: the same object, not
+        // superseded.
+        assert_eq!(count(&metrics, "deployment", "superseded"), 0);
         // Its turn: the minute has passed (played by a budget of another key: the one above
         // is full for a minute, which a unit test does not wait for).
         let next = Asking {

@@ -20,6 +20,7 @@ mod docs;
 mod engines;
 mod faults;
 mod footprint;
+mod forge_budget;
 mod forge_workflow;
 mod gate;
 mod high_availability;

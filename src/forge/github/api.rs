@@ -1014,6 +1014,43 @@ mod tests {
         );
     }
 
+    /// GitHub's secondary limits may answer 403 with only their message (no `Retry-After`, a
+    /// budget left): that is a rate limit, waited out for a minute as GitHub asks, not a
+    /// refusal of the request.
+    #[tokio::test]
+    async fn a_403_with_the_secondary_limit_message_alone_is_a_rate_limit_of_a_minute() {
+        use wiremock::matchers::method;
+        use wiremock::{Mock, ResponseTemplate};
+        let (server, api) = accepting_github().await;
+        let message = json!({"message": "You have exceeded a secondary rate limit. Please wait a few minutes before you try again."});
+        Mock::given(method("POST"))
+            .respond_with(ResponseTemplate::new(403).set_body_json(message))
+            .with_priority(1)
+            .mount(&server)
+            .await;
+        let sent = api
+            .commit_status(
+                "o/r",
+                &"a".repeat(40),
+                CommitState::Success,
+                "previewd/web",
+                "",
+                "",
+            )
+            .await;
+        let Err(ForgeApiError::RateLimited { wait, .. }) = sent else {
+            panic!("not a rate limit: {sent:?}");
+        };
+        assert_eq!(wait, std::time::Duration::from_secs(60));
+        let next = api
+            .deployment_status("o/r", 1, DeploymentState::Success, "")
+            .await;
+        assert!(
+            matches!(next, Err(ForgeApiError::RateLimited { .. })),
+            "{next:?}"
+        );
+    }
+
     /// A server at a template's `apiUrl` answers a tree listing with more than 8 MiB (GitHub
     /// cuts one off at 7 MB): previewd stops reading and says so (the call fails and is
     /// retried later), never holding the answer whole, nor reading on to the 16 MiB of other

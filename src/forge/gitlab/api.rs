@@ -323,9 +323,14 @@ impl GitlabApi {
                 message: format!("no answer within {} s", FORGE_TIMEOUT.as_secs()),
             }),
         };
+        // A rate-limit answer set the backoff while it was observed (`observe_rate_limit`).
+        let limited = match (&result, self.backoff.check(operation)) {
+            (Err(_), Err(limited @ ForgeApiError::RateLimited { .. })) => Some(limited),
+            _ => None,
+        };
         let outcome = match &result {
             Ok(_) => "ok",
-            Err(_) if self.backoff.check(operation).is_err() => "rate_limited",
+            Err(_) if limited.is_some() => "rate_limited",
             Err(_) => "error",
         };
         self.metrics
@@ -337,6 +342,8 @@ impl GitlabApi {
                 self.backoff.success();
                 Ok(value)
             }
+            // Said as such, so the content budget pauses too, as for GitHub.
+            Err(_) if let Some(limited) = limited => Err(limited),
             Err(failure) => {
                 // A refusal (4xx) is about that request, not about GitLab's health: only
                 // failures back off, as for GitHub.
