@@ -170,6 +170,23 @@ mod tests {
     }
 
     #[test]
+    fn where_an_environment_comes_to_rest_is_final_and_a_step_on_the_way_is_not() {
+        // docs/forges.md: "Final reports (Ready, Degraded, Sleeping, Queued, and the
+        // removal's)", "Intermediate reports (Pending, Deploying, Seeding)".
+        for phase in [
+            Phase::Ready,
+            Phase::Degraded,
+            Phase::Sleeping,
+            Phase::Queued,
+        ] {
+            assert_eq!(urgency_of(phase), Urgency::Final, "{phase:?}");
+        }
+        for phase in [Phase::Pending, Phase::Deploying, Phase::Seeding] {
+            assert_eq!(urgency_of(phase), Urgency::Intermediate, "{phase:?}");
+        }
+    }
+
+    #[test]
     fn a_held_intermediate_report_is_superseded_by_the_final_one_and_never_sent() {
         let metrics = ForgeMetrics::new();
         let limits = ContentLimits {

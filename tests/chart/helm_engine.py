@@ -45,6 +45,8 @@ bad_values = {
     "wake_gate_exact_host": {"wakeGate": {"ingress": {"host": "app.example.com"}}},
     "wake_gate_on_the_webhook_port": {"wakeGate": {"port": 8080}},
     "price_not_a_number": {"prices": {"perCoreHour": "cheap"}},
+    # Less than one report's requests: no report could ever go out.
+    "forge_content_below_one_report": {"forgeContent": {"perMinute": 4}},
     "traffic_query_without_the_host": {"traffic": {"prometheusUrl": "http://prometheus:9090", "query": "sum(requests)"}},
 }
 refused = {}

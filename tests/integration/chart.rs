@@ -259,6 +259,8 @@ async fn the_chart_lints_renders_applies_and_its_rbac_carries_a_lifecycle() {
             "wakeGate": {"enabled": true, "ingress": {"enabled": true, "host": "*.preview.example.com"}},
             // Prices: previewd as the chart configures it shows costs.
             "prices": {"perCoreHour": "0.04", "perGibHour": "0.005"},
+            // The content budget, smaller than the default.
+            "forgeContent": {"perMinute": 40, "perHour": 300},
         });
         let engine = helm_engine(&release, &ns, &values);
 
@@ -385,6 +387,8 @@ async fn the_chart_lints_renders_applies_and_its_rbac_carries_a_lifecycle() {
             .collect();
         assert!(env.iter().any(|(name, _)| name == "PREVIEWD_GATE_LISTEN"));
         assert!(env.contains(&("PREVIEWD_PRICE_PER_CORE_HOUR".into(), "0.04".into())));
+        assert!(env.contains(&("PREVIEWD_FORGE_CONTENT_PER_MINUTE".into(), "40".into())));
+        assert!(env.contains(&("PREVIEWD_FORGE_CONTENT_PER_HOUR".into(), "300".into())));
 
         // The web-postgres example, served by wiremock as GitHub.
         let forge = github_forge().await;

@@ -182,6 +182,14 @@ async fn superseded_updates_are_never_sent_and_a_final_report_waits_its_turn() {
             };
             assert!(wait > Duration::ZERO && wait <= Duration::from_secs(60), "{kind}: {wait:?}");
             assert_eq!(writes(&forge).await.len(), taken + 4, "{kind}: nothing sent while it waits");
+            // A removal's report is final too: it waits its turn, it is not dropped.
+            let (record, sent) = reporter.report_destroyed(&first, &template, "the pull request was closed").await;
+            assert!(
+                matches!(sent, Err(ForgeCallError::Forge(ForgeApiError::ContentBudget { .. }))),
+                "{kind}: {sent:?}"
+            );
+            assert!(!record.destroyed, "{kind}: the forge has not heard yet, so it is asked again");
+            assert_eq!(writes(&forge).await.len(), taken + 4, "{kind}: nothing sent while it waits");
         })
         .await;
     }
@@ -303,4 +311,35 @@ async fn a_refused_report_leaves_the_environment_alone_and_is_sent_after_the_wai
         assert_eq!(now.status.unwrap().phase, Phase::Ready);
     })
     .await;
+}
+
+/// docs/forges.md: with room in the budget, a new head's reports send 7 content-creating
+/// requests on either forge: the Deploying report 4 (the comment, the deployment and its
+/// state, the commit status; GitLab registers its environment instead of a deployment state),
+/// the Ready report 3 (the comment, the deployment's state, the commit status).
+#[tokio::test]
+async fn with_room_a_new_head_sends_its_deploying_report_then_its_ready_one() {
+    for kind in ["github", "gitlab"] {
+        in_namespace(&format!("budget-room-{kind}"), |client, ns| async move {
+            let forge = forge_double(kind).await;
+            let template = template(&client, &ns, kind, &forge).await;
+            let metrics = ForgeMetrics::new();
+            let reporter = reporter(&client, &metrics, ContentLimits::default());
+            let environment = environment(&ns, kind, 5, SHA_A);
+            for (phase, sent) in [(Phase::Deploying, 4), (Phase::Ready, 7)] {
+                let (_, result) = reporter
+                    .report(&environment, &template, &status(phase, 5))
+                    .await;
+                result.unwrap();
+                let writes = writes(&forge).await;
+                assert_eq!(writes.len(), sent, "{kind}, {phase:?}: {writes:?}");
+            }
+            let states = commit_states(&forge, SHA_A).await;
+            assert!(
+                !states[0].contains("success") && states[1].contains("success"),
+                "{kind}: {states:?}"
+            );
+        })
+        .await;
+    }
 }

@@ -802,15 +802,19 @@ mod tests {
             .respond_with(wiremock::ResponseTemplate::new(201).set_body_json(json!({"id": 1})))
             .mount(&server)
             .await;
+        let api = accepting_github_at(&server);
+        (server, api)
+    }
+
+    fn accepting_github_at(server: &wiremock::MockServer) -> GithubApi {
         let uri = server.uri();
-        let api = GithubApi::new(
+        GithubApi::new(
             Some(uri.as_str()),
             "forge-token".into(),
             "token".into(),
             ForgeMetrics::default(),
         )
-        .unwrap();
-        (server, api)
+        .unwrap()
     }
 
     /// The JSON bodies `server` received, each checked to have gone to `path`.
@@ -1073,5 +1077,41 @@ mod tests {
             panic!("not refused: {read:?}");
         };
         assert!(message.contains("larger than 8388608 bytes"), "{message}");
+    }
+
+    /// A blob is asked for only when the listing says it is at most 1 MiB: an answer over
+    /// 2 MiB (1 MiB as base64 in JSON is about 1.4 MiB) is refused as it streams. Any other
+    /// answer stops at 16 MiB.
+    #[tokio::test]
+    async fn a_blob_answer_over_2_mib_and_any_answer_over_16_mib_are_refused_while_they_stream() {
+        use wiremock::matchers::{method, path_regex};
+        use wiremock::{Mock, ResponseTemplate};
+        let (server, api) = accepting_github().await;
+        let blob = "b".repeat(40);
+        let listing = json!({"truncated": false, "tree": [
+            {"path": "deploy/app.yaml", "type": "blob", "mode": "100644", "sha": blob, "size": 5}]});
+        for (path, body) in [
+            ("/git/trees/", serde_json::to_vec(&listing).unwrap()),
+            ("/git/blobs/", vec![b' '; (2 << 20) + 1]),
+            ("/issues/2/comments", vec![b' '; MAX_ANSWER_BYTES + 1]),
+        ] {
+            Mock::given(method("GET"))
+                .and(path_regex(path))
+                .respond_with(ResponseTemplate::new(200).set_body_bytes(body))
+                .mount(&server)
+                .await;
+        }
+        let read = api.read_manifests("o/r", "deploy", &"c".repeat(40)).await;
+        let Err(ForgeApiError::Transport { message, .. }) = read else {
+            panic!("the blob was not refused: {read:?}");
+        };
+        assert!(message.contains("larger than 2097152 bytes"), "{message}");
+        // (A client of its own: the refusal above backs the first one off.)
+        let api = accepting_github_at(&server);
+        let listed = api.find_comment("o/r", 2, "<!-- previewd").await;
+        let Err(ForgeApiError::Transport { message, .. }) = listed else {
+            panic!("the list was not refused: {listed:?}");
+        };
+        assert!(message.contains("larger than 16777216 bytes"), "{message}");
     }
 }
