@@ -9,13 +9,18 @@ use std::time::{Duration, Instant};
 
 use super::budget::{ContentBudgets, ContentLimits, NotNow, Urgency};
 use super::metrics::ForgeMetrics;
-use super::report_plan::PlannedPart;
+use super::report_plan::{PlannedPart, ReportPlan};
 use super::transport::ForgeApiError;
 use crate::model::crd::{ForgeKind, Phase};
 
-/// Whether a report of an environment in `phase` says where it came to rest.
-pub fn urgency_of(phase: Phase) -> Urgency {
+/// Whether a report of an environment in `phase` says where it came to rest. A report that
+/// changes the comment alone (a reply to a comment command, a queue position, the seeds'
+/// results) is not: anyone who may comment could otherwise spend the final reports' budget,
+/// and a comment left unsent is planned again at the next reconcile.
+pub fn urgency_of(phase: Phase, plan: &ReportPlan) -> Urgency {
+    let comment_only = plan.deploy.is_none() && plan.waiting.is_none();
     match phase {
+        _ if comment_only => Urgency::Intermediate,
         Phase::Ready | Phase::Degraded | Phase::Sleeping | Phase::Queued => Urgency::Final,
         Phase::Pending | Phase::Deploying | Phase::Seeding | Phase::Terminating => {
             Urgency::Intermediate
@@ -77,15 +82,13 @@ impl Admissions {
             }
         }
         let requests: u32 = parts.iter().map(|part| part.requests.len() as u32).sum();
+        let budget = self.budgets.of(asking.budget);
         if requests == 0 {
+            budget.leave_line(asking.environment);
             return Ok(false);
         }
-        let budget = self.budgets.of(asking.budget);
         match budget.admit(asking.environment, requests, urgency) {
             Ok(()) => {
-                for request in parts.iter().flat_map(|part| &part.requests) {
-                    self.count(forge, request, "sent");
-                }
                 if let Some(previous) = previous {
                     let waited = previous.since.elapsed().as_secs_f64();
                     self.metrics
@@ -112,9 +115,22 @@ impl Admissions {
         self.budgets.of(key).pause(wait);
     }
 
-    /// Drops what was held for a removed environment.
+    /// What became of an admitted report: the requests `sent` (by kind) are counted, and the
+    /// `unsent` ones (the report stopped at a failure before them) given back to the budget.
+    pub fn settle(&self, asking: &Asking, sent: &[&str], unsent: u32) {
+        let forge = forge_label(asking.forge);
+        for request in sent {
+            self.count(forge, request, "sent");
+        }
+        if unsent > 0 {
+            self.budgets.of(asking.budget).refund(unsent);
+        }
+    }
+
+    /// Drops what was held for a removed environment, and its place in any line.
     pub fn forget(&self, environment: &str) {
         self.held().remove(environment);
+        self.budgets.leave_lines(environment);
     }
 
     fn count(&self, forge: &str, kind: &str, outcome: &str) {
@@ -173,16 +189,36 @@ mod tests {
     fn where_an_environment_comes_to_rest_is_final_and_a_step_on_the_way_is_not() {
         // docs/forges.md: "Final reports (Ready, Degraded, Sleeping, Queued, and the
         // removal's)", "Intermediate reports (Pending, Deploying, Seeding)".
+        use crate::forge::report_plan::StatusUpdate;
+        let status = || StatusUpdate {
+            commit: String::new(),
+            state: crate::forge::comment::CommitState::Success,
+            context: String::new(),
+            url: String::new(),
+            description: String::new(),
+            sha: String::new(),
+        };
+        let with_status = ReportPlan {
+            waiting: Some(status()),
+            ..Default::default()
+        };
         for phase in [
             Phase::Ready,
             Phase::Degraded,
             Phase::Sleeping,
             Phase::Queued,
         ] {
-            assert_eq!(urgency_of(phase), Urgency::Final, "{phase:?}");
+            assert_eq!(urgency_of(phase, &with_status), Urgency::Final, "{phase:?}");
+            // A change of the comment alone (a command's reply, say) waits for room.
+            let comment_only = ReportPlan::default();
+            assert_eq!(urgency_of(phase, &comment_only), Urgency::Intermediate);
         }
         for phase in [Phase::Pending, Phase::Deploying, Phase::Seeding] {
-            assert_eq!(urgency_of(phase), Urgency::Intermediate, "{phase:?}");
+            assert_eq!(
+                urgency_of(phase, &with_status),
+                Urgency::Intermediate,
+                "{phase:?}"
+            );
         }
     }
 
@@ -221,7 +257,7 @@ mod tests {
         let deploying = vec![comment("deploying"), new_deploy("in-progress")];
         let sent = admissions.admit(&asking("a"), deploying, Urgency::Intermediate);
         assert!(!sent.unwrap());
-        assert_eq!(count(&metrics, "comment", "sent"), 2);
+        assert_eq!(count(&metrics, "comment", "sent"), 0, "nothing was sent");
         // Ready: the final report waits its turn, then goes; what Deploying would have said is
         // superseded, once.
         let ready = vec![comment("ready"), new_deploy("success")];
@@ -243,7 +279,13 @@ mod tests {
             ..asking("a")
         };
         assert!(admissions.admit(&next, ready, Urgency::Final).unwrap());
-        assert_eq!(count(&metrics, "comment", "sent"), 3);
+        // The comment went out; the deployment failed, so the rest was never sent: given back.
+        admissions.settle(&next, &["comment"], 3);
+        assert_eq!(count(&metrics, "comment", "sent"), 1);
+        assert_eq!(count(&metrics, "deployment", "sent"), 0);
+        let budget = admissions.budgets.of("installation-2");
+        let third = budget.admit("c", 7, Urgency::Final);
+        assert!(third.is_ok(), "7 of the 8 are free again: {third:?}");
         assert_eq!(
             count(&metrics, "comment", "superseded"),
             1,

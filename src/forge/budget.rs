@@ -61,7 +61,9 @@ const MINUTE: Duration = Duration::from_secs(60);
 const HOUR: Duration = Duration::from_secs(3_600);
 /// How long past its turn a waiting final report keeps its place: one that does not come back
 /// (its environment was removed, or changed again) must not hold the others up.
-const TURN_GRACE: Duration = Duration::from_secs(10);
+/// A reconcile renders and applies before it reports, and waits for a worker under load: a
+/// minute late is still coming back.
+const TURN_GRACE: Duration = Duration::from_secs(60);
 
 /// The content budget of one installation, token or instance.
 pub struct ContentBudget {
@@ -167,6 +169,31 @@ impl ContentBudget {
         })
     }
 
+    /// Gives back `requests` let through that were never sent (the report stopped at a
+    /// failure before them): the forge did not count them either.
+    pub fn refund(&self, requests: u32) {
+        let mut state = self.lock();
+        for _ in 0..requests {
+            state.sent.pop_back();
+        }
+    }
+
+    /// Environment `key` no longer waits (it was removed, or has nothing to send).
+    pub fn leave_line(&self, key: &str) {
+        self.lock().line.retain(|waiting| waiting.key != key);
+    }
+
+    /// Whether nothing of this budget is in use: nothing sent this hour, nobody in line, no
+    /// pause. Such a budget can be dropped and made anew without letting more through.
+    fn idle(&self) -> bool {
+        let mut state = self.lock();
+        let now = Instant::now();
+        state.forget_before(now);
+        state.sent.is_empty()
+            && state.line.is_empty()
+            && state.paused_until.is_none_or(|until| until <= now)
+    }
+
     /// The forge refused a request for its own limit: nothing more until `wait` is over.
     pub fn pause(&self, wait: Duration) {
         let until = Instant::now() + wait.min(super::transport::MAX_RATE_LIMIT_WAIT);
@@ -203,12 +230,19 @@ impl ContentBudget {
             if over == 0 {
                 continue;
             }
-            // More than one window's worth ahead: each full window lets `limit` through.
-            let windows_ahead = (over - 1) / u64::from(limit.max(1));
-            let index = usize::try_from((over - 1) % u64::from(limit.max(1))).unwrap_or(0);
-            let ages_out = inside.get(index).map_or(now, |at| *at + window);
-            let later = window.saturating_mul(u32::try_from(windows_ahead).unwrap_or(u32::MAX));
-            turn = turn.max(ages_out + later.min(HOUR * 24));
+            // The `over`-th oldest request of the window must age out first; past all of
+            // them, each further window lets `limit` through.
+            let at = match usize::try_from(over - 1).ok().and_then(|i| inside.get(i)) {
+                Some(oldest) => *oldest + window,
+                None => {
+                    let beyond = over - inside.len() as u64;
+                    let windows = beyond.div_ceil(u64::from(limit.max(1)));
+                    let windows = u32::try_from(windows).unwrap_or(u32::MAX);
+                    let all_out = inside.last().map_or(now, |last| *last + window);
+                    all_out + window.saturating_mul(windows).min(HOUR * 24)
+                }
+            };
+            turn = turn.max(at);
         }
         turn
     }
@@ -254,7 +288,8 @@ pub struct ContentBudgets {
     budgets: Mutex<HashMap<String, Arc<ContentBudget>>>,
 }
 
-/// The most budgets kept: rotated tokens leave budgets nobody spends any more.
+/// Past this many budgets, idle ones are dropped: rotated tokens leave budgets nobody spends
+/// any more. A budget in use is never dropped (that would let its hour through again).
 const MAX_BUDGETS: usize = 256;
 
 impl ContentBudgets {
@@ -275,11 +310,22 @@ impl ContentBudgets {
             return budget.clone();
         }
         if budgets.len() >= MAX_BUDGETS {
-            budgets.clear();
+            budgets.retain(|_, budget| !budget.idle());
         }
         let budget = Arc::new(ContentBudget::new(self.limits));
         budgets.insert(key.to_string(), budget.clone());
         budget
+    }
+
+    /// Takes environment `key` out of every budget's line.
+    pub fn leave_lines(&self, key: &str) {
+        let budgets = self
+            .budgets
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        for budget in budgets.values() {
+            budget.leave_line(key);
+        }
     }
 }
 
@@ -372,6 +418,19 @@ mod tests {
             "room for 5 is the first one's"
         );
         budget.admit_at("first", 5, Urgency::Final, later).unwrap();
+    }
+
+    #[test]
+    fn a_report_behind_a_line_longer_than_the_free_room_is_never_told_to_come_back_at_once() {
+        let budget = budget(5, 500);
+        let now = Instant::now();
+        budget.admit_at("a", 5, Urgency::Final, now).unwrap();
+        budget.admit_at("b", 5, Urgency::Final, now).unwrap_err();
+        // A minute on, the window is empty but `b` has not come back yet: its 5 are ahead of
+        // `d`'s 4, more than the window's 5.
+        let later = now + MINUTE + Duration::from_secs(1);
+        let refused = budget.admit_at("d", 4, Urgency::Final, later).unwrap_err();
+        assert!(refused.wait >= MINUTE, "{refused:?}");
     }
 
     #[test]

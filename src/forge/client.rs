@@ -13,7 +13,7 @@ use super::comment::CommitState;
 use super::github::api::GithubApi;
 use super::gitlab::api::GitlabApi;
 use super::metrics::ForgeMetrics;
-pub use super::transport::{FORGE_TIMEOUT, ForgeApiError};
+pub use super::transport::{FORGE_TIMEOUT, ForgeApiError, MAX_RATE_LIMIT_WAIT};
 use crate::model::crd::ForgeKind;
 
 /// The most manifest files previewd reads from one repository folder.

@@ -11,7 +11,7 @@ mod admission;
 pub mod blobs;
 pub mod budget;
 pub mod client;
-mod comment;
+pub(crate) mod comment;
 mod folders;
 pub mod github;
 pub mod gitlab;

@@ -22,8 +22,8 @@ use super::client::{DeploymentState, ForgeApiError, ForgeClient};
 use super::comment;
 use super::gitlab::api::GitlabApi;
 use super::report_plan::{
-    CommentUpdate, DeployUpdate, RemovalPlan, ReportPlan, Retire, StatusUpdate, plan_removal,
-    plan_report,
+    CommentUpdate, DeployUpdate, PlannedPart, RemovalPlan, ReportPlan, Retire, StatusUpdate,
+    plan_removal, plan_report,
 };
 use super::template_client::{ForgeCallError, TemplateClients};
 use crate::model::crd::{
@@ -128,14 +128,15 @@ impl Reporter {
             budget: &budget,
             forge: template.spec.forge.kind,
         };
-        if !self
-            .admissions
-            .admit(&asking, parts, urgency_of(status.phase))?
-        {
+        let urgency = urgency_of(status.phase, &plan);
+        if !self.admissions.admit(&asking, parts.clone(), urgency)? {
             return Ok(());
         }
-        let sent = send_plan(&client, environment, &plan, record).await;
-        self.pause_if_refused(&budget, sent)
+        let before = record.clone();
+        let result = send_plan(&client, environment, &plan, record).await;
+        let (sent, unsent) = spent(&parts, &before, record, result.is_ok());
+        self.admissions.settle(&asking, &sent, unsent);
+        self.pause_if_refused(&budget, result)
     }
 
     /// A rate-limit answer to a content-creating request pauses the budget it spent: the
@@ -206,16 +207,57 @@ impl Reporter {
             budget: &budget,
             forge: template.spec.forge.kind,
         };
+        let parts = plan.parts();
         if !self
             .admissions
-            .admit(&asking, plan.parts(), Urgency::Final)?
+            .admit(&asking, parts.clone(), Urgency::Final)?
         {
             return Ok(());
         }
         let repository = &environment.spec.source.repository;
-        let sent = send_removal_plan(&client, repository, plan, record).await;
-        self.pause_if_refused(&budget, sent)
+        let before = record.clone();
+        let result = send_removal_plan(&client, repository, plan, record).await;
+        let (sent, unsent) = spent(&parts, &before, record, result.is_ok());
+        self.admissions.settle(&asking, &sent, unsent);
+        self.pause_if_refused(&budget, result)
     }
+}
+
+/// Which of the requests of `parts` were sent, by the record before and `after` the report
+/// (a part is recorded once all of it went out), and how many were not: a report stops at
+/// its first failure. `finished`: the report went out whole (the removal's last part, the
+/// retirement, leaves no mark in the record).
+fn spent(
+    parts: &[PlannedPart],
+    before: &ForgeReport,
+    after: &ForgeReport,
+    finished: bool,
+) -> (Vec<&'static str>, u32) {
+    let (mut sent, mut unsent) = (Vec::new(), 0u32);
+    for part in parts {
+        let recorded = match part.part {
+            "comment" => after.comment_sha.as_deref() == Some(part.sha.as_str()),
+            "waiting" => after.waiting_status_sha.as_deref() == Some(part.sha.as_str()),
+            "deploy" => after.status_sha.as_deref() == Some(part.sha.as_str()),
+            _ => finished,
+        };
+        for request in &part.requests {
+            let made = match *request {
+                "deployment" => after.deployment_sha != before.deployment_sha,
+                "environment" => {
+                    after.environment_id != before.environment_id
+                        || after.environment_url != before.environment_url
+                }
+                _ => false,
+            };
+            if recorded || made {
+                sent.push(*request);
+            } else {
+                unsent += 1;
+            }
+        }
+    }
+    (sent, unsent)
 }
 
 /// Sends `plan` of a live environment, recording each part in `record` as it goes.

@@ -135,18 +135,18 @@ impl TemplateClients {
             _ => return Ok(None),
         };
         let api_url = self.api_url(forge);
-        let content_budget = match (forge.kind, author) {
-            (ForgeKind::Github, CommentAuthor::GithubApp(_)) => budget.clone(),
-            (ForgeKind::Github, CommentAuthor::Token) => {
-                format!("token {}", hex::encode(Sha256::digest(&token)))
-            }
-            (ForgeKind::Gitlab, _) => "instance".to_string(),
+        // GitHub counts an App's requests per installation, and a token's per user (two
+        // tokens of one user are two budgets here: keep previewd's tokens to one each); GitLab
+        // counts per user too, so one team's token never waits for, or is paused by, another's.
+        let content_budget = match author {
+            CommentAuthor::GithubApp(_) => budget.clone(),
+            CommentAuthor::Token => format!("token {}", hex::encode(Sha256::digest(&token))),
         };
-        let content_budget = format!(
-            "{:?} {} {content_budget}",
-            forge.kind,
-            api_url.unwrap_or_default()
-        );
+        let origin = match api_url.map(|url| url.trim_end_matches('/')) {
+            None | Some("https://api.github.com" | "https://gitlab.com") => "public",
+            Some(url) => url,
+        };
+        let content_budget = format!("{:?} {origin} {content_budget}", forge.kind);
         let client = self
             .clients
             .get_as(forge.kind, api_url, &token, &budget, author);

@@ -17,6 +17,7 @@ use super::error::ReconcileError;
 use super::hold::start_queued;
 use super::status::held_status;
 use super::write::{publish, write_status_only};
+use crate::forge::client::MAX_RATE_LIMIT_WAIT;
 use crate::forge::template_client::ForgeCallError;
 use crate::model::crd::{ForgeReport, Phase, PreviewEnvironment};
 use crate::model::metadata::deletion_reason;
@@ -90,7 +91,13 @@ fn forge_worth_waiting_for(
     deleted_at: Option<DateTime<Utc>>,
     now: DateTime<Utc>,
 ) -> bool {
-    let patience = TimeDelta::from_std(FORGE_PATIENCE_AFTER_DELETION).unwrap_or_default();
+    // A report waiting its turn in the content budget will go: it is waited for up to the
+    // longest turn there is.
+    let patience = match error.waits_for_budget() {
+        Some(_) => MAX_RATE_LIMIT_WAIT,
+        None => FORGE_PATIENCE_AFTER_DELETION,
+    };
+    let patience = TimeDelta::from_std(patience).unwrap_or_default();
     let waited = deleted_at.map_or(TimeDelta::MAX, |at| now.signed_duration_since(at));
     let asked = error.retry_after().unwrap_or_default();
     let asked = TimeDelta::from_std(asked).unwrap_or(TimeDelta::MAX);
@@ -270,5 +277,22 @@ mod tests {
             Some(deleted),
             now
         ));
+    }
+
+    /// docs/forges.md: "A removed environment's record waits up to an hour for its removal's
+    /// turn": a turn in the content budget is not a failing forge; the report will go.
+    #[test]
+    fn a_removal_waiting_its_turn_in_the_content_budget_is_waited_for_up_to_an_hour() {
+        let deleted = Utc::now();
+        let turn = |seconds| {
+            ForgeCallError::Forge(ForgeApiError::ContentBudget {
+                wait: Duration::from_secs(seconds),
+            })
+        };
+        let now = deleted + TimeDelta::seconds(30);
+        assert!(forge_worth_waiting_for(&turn(600), Some(deleted), now));
+        assert!(forge_worth_waiting_for(&turn(3_000), Some(deleted), now));
+        let later = deleted + TimeDelta::minutes(59);
+        assert!(!forge_worth_waiting_for(&turn(120), Some(deleted), later));
     }
 }

@@ -104,6 +104,9 @@ pub struct Memory {
     pub last_status_write: Locked<EnvironmentRef, Instant>,
     /// The status writes the environment cache may not show yet ([`Memory::judge_cache`]).
     pub unseen_writes: Locked<EnvironmentRef, UnseenWrite>,
+    /// When each environment is reconciled again for a forge report waiting its turn in the
+    /// content budget ([`super::write::write_status`]).
+    pub report_turns: Locked<EnvironmentRef, Instant>,
 }
 
 /// An environment waiting out its backoff after the API server refused one of its objects:
@@ -162,6 +165,7 @@ impl Memory {
         self.last_full_apply.lock().remove(environment);
         self.last_status_write.lock().remove(environment);
         self.unseen_writes.lock().remove(environment);
+        self.report_turns.lock().remove(environment);
     }
 
     /// Remembers that a status write changed the environment from `based_on` to `written`
@@ -323,6 +327,10 @@ mod tests {
                 .lock()
                 .insert(environment.clone(), Instant::now());
             memory.wrote_status(environment, "41", "42");
+            memory
+                .report_turns
+                .lock()
+                .insert(environment.clone(), Instant::now());
         }
 
         memory.forget(&gone);
@@ -339,6 +347,7 @@ mod tests {
             last_full_apply,
             last_status_write,
             unseen_writes,
+            report_turns,
         } = &memory;
         let only_kept = vec![kept.clone()];
         assert_eq!(keys(ready_timings), only_kept, "ready_timings");
@@ -347,6 +356,7 @@ mod tests {
         assert_eq!(keys(last_full_apply), only_kept, "last_full_apply");
         assert_eq!(keys(last_status_write), only_kept, "last_status_write");
         assert_eq!(keys(unseen_writes), only_kept, "unseen_writes");
+        assert_eq!(keys(report_turns), only_kept, "report_turns");
     }
 
     #[test]

@@ -317,11 +317,10 @@ fn error_policy(
     error: &ReconcileError,
     context: Arc<Context>,
 ) -> Action {
-    if let ReconcileError::Forge(e) = error
+    if let ReconcileError::ForgeNotTold(e) = error
         && let Some(wait) = e.waits_for_budget()
     {
-        // Not a failure: the report waits its turn in the content budget, and the status
-        // was written.
+        // Not a failure: the removal's report waits its turn in the content budget.
         tracing::debug!(environment = %environment.name_any(), "the forge report waits {wait:?} for the content budget");
         return Action::requeue(wait.max(Duration::from_millis(200)));
     }

@@ -8,10 +8,12 @@ use kube::api::{Patch, PatchParams};
 use kube::runtime::events::{Event, EventType};
 use kube::runtime::reflector::ObjectRef;
 use kube::{Api, Resource, ResourceExt};
+use std::time::{Duration, Instant};
 
 use super::context::Context;
 use super::error::ReconcileError;
 use super::status::merge_patch;
+use crate::forge::client::MAX_RATE_LIMIT_WAIT;
 use crate::model::crd::{Phase, PreviewEnvironment, PreviewEnvironmentStatus};
 
 /// Reports `status` to the forge, then writes it if it differs from what the object holds.
@@ -27,10 +29,39 @@ pub async fn write_status(
             .report(environment, &template, &status)
             .await;
         status.forge = record;
-        forge_result = result.map_err(ReconcileError::Forge);
+        forge_result = match result {
+            Err(e) if let Some(wait) = e.waits_for_budget() => {
+                come_back_for_the_report(environment, context, wait);
+                Ok(())
+            }
+            other => other.map_err(ReconcileError::Forge),
+        };
     }
     let result = write_status_only(environment, context, status).await;
     result.and(forge_result)
+}
+
+/// A report waiting its turn in the content budget is no failure: the reconcile goes on (the
+/// status is written, the rest of the pipeline runs, its own requeue stands), and the
+/// environment is reconciled again at the report's turn, once however many reconciles meet
+/// the wait.
+fn come_back_for_the_report(environment: &PreviewEnvironment, context: &Context, wait: Duration) {
+    let key = ObjectRef::from_obj(environment);
+    let now = Instant::now();
+    let turn = now + wait.clamp(Duration::from_millis(200), MAX_RATE_LIMIT_WAIT);
+    {
+        let mut turns = context.memory.report_turns.lock();
+        if turns.get(&key).is_some_and(|at| *at > now && *at <= turn) {
+            return;
+        }
+        turns.insert(key.clone(), turn);
+    }
+    tracing::debug!(environment = %environment.name_any(), "the forge report waits {wait:?} for its turn in the content budget");
+    let trigger = context.reconcile_trigger.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep_until(turn.into()).await;
+        let _ = trigger.send(key);
+    });
 }
 
 /// Writes `status` if it differs from what the object holds (a merge patch that also clears

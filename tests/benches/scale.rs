@@ -832,6 +832,14 @@ async fn benchmark() {
                 // The leader Lease beside the environments, where the benchmark counts its renewals.
                 "--lease-namespace",
                 &namespace,
+                // The stand-in GitHub has no limits, and this benchmark measures the cluster
+                // side: opening 200 pull requests at GitHub's pace would take three hours, and
+                // reports let through later would write statuses in the quiet window. The
+                // content budget has its own benchmark (tests/benches/forge_budget.rs).
+                "--forge-content-per-minute",
+                "1000000",
+                "--forge-content-per-hour",
+                "1000000",
             ],
             &[],
             logs.path(),

@@ -44,8 +44,28 @@ async fn template(
     kind: &str,
     forge: &MockServer,
 ) -> PreviewTemplate {
+    template_with_token(
+        client,
+        namespace,
+        kind,
+        forge,
+        "forge",
+        "forge-token-for-tests",
+    )
+    .await
+}
+
+/// [`template`] named `name`, whose token (in Secret `name`) is `token`.
+async fn template_with_token(
+    client: &kube::Client,
+    namespace: &str,
+    kind: &str,
+    forge: &MockServer,
+    name: &str,
+    token: &str,
+) -> PreviewTemplate {
     let secret: Secret = serde_json::from_value(json!({
-        "metadata": {"name": "forge"}, "stringData": {"token": "forge-token-for-tests"}
+        "metadata": {"name": name}, "stringData": {"token": token}
     }))
     .unwrap();
     let secrets: Api<Secret> = Api::namespaced(client.clone(), namespace);
@@ -53,11 +73,11 @@ async fn template(
     let repository = forge_double_repository(kind);
     serde_json::from_value(json!({
         "apiVersion": "previewd.dev/v1alpha1", "kind": "PreviewTemplate",
-        "metadata": {"name": "app", "namespace": namespace},
+        "metadata": {"name": name, "namespace": namespace},
         "spec": {
             "forge": {"kind": kind, "repository": repository, "apiUrl": forge.uri(),
-                      "webhookSecretRef": {"name": "forge", "key": "token"},
-                      "tokenSecretRef": {"name": "forge", "key": "token"}},
+                      "webhookSecretRef": {"name": name, "key": "token"},
+                      "tokenSecretRef": {"name": name, "key": "token"}},
             "manifests": {"inline": [{"name": "app.yaml", "template": CONFIG_MAP_APP}]}
         }
     }))
@@ -190,6 +210,12 @@ async fn superseded_updates_are_never_sent_and_a_final_report_waits_its_turn() {
             );
             assert!(!record.destroyed, "{kind}: the forge has not heard yet, so it is asked again");
             assert_eq!(writes(&forge).await.len(), taken + 4, "{kind}: nothing sent while it waits");
+
+            // Another team's template with a token of its own has a budget of its own.
+            let other_team = template_with_token(&client, &ns, kind, &forge, "other-team", "another-token").await;
+            let (_, sent) = reporter.report(&third, &other_team, &status(Phase::Ready, 3)).await;
+            sent.unwrap();
+            assert_eq!(writes(&forge).await.len(), taken + 8, "{kind}: the other token's report went out");
         })
         .await;
     }

@@ -97,15 +97,15 @@ struct TreeListing {
     tree: Vec<TreeEntry>,
 }
 
+/// `path`, `type` and `sha` are required: an answer of empty objects (`[{},{},…]`) is no
+/// listing, and would cost far more as entries than as text.
 #[derive(serde::Deserialize)]
 struct TreeEntry {
-    #[serde(default)]
     path: String,
-    #[serde(default, rename = "type")]
+    #[serde(rename = "type")]
     kind: String,
     #[serde(default)]
     mode: String,
-    #[serde(default)]
     sha: String,
     #[serde(default)]
     size: u64,

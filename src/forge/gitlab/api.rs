@@ -324,8 +324,13 @@ impl GitlabApi {
             }),
         };
         // A rate-limit answer set the backoff while it was observed (`observe_rate_limit`).
+        // (This answer's own status: a sibling call's 429 sets the same backoff.)
         let limited = match (&result, self.backoff.check(operation)) {
-            (Err(_), Err(limited @ ForgeApiError::RateLimited { .. })) => Some(limited),
+            (Err(failure), Err(limited @ ForgeApiError::RateLimited { .. }))
+                if matches!(failure.status, Some(403 | 429)) =>
+            {
+                Some(limited)
+            }
             _ => None,
         };
         let outcome = match &result {
