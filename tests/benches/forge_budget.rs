@@ -199,14 +199,9 @@ fn shown(accepted: &[Accepted], ids: &[String]) -> HashMap<u64, Shown> {
             let state = request.body["state"].as_str().unwrap_or_default();
             deployment_states_of(&mut by_pr, &pr_of_commit, &commit).push(state.to_string());
         } else if request.method == "POST" && path.ends_with("/deployments") {
-            // The environment's name is `<template>-pr-<number>`.
             let environment = request.body["environment"].as_str().unwrap_or_default();
             let commit = request.body["ref"].as_str().unwrap_or_default();
-            if let Some(number) = environment
-                .rsplit("-pr-")
-                .next()
-                .and_then(|n| n.parse().ok())
-            {
+            if let Some(number) = pr_of_environment(environment) {
                 pr_of_commit.insert(commit.to_string(), number);
             }
         }
@@ -237,11 +232,16 @@ fn deployment_states_of<'a>(
         .or_default()
 }
 
-/// The PR number in a comment's marker (`<!-- previewd:environment=<ns>/app-github-pr-<n> -->`).
+/// The PR number in a comment's marker (`<!-- previewd:environment=<ns>/<environment> -->`).
 fn pr_in_marker(text: &str) -> Option<u64> {
     let marker = text.split("previewd:environment=").nth(1)?;
-    let name = marker.split_whitespace().next()?;
-    name.rsplit("-pr-").next()?.parse().ok()
+    pr_of_environment(marker.split_whitespace().next()?)
+}
+
+/// The PR number in an environment's name, `<template>-pr-<number>-<hash>`.
+fn pr_of_environment(name: &str) -> Option<u64> {
+    let after = name.rsplit("-pr-").next()?;
+    after.split('-').next()?.parse().ok()
 }
 
 /// Whether PR `number` shows commit `sha` in its final state; when its commit status said so.
