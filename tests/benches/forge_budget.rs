@@ -358,7 +358,12 @@ async fn benchmark() {
     };
     let http = reqwest::Client::new();
     println!(
-        "forge budget: {size} environments, a push a second for {churn_seconds} s; the stand-in allows {GITHUB_PER_MINUTE} a minute and {GITHUB_PER_HOUR} an hour; previewd's default budget"
+        "forge budget: {size} environments, a push a second for {churn_seconds} s; the stand-in allows {GITHUB_PER_MINUTE} a minute and {GITHUB_PER_HOUR} an hour; previewd's budget: {}",
+        budget_flags
+            .as_ref()
+            .map_or("the default".to_string(), |(m, h)| format!(
+                "{m} a minute, {h} an hour"
+            ))
     );
 
     // 1. Set up, with a budget that never holds a report back.
