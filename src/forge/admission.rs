@@ -1,7 +1,8 @@
 //! Which reports go out now, by the content budget ([`super::budget`]), and what became of
-//! the ones held back: a held report is never sent later as it was; the environment's next
-//! report plans from its newest status, and a part of the held one that this report no
-//! longer says was superseded (counted, never sent).
+//! the ones held back: a held report is never sent later as it was; the environment comes
+//! back at the time the budget names, its report is planned from its newest status then, and
+//! a part of the held one that the newer report no longer says was superseded (counted, never
+//! sent).
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -9,18 +10,18 @@ use std::time::{Duration, Instant};
 
 use super::budget::{ContentBudgets, ContentLimits, NotNow, Urgency};
 use super::metrics::ForgeMetrics;
-use super::report_plan::{PlannedPart, ReportPlan};
+use super::report_plan::PlannedPart;
 use super::transport::ForgeApiError;
 use crate::model::crd::{ForgeKind, Phase};
 
 /// Whether a report of an environment in `phase` says where it came to rest. A report that
-/// changes the comment alone (a reply to a comment command, a queue position, the seeds'
-/// results) is not: anyone who may comment could otherwise spend the final reports' budget,
-/// and a comment left unsent is planned again at the next reconcile.
-pub fn urgency_of(phase: Phase, plan: &ReportPlan) -> Urgency {
-    let comment_only = plan.deploy.is_none() && plan.waiting.is_none();
+/// only edits the comment of an environment whose phase was reported already (a reply to a
+/// comment command, a queue position, the seeds' results) is not: anyone who may comment
+/// could otherwise spend the final reports' budget. A change of phase (asleep, awake, queued)
+/// is, comment alone or not.
+pub fn urgency_of(phase: Phase, only_a_comment_edit: bool) -> Urgency {
     match phase {
-        _ if comment_only => Urgency::Intermediate,
+        _ if only_a_comment_edit => Urgency::Intermediate,
         Phase::Ready | Phase::Degraded | Phase::Sleeping | Phase::Queued => Urgency::Final,
         Phase::Pending | Phase::Deploying | Phase::Seeding | Phase::Terminating => {
             Urgency::Intermediate
@@ -28,17 +29,21 @@ pub fn urgency_of(phase: Phase, plan: &ReportPlan) -> Urgency {
     }
 }
 
-/// One environment's report, for the budget: its UID, the budget it spends, its forge.
+/// One environment's report, for the budget: its UID, the budget it spends, its forge, and
+/// the phase it reports (`None`: the environment is gone).
 pub struct Asking<'a> {
     pub environment: &'a str,
     pub budget: &'a str,
     pub forge: ForgeKind,
+    pub phase: Option<Phase>,
 }
 
 pub struct Admissions {
     budgets: ContentBudgets,
     /// Reports held back, by environment UID.
     held: Mutex<HashMap<String, Held>>,
+    /// The phase of each environment's last report let through, by UID.
+    reported: Mutex<HashMap<String, Phase>>,
     metrics: ForgeMetrics,
 }
 
@@ -53,8 +58,25 @@ impl Admissions {
         Self {
             budgets: ContentBudgets::new(limits),
             held: Mutex::default(),
+            reported: Mutex::default(),
             metrics,
         }
+    }
+
+    fn reported(&self) -> std::sync::MutexGuard<'_, HashMap<String, Phase>> {
+        self.reported
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// How urgent `asking`'s report of `parts` is ([`urgency_of`]); a removal is final.
+    fn urgency(&self, asking: &Asking, parts: &[PlannedPart]) -> Urgency {
+        let Some(phase) = asking.phase else {
+            return Urgency::Final;
+        };
+        let comment_alone = parts.iter().all(|part| part.part == "comment");
+        let same_phase = self.reported().get(asking.environment) == Some(&phase);
+        urgency_of(phase, comment_alone && same_phase)
     }
 
     fn held(&self) -> std::sync::MutexGuard<'_, HashMap<String, Held>> {
@@ -63,15 +85,16 @@ impl Admissions {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// Whether a report of `parts` goes out now (`Ok(false)`: not sent, nothing to retry: it
-    /// is empty, or intermediate and held back). A final report that does not fit is
-    /// [`ForgeApiError::ContentBudget`], with its turn.
+    /// Whether a report of `parts` goes out now: `Some(at)`, counted at `at`
+    /// ([`Admissions::settle`]); `None` when it has nothing to send. One that does not fit is
+    /// [`ForgeApiError::ContentBudget`] with when to come back: a final report keeps its place
+    /// in line meanwhile; an intermediate one is held, and superseded if a newer one differs.
     pub fn admit(
         &self,
         asking: &Asking,
         parts: Vec<PlannedPart>,
-        urgency: Urgency,
-    ) -> Result<bool, ForgeApiError> {
+    ) -> Result<Option<Instant>, ForgeApiError> {
+        let urgency = self.urgency(asking, &parts);
         let forge = forge_label(asking.forge);
         let previous = self.held().remove(asking.environment);
         if let Some(previous) = &previous {
@@ -85,10 +108,14 @@ impl Admissions {
         let budget = self.budgets.of(asking.budget);
         if requests == 0 {
             budget.leave_line(asking.environment);
-            return Ok(false);
+            return Ok(None);
         }
         match budget.admit(asking.environment, requests, urgency) {
-            Ok(()) => {
+            Ok(at) => {
+                if let Some(phase) = asking.phase {
+                    self.reported()
+                        .insert(asking.environment.to_string(), phase);
+                }
                 if let Some(previous) = previous {
                     let waited = previous.since.elapsed().as_secs_f64();
                     self.metrics
@@ -96,16 +123,13 @@ impl Admissions {
                         .with_label_values(&[forge])
                         .observe(waited);
                 }
-                Ok(true)
+                Ok(Some(at))
             }
             Err(NotNow { wait }) => {
                 let since = previous.map_or_else(Instant::now, |previous| previous.since);
                 let held = Held { parts, since };
                 self.held().insert(asking.environment.to_string(), held);
-                match urgency {
-                    Urgency::Final => Err(ForgeApiError::ContentBudget { wait }),
-                    Urgency::Intermediate => Ok(false),
-                }
+                Err(ForgeApiError::ContentBudget { wait })
             }
         }
     }
@@ -115,21 +139,22 @@ impl Admissions {
         self.budgets.of(key).pause(wait);
     }
 
-    /// What became of an admitted report: the requests `sent` (by kind) are counted, and the
-    /// `unsent` ones (the report stopped at a failure before them) given back to the budget.
-    pub fn settle(&self, asking: &Asking, sent: &[&str], unsent: u32) {
+    /// What became of a report admitted `at`: the requests `sent` (by kind) are counted, and
+    /// the `unsent` ones (the report stopped at a failure before them) given back.
+    pub fn settle(&self, asking: &Asking, at: Instant, sent: &[&str], unsent: u32) {
         let forge = forge_label(asking.forge);
         for request in sent {
             self.count(forge, request, "sent");
         }
         if unsent > 0 {
-            self.budgets.of(asking.budget).refund(unsent);
+            self.budgets.of(asking.budget).refund(at, unsent);
         }
     }
 
     /// Drops what was held for a removed environment, and its place in any line.
     pub fn forget(&self, environment: &str) {
         self.held().remove(environment);
+        self.reported().remove(environment);
         self.budgets.leave_lines(environment);
     }
 
@@ -188,38 +213,67 @@ mod tests {
     #[test]
     fn where_an_environment_comes_to_rest_is_final_and_a_step_on_the_way_is_not() {
         // docs/forges.md: "Final reports (Ready, Degraded, Sleeping, Queued, and the
-        // removal's)", "Intermediate reports (Pending, Deploying, Seeding)".
-        use crate::forge::report_plan::StatusUpdate;
-        let status = || StatusUpdate {
-            commit: String::new(),
-            state: crate::forge::comment::CommitState::Success,
-            context: String::new(),
-            url: String::new(),
-            description: String::new(),
-            sha: String::new(),
-        };
-        let with_status = ReportPlan {
-            waiting: Some(status()),
-            ..Default::default()
-        };
+        // removal's)", "Intermediate reports (Pending, Deploying, Seeding, and an edit of the
+        // comment alone in a phase already reported)".
         for phase in [
             Phase::Ready,
             Phase::Degraded,
             Phase::Sleeping,
             Phase::Queued,
         ] {
-            assert_eq!(urgency_of(phase, &with_status), Urgency::Final, "{phase:?}");
-            // A change of the comment alone (a command's reply, say) waits for room.
-            let comment_only = ReportPlan::default();
-            assert_eq!(urgency_of(phase, &comment_only), Urgency::Intermediate);
+            assert_eq!(urgency_of(phase, false), Urgency::Final, "{phase:?}");
+            assert_eq!(urgency_of(phase, true), Urgency::Intermediate, "{phase:?}");
         }
         for phase in [Phase::Pending, Phase::Deploying, Phase::Seeding] {
-            assert_eq!(
-                urgency_of(phase, &with_status),
-                Urgency::Intermediate,
-                "{phase:?}"
-            );
+            assert_eq!(urgency_of(phase, false), Urgency::Intermediate, "{phase:?}");
         }
+    }
+
+    #[test]
+    fn a_comment_edit_in_the_phase_reported_waits_for_room_but_a_new_phase_does_not() {
+        let metrics = ForgeMetrics::new();
+        let limits = ContentLimits {
+            per_minute: 8,
+            per_hour: 500,
+        };
+        let admissions = Admissions::new(limits, metrics);
+        let asking = |phase| Asking {
+            environment: "a",
+            budget: "installation-1",
+            forge: ForgeKind::Github,
+            phase: Some(phase),
+        };
+        let comment = |sha| vec![part("comment", sha, &["comment"])];
+        let ready = vec![
+            part("comment", "ready", &["comment"]),
+            part(
+                "deploy",
+                "ok",
+                &["deployment", "deployment_status", "commit_status"],
+            ),
+        ];
+        admissions
+            .admit(&asking(Phase::Ready), ready)
+            .unwrap()
+            .unwrap();
+        // 4 of 8 spent: a command's reply (the comment alone, still Ready) would leave less
+        // than the quarter kept for final reports... after two of them.
+        admissions
+            .admit(&asking(Phase::Ready), comment("reply-1"))
+            .unwrap()
+            .unwrap();
+        admissions
+            .admit(&asking(Phase::Ready), comment("reply-2"))
+            .unwrap()
+            .unwrap();
+        let reply = admissions.admit(&asking(Phase::Ready), comment("reply-3"));
+        assert!(
+            matches!(reply, Err(ForgeApiError::ContentBudget { .. })),
+            "{reply:?}"
+        );
+        // Asleep: the comment alone too, but a new phase is final and takes the last rooms.
+        let asleep = admissions.admit(&asking(Phase::Sleeping), comment("asleep"));
+        assert!(matches!(asleep, Ok(Some(_))), "{asleep:?}");
     }
 
     #[test]
@@ -230,10 +284,11 @@ mod tests {
             per_hour: 500,
         };
         let admissions = Admissions::new(limits, metrics.clone());
-        let asking = |environment| Asking {
+        let asking = |environment, phase| Asking {
             environment,
             budget: "installation-1",
             forge: ForgeKind::Github,
+            phase: Some(phase),
         };
         let comment = |sha| part("comment", sha, &["comment"]);
         let deploy = |sha| part("deploy", sha, &["deployment_status", "commit_status"]);
@@ -244,24 +299,24 @@ mod tests {
             part("waiting", "x", &["commit_status"]),
         ];
         let other = [other, vec![comment("y"), deploy("y")]].concat();
-        assert!(
-            admissions
-                .admit(&asking("b"), other, Urgency::Final)
-                .unwrap()
-        );
+        let other_at = admissions.admit(&asking("b", Phase::Ready), other).unwrap();
+        assert!(other_at.is_some());
         // Deploying: it would take the reserve (a quarter), so it is held, not sent.
         let new_deploy = |sha| {
             let requests = ["deployment", "deployment_status", "commit_status"];
             part("deploy", sha, &requests)
         };
         let deploying = vec![comment("deploying"), new_deploy("in-progress")];
-        let sent = admissions.admit(&asking("a"), deploying, Urgency::Intermediate);
-        assert!(!sent.unwrap());
+        let held = admissions.admit(&asking("a", Phase::Deploying), deploying);
+        assert!(
+            matches!(held, Err(ForgeApiError::ContentBudget { .. })),
+            "{held:?}"
+        );
         assert_eq!(count(&metrics, "comment", "sent"), 0, "nothing was sent");
         // Ready: the final report waits its turn, then goes; what Deploying would have said is
         // superseded, once.
         let ready = vec![comment("ready"), new_deploy("success")];
-        let refused = admissions.admit(&asking("a"), ready.clone(), Urgency::Final);
+        let refused = admissions.admit(&asking("a", Phase::Ready), ready.clone());
         assert!(
             matches!(refused, Err(ForgeApiError::ContentBudget { .. })),
             "{refused:?}"
@@ -276,11 +331,11 @@ mod tests {
         // is full for a minute, which a unit test does not wait for).
         let next = Asking {
             budget: "installation-2",
-            ..asking("a")
+            ..asking("a", Phase::Ready)
         };
-        assert!(admissions.admit(&next, ready, Urgency::Final).unwrap());
+        let at = admissions.admit(&next, ready).unwrap().unwrap();
         // The comment went out; the deployment failed, so the rest was never sent: given back.
-        admissions.settle(&next, &["comment"], 3);
+        admissions.settle(&next, at, &["comment"], 3);
         assert_eq!(count(&metrics, "comment", "sent"), 1);
         assert_eq!(count(&metrics, "deployment", "sent"), 0);
         let budget = admissions.budgets.of("installation-2");

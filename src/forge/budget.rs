@@ -4,7 +4,7 @@
 //! 403/429 and a wait. previewd spends its own budget first, a little under those limits, so
 //! the forge never has to refuse it.
 //!
-//! One [`ContentBudget`] per installation (a GitHub App), token (GitHub) or instance (GitLab):
+//! One [`ContentBudget`] per GitHub App installation or token (GitHub and GitLab count per user):
 //! [`ContentBudgets`] keeps them. Each counts what it let through in the last minute and hour
 //! (a sliding window: no minute or hour of the forge's, however it counts, sees more).
 //!
@@ -65,7 +65,7 @@ const HOUR: Duration = Duration::from_secs(3_600);
 /// minute late is still coming back.
 const TURN_GRACE: Duration = Duration::from_secs(60);
 
-/// The content budget of one installation, token or instance.
+/// The content budget of one installation or token.
 pub struct ContentBudget {
     limits: ContentLimits,
     state: Mutex<BudgetState>,
@@ -110,7 +110,8 @@ impl ContentBudget {
 
     /// Lets environment `key`'s report of `requests` content-creating requests through now
     /// (and counts them), or says when to ask again.
-    pub fn admit(&self, key: &str, requests: u32, urgency: Urgency) -> Result<(), NotNow> {
+    /// Returns when they were counted, for [`ContentBudget::refund`].
+    pub fn admit(&self, key: &str, requests: u32, urgency: Urgency) -> Result<Instant, NotNow> {
         self.admit_at(key, requests, urgency, Instant::now())
     }
 
@@ -120,7 +121,7 @@ impl ContentBudget {
         requests: u32,
         urgency: Urgency,
         now: Instant,
-    ) -> Result<(), NotNow> {
+    ) -> Result<Instant, NotNow> {
         // More than a window holds could never go: it goes when the window is empty.
         let requests = requests
             .min(self.limits.per_minute)
@@ -158,7 +159,7 @@ impl ContentBudget {
             for _ in 0..requests {
                 state.sent.push_back(now);
             }
-            return Ok(());
+            return Ok(now);
         }
         let turn = self.room_for(&state, needed.saturating_add(reserve.0), now);
         if urgency == Urgency::Final {
@@ -169,12 +170,18 @@ impl ContentBudget {
         })
     }
 
-    /// Gives back `requests` let through that were never sent (the report stopped at a
-    /// failure before them): the forge did not count them either.
-    pub fn refund(&self, requests: u32) {
+    /// Gives back `requests` of those let through `at` that were never sent (the report
+    /// stopped at a failure before them): the forge did not count them either. Only entries
+    /// of that instant go, never another report's.
+    pub fn refund(&self, at: Instant, requests: u32) {
         let mut state = self.lock();
         for _ in 0..requests {
-            state.sent.pop_back();
+            match state.sent.iter().rposition(|sent| *sent == at) {
+                Some(index) => {
+                    state.sent.remove(index);
+                }
+                None => break,
+            }
         }
     }
 
@@ -282,7 +289,7 @@ impl BudgetState {
     }
 }
 
-/// The budgets, one per installation, token or instance ([`super::client::ForgeClient::budget_key`]).
+/// The budgets, one per installation or token ([`super::template_client::TemplateClients::client_with_budget`]).
 pub struct ContentBudgets {
     limits: ContentLimits,
     budgets: Mutex<HashMap<String, Arc<ContentBudget>>>,

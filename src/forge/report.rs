@@ -16,8 +16,8 @@ use std::sync::{Arc, Mutex};
 
 use kube::ResourceExt;
 
-use super::admission::{Admissions, Asking, urgency_of};
-use super::budget::{ContentLimits, Urgency};
+use super::admission::{Admissions, Asking};
+use super::budget::ContentLimits;
 use super::client::{DeploymentState, ForgeApiError, ForgeClient};
 use super::comment;
 use super::gitlab::api::GitlabApi;
@@ -127,15 +127,14 @@ impl Reporter {
             environment: &uid,
             budget: &budget,
             forge: template.spec.forge.kind,
+            phase: Some(status.phase),
         };
-        let urgency = urgency_of(status.phase, &plan);
-        if !self.admissions.admit(&asking, parts.clone(), urgency)? {
+        let Some(at) = self.admissions.admit(&asking, parts.clone())? else {
             return Ok(());
-        }
-        let before = record.clone();
+        };
         let result = send_plan(&client, environment, &plan, record).await;
-        let (sent, unsent) = spent(&parts, &before, record, result.is_ok());
-        self.admissions.settle(&asking, &sent, unsent);
+        let (sent, unsent) = spent(&parts, record, result.is_ok());
+        self.admissions.settle(&asking, at, &sent, unsent);
         self.pause_if_refused(&budget, result)
     }
 
@@ -206,57 +205,45 @@ impl Reporter {
             environment: &uid,
             budget: &budget,
             forge: template.spec.forge.kind,
+            phase: None,
         };
         let parts = plan.parts();
-        if !self
-            .admissions
-            .admit(&asking, parts.clone(), Urgency::Final)?
-        {
+        let Some(at) = self.admissions.admit(&asking, parts.clone())? else {
             return Ok(());
-        }
+        };
         let repository = &environment.spec.source.repository;
-        let before = record.clone();
         let result = send_removal_plan(&client, repository, plan, record).await;
-        let (sent, unsent) = spent(&parts, &before, record, result.is_ok());
-        self.admissions.settle(&asking, &sent, unsent);
+        let (sent, unsent) = spent(&parts, record, result.is_ok());
+        self.admissions.settle(&asking, at, &sent, unsent);
         self.pause_if_refused(&budget, result)
     }
 }
 
-/// Which of the requests of `parts` were sent, by the record before and `after` the report
-/// (a part is recorded once all of it went out), and how many were not: a report stops at
-/// its first failure. `finished`: the report went out whole (the removal's last part, the
-/// retirement, leaves no mark in the record).
-fn spent(
-    parts: &[PlannedPart],
-    before: &ForgeReport,
-    after: &ForgeReport,
-    finished: bool,
-) -> (Vec<&'static str>, u32) {
-    let (mut sent, mut unsent) = (Vec::new(), 0u32);
-    for part in parts {
-        let recorded = match part.part {
-            "comment" => after.comment_sha.as_deref() == Some(part.sha.as_str()),
-            "waiting" => after.waiting_status_sha.as_deref() == Some(part.sha.as_str()),
-            "deploy" => after.status_sha.as_deref() == Some(part.sha.as_str()),
-            _ => finished,
-        };
-        for request in &part.requests {
-            let made = match *request {
-                "deployment" => after.deployment_sha != before.deployment_sha,
-                "environment" => {
-                    after.environment_id != before.environment_id
-                        || after.environment_url != before.environment_url
-                }
-                _ => false,
-            };
-            if recorded || made {
-                sent.push(*request);
-            } else {
-                unsent += 1;
-            }
-        }
-    }
+/// Which of the requests of `parts` were spent and how many were not, by the record `after`
+/// the report: parts go out in order and a report stops at its first failure, so the parts
+/// up to the first one not recorded were spent (that one whole: which of its requests reached
+/// the forge before the failure is not known, and the forge may have counted the failing
+/// one), and the parts after it were never sent. `finished`: the report went out whole (the
+/// removal's retirement leaves no mark in the record).
+fn spent(parts: &[PlannedPart], after: &ForgeReport, finished: bool) -> (Vec<&'static str>, u32) {
+    let recorded = |part: &PlannedPart| match part.part {
+        "comment" => after.comment_sha.as_deref() == Some(part.sha.as_str()),
+        "waiting" => after.waiting_status_sha.as_deref() == Some(part.sha.as_str()),
+        "deploy" => after.status_sha.as_deref() == Some(part.sha.as_str()),
+        _ => finished,
+    };
+    let reached = match parts.iter().position(|part| !finished && !recorded(part)) {
+        Some(failed) => failed + 1,
+        None => parts.len(),
+    };
+    let sent = parts[..reached]
+        .iter()
+        .flat_map(|part| part.requests.iter().copied())
+        .collect();
+    let unsent = parts[reached..]
+        .iter()
+        .map(|part| part.requests.len() as u32)
+        .sum();
     (sent, unsent)
 }
 
@@ -511,6 +498,47 @@ mod tests {
         let (record, result) = reporter.report(environment, &template(), &nothing).await;
         result.expect("no forge is called");
         record
+    }
+
+    #[test]
+    fn a_report_stopped_by_a_failure_spends_the_parts_up_to_it_and_gives_back_the_rest() {
+        let part = |part: &'static str, sha: &str, requests: &[&'static str]| PlannedPart {
+            part,
+            sha: sha.to_string(),
+            requests: requests.to_vec(),
+        };
+        let parts = [
+            part("comment", "c", &["comment"]),
+            part(
+                "deploy",
+                "d",
+                &["deployment", "deployment_status", "commit_status"],
+            ),
+            part("waiting", "w", &["commit_status"]),
+        ];
+        // The comment went out; the deploy part failed somewhere: it counts whole (the forge
+        // may have counted the failing request), the waiting status after it was never sent.
+        let after = ForgeReport {
+            comment_sha: Some("c".into()),
+            ..Default::default()
+        };
+        let (sent, unsent) = spent(&parts, &after, false);
+        assert_eq!(
+            sent,
+            [
+                "comment",
+                "deployment",
+                "deployment_status",
+                "commit_status"
+            ]
+        );
+        assert_eq!(unsent, 1);
+        // All of it went out.
+        let (sent, unsent) = spent(&parts, &ForgeReport::default(), true);
+        assert_eq!((sent.len(), unsent), (5, 0));
+        // The first part failed: only it is spent.
+        let (sent, unsent) = spent(&parts, &ForgeReport::default(), false);
+        assert_eq!((sent, unsent), (vec!["comment"], 4));
     }
 
     #[tokio::test]

@@ -106,7 +106,7 @@ impl TemplateClients {
 
     /// The forge client of `template`, with the key of the content budget it spends
     /// ([`crate::forge::budget`]): the App installation's or the token's on GitHub (GitHub
-    /// counts per installation or user), the instance's on GitLab.
+    /// counts per installation or user), the token's on GitLab (GitLab counts per user).
     pub async fn client_with_budget(
         &self,
         template: &PreviewTemplate,

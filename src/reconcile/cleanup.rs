@@ -74,6 +74,15 @@ async fn release(
         if forge_worth_waiting_for(&e, deleted_at, Utc::now()) {
             return Err(ReconcileError::ForgeNotTold(e));
         }
+        if e.waits_for_budget().is_some() {
+            // Given up: said and counted, unlike a turn that is still coming.
+            tracing::warn!(environment = %environment.name_any(), "the forge was not told the environment is gone: its turn in the content budget is more than an hour after the deletion");
+            context
+                .metrics
+                .reconcile_errors
+                .with_label_values(&["forge"])
+                .inc();
+        }
         note_forge_failure(environment, context, &e);
     }
     // The reconciler's and the reporter's memory of the environment are dropped once the

@@ -58,7 +58,7 @@ pub struct ControllerConfig {
     /// shows the footprint's cost with them.
     pub prices: Option<Prices>,
     /// The content-creating requests previewd sends per GitHub App installation or token, or
-    /// GitLab instance (`--forge-content-per-minute`, `--forge-content-per-hour`).
+    /// GitLab token (`--forge-content-per-minute`, `--forge-content-per-hour`).
     pub content_limits: ContentLimits,
 }
 

@@ -107,7 +107,7 @@ pub struct ControllerArgs {
     #[arg(long, env = "PREVIEWD_CURRENCY", default_value = "$")]
     pub currency: String,
     /// Content-creating forge requests (comments, commit statuses, deployments) previewd sends
-    /// per GitHub App installation, GitHub token or GitLab instance in any minute. GitHub
+    /// per GitHub App installation or token (GitHub or GitLab) in any minute. GitHub
     /// allows 80; the default leaves room for other tools on the same token (docs/forges.md).
     #[arg(long, env = "PREVIEWD_FORGE_CONTENT_PER_MINUTE", default_value_t = ContentLimits::default().per_minute, value_parser = parse_content_limit)]
     pub forge_content_per_minute: u32,

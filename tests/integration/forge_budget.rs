@@ -173,7 +173,10 @@ async fn superseded_updates_are_never_sent_and_a_final_report_waits_its_turn() {
 
             let second = environment(&ns, kind, 2, SHA_B);
             let (record, sent) = reporter.report(&second, &template, &status(Phase::Deploying, 2)).await;
-            sent.unwrap();
+            assert!(
+                matches!(sent, Err(ForgeCallError::Forge(ForgeApiError::ContentBudget { .. }))),
+                "{kind}: held, with when to come back: {sent:?}"
+            );
             assert_eq!(record, None, "{kind}: nothing was sent, so nothing is recorded");
             assert_eq!(writes(&forge).await.len(), taken, "{kind}: the intermediate report is held");
 
@@ -368,4 +371,80 @@ async fn with_room_a_new_head_sends_its_deploying_report_then_its_ready_one() {
         })
         .await;
     }
+}
+
+/// docs/forges.md: "the environment is reconciled again at the report's turn". A budget of 5 a
+/// minute: the first pull request's Ready report takes 4 of them, so the second's (4 more)
+/// waits for the minute to pass. Nothing else would reconcile that environment before the
+/// 10-minute resync; the report's turn brings it back, and no reconcile counts as failed.
+#[tokio::test]
+async fn a_report_waiting_its_turn_brings_its_environment_back_then() {
+    in_namespace("budget-turn", |client, ns| async move {
+        let forge = github_forge().await;
+        with_permissions(&forge).await;
+        install_template_with(
+            &client,
+            &ns,
+            "github",
+            GITHUB_REPOSITORY,
+            Some(&forge.uri()),
+            json!({}),
+            CONFIG_MAP_APP,
+        )
+        .await;
+        let config = previewd::reconcile::ControllerConfig {
+            namespace: Some(ns.clone()),
+            content_limits: ContentLimits {
+                per_minute: 5,
+                per_hour: 500,
+            },
+            ..Default::default()
+        };
+        let harness = Harness::start_with(&client, config, 1 << 20).await;
+        let first = harness.open_pull_request(2, SHA_A).await;
+        wait_ready_with_sha(&harness.environments, &first, SHA_A).await;
+        let reported = eventually(
+            "the first pull request's Ready report",
+            Duration::from_secs(30),
+            || async {
+                let states = commit_states(&forge, SHA_A).await;
+                states
+                    .last()?
+                    .contains("success")
+                    .then_some(std::time::Instant::now())
+            },
+        )
+        .await;
+        let second = harness.open_pull_request(3, SHA_B).await;
+        wait_ready_with_sha(&harness.environments, &second, SHA_B).await;
+        assert!(
+            commit_states(&forge, SHA_B).await.is_empty(),
+            "the minute's budget is spent"
+        );
+
+        eventually(
+            "the second's Ready report at its turn, a minute on",
+            Duration::from_secs(120),
+            || async {
+                let states = commit_states(&forge, SHA_B).await;
+                states.last()?.contains("success").then_some(())
+            },
+        )
+        .await;
+        assert!(
+            reported.elapsed() >= Duration::from_secs(55),
+            "sent before its turn"
+        );
+        let metrics = harness.metrics().await;
+        let failed = metric_value(
+            &metrics,
+            r#"previewd_reconcile_errors_total{category="forge"}"#,
+        );
+        assert_eq!(
+            failed,
+            Some(0.0),
+            "waiting a turn is no failure:\n{metrics}"
+        );
+    })
+    .await;
 }

@@ -265,7 +265,22 @@ pub struct Harness {
 
 impl Harness {
     pub async fn start(client: &Client, namespace: &str, max_body_bytes: usize) -> Self {
-        let running = super::start_controller(client, namespace).await;
+        let config = previewd::reconcile::ControllerConfig {
+            namespace: Some(namespace.to_string()),
+            ..Default::default()
+        };
+        Self::start_with(client, config, max_body_bytes).await
+    }
+
+    /// [`Harness::start`] with the controller's `config` (its `namespace` is the one watched).
+    pub async fn start_with(
+        client: &Client,
+        config: previewd::reconcile::ControllerConfig,
+        max_body_bytes: usize,
+    ) -> Self {
+        let namespace = config.namespace.clone().unwrap_or_default();
+        let namespace = namespace.as_str();
+        let running = super::start_controller_with(client, config).await;
         let state = running.server_state(client, max_body_bytes);
         let super::Running { context, metrics } = running;
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();

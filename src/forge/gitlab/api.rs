@@ -327,7 +327,7 @@ impl GitlabApi {
         // (This answer's own status: a sibling call's 429 sets the same backoff.)
         let limited = match (&result, self.backoff.check(operation)) {
             (Err(failure), Err(limited @ ForgeApiError::RateLimited { .. }))
-                if matches!(failure.status, Some(403 | 429)) =>
+                if failure.status == Some(429) =>
             {
                 Some(limited)
             }
