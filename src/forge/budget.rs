@@ -61,6 +61,9 @@ const MINUTE: Duration = Duration::from_secs(60);
 const HOUR: Duration = Duration::from_secs(3_600);
 /// How long past its turn a waiting final report keeps its place: one that does not come back
 /// (its environment was removed, or changed again) must not hold the others up.
+/// The soonest a report not let through is told to come back: an estimate of "now" (the
+/// hour's reserve short while the minute has room, say) must not spin a reconcile.
+const LEAST_WAIT: Duration = Duration::from_secs(1);
 /// A reconcile renders and applies before it reports, and waits for a worker under load: a
 /// minute late is still coming back.
 const TURN_GRACE: Duration = Duration::from_secs(60);
@@ -142,9 +145,13 @@ impl ContentBudget {
         if urgency == Urgency::Intermediate
             && let Some(first) = state.line.first()
         {
-            // Final reports wait: the room that comes back is theirs.
+            // Final reports wait: the room that comes back is theirs. (Not sooner than
+            // `LEAST_WAIT`: the first may be late for a turn already due.)
             return Err(NotNow {
-                wait: first.turn.saturating_duration_since(now),
+                wait: first
+                    .turn
+                    .saturating_duration_since(now)
+                    .max(LEAST_WAIT * 5),
             });
         }
         let reserve = match urgency {
@@ -166,7 +173,7 @@ impl ContentBudget {
             state.wait_in_line(key, requests, turn);
         }
         Err(NotNow {
-            wait: turn.saturating_duration_since(now),
+            wait: turn.saturating_duration_since(now).max(LEAST_WAIT),
         })
     }
 
@@ -438,6 +445,32 @@ mod tests {
         let later = now + MINUTE + Duration::from_secs(1);
         let refused = budget.admit_at("d", 4, Urgency::Final, later).unwrap_err();
         assert!(refused.wait >= MINUTE, "{refused:?}");
+    }
+
+    #[test]
+    fn a_report_not_let_through_is_never_told_to_come_back_at_once() {
+        // The hour's reserve is short while the minute has room: an intermediate report is
+        // refused, and the estimate of its room must not be "now".
+        let hourly = budget(5, 20);
+        let now = Instant::now();
+        for minute in 0..3 {
+            let at = now + MINUTE * minute;
+            hourly.admit_at("a", 5, Urgency::Final, at).unwrap();
+        }
+        // 15 of the hour's 20 spent: 1 more would leave less than its quarter (5).
+        let later = now + MINUTE * 3;
+        let refused = hourly
+            .admit_at("b", 1, Urgency::Intermediate, later)
+            .unwrap_err();
+        assert!(refused.wait >= LEAST_WAIT, "{refused:?}");
+        // Behind a final report whose turn is due but which has not come back yet.
+        let full = budget(5, 500);
+        full.admit_at("c", 5, Urgency::Final, now).unwrap();
+        let turn = now + full.admit_at("d", 5, Urgency::Final, now).unwrap_err().wait;
+        let refused = full
+            .admit_at("e", 1, Urgency::Intermediate, turn)
+            .unwrap_err();
+        assert!(refused.wait >= LEAST_WAIT * 5, "{refused:?}");
     }
 
     #[test]
