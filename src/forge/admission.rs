@@ -95,7 +95,7 @@ impl Admissions {
         parts: Vec<PlannedPart>,
     ) -> Result<Option<Instant>, ForgeApiError> {
         let urgency = self.urgency(asking, &parts);
-        let forge = forge_label(asking.forge);
+        let forge = asking.forge.as_str();
         let previous = self.held().remove(asking.environment);
         if let Some(previous) = &previous {
             for held in &previous.parts {
@@ -142,7 +142,7 @@ impl Admissions {
     /// What became of a report admitted `at`: the requests `sent` (by kind) are counted, and
     /// the `unsent` ones (the report stopped at a failure before them) given back.
     pub fn settle(&self, asking: &Asking, at: Instant, sent: &[&str], unsent: u32) {
-        let forge = forge_label(asking.forge);
+        let forge = asking.forge.as_str();
         for request in sent {
             self.count(forge, request, "sent");
         }
@@ -184,13 +184,6 @@ fn superseded<'a>(held: &'a PlannedPart, parts: &[PlannedPart]) -> Vec<&'a str> 
         .copied()
         .filter(|request| !made_again(request))
         .collect()
-}
-
-fn forge_label(forge: ForgeKind) -> &'static str {
-    match forge {
-        ForgeKind::Github => "github",
-        ForgeKind::Gitlab => "gitlab",
-    }
 }
 
 #[cfg(test)]

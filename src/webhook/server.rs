@@ -220,7 +220,7 @@ async fn handle(state: &ServerState, forge: ForgeKind, request: Request) -> Resp
         .unwrap_or_default()
         .to_string();
     let delivery = header(&headers, delivery_header).map(str::to_string);
-    let forge_label = forge_label(forge);
+    let forge_label = forge.as_str();
     // One span per delivery: every line logged while handling it (intake, forge calls) carries
     // the delivery id, and the repository and environments once they are known.
     let span = tracing::info_span!(
@@ -290,13 +290,6 @@ fn event_label(forge: ForgeKind, event_type: &str) -> &'static str {
         (ForgeKind::Gitlab, "Note Hook") => "comment",
         (ForgeKind::Gitlab, "Tag Push Hook") => "tag_push",
         _ => "other",
-    }
-}
-
-fn forge_label(forge: ForgeKind) -> &'static str {
-    match forge {
-        ForgeKind::Github => "github",
-        ForgeKind::Gitlab => "gitlab",
     }
 }
 
@@ -466,7 +459,7 @@ async fn act_once(
     event: &ForgeEvent,
     templates: &[Arc<PreviewTemplate>],
 ) -> DeliveryAnswer {
-    let delivery_key = delivery.map(|d| format!("{}/{d}", forge_label(forge)));
+    let delivery_key = delivery.map(|d| format!("{}/{d}", forge.as_str()));
     if let Some(key) = &delivery_key
         && !state.deliveries.begin(key)
     {

@@ -205,6 +205,16 @@ pub enum ForgeKind {
     Gitlab,
 }
 
+impl ForgeKind {
+    /// As the spec writes it (`github`, `gitlab`): the `forge` label of the metrics and logs.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ForgeKind::Github => "github",
+            ForgeKind::Gitlab => "gitlab",
+        }
+    }
+}
+
 #[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct ForgeSpec {
