@@ -133,22 +133,27 @@ impl Reporter {
             return Ok(());
         };
         let result = send_plan(&client, environment, &plan, record).await;
-        let (sent, unsent) = spent(&parts, record, result.is_ok());
-        self.admissions.settle(&asking, at, &sent, unsent);
-        self.pause_if_refused(&budget, result)
+        self.settle(&asking, at, &parts, record, result)
     }
 
-    /// A rate-limit answer to a content-creating request pauses the budget it spent: the
-    /// forge counts those on its own, and asks for no more for a while.
-    fn pause_if_refused(
+    /// After a report admitted `at` went out, or stopped at a failure: counts the requests of
+    /// `parts` it spent and gives back the rest ([`spent`]), and a rate-limit answer pauses the
+    /// budget (the forge counts content-creating requests on its own, and asks for no more for
+    /// a while).
+    fn settle(
         &self,
-        budget: &str,
-        sent: Result<(), ForgeApiError>,
+        asking: &Asking,
+        at: std::time::Instant,
+        parts: &[PlannedPart],
+        record: &ForgeReport,
+        result: Result<(), ForgeApiError>,
     ) -> Result<(), ForgeCallError> {
-        if let Err(ForgeApiError::RateLimited { wait, .. }) = &sent {
-            self.admissions.pause(budget, *wait);
+        let (sent, unsent) = spent(parts, record, result.is_ok());
+        self.admissions.settle(asking, at, &sent, unsent);
+        if let Err(ForgeApiError::RateLimited { wait, .. }) = &result {
+            self.admissions.pause(asking.budget, *wait);
         }
-        Ok(sent?)
+        Ok(result?)
     }
 
     /// The environment is gone: the comment says so and the GitHub deployment goes inactive
@@ -213,9 +218,7 @@ impl Reporter {
         };
         let repository = &environment.spec.source.repository;
         let result = send_removal_plan(&client, repository, plan, record).await;
-        let (sent, unsent) = spent(&parts, record, result.is_ok());
-        self.admissions.settle(&asking, at, &sent, unsent);
-        self.pause_if_refused(&budget, result)
+        self.settle(&asking, at, &parts, record, result)
     }
 }
 
