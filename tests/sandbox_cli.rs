@@ -134,10 +134,27 @@ fn checked_stdout(what: &str, command: &mut Command) -> Vec<u8> {
     output.stdout
 }
 
+/// The kubectl the sandbox uses (built with its control plane, of the same release), brought
+/// as the sandbox brings it; `previewd sandbox` also names it in its info file.
+fn sandbox_kubectl() -> PathBuf {
+    static KUBECTL: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    KUBECTL
+        .get_or_init(|| {
+            let cache = previewd::sandbox::cli::default_cache_dir();
+            previewd::sandbox::provision::ensure_binaries(
+                &cache,
+                &previewd::sandbox::StderrProgress,
+            )
+            .expect("the sandbox's kubectl")
+            .kubectl
+        })
+        .clone()
+}
+
 fn kubectl(kubeconfig: &Path, args: &[&str]) -> String {
     let stdout = checked_stdout(
         &format!("kubectl {args:?}"),
-        Command::new("kubectl")
+        Command::new(sandbox_kubectl())
             .env("KUBECONFIG", kubeconfig)
             .args(args),
     );

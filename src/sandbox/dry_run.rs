@@ -20,7 +20,7 @@ use serde_json::Value;
 use super::SandboxError;
 use super::control_plane::random_hex;
 use super::forge_standin::ForgeStandIn;
-use super::helm_engine;
+use super::helm;
 use super::repositories::{Repositories, head_commit};
 use crate::engines::{EngineConfig, Engines};
 use crate::forge::client::{ForgeClient, ForgeClients, TOKEN_BUDGET};
@@ -138,7 +138,7 @@ async fn local_forge(
 /// `helm` is on PATH; if that cannot be installed, `--helm` as it is, and a chart says
 /// `RenderFailed` naming it) and `--kubectl`, with the controller's default limits.
 async fn engines(args: &RenderArgs) -> Engines {
-    let helm = match helm_engine::bring(&args.helm, &args.cache_dir).await {
+    let helm = match helm::bring(&args.helm, &args.cache_dir).await {
         Ok((helm, _)) => helm,
         Err(e) => {
             eprintln!("previewd render: no Helm engine ({e}); charts will not render");

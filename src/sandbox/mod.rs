@@ -1,23 +1,22 @@
 //! The local sandbox: a real Kubernetes control plane and a node simulator on this machine,
 //! for people trying previewd out (`previewd sandbox`) and for the integration tests.
 //!
-//! * [`provision`]: installs Debian's etcd and Go, builds kube-apiserver, -controller-manager
-//!   and -scheduler from Debian's source package once, and caches them.
+//! * [`versions`]: the one place that pins Kubernetes, etcd and Helm.
+//! * [`provision`]: finds those binaries (`KUBEBUILDER_ASSETS`, PATH) or builds them once from
+//!   their Go modules ([`go_build`]) and caches them.
 //! * [`control_plane`]: starts and stops those processes on free loopback ports.
 //! * [`node_simulator`]: registers Nodes and plays kubelet for the pods bound to them.
-//! * [`compat`]: the documented rewrite that lets current manifests run on the 1.20 sandbox.
 //! * [`example_templates`]: generates the `online-boutique` example template from the fixture app.
 //! * [`process`]: children that never outlive previewd.
 //! * [`forge_standin`]: a local GitHub and GitLab API that reports what previewd sends, and
 //!   serves [`repositories`]: the examples' chart and overlay, and folders of one's own.
-//! * [`helm_engine`]: the Helm engine the sandbox brings when no `helm` is on PATH.
+//! * [`helm`]: the `helm` the sandbox runs: the one `--helm` names, or the pinned one.
 //! * [`playground`]: example templates, fresh webhook credentials, deliveries to `curl`.
 //! * [`demo`]: `previewd sandbox --demo`, a pull request's life played from the fixtures.
 //! * [`cli`]: the sandbox's flags; [`session`]: one `previewd sandbox` run from start to stop.
 //! * [`dry_run`]: `previewd render`, what previewd would apply, with no cluster.
 
 pub mod cli;
-pub mod compat;
 pub mod control_plane;
 pub mod demo;
 pub mod dry_run;
@@ -25,7 +24,8 @@ pub mod example_templates;
 mod forge_contents;
 mod forge_relay;
 pub mod forge_standin;
-pub mod helm_engine;
+pub mod go_build;
+pub mod helm;
 pub mod ingress;
 pub mod node_simulator;
 pub mod playground;
@@ -33,6 +33,7 @@ pub mod process;
 pub mod provision;
 pub mod repositories;
 pub mod session;
+pub mod versions;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;

@@ -150,7 +150,7 @@ async fn register_node(nodes: &Api<Node>, name: &str, index: usize) -> Result<()
                 "machineID": format!("sandbox-{index}"), "systemUUID": format!("sandbox-{index}"),
                 "bootID": format!("sandbox-{index}"), "kernelVersion": "sandbox",
                 "osImage": "previewd sandbox", "containerRuntimeVersion": "sandbox://1",
-                "kubeletVersion": "v1.20.2", "kubeProxyVersion": "v1.20.2",
+                "kubeletVersion": super::versions::KUBERNETES,
                 "operatingSystem": "linux", "architecture": "amd64"
             }
         }

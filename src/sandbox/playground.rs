@@ -60,6 +60,10 @@ pub struct Facts {
     pub forge_api_url: String,
     /// The sandbox's ingress (`sandbox::ingress`): send a request with an environment's host.
     pub ingress_url: String,
+    /// The kubectl of the control plane's release (built with it, or found).
+    pub kubectl: String,
+    /// The Kubernetes release the control plane runs, e.g. `v1.37.2`.
+    pub kubernetes_version: String,
 }
 
 pub struct Playground {
@@ -107,6 +111,8 @@ impl Playground {
             gitlab_webhook_token: random_hex(16)?,
             forge_api_url: forge.url(),
             ingress_url: String::new(),
+            kubectl: String::new(),
+            kubernetes_version: String::new(),
         };
         let params = PatchParams::apply(FIELD_MANAGER).force();
         let secrets: Api<k8s_openapi::api::core::v1::Secret> =

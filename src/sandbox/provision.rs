@@ -1,58 +1,49 @@
-//! Provisioning: a real kube-apiserver, kube-controller-manager and kube-scheduler, built once
-//! from Debian's `kubernetes` source package and cached, plus the Debian packages the sandbox
-//! runs on (etcd, Go, openssl).
+//! Provisioning: the binaries the sandbox and the tests run, of pinned versions
+//! ([`super::versions`]): kube-apiserver, kube-controller-manager, kube-scheduler and kubectl of
+//! a current Kubernetes, etcd under them, and `helm`.
 //!
-//! Why build from source: the machines previewd is developed and tested on have no Docker
-//! engine and reach no network but the package registries, and Debian ships the Kubernetes
-//! server only as source (1.20.2 in bookworm, every Go dependency vendored). It builds offline
-//! with Debian's Go in about 8 minutes on 2 cores.
+//! Each is found or built, in this order:
+//! 1. in `KUBEBUILDER_ASSETS` (the folder controller-runtime's envtest uses), then on PATH,
+//!    when it reports the wanted line: the Kubernetes minor of [`KubernetesVersion::wanted`]
+//!    (1.37, or `PREVIEWD_KUBERNETES_VERSION`'s), etcd 3.5 or newer, Helm's pinned minor;
+//! 2. otherwise built once from its published Go module with the go command
+//!    ([`super::go_build`]) and cached under `~/.cache/previewd/builds/`, keyed by version.
 //!
-//! The one patch: the vendored `github.com/modern-go/reflect2` v1.0.1 is unsafe under Go 1.18
-//! and later; an apiserver built with it dies with SIGSEGV in
-//! `reflect2.(*UnsafeMapType).UnsafeIterate` while encoding responses (pretty-printed ones
-//! first). We swap in Debian's reflect2 1.0.2 before building.
+//! Why build: the machines previewd is developed and tested on have no container engine and
+//! reach no network but the package registries; the Go module proxy serves `k8s.io/kubernetes`,
+//! `go.etcd.io/etcd/server/v3` and `helm.sh/helm/v4`, and nothing serves their release binaries.
 
 use std::fs;
-use std::io::{BufRead, BufReader, Write};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
 
 use super::SandboxError;
+use super::go_build::{GoBuild, find_go};
+use super::versions::{self, KubernetesVersion};
 
-/// Bumped whenever the build recipe changes, so old caches are not reused.
-const RECIPE: &str = "k8s-1.20.2+reflect2-1.0.2-r1";
-/// The Debian release whose source package we build (1.20.2).
-const SOURCE_SUITE: &str = "bookworm";
-const REFLECT2_DIR: &str = "/usr/share/gocode/src/github.com/modern-go/reflect2";
-/// The three binaries built from source.
-pub const SERVER_BINARIES: [&str; 3] = [
+/// The Kubernetes programs the sandbox runs, built together from `k8s.io/kubernetes`.
+pub const KUBERNETES_BINARIES: [&str; 4] = [
     "kube-apiserver",
     "kube-controller-manager",
     "kube-scheduler",
+    "kubectl",
 ];
-/// Debian packages the sandbox needs at build and run time, with a binary that proves each.
-const PACKAGES: [(&str, &str); 6] = [
-    ("etcd-server", "/usr/bin/etcd"),
-    ("golang-go", "/usr/bin/go"),
-    ("golang-github-modern-go-reflect2-dev", REFLECT2_DIR),
-    ("build-essential", "/usr/bin/make"),
-    ("rsync", "/usr/bin/rsync"),
-    ("openssl", "/usr/bin/openssl"),
-];
+/// Debian packages the sandbox needs at run time, with a file that proves each.
+const PACKAGES: [(&str, &str); 1] = [("openssl", "/usr/bin/openssl")];
 
-/// Where the control-plane binaries are.
+/// Where the control-plane binaries and kubectl are.
 #[derive(Clone, Debug)]
 pub struct Binaries {
-    pub dir: PathBuf,
+    pub apiserver: PathBuf,
+    pub controller_manager: PathBuf,
+    pub scheduler: PathBuf,
+    pub kubectl: PathBuf,
     pub etcd: PathBuf,
-}
-
-impl Binaries {
-    pub fn path(&self, name: &str) -> PathBuf {
-        self.dir.join(name)
-    }
+    /// The Kubernetes release the apiserver reports, e.g. `v1.37.2`.
+    pub kubernetes: String,
+    /// Where they came from, one line for a person.
+    pub origin: String,
 }
 
 /// Reports progress of a long provisioning step to a person.
@@ -69,45 +60,268 @@ impl Progress for StderrProgress {
     }
 }
 
-/// The cached binaries, building them first if needed. Safe to call from several processes at
-/// once: the build runs under a file lock and the others wait for it.
+/// The control plane's binaries and kubectl, found or built (see the module's comment). Safe
+/// to call from several processes at once.
 pub fn ensure_binaries(
     cache_dir: &Path,
     progress: &dyn Progress,
 ) -> Result<Binaries, SandboxError> {
-    let target = cache_dir.join("control-plane").join(RECIPE);
-    if let Some(binaries) = cached(&target) {
-        return Ok(binaries);
-    }
     ensure_packages(progress)?;
-    fs::create_dir_all(cache_dir.join("control-plane"))
-        .map_err(|e| SandboxError::io(cache_dir, e))?;
-    let _lock = FileLock::acquire(
-        &cache_dir.join("control-plane").join(".build.lock"),
-        progress,
-        "building the control plane",
-    )?;
-    if let Some(binaries) = cached(&target) {
-        return Ok(binaries); // another process built them while we waited
-    }
-    build(cache_dir, &target, progress)?;
-    cached(&target).ok_or_else(|| {
-        SandboxError::Build(format!(
-            "{} is incomplete after the build",
-            target.display()
-        ))
+    let wanted = KubernetesVersion::wanted().map_err(SandboxError::Provision)?;
+    let (kubernetes, kubernetes_origin) = match found_kubernetes(&wanted) {
+        Some(found) => found,
+        None => {
+            let dir = kubernetes_build(&wanted)?.ensure(cache_dir, progress)?;
+            let paths = KUBERNETES_BINARIES.map(|name| dir.join(name));
+            (
+                paths,
+                format!("Kubernetes {} built in {}", wanted.tag(), dir.display()),
+            )
+        }
+    };
+    let (etcd, etcd_origin) = match found(&["etcd"], etcd_is_supported) {
+        Some(path) => (path.clone(), format!("etcd {}", path.display())),
+        None => {
+            let dir = etcd_build().ensure(cache_dir, progress)?;
+            (
+                dir.join("etcd"),
+                format!("etcd {} built in {}", versions::ETCD, dir.display()),
+            )
+        }
+    };
+    let [apiserver, controller_manager, scheduler, kubectl] = kubernetes;
+    let reported = reported_kubernetes_version(&apiserver).unwrap_or_else(|| wanted.tag());
+    Ok(Binaries {
+        apiserver,
+        controller_manager,
+        scheduler,
+        kubectl,
+        etcd,
+        kubernetes: reported,
+        origin: format!("{kubernetes_origin}; {etcd_origin}"),
     })
 }
 
-fn cached(target: &Path) -> Option<Binaries> {
-    let complete = SERVER_BINARIES
+/// The pinned `helm`: one of Helm's pinned minor line found in `KUBEBUILDER_ASSETS` or on
+/// PATH, or built once from `helm.sh/helm/v4` into the cache. Returns it and where it came from.
+pub fn ensure_helm(
+    cache_dir: &Path,
+    progress: &dyn Progress,
+) -> Result<(PathBuf, String), SandboxError> {
+    let pinned_minor = minor_line(versions::HELM);
+    let of_the_pinned_line = |path: &Path| {
+        let output = Command::new(path)
+            .args(["version", "--template", "{{.Version}}"])
+            .output()
+            .ok()?;
+        let version = String::from_utf8_lossy(&output.stdout).trim().to_string();
+        (minor_line(&version) == pinned_minor).then_some(())
+    };
+    if let Some(path) = found(&["helm"], |p| of_the_pinned_line(p).is_some()) {
+        let said = format!("{} (found, Helm {pinned_minor})", path.display());
+        return Ok((path, said));
+    }
+    let dir = helm_build().ensure(cache_dir, progress)?;
+    let helm = dir.join("helm");
+    let said = format!(
+        "{} (Helm {}, built from its Go module)",
+        helm.display(),
+        versions::HELM
+    );
+    Ok((helm, said))
+}
+
+/// `v4.3.1+gabc` → `v4.3`.
+fn minor_line(version: &str) -> String {
+    version.split('.').take(2).collect::<Vec<_>>().join(".")
+}
+
+/// The four Kubernetes programs, when each is found and reports the wanted minor.
+fn found_kubernetes(wanted: &KubernetesVersion) -> Option<([PathBuf; 4], String)> {
+    let of_wanted_minor = |path: &Path| {
+        reported_kubernetes_version(path)
+            .and_then(|v| KubernetesVersion::parse(&v))
+            .is_some_and(|v| v.minor == wanted.minor)
+    };
+    let paths: Vec<PathBuf> = KUBERNETES_BINARIES
         .iter()
-        .all(|name| is_executable(&target.join(name)));
-    let etcd = which("etcd")?;
-    complete.then(|| Binaries {
-        dir: target.to_path_buf(),
-        etcd,
+        .map(|name| found(&[name], of_wanted_minor))
+        .collect::<Option<_>>()?;
+    let origin = format!(
+        "Kubernetes 1.{} found in {}",
+        wanted.minor,
+        distinct_folders(&paths)
+    );
+    paths.try_into().ok().map(|paths| (paths, origin))
+}
+
+fn distinct_folders(paths: &[PathBuf]) -> String {
+    let mut folders: Vec<String> = paths
+        .iter()
+        .filter_map(|p| p.parent().map(|d| d.display().to_string()))
+        .collect();
+    folders.dedup();
+    folders.join(", ")
+}
+
+/// The release a Kubernetes program says it is (`kube-apiserver --version` prints `Kubernetes
+/// v1.37.2`; kubectl prints its client version), without any suffix after the patch.
+pub fn reported_kubernetes_version(program: &Path) -> Option<String> {
+    let is_kubectl = program.file_name().is_some_and(|n| n == "kubectl");
+    let args: &[&str] = if is_kubectl {
+        &["version", "--client", "-o", "json"]
+    } else {
+        &["--version"]
+    };
+    let output = Command::new(program).args(args).output().ok()?;
+    let text = String::from_utf8_lossy(&output.stdout);
+    let version = if is_kubectl {
+        let parsed: serde_json::Value = serde_json::from_str(&text).ok()?;
+        parsed["clientVersion"]["gitVersion"].as_str()?.to_string()
+    } else {
+        text.split_whitespace()
+            .find(|w| w.starts_with("v1."))?
+            .to_string()
+    };
+    let parsed = KubernetesVersion::parse(version.split(['-', '+']).next()?)?;
+    Some(parsed.tag())
+}
+
+/// An etcd of a line Kubernetes supports (3.5 and newer).
+fn etcd_is_supported(path: &Path) -> bool {
+    let Ok(output) = Command::new(path).arg("--version").output() else {
+        return false;
+    };
+    let text = String::from_utf8_lossy(&output.stdout);
+    let version = text
+        .lines()
+        .find_map(|l| l.strip_prefix("etcd Version:"))
+        .map(str::trim)
+        .unwrap_or_default();
+    let mut parts = version.split('.').map(|p| p.parse::<u32>().ok());
+    matches!((parts.next(), parts.next()), (Some(Some(3)), Some(Some(minor))) if minor >= 5)
+}
+
+/// The first of `names` in `KUBEBUILDER_ASSETS`, then on PATH, that `accept`s.
+fn found(names: &[&str], accept: impl Fn(&Path) -> bool) -> Option<PathBuf> {
+    let assets = std::env::var_os("KUBEBUILDER_ASSETS").map(PathBuf::from);
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    let folders: Vec<PathBuf> = assets
+        .into_iter()
+        .chain(std::env::split_paths(&path))
+        .collect();
+    folders
+        .iter()
+        .flat_map(|folder| names.iter().map(move |name| folder.join(name)))
+        .filter(|candidate| is_executable(candidate))
+        .find(|candidate| accept(candidate))
+}
+
+/// kube-apiserver, kube-controller-manager, kube-scheduler and kubectl of `version`, from
+/// `k8s.io/kubernetes` with every staging module it replaces pinned to the matching `v0.x.y`,
+/// stamped with the version as Kubernetes' own build (hack/lib/version.sh) stamps it.
+fn kubernetes_build(version: &KubernetesVersion) -> Result<GoBuild, SandboxError> {
+    let tag = version.tag();
+    let staging = staging_modules(&tag)?;
+    let stamps = [
+        "k8s.io/component-base/version",
+        "k8s.io/client-go/pkg/version",
+    ]
+    .iter()
+    .flat_map(|package| {
+        [
+            format!("-X {package}.gitVersion={tag}"),
+            format!("-X {package}.gitMajor=1"),
+            format!("-X {package}.gitMinor={}", version.minor),
+            format!("-X {package}.gitTreeState=clean"),
+        ]
     })
+    .collect();
+    Ok(GoBuild {
+        name: format!("kubernetes-{tag}"),
+        what: format!(
+            "kube-apiserver, kube-controller-manager, kube-scheduler and kubectl (Kubernetes {tag})"
+        ),
+        packages: KUBERNETES_BINARIES
+            .iter()
+            .map(|name| (format!("k8s.io/kubernetes/cmd/{name}"), tag.clone()))
+            .collect(),
+        replaces: staging
+            .into_iter()
+            .map(|module| (module, version.staging_tag()))
+            .collect(),
+        stamps,
+        binaries: KUBERNETES_BINARIES.map(String::from).to_vec(),
+        renames: Vec::new(),
+        estimate: "about 6 minutes on 2 cores",
+    })
+}
+
+fn etcd_build() -> GoBuild {
+    GoBuild {
+        name: format!("etcd-{}", versions::ETCD),
+        what: format!("etcd {}", versions::ETCD),
+        packages: vec![("go.etcd.io/etcd/server/v3".into(), versions::ETCD.into())],
+        replaces: Vec::new(),
+        stamps: Vec::new(),
+        binaries: vec!["etcd".into()],
+        renames: vec![("server".into(), "etcd".into())],
+        estimate: "about 1 minute on 2 cores",
+    }
+}
+
+fn helm_build() -> GoBuild {
+    GoBuild {
+        name: format!("helm-{}", versions::HELM),
+        what: format!("helm {}", versions::HELM),
+        packages: vec![("helm.sh/helm/v4/cmd/helm".into(), versions::HELM.into())],
+        replaces: Vec::new(),
+        stamps: vec![format!(
+            "-X helm.sh/helm/v4/internal/version.version={}",
+            versions::HELM
+        )],
+        binaries: vec!["helm".into()],
+        renames: Vec::new(),
+        estimate: "about 3 minutes on 2 cores",
+    }
+}
+
+/// The staging modules `k8s.io/kubernetes@tag` replaces with `./staging/…`, read from its
+/// go.mod as the Go module proxy serves it.
+fn staging_modules(tag: &str) -> Result<Vec<String>, SandboxError> {
+    let go = find_go()?;
+    let output = Command::new(&go.program)
+        .args(["mod", "download", "-json"])
+        .arg(format!("k8s.io/kubernetes@{tag}"))
+        .env("GOFLAGS", "-mod=mod")
+        .current_dir(std::env::temp_dir())
+        .output()
+        .map_err(|e| SandboxError::Build(format!("go mod download: {e}")))?;
+    let answer: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap_or_default();
+    let Some(go_mod) = answer["GoMod"].as_str() else {
+        return Err(SandboxError::Build(format!(
+            "go mod download k8s.io/kubernetes@{tag} failed: {}{}",
+            answer["Error"].as_str().unwrap_or_default(),
+            String::from_utf8_lossy(&output.stderr)
+        )));
+    };
+    let text = fs::read_to_string(go_mod).map_err(|e| SandboxError::io(Path::new(go_mod), e))?;
+    let modules: Vec<String> = text
+        .lines()
+        .filter_map(|line| {
+            let (module, target) = line.trim().split_once("=>")?;
+            target
+                .trim()
+                .starts_with("./staging/")
+                .then(|| module.trim().to_string())
+        })
+        .collect();
+    if modules.is_empty() {
+        return Err(SandboxError::Build(format!(
+            "{go_mod} replaces no staging module"
+        )));
+    }
+    Ok(modules)
 }
 
 pub(super) fn is_executable(path: &Path) -> bool {
@@ -168,245 +382,6 @@ pub fn ensure_debian_packages(
     )
 }
 
-fn build(cache_dir: &Path, target: &Path, progress: &dyn Progress) -> Result<(), SandboxError> {
-    let work = cache_dir.join("control-plane").join("work");
-    let _ = fs::remove_dir_all(&work);
-    fs::create_dir_all(work.join("apt/lists/partial")).map_err(|e| SandboxError::io(&work, e))?;
-
-    progress.step("downloading Debian's `kubernetes` source package (1.20.2)");
-    download_source(&work)?;
-    let tarball = find_entry(&work, |name| {
-        name.starts_with("kubernetes_") && name.ends_with(".orig.tar.gz")
-    })
-    .ok_or_else(|| {
-        SandboxError::Provision(format!("no kubernetes_*.orig.tar.gz in {}", work.display()))
-    })?;
-    run_logged(
-        Command::new("tar")
-            .arg("-xzf")
-            .arg(&tarball)
-            .arg("-C")
-            .arg(&work),
-        "unpack the kubernetes source",
-    )?;
-    let source = find_entry(&work, |name| name.starts_with("kubernetes-"))
-        .filter(|p| p.is_dir())
-        .ok_or_else(|| {
-            SandboxError::Provision("the source tarball held no kubernetes-* folder".into())
-        })?;
-
-    progress.step("replacing the vendored reflect2 1.0.1 with Debian's 1.0.2 (1.0.1 crashes under Go >= 1.18)");
-    replace_reflect2(&source.join("vendor/github.com/modern-go/reflect2"))?;
-
-    progress.step("building kube-apiserver, kube-controller-manager and kube-scheduler (about 8 minutes on 2 cores, once)");
-    make(&source, &work.join("make.log"), progress)?;
-
-    let staging = cache_dir
-        .join("control-plane")
-        .join(format!("{RECIPE}.partial"));
-    let _ = fs::remove_dir_all(&staging);
-    fs::create_dir_all(&staging).map_err(|e| SandboxError::io(&staging, e))?;
-    let built = source.join("_output/local/bin/linux/amd64");
-    for name in SERVER_BINARIES {
-        fs::copy(built.join(name), staging.join(name))
-            .map_err(|e| SandboxError::io(&built.join(name), e))?;
-    }
-    fs::write(
-        staging.join("BUILD-INFO"),
-        format!("recipe: {RECIPE}\nsource: Debian {SOURCE_SUITE} kubernetes, reflect2 from {REFLECT2_DIR}\n"),
-    )
-    .map_err(|e| SandboxError::io(&staging, e))?;
-    let _ = fs::remove_dir_all(target);
-    fs::rename(&staging, target).map_err(|e| SandboxError::io(target, e))?;
-    let _ = fs::remove_dir_all(&work);
-    progress.step(&format!(
-        "control-plane binaries cached in {}",
-        target.display()
-    ));
-    Ok(())
-}
-
-/// The machine's own Debian mirror, read from its apt configuration (never a hard-coded host).
-pub fn configured_mirror() -> Result<String, SandboxError> {
-    let mut candidates = Vec::new();
-    if let Ok(entries) = fs::read_dir("/etc/apt/sources.list.d") {
-        let mut paths: Vec<PathBuf> = entries.flatten().map(|e| e.path()).collect();
-        paths.sort();
-        for path in paths
-            .iter()
-            .filter(|p| p.extension().is_some_and(|e| e == "sources"))
-        {
-            candidates.extend(mirrors_in_deb822(
-                &fs::read_to_string(path).unwrap_or_default(),
-            ));
-        }
-    }
-    candidates.extend(mirrors_in_one_line_format(
-        &fs::read_to_string("/etc/apt/sources.list").unwrap_or_default(),
-    ));
-    candidates.into_iter().next().ok_or_else(|| {
-        SandboxError::Provision(
-            "found no Debian mirror in /etc/apt/sources.list.d/*.sources or /etc/apt/sources.list"
-                .into(),
-        )
-    })
-}
-
-/// Mirror URIs of deb822 stanzas that serve the main archive (not the security archive).
-fn mirrors_in_deb822(text: &str) -> Vec<String> {
-    let mut found = Vec::new();
-    for stanza in text.split("\n\n") {
-        let field = |name: &str| {
-            stanza
-                .lines()
-                .find_map(|l| l.strip_prefix(name).map(|v| v.trim().to_string()))
-                .unwrap_or_default()
-        };
-        let suites = field("Suites:");
-        if suites.split_whitespace().any(|s| !s.ends_with("-security")) {
-            found.extend(field("URIs:").split_whitespace().map(str::to_string));
-        }
-    }
-    found
-}
-
-fn mirrors_in_one_line_format(text: &str) -> Vec<String> {
-    text.lines()
-        .filter_map(|line| {
-            let mut words = line.split_whitespace().filter(|w| !w.starts_with('['));
-            (words.next() == Some("deb")).then_some(())?;
-            let uri = words.next()?;
-            let suite = words.next()?;
-            (!suite.ends_with("-security")).then(|| uri.to_string())
-        })
-        .collect()
-}
-
-/// `apt-get source --download-only kubernetes` through a private source list, leaving the
-/// system's apt configuration untouched.
-fn download_source(work: &Path) -> Result<(), SandboxError> {
-    let mirror = configured_mirror()?;
-    let list = work.join("apt/src.list");
-    fs::write(
-        &list,
-        format!("deb-src [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] {mirror} {SOURCE_SUITE} main\n"),
-    )
-    .map_err(|e| SandboxError::io(&list, e))?;
-    let private = [
-        format!("Dir::Etc::sourcelist={}", list.display()),
-        "Dir::Etc::sourceparts=-".to_string(),
-        format!("Dir::State::Lists={}", work.join("apt/lists").display()),
-    ];
-    let apt = |args: &[&str]| {
-        let mut command = Command::new("apt-get");
-        for option in &private {
-            command.arg("-o").arg(option);
-        }
-        command.args(args).current_dir(work);
-        command
-    };
-    run_logged(
-        &mut apt(&["update", "-qq"]),
-        "apt-get update (private deb-src list)",
-    )?;
-    run_logged(
-        &mut apt(&["source", "--download-only", "kubernetes"]),
-        "apt-get source kubernetes",
-    )
-}
-
-fn replace_reflect2(vendored: &Path) -> Result<(), SandboxError> {
-    let is_code = |p: &Path| p.extension().is_some_and(|e| e == "go" || e == "s");
-    for entry in fs::read_dir(vendored)
-        .map_err(|e| SandboxError::io(vendored, e))?
-        .flatten()
-    {
-        if is_code(&entry.path()) {
-            fs::remove_file(entry.path()).map_err(|e| SandboxError::io(&entry.path(), e))?;
-        }
-    }
-    let mut copied = 0;
-    for entry in fs::read_dir(REFLECT2_DIR)
-        .map_err(|e| SandboxError::io(Path::new(REFLECT2_DIR), e))?
-        .flatten()
-    {
-        if is_code(&entry.path()) {
-            fs::copy(entry.path(), vendored.join(entry.file_name()))
-                .map_err(|e| SandboxError::io(&entry.path(), e))?;
-            copied += 1;
-        }
-    }
-    if copied == 0 {
-        return Err(SandboxError::Provision(format!(
-            "{REFLECT2_DIR} holds no .go files"
-        )));
-    }
-    Ok(())
-}
-
-/// Runs the Kubernetes make with `GOFLAGS=-v`, so every compiled Go package is one log line,
-/// and reports the count every 15 s.
-fn make(source: &Path, log_path: &Path, progress: &dyn Progress) -> Result<(), SandboxError> {
-    let log = fs::File::create(log_path).map_err(|e| SandboxError::io(log_path, e))?;
-    let mut child = Command::new("make")
-        .arg(format!(
-            "WHAT={}",
-            SERVER_BINARIES.map(|b| format!("cmd/{b}")).join(" ")
-        ))
-        .env("GOFLAGS", "-v")
-        .current_dir(source)
-        .stdout(log.try_clone().map_err(|e| SandboxError::io(log_path, e))?)
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(|e| SandboxError::Build(format!("cannot run make: {e}")))?;
-    let stderr = child.stderr.take().expect("piped stderr");
-    let started = Instant::now();
-    let mut log = log;
-    let mut packages = 0usize;
-    let mut last_report = Instant::now();
-    for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-        let _ = writeln!(log, "{line}");
-        if !line.starts_with('+') && !line.contains(' ') {
-            packages += 1; // `go build -v` prints bare package paths
-        }
-        if last_report.elapsed() >= Duration::from_secs(15) {
-            progress.step(&format!(
-                "  … {packages} Go packages compiled, {}s",
-                started.elapsed().as_secs()
-            ));
-            last_report = Instant::now();
-        }
-    }
-    let status = child
-        .wait()
-        .map_err(|e| SandboxError::Build(format!("make: {e}")))?;
-    if !status.success() {
-        let text = fs::read_to_string(log_path).unwrap_or_default();
-        let tail: Vec<&str> = text.lines().rev().take(25).collect();
-        return Err(SandboxError::Build(format!(
-            "make failed ({status}); full log in {}; last lines:\n{}",
-            log_path.display(),
-            tail.into_iter().rev().collect::<Vec<_>>().join("\n")
-        )));
-    }
-    progress.step(&format!(
-        "built in {}s ({packages} Go packages)",
-        started.elapsed().as_secs()
-    ));
-    Ok(())
-}
-
-fn find_entry(dir: &Path, matches: impl Fn(&str) -> bool) -> Option<PathBuf> {
-    let mut found: Vec<PathBuf> = fs::read_dir(dir)
-        .ok()?
-        .flatten()
-        .filter(|e| matches(&e.file_name().to_string_lossy()))
-        .map(|e| e.path())
-        .collect();
-    found.sort();
-    found.into_iter().next()
-}
-
 pub(super) fn run_logged(command: &mut Command, what: &str) -> Result<(), SandboxError> {
     let output = command
         .output()
@@ -465,18 +440,9 @@ mod tests {
     use super::*;
 
     #[test]
-    fn mirror_comes_from_the_main_archive_stanza_not_security() {
-        let text = "Types: deb\nURIs: http://security.example/debian-security\nSuites: bookworm-security\nComponents: main\n\n\
-                    Types: deb\nURIs: http://mirror.example/debian\nSuites: bookworm bookworm-updates\nComponents: main\n";
-        assert_eq!(mirrors_in_deb822(text), ["http://mirror.example/debian"]);
-    }
-
-    #[test]
-    fn mirror_from_one_line_sources_list() {
-        let text = "# comment\ndeb [arch=amd64] http://m.example/debian bookworm main\ndeb http://s.example/debian-security bookworm-security main\n";
-        assert_eq!(
-            mirrors_in_one_line_format(text),
-            ["http://m.example/debian"]
-        );
+    fn helm_versions_are_compared_by_their_minor_line() {
+        assert_eq!(minor_line("v4.3.1+g0123abc"), "v4.3");
+        assert_eq!(minor_line(versions::HELM), "v4.3");
+        assert_ne!(minor_line("v3.16.2"), minor_line(versions::HELM));
     }
 }

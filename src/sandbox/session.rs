@@ -7,7 +7,7 @@ use std::sync::Arc;
 use super::cli::SandboxArgs;
 use super::ingress::SandboxIngress;
 use super::playground::{self, Playground};
-use super::{Sandbox, SandboxError, StderrProgress, demo, helm_engine, provision};
+use super::{Sandbox, SandboxError, StderrProgress, demo, helm, provision};
 use crate::forge::client::ApiDefaults;
 
 /// `previewd sandbox`: starts the control plane, previewd and the playground; plays the demo
@@ -21,11 +21,15 @@ pub async fn run(args: SandboxArgs) -> Result<(), SandboxError> {
     let repositories = args.repositories()?;
     let served = repositories.describe();
     let mut controller = args.controller.controller_config();
-    let helm = helm_engine::bring(&controller.engines.helm, &args.cache_dir).await;
+    let helm = helm::bring(&controller.engines.helm, &args.cache_dir).await;
     if let Ok((program, _)) = &helm {
         controller.engines.helm = program.clone();
     }
     let sandbox = Sandbox::start(args.options(), progress).await?;
+    // The default kubectl is the one built with the control plane, of its version.
+    if controller.engines.kubectl == std::path::Path::new("kubectl") {
+        controller.engines.kubectl = sandbox.control_plane().binaries().kubectl.clone();
+    }
     let client = sandbox.control_plane().client().await?;
     let listener = crate::runtime::service::bind(args.listen).await?;
     let webhook_base = format!(
@@ -49,6 +53,9 @@ pub async fn run(args: SandboxArgs) -> Result<(), SandboxError> {
         repositories,
     )
     .await?;
+    let binaries = sandbox.control_plane().binaries();
+    playground.facts.kubectl = binaries.kubectl.display().to_string();
+    playground.facts.kubernetes_version = binaries.kubernetes.clone();
     // Templates that name no API URL (the examples in templates/) talk to the stand-in.
     let stand_in = playground.facts.forge_api_url.clone();
     controller.forge_api_defaults = ApiDefaults {
@@ -114,8 +121,11 @@ async fn provision_only(args: &SandboxArgs) -> Result<(), SandboxError> {
     })
     .await
     .map_err(|e| SandboxError::Provision(format!("provisioning task: {e}")))??;
-    println!("control-plane binaries ready in {}", binaries.dir.display());
-    let (_, helm) = helm_engine::bring(&args.controller.helm, &args.cache_dir).await?;
+    println!(
+        "Kubernetes {} ready: {}",
+        binaries.kubernetes, binaries.origin
+    );
+    let (_, helm) = helm::bring(&args.controller.helm, &args.cache_dir).await?;
     println!("Helm: {helm}");
     Ok(())
 }
@@ -188,7 +198,13 @@ fn print_facts(
     let facts = &playground.facts;
     let kubeconfig = &facts.kubeconfig;
     println!("previewd sandbox is ready ({:.1} s)", took.as_secs_f64());
+    println!(
+        "  Kubernetes:      {} ({})",
+        facts.kubernetes_version,
+        sandbox.control_plane().binaries().origin
+    );
     println!("  kubeconfig:      {kubeconfig}");
+    println!("  kubectl:         {} (of the same release)", facts.kubectl);
     println!("  nodes:           {}", sandbox.node_names().join(", "));
     println!(
         "  forge API:       {} (a stand-in for GitHub and GitLab; prints what previewd sends)",
@@ -219,7 +235,10 @@ fn print_facts(
     println!("    {}", playground.github_curl());
     println!("  open a GitLab MR:");
     println!("    {}", playground.gitlab_curl());
-    println!("  watch:           KUBECONFIG={kubeconfig} kubectl get previewenvironments -w");
+    println!(
+        "  watch:           KUBECONFIG={kubeconfig} {} get previewenvironments -w",
+        facts.kubectl
+    );
     println!(
         "  open an environment (a sleeping one wakes): curl -H 'Host: <status.host>' {}/",
         facts.ingress_url

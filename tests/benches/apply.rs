@@ -128,7 +128,7 @@ impl Kubectl {
     /// Runs kubectl; returns (wall time, requests sent, of which PATCH).
     fn run(&self, args: &[&str]) -> (Duration, usize, usize) {
         let started = Instant::now();
-        let output = Command::new("kubectl")
+        let output = Command::new(support::tools::kubectl())
             .args(args)
             .arg("-v=6")
             .env("KUBECONFIG", &self.kubeconfig)
@@ -149,7 +149,7 @@ impl Kubectl {
 
     /// `kubectl version --client`, e.g. `v1.20.5`.
     fn version(&self) -> String {
-        let output = Command::new("kubectl")
+        let output = Command::new(support::tools::kubectl())
             .args(["version", "--client", "-o", "json"])
             .output()
             .expect("run kubectl version");

@@ -265,7 +265,7 @@ async fn helm(engines: &Engines, objects: &[Value]) -> Figures {
             &vec![("values.json".into(), values.to_string().into_bytes())],
         );
         let printed = rounds.by_hand(
-            Command::new(support::helm::template_command())
+            Command::new(support::tools::template_command())
                 .args(["template", "boutique", "./chart", "--namespace", NAMESPACE])
                 .args(["--values", "values.json", "--include-crds"])
                 .current_dir(folder.path()),
@@ -306,7 +306,7 @@ async fn kustomize(engines: &Engines, objects: &[Value]) -> Figures {
             )],
         );
         let printed = rounds.by_hand(
-            Command::new("kubectl")
+            Command::new(support::tools::kubectl())
                 .args(["kustomize", "mine"])
                 .current_dir(folder.path()),
         );
@@ -329,7 +329,7 @@ async fn kustomize(engines: &Engines, objects: &[Value]) -> Figures {
 
 fn engines() -> Engines {
     Engines::new(EngineConfig {
-        helm: support::helm::template_command(),
+        helm: support::tools::template_command(),
         worker: env!("CARGO_BIN_EXE_previewd").into(),
         timeout: Duration::from_secs(120),
         ..Default::default()

@@ -220,6 +220,70 @@ async fn a_service_account_with_every_role_the_default_admits_stays_in_its_names
     .await;
 }
 
+/// The second wall: Pod Security Admission, enforced by the API server itself on the label
+/// previewd sets on every environment namespace (`pod-security.kubernetes.io/enforce: baseline`
+/// by default). A privileged pod created directly in the namespace, by a cluster admin whose
+/// RBAC allows everything and bypassing previewd's own policy, is refused by the API server;
+/// a baseline pod in the same namespace is admitted, so the refusal is the pod's, not the
+/// caller's. Without the label (or on a server without Pod Security Admission, such as the
+/// 1.20 sandbox this suite used to run on) the privileged pod is created.
+#[tokio::test]
+async fn pod_security_admission_refuses_a_privileged_pod_that_bypasses_previewd() {
+    const APP: &str = "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: app}\ndata: {k: v}\n";
+    in_namespace("policy-pod-security", |client, ns| async move {
+        let _running = deploy(&client, &ns, APP, json!({})).await;
+        let ready = wait_for_phase(
+            &environments(&client, &ns),
+            "pr-7",
+            Phase::Ready,
+            Duration::from_secs(60),
+        )
+        .await;
+        let target = ready.status.unwrap().namespace.unwrap();
+        let labels = Api::<Namespace>::all(client.clone())
+            .get(&target)
+            .await
+            .unwrap()
+            .metadata
+            .labels
+            .unwrap_or_default();
+        assert_eq!(
+            labels
+                .get("pod-security.kubernetes.io/enforce")
+                .map(String::as_str),
+            Some("baseline")
+        );
+
+        let pods: Api<Pod> = Api::namespaced(client.clone(), &target);
+        let pod = |name: &str, privileged: bool| -> Pod {
+            serde_json::from_value(json!({
+                "metadata": {"name": name},
+                "spec": {"containers": [{"name": "c", "image": "busybox",
+                         "securityContext": {"privileged": privileged}}]}
+            }))
+            .unwrap()
+        };
+        let refused = pods
+            .create(&PostParams::default(), &pod("root", true))
+            .await;
+        match refused {
+            Err(kube::Error::Api(status)) => {
+                assert_eq!(status.code, 403, "{status:?}");
+                assert!(
+                    status.message.contains("violates PodSecurity \"baseline:"),
+                    "refused by Pod Security Admission: {}",
+                    status.message
+                );
+            }
+            other => panic!("a privileged pod was admitted into {target}: {other:?}"),
+        }
+        pods.create(&PostParams::default(), &pod("plain", false))
+            .await
+            .expect("a baseline pod is admitted");
+    })
+    .await;
+}
+
 /// Class 2: a template NetworkPolicy that opens the namespace (egress to any address, ingress
 /// from every namespace) or takes the guard rail's name is refused by path; on main both were
 /// applied, and the second replaced the default-deny policy.

@@ -1,5 +1,5 @@
-//! The foundation, tested against a real kube-apiserver: previewd's CRDs, the 1.20-adapted
-//! Online Boutique, Jobs through the node simulator, namespace deletion, and load.
+//! The foundation, tested against a real kube-apiserver: previewd's CRDs, the released
+//! Online Boutique (gRPC probes, ports without a protocol), Jobs through the node simulator, namespace deletion, and load.
 
 use crate::support;
 
@@ -11,7 +11,6 @@ use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod, Service};
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use previewd::model::crd::{Phase, PreviewEnvironment, PreviewEnvironmentStatus, PreviewTemplate};
-use previewd::sandbox::compat::adapt_for_1_20;
 use previewd::sandbox::node_simulator::ANNOTATION_FAIL;
 use serde_json::json;
 use support::{eventually, in_namespace};
@@ -107,7 +106,7 @@ async fn crds_install_and_an_environment_round_trips_with_its_status() {
         );
 
         // kubectl shows the printer columns and the short name works.
-        let output = std::process::Command::new("kubectl")
+        let output = std::process::Command::new(support::tools::kubectl())
             .env("KUBECONFIG", &support::shared().kubeconfig_path)
             .args(["get", "penv", "-n", &ns])
             .output()
@@ -149,15 +148,14 @@ async fn crds_install_and_an_environment_round_trips_with_its_status() {
     .await;
 }
 
-/// The Online Boutique fixture, adapted for 1.20 (see `previewd::sandbox::compat`).
+/// The Online Boutique fixture, as released: current Kubernetes takes it unchanged.
 fn online_boutique() -> Vec<serde_json::Value> {
     let text =
         std::fs::read_to_string(support::fixture("apps/online-boutique.yaml")).expect("fixture");
-    let mut objects = support::yaml_documents(&text);
-    let changes: usize = objects.iter_mut().map(adapt_for_1_20).sum();
+    let objects = support::yaml_documents(&text);
     assert!(
-        changes > 0,
-        "the fixture uses gRPC probes and implicit protocols"
+        text.contains("grpc:"),
+        "the fixture uses gRPC probes, which Kubernetes serves since 1.24"
     );
     objects
 }

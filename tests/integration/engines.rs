@@ -83,7 +83,7 @@ async fn start_controller_timing_out(
         ControllerConfig {
             namespace: Some(namespace.to_string()),
             engines: EngineConfig {
-                helm: support::helm::template_command(),
+                helm: support::tools::template_command(),
                 timeout,
                 ..Default::default()
             },
@@ -207,7 +207,7 @@ async fn poke(
 
 /// Every object Helm's install action makes of the chart is in `target` as Helm made it.
 async fn assert_same_objects_as_helm(client: &Client, target: &str, release: &str, values: &Value) {
-    let expected = support::helm::install_manifest(&example_chart(), release, target, values);
+    let expected = support::tools::install_manifest(&example_chart(), release, target, values);
     assert_eq!(
         expected.len(),
         4,
@@ -368,7 +368,7 @@ async fn serve_chart_repository(forge: &MockServer) -> String {
     use wiremock::matchers::{method, path};
     use wiremock::{Mock, ResponseTemplate};
     let base = format!("{}/charts", forge.uri());
-    for (name, bytes) in support::helm::chart_repository(&example_chart(), &base) {
+    for (name, bytes) in support::tools::chart_repository(&example_chart(), &base) {
         Mock::given(method("GET"))
             .and(path(format!("/charts/{name}")))
             .respond_with(ResponseTemplate::new(200).set_body_bytes(bytes))
@@ -515,7 +515,7 @@ patches:
     );
     std::fs::create_dir_all(folder.path().join("mine")).unwrap();
     std::fs::write(folder.path().join("mine/kustomization.yaml"), own).unwrap();
-    let output = std::process::Command::new("kubectl")
+    let output = std::process::Command::new(support::tools::kubectl())
         .args(["kustomize", "mine"])
         .current_dir(folder.path())
         .output()

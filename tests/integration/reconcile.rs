@@ -621,7 +621,7 @@ async fn resync_of_an_unchanged_environment_writes_nothing_yet_reverts_a_kubectl
 
         // A managed field edited with kubectl comes back: the watch shows the drift.
         let kubeconfig = support::shared().kubeconfig_path.clone();
-        let output = std::process::Command::new("kubectl")
+        let output = std::process::Command::new(support::tools::kubectl())
             .env("KUBECONFIG", &kubeconfig)
             .args([
                 "patch",

@@ -19,11 +19,11 @@ pub mod apiserver;
 pub mod apps;
 pub mod contents;
 pub mod gate;
-pub mod helm;
 pub mod layers;
 pub mod process;
 pub mod prometheus;
 pub mod proxy;
+pub mod tools;
 pub mod webhooks;
 
 /// The cluster every test in this binary shares.
@@ -363,19 +363,18 @@ pub async fn create_namespace(client: &Client, test_name: &str) -> String {
     name
 }
 
-/// Pods cannot be created before the namespace's `default` service account has its token.
+/// Pods cannot be created before the namespace's `default` service account exists (its
+/// tokens are projected at run time since Kubernetes 1.24).
 async fn wait_for_default_service_account(client: &Client, namespace: &str) {
     use k8s_openapi::api::core::v1::ServiceAccount;
     let accounts: Api<ServiceAccount> = Api::namespaced(client.clone(), namespace);
     for _ in 0..150 {
-        if let Ok(Some(account)) = accounts.get_opt("default").await
-            && !account.secrets.unwrap_or_default().is_empty()
-        {
+        if let Ok(Some(_)) = accounts.get_opt("default").await {
             return;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    panic!("namespace {namespace} got no default service account token within 15 s");
+    panic!("namespace {namespace} got no default service account within 15 s");
 }
 
 /// Prints events, pods, deployments and jobs of a namespace (for failed tests).
