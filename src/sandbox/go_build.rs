@@ -16,7 +16,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use super::SandboxError;
-use super::provision::{FileLock, Progress, is_executable, which};
+use super::machine::{FileLock, Progress, is_executable, which};
 
 /// Bumped whenever the recipe changes (flags, layout), so older caches are not reused.
 pub const RECIPE: &str = "r1";

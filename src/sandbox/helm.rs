@@ -1,12 +1,13 @@
 //! The `helm` the sandbox runs as previewd's chart engine: a program `--helm` names, or, for
 //! the default `helm`, the pinned one ([`super::provision::ensure_helm`]: found on PATH when it
 //! is of the pinned minor line, otherwise built once from `helm.sh/helm/v4` into the cache).
-//! The tests use the same one (`tests/support/helm.rs`).
+//! The tests use the same one (`tests/support/tools.rs`).
 
 use std::path::{Path, PathBuf};
 
 use super::SandboxError;
-use super::provision::{Progress, StderrProgress, ensure_helm, is_executable, which};
+use super::machine::{Progress, StderrProgress, is_executable, which};
+use super::provision::ensure_helm;
 
 /// The `helm` previewd should run in the sandbox, and where it came from (for the sandbox's
 /// output): `named` when it is not the default `helm` and is found (a path, or a name on PATH);

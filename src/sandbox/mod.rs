@@ -3,7 +3,8 @@
 //!
 //! * [`versions`]: the one place that pins Kubernetes, etcd and Helm.
 //! * [`provision`]: finds those binaries (`KUBEBUILDER_ASSETS`, PATH) or builds them once from
-//!   their Go modules ([`go_build`]) and caches them.
+//!   their Go modules ([`go_build`]) and caches them; [`machine`]: programs, Debian packages,
+//!   build locks and progress lines.
 //! * [`control_plane`]: starts and stops those processes on free loopback ports.
 //! * [`node_simulator`]: registers Nodes and plays kubelet for the pods bound to them.
 //! * [`example_templates`]: generates the `online-boutique` example template from the fixture app.
@@ -27,6 +28,7 @@ pub mod forge_standin;
 pub mod go_build;
 pub mod helm;
 pub mod ingress;
+pub mod machine;
 pub mod node_simulator;
 pub mod playground;
 pub mod process;
@@ -39,8 +41,9 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 pub use control_plane::ControlPlane;
+pub use machine::{Progress, StderrProgress};
 pub use node_simulator::{NodeSimulator, NodeSimulatorConfig};
-pub use provision::{Binaries, Progress, StderrProgress};
+pub use provision::Binaries;
 
 /// What can go wrong while provisioning or running the sandbox.
 #[derive(Debug, thiserror::Error)]

@@ -17,9 +17,8 @@
 //! next to the same request rendered in previewd's own process (as before the children), and
 //! the same commit again (the child's answer kept by digest: no child, the answer read back).
 //!
-//! The Helm engine is the tests' (`src/sandbox/helm_template.py` on Helm's Go SDK, see
-//! `tests/support/helm.rs`); with the `helm` binary the absolute figures differ, while both
-//! sides of the ratio run the same engine.
+//! The engines are the real `helm` and `kubectl` of the pinned versions (`tests/support/tools.rs`,
+//! `src/sandbox/versions.rs`); both sides of each ratio run the same engine.
 
 #[path = "../support/mod.rs"]
 mod support;

@@ -649,7 +649,7 @@ spec:
     spec:
       containers: [{name: web, image: nginx}]
 ---
-apiVersion: batch/v1beta1
+apiVersion: batch/v1
 kind: CronJob
 metadata: {name: report}
 spec:
@@ -699,7 +699,7 @@ spec:
             client.clone(),
             &target,
             &kube::api::ApiResource::from_gvk(&kube::api::GroupVersionKind::gvk(
-                "batch", "v1beta1", "CronJob",
+                "batch", "v1", "CronJob",
             )),
         );
         let suspended = |expected: bool| {

@@ -1,7 +1,7 @@
 //! Third-party engines against a real kube-apiserver, with a forge double serving the
 //! repository's contents API at each commit.
 //!
-//! * Helm, on the real Helm engine (see `support::helm`): the web-chart example deployed with its
+//! * Helm, the real `helm` of the pinned version (see `support::tools`): the web-chart example deployed with its
 //!   values and per-commit image tag, its pre-install hook before it and its seed after it; the
 //!   same chart published in a chart repository, downloaded once for many commits.
 //! * Kustomize, on the real Kustomize (`kubectl kustomize`): the web-kustomize example's overlay

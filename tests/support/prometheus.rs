@@ -25,15 +25,15 @@ impl Drop for Prometheus {
 fn program() -> PathBuf {
     static INSTALL: std::sync::Mutex<()> = std::sync::Mutex::new(());
     let _turn = INSTALL.lock().unwrap_or_else(|e| e.into_inner());
-    if let Some(found) = previewd::sandbox::provision::which("prometheus") {
+    if let Some(found) = previewd::sandbox::machine::which("prometheus") {
         return found;
     }
-    previewd::sandbox::provision::ensure_debian_packages(
+    previewd::sandbox::machine::ensure_debian_packages(
         &["prometheus"],
         &previewd::sandbox::StderrProgress,
     )
     .expect("install Debian's prometheus package");
-    previewd::sandbox::provision::which("prometheus").expect("prometheus installed")
+    previewd::sandbox::machine::which("prometheus").expect("prometheus installed")
 }
 
 impl Prometheus {
