@@ -851,10 +851,11 @@ async fn a_template_that_builds_a_gigabyte_is_rendered_apart_and_stopped_by_its_
 
 /// Charts as people write them (issue 36 §5): a hook Job named by `generateName` (Helm's and
 /// Argo CD's hook examples) and ports without `protocol` (client-side apply never needed it).
-/// Before, the first was refused ("a Job has no metadata.name") and the second failed
-/// server-side apply on this API server ("element 0: associative list with keys has an element
-/// that omits key field \"protocol\""). Now the Job is named by its content (run once per
-/// content, as a seed) and the ports get Kubernetes' default, `TCP`.
+/// Before, the first was refused ("a Job has no metadata.name"), and the second failed
+/// server-side apply on the 1.20 API server this suite ran on ("associative list with keys has
+/// an element that omits key field \"protocol\""), so previewd wrote `TCP` in. Now the Job is
+/// named by its content (run once per content, as a seed) and every supported API server
+/// defaults the protocol itself: previewd sends the ports as the chart wrote them.
 #[tokio::test]
 async fn a_chart_with_a_generate_name_hook_and_ports_without_protocol_deploys() {
     in_namespace("helm-as-written", |client, ns| async move {

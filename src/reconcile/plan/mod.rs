@@ -3,12 +3,10 @@
 //! applied unless the whole plan passes, so a broken or unsafe template leaves the previous
 //! commit running.
 //!
-//! In order: the render values ([`values`]), the render ([`render`]), Kubernetes' defaults that
-//! server-side apply needs ([`defaults`]), the object limit, the guard ([`guard`]), and the
-//! workload adjustments for sleep and redeploy ([`workloads`]).
+//! In order: the render values ([`values`]), the render ([`render`]), the object limit, the
+//! guard ([`guard`]), and the workload adjustments for sleep and redeploy ([`workloads`]).
 
 pub mod asleep_routes;
-pub mod defaults;
 pub mod footprint;
 pub mod guard;
 pub mod hooks;
@@ -146,7 +144,6 @@ pub fn plan_rendered(
     let mut placed = hooks::place(from_engines).map_err(render_failed)?;
     render::stamp(&mut placed, namespace, &labels);
     objects.append(&mut placed);
-    defaults::fill(&mut objects);
     refuse_crds(&objects)?;
     check_object_limit(objects.len(), limits.max_objects)?;
     let guarded = guard::check(&objects, namespace, &limits.kinds);
