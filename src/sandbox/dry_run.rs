@@ -21,6 +21,8 @@ use super::SandboxError;
 use super::control_plane::random_hex;
 use super::forge_standin::ForgeStandIn;
 use super::helm;
+use super::machine::StderrProgress;
+use super::provision;
 use super::repositories::{Repositories, head_commit};
 use crate::engines::{EngineConfig, Engines};
 use crate::forge::client::{ForgeClient, ForgeClients, TOKEN_BUDGET};
@@ -72,7 +74,8 @@ pub async fn run(args: RenderArgs) -> Result<bool, SandboxError> {
     };
     // Kept alive while rendering: the client reads the checkout through it.
     let (_stand_in, client) = local_forge(&template, args.checkout.as_deref()).await?;
-    let engines = engines(&args).await;
+    let uses_kustomize = template.spec.manifests.kustomize.is_some();
+    let engines = engines(&args, uses_kustomize).await;
     let renders = prometheus::IntCounterVec::new(
         prometheus::Opts::new("renders", "renders by engine and outcome"),
         &["engine", "outcome"],
@@ -134,20 +137,37 @@ async fn local_forge(
     Ok((stand_in, client))
 }
 
-/// The engines the controller would run: `--helm` (or the sandbox's Helm engine when no
-/// `helm` is on PATH; if that cannot be installed, `--helm` as it is, and a chart says
-/// `RenderFailed` naming it) and `--kubectl`, with the controller's default limits.
-async fn engines(args: &RenderArgs) -> Engines {
+/// The engines the controller would run: `--helm` (the pinned Helm for the default; if that
+/// cannot be brought, `--helm` as it is, and a chart says `RenderFailed` naming it) and
+/// `--kubectl` (the pinned kubectl for the default, brought only for a template with an
+/// overlay), with the controller's default limits.
+async fn engines(args: &RenderArgs, uses_kustomize: bool) -> Engines {
     let helm = match helm::bring(&args.helm, &args.cache_dir).await {
         Ok((helm, _)) => helm,
         Err(e) => {
-            eprintln!("previewd render: no Helm engine ({e}); charts will not render");
+            eprintln!("previewd render: no Helm ({e}); charts will not render");
             args.helm.clone()
         }
     };
+    let mut kubectl = args.kubectl.clone();
+    if uses_kustomize && kubectl == Path::new("kubectl") {
+        let cache_dir = args.cache_dir.clone();
+        let brought = tokio::task::spawn_blocking(move || {
+            provision::ensure_kubectl(&cache_dir, &StderrProgress)
+        })
+        .await
+        .map_err(|e| SandboxError::Provision(e.to_string()))
+        .and_then(|result| result);
+        match brought {
+            Ok(pinned) => kubectl = pinned,
+            Err(e) => {
+                eprintln!("previewd render: no pinned kubectl ({e}); using `kubectl` from PATH")
+            }
+        }
+    }
     Engines::new(EngineConfig {
         helm,
-        kubectl: args.kubectl.clone(),
+        kubectl,
         ..EngineConfig::default()
     })
 }

@@ -88,6 +88,17 @@ pub fn ensure_binaries(
     })
 }
 
+/// The kubectl of the wanted Kubernetes release alone (for `previewd render`, which needs no
+/// control plane): found with the other three programs, or from their build.
+pub fn ensure_kubectl(cache_dir: &Path, progress: &dyn Progress) -> Result<PathBuf, SandboxError> {
+    let wanted = KubernetesVersion::wanted().map_err(SandboxError::Provision)?;
+    if let Some(([_, _, _, kubectl], _)) = found_kubernetes(&wanted) {
+        return Ok(kubectl);
+    }
+    let dir = kubernetes_build(&wanted)?.ensure(cache_dir, progress)?;
+    Ok(dir.join("kubectl"))
+}
+
 /// The pinned `helm`: one of Helm's pinned minor line found in `KUBEBUILDER_ASSETS` or on
 /// PATH, or built once from `helm.sh/helm/v4` into the cache. Returns it and where it came from.
 pub fn ensure_helm(
