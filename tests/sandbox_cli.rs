@@ -140,7 +140,11 @@ fn sandbox_kubectl() -> PathBuf {
     static KUBECTL: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
     KUBECTL
         .get_or_init(|| {
-            let cache = previewd::sandbox::cli::default_cache_dir();
+            // Where `previewd sandbox` caches it: `--cache-dir`'s variable, else its default.
+            let cache = std::env::var_os("PREVIEWD_CACHE_DIR")
+                .filter(|dir| !dir.is_empty())
+                .map(PathBuf::from)
+                .unwrap_or_else(previewd::sandbox::cli::default_cache_dir);
             previewd::sandbox::provision::ensure_binaries(
                 &cache,
                 &previewd::sandbox::StderrProgress,

@@ -32,8 +32,9 @@ pub struct GoBuild {
     pub what: String,
     /// `package@version` for each main package, as `go get` takes them.
     pub packages: Vec<(String, String)>,
-    /// `module => module version` lines for the throwaway go.mod.
-    pub replaces: Vec<(String, String)>,
+    /// `module => module version` lines for the throwaway go.mod, worked out only when a build
+    /// runs (reading them may ask the Go module proxy; a cached build needs no Go at all).
+    pub replaces: Replaces,
     /// `-X name=value` settings (versions the projects' own build scripts stamp in).
     pub stamps: Vec<String>,
     /// The binaries the build must leave, by name.
@@ -43,6 +44,17 @@ pub struct GoBuild {
     pub renames: Vec<(String, String)>,
     /// How long it takes on this project's machines (2 cores), for the person waiting.
     pub estimate: &'static str,
+    /// `(binary, arguments, line it must print)`: run on the fresh build before it is cached,
+    /// so a binary that does not run here, or is of another version, is never kept.
+    pub checks: Vec<(String, Vec<String>, String)>,
+}
+
+/// Works out the `replace` lines of a build's throwaway go.mod with the go command given.
+pub type Replaces = Box<dyn Fn(&Go) -> Result<Vec<(String, String)>, SandboxError> + Send + Sync>;
+
+/// No `replace` lines.
+pub fn no_replaces() -> Replaces {
+    Box::new(|_| Ok(Vec::new()))
 }
 
 impl GoBuild {
@@ -95,7 +107,9 @@ impl GoBuild {
             target.display()
         ));
         let started = Instant::now();
-        fs::write(work.join("go.mod"), self.go_mod()).map_err(|e| SandboxError::io(&work, e))?;
+        let replaces = (self.replaces)(&go)?;
+        fs::write(work.join("go.mod"), go_mod(&replaces))
+            .map_err(|e| SandboxError::io(&work, e))?;
         progress.step("  fetching the modules through the Go module proxy");
         let mut get = go.command(&work);
         get.arg("get")
@@ -115,6 +129,7 @@ impl GoBuild {
             fs::rename(output.join(built), output.join(name))
                 .map_err(|e| SandboxError::io(&output.join(built), e))?;
         }
+        self.check(&output)?;
 
         let info = format!(
             "{}\nbuilt with {} in {}s by previewd (src/sandbox/go_build.rs), recipe {RECIPE}\n\ngo.mod:\n{}",
@@ -136,16 +151,41 @@ impl GoBuild {
         Ok(())
     }
 
-    fn go_mod(&self) -> String {
-        let mut text = String::from(
-            "// Written by previewd to build pinned tools; see src/sandbox/go_build.rs.\nmodule previewd.local/build\n\ngo 1.21\n",
-        );
-        for (module, pinned) in &self.replaces {
-            text.push_str(&format!("\nreplace {module} => {module} {pinned}"));
+    /// Runs each check on the fresh build: it must run and print its line.
+    fn check(&self, output: &Path) -> Result<(), SandboxError> {
+        for (binary, args, expected) in &self.checks {
+            let program = output.join(binary);
+            let ran = Command::new(&program).args(args).output();
+            let printed = ran
+                .as_ref()
+                .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+                .unwrap_or_default();
+            if !printed.lines().any(|line| line.trim() == expected) {
+                return Err(SandboxError::Build(format!(
+                    "the fresh {binary} does not print {expected:?} for `{binary} {}` ({}): nothing was cached",
+                    args.join(" "),
+                    match &ran {
+                        Ok(_) => format!("it printed {printed:?}"),
+                        Err(e) => e.to_string(),
+                    }
+                )));
+            }
         }
-        text.push('\n');
-        text
+        Ok(())
     }
+}
+
+/// The throwaway module: no code of its own, only what it requires (added by `go get`) and how
+/// it pins the modules its requirements replace.
+fn go_mod(replaces: &[(String, String)]) -> String {
+    let mut text = String::from(
+        "// Written by previewd to build pinned tools; see src/sandbox/go_build.rs.\nmodule previewd.local/build\n\ngo 1.21\n",
+    );
+    for (module, pinned) in replaces {
+        text.push_str(&format!("\nreplace {module} => {module} {pinned}"));
+    }
+    text.push('\n');
+    text
 }
 
 /// A go command and the version it reported.
@@ -154,15 +194,40 @@ pub struct Go {
     pub version: String,
 }
 
+/// Settings of the caller's that could turn off the checksum database or build for another
+/// machine; removed from every go command previewd runs.
+const UNSAFE_GO_SETTINGS: [&str; 9] = [
+    "GONOSUMDB",
+    "GONOSUMCHECK",
+    "GONOSUMVERIFY",
+    "GOPRIVATE",
+    "GOINSECURE",
+    "GOOS",
+    "GOARCH",
+    "GOAMD64",
+    "GOEXPERIMENT",
+];
+
 impl Go {
-    fn command(&self, work: &Path) -> Command {
+    /// A go command in `work` that verifies every module against the checksum database and
+    /// builds for this machine, whatever the caller's environment and `go env -w` file say
+    /// (`GOENV=off`); the module proxy (`GOPROXY`) stays the caller's, a company mirror say.
+    pub fn command(&self, work: &Path) -> Command {
         let mut command = Command::new(&self.program);
+        for name in UNSAFE_GO_SETTINGS {
+            command.env_remove(name);
+        }
         command
             .current_dir(work)
+            .env("GOENV", "off")
+            .env("GOSUMDB", "sum.golang.org")
+            .env("GOFLAGS", "-mod=mod")
+            // Go's own go.env says `local`; a Go older than a module's `go` line fetches the
+            // toolchain it asks for from the module proxy.
+            .env("GOTOOLCHAIN", "auto")
             .env("CGO_ENABLED", "0")
             // The throwaway module is the only one: no workspace of the caller's applies.
-            .env("GOWORK", "off")
-            .env("GOFLAGS", "-mod=mod");
+            .env("GOWORK", "off");
         command
     }
 }
@@ -180,8 +245,12 @@ pub fn find_go() -> Result<Go, SandboxError> {
         .flatten()
         .filter(|p| is_executable(p))
         .filter_map(|program| {
+            // From a neutral folder and with this Go's own toolchain: a go.mod around the
+            // caller would otherwise switch toolchains before answering.
             let output = Command::new(&program)
                 .args(["env", "GOVERSION"])
+                .env("GOTOOLCHAIN", "local")
+                .current_dir(std::env::temp_dir())
                 .output()
                 .ok()?;
             let version = String::from_utf8_lossy(&output.stdout).trim().to_string();
@@ -270,21 +339,40 @@ mod tests {
 
     #[test]
     fn the_throwaway_module_pins_what_it_is_told() {
-        let build = GoBuild {
-            name: "x".into(),
-            what: "x".into(),
-            packages: vec![("example.com/m/cmd/x".into(), "v1.0.0".into())],
-            replaces: vec![("example.com/a".into(), "v0.1.0".into())],
-            stamps: Vec::new(),
-            binaries: vec!["x".into()],
-            renames: Vec::new(),
-            estimate: "seconds",
-        };
-        let go_mod = build.go_mod();
+        let go_mod = go_mod(&[("example.com/a".into(), "v0.1.0".into())]);
         assert!(go_mod.contains("module previewd.local/build"), "{go_mod}");
         assert!(
             go_mod.contains("replace example.com/a => example.com/a v0.1.0"),
             "{go_mod}"
         );
+    }
+
+    /// A fresh build that does not report what it must is refused, never cached: here `sh`
+    /// stands in for a binary of the wrong version.
+    #[test]
+    fn a_build_that_does_not_report_its_version_is_refused() {
+        let folder = tempfile::tempdir().unwrap();
+        std::os::unix::fs::symlink("/bin/sh", folder.path().join("tool")).unwrap();
+        let check = |expected: &str| {
+            GoBuild {
+                name: "tool".into(),
+                what: "tool".into(),
+                packages: Vec::new(),
+                replaces: no_replaces(),
+                stamps: Vec::new(),
+                binaries: vec!["tool".into()],
+                renames: Vec::new(),
+                estimate: "seconds",
+                checks: vec![(
+                    "tool".into(),
+                    vec!["-c".into(), "echo tool v1.2.3".into()],
+                    expected.into(),
+                )],
+            }
+            .check(folder.path())
+        };
+        assert!(check("tool v1.2.3").is_ok());
+        let refused = check("tool v1.2.4").unwrap_err().to_string();
+        assert!(refused.contains("nothing was cached"), "{refused}");
     }
 }

@@ -65,8 +65,10 @@ impl NodeSimulator {
             .map(|i| format!("sandbox-node-{i}"))
             .collect();
         let nodes: Api<Node> = Api::all(client.clone());
+        // A kubelet is never newer than its API server: the nodes say the server's release.
+        let version = client.apiserver_version().await?.git_version;
         for (index, name) in node_names.iter().enumerate() {
-            register_node(&nodes, name, index).await?;
+            register_node(&nodes, name, index, &version).await?;
         }
         let mut tasks = Vec::new();
         for name in &node_names {
@@ -117,7 +119,12 @@ fn node_conditions() -> Value {
     ])
 }
 
-async fn register_node(nodes: &Api<Node>, name: &str, index: usize) -> Result<(), kube::Error> {
+async fn register_node(
+    nodes: &Api<Node>,
+    name: &str,
+    index: usize,
+    version: &str,
+) -> Result<(), kube::Error> {
     let node = json!({
         "apiVersion": "v1",
         "kind": "Node",
@@ -150,7 +157,7 @@ async fn register_node(nodes: &Api<Node>, name: &str, index: usize) -> Result<()
                 "machineID": format!("sandbox-{index}"), "systemUUID": format!("sandbox-{index}"),
                 "bootID": format!("sandbox-{index}"), "kernelVersion": "sandbox",
                 "osImage": "previewd sandbox", "containerRuntimeVersion": "sandbox://1",
-                "kubeletVersion": super::versions::KUBERNETES,
+                "kubeletVersion": version,
                 "operatingSystem": "linux", "architecture": "amd64"
             }
         }

@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use super::SandboxError;
-use super::go_build::{GoBuild, find_go};
+use super::go_build::{Go, GoBuild, no_replaces};
 use super::machine::{Progress, ensure_debian_packages, is_executable};
 use super::versions::{self, KubernetesVersion};
 
@@ -57,7 +57,7 @@ pub fn ensure_binaries(
     let (kubernetes, kubernetes_origin) = match found_kubernetes(&wanted) {
         Some(found) => found,
         None => {
-            let dir = kubernetes_build(&wanted)?.ensure(cache_dir, progress)?;
+            let dir = kubernetes_build(&wanted).ensure(cache_dir, progress)?;
             let paths = KUBERNETES_BINARIES.map(|name| dir.join(name));
             (
                 paths,
@@ -92,10 +92,10 @@ pub fn ensure_binaries(
 /// control plane): found with the other three programs, or from their build.
 pub fn ensure_kubectl(cache_dir: &Path, progress: &dyn Progress) -> Result<PathBuf, SandboxError> {
     let wanted = KubernetesVersion::wanted().map_err(SandboxError::Provision)?;
-    if let Some(([_, _, _, kubectl], _)) = found_kubernetes(&wanted) {
+    if let Some(kubectl) = found(&["kubectl"], |p| of_minor(p, &wanted)) {
         return Ok(kubectl);
     }
-    let dir = kubernetes_build(&wanted)?.ensure(cache_dir, progress)?;
+    let dir = kubernetes_build(&wanted).ensure(cache_dir, progress)?;
     Ok(dir.join("kubectl"))
 }
 
@@ -135,14 +135,9 @@ fn minor_line(version: &str) -> String {
 
 /// The four Kubernetes programs, when each is found and reports the wanted minor.
 fn found_kubernetes(wanted: &KubernetesVersion) -> Option<([PathBuf; 4], String)> {
-    let of_wanted_minor = |path: &Path| {
-        reported_kubernetes_version(path)
-            .and_then(|v| KubernetesVersion::parse(&v))
-            .is_some_and(|v| v.minor == wanted.minor)
-    };
     let paths: Vec<PathBuf> = KUBERNETES_BINARIES
         .iter()
-        .map(|name| found(&[name], of_wanted_minor))
+        .map(|name| found(&[name], |p| of_minor(p, wanted)))
         .collect::<Option<_>>()?;
     let origin = format!(
         "Kubernetes 1.{} found in {}",
@@ -152,11 +147,19 @@ fn found_kubernetes(wanted: &KubernetesVersion) -> Option<([PathBuf; 4], String)
     paths.try_into().ok().map(|paths| (paths, origin))
 }
 
+/// Whether the Kubernetes program at `path` reports `wanted`'s minor.
+fn of_minor(path: &Path, wanted: &KubernetesVersion) -> bool {
+    reported_kubernetes_version(path)
+        .and_then(|v| KubernetesVersion::parse(&v))
+        .is_some_and(|v| v.minor == wanted.minor)
+}
+
 fn distinct_folders(paths: &[PathBuf]) -> String {
     let mut folders: Vec<String> = paths
         .iter()
         .filter_map(|p| p.parent().map(|d| d.display().to_string()))
         .collect();
+    folders.sort();
     folders.dedup();
     folders.join(", ")
 }
@@ -199,13 +202,15 @@ fn etcd_is_supported(path: &Path) -> bool {
     matches!((parts.next(), parts.next()), (Some(Some(3)), Some(Some(minor))) if minor >= 5)
 }
 
-/// The first of `names` in `KUBEBUILDER_ASSETS`, then on PATH, that `accept`s.
+/// The first of `names` in `KUBEBUILDER_ASSETS`, then on PATH, that `accept`s. Only absolute
+/// folders are searched: an empty PATH entry would mean the working directory.
 fn found(names: &[&str], accept: impl Fn(&Path) -> bool) -> Option<PathBuf> {
     let assets = std::env::var_os("KUBEBUILDER_ASSETS").map(PathBuf::from);
     let path = std::env::var_os("PATH").unwrap_or_default();
     let folders: Vec<PathBuf> = assets
         .into_iter()
         .chain(std::env::split_paths(&path))
+        .filter(|folder| folder.is_absolute())
         .collect();
     folders
         .iter()
@@ -217,9 +222,8 @@ fn found(names: &[&str], accept: impl Fn(&Path) -> bool) -> Option<PathBuf> {
 /// kube-apiserver, kube-controller-manager, kube-scheduler and kubectl of `version`, from
 /// `k8s.io/kubernetes` with every staging module it replaces pinned to the matching `v0.x.y`,
 /// stamped with the version as Kubernetes' own build (hack/lib/version.sh) stamps it.
-fn kubernetes_build(version: &KubernetesVersion) -> Result<GoBuild, SandboxError> {
+fn kubernetes_build(version: &KubernetesVersion) -> GoBuild {
     let tag = version.tag();
-    let staging = staging_modules(&tag)?;
     let stamps = [
         "k8s.io/component-base/version",
         "k8s.io/client-go/pkg/version",
@@ -234,7 +238,23 @@ fn kubernetes_build(version: &KubernetesVersion) -> Result<GoBuild, SandboxError
         ]
     })
     .collect();
-    Ok(GoBuild {
+    let mut checks: Vec<(String, Vec<String>, String)> = KUBERNETES_BINARIES[..3]
+        .iter()
+        .map(|name| {
+            (
+                name.to_string(),
+                vec!["--version".into()],
+                format!("Kubernetes {tag}"),
+            )
+        })
+        .collect();
+    checks.push((
+        "kubectl".into(),
+        vec!["version".into(), "--client".into()],
+        format!("Client Version: {tag}"),
+    ));
+    let (staging_tag, module_tag) = (version.staging_tag(), tag.clone());
+    GoBuild {
         name: format!("kubernetes-{tag}"),
         what: format!(
             "kube-apiserver, kube-controller-manager, kube-scheduler and kubectl (Kubernetes {tag})"
@@ -243,27 +263,37 @@ fn kubernetes_build(version: &KubernetesVersion) -> Result<GoBuild, SandboxError
             .iter()
             .map(|name| (format!("k8s.io/kubernetes/cmd/{name}"), tag.clone()))
             .collect(),
-        replaces: staging
-            .into_iter()
-            .map(|module| (module, version.staging_tag()))
-            .collect(),
+        replaces: Box::new(move |go| {
+            let modules = staging_modules(go, &module_tag)?;
+            Ok(modules
+                .into_iter()
+                .map(|m| (m, staging_tag.clone()))
+                .collect())
+        }),
         stamps,
         binaries: KUBERNETES_BINARIES.map(String::from).to_vec(),
         renames: Vec::new(),
         estimate: "about 6 minutes on 2 cores",
-    })
+        checks,
+    }
 }
 
 fn etcd_build() -> GoBuild {
+    let version = versions::ETCD.trim_start_matches('v');
     GoBuild {
         name: format!("etcd-{}", versions::ETCD),
         what: format!("etcd {}", versions::ETCD),
         packages: vec![("go.etcd.io/etcd/server/v3".into(), versions::ETCD.into())],
-        replaces: Vec::new(),
+        replaces: no_replaces(),
         stamps: Vec::new(),
         binaries: vec!["etcd".into()],
         renames: vec![("server".into(), "etcd".into())],
         estimate: "about 1 minute on 2 cores",
+        checks: vec![(
+            "etcd".into(),
+            vec!["--version".into()],
+            format!("etcd Version: {version}"),
+        )],
     }
 }
 
@@ -272,26 +302,29 @@ fn helm_build() -> GoBuild {
         name: format!("helm-{}", versions::HELM),
         what: format!("helm {}", versions::HELM),
         packages: vec![("helm.sh/helm/v4/cmd/helm".into(), versions::HELM.into())],
-        replaces: Vec::new(),
+        replaces: no_replaces(),
         stamps: vec![format!(
             "-X helm.sh/helm/v4/internal/version.version={}",
             versions::HELM
         )],
         binaries: vec!["helm".into()],
         renames: Vec::new(),
-        estimate: "about 3 minutes on 2 cores",
+        estimate: "about 2 minutes on 2 cores",
+        checks: vec![(
+            "helm".into(),
+            vec!["version".into(), "--template".into(), "{{.Version}}".into()],
+            versions::HELM.into(),
+        )],
     }
 }
 
 /// The staging modules `k8s.io/kubernetes@tag` replaces with `./staging/…`, read from its
-/// go.mod as the Go module proxy serves it.
-fn staging_modules(tag: &str) -> Result<Vec<String>, SandboxError> {
-    let go = find_go()?;
-    let output = Command::new(&go.program)
+/// go.mod as the Go module proxy serves it (checked against the checksum database).
+fn staging_modules(go: &Go, tag: &str) -> Result<Vec<String>, SandboxError> {
+    let output = go
+        .command(&std::env::temp_dir())
         .args(["mod", "download", "-json"])
         .arg(format!("k8s.io/kubernetes@{tag}"))
-        .env("GOFLAGS", "-mod=mod")
-        .current_dir(std::env::temp_dir())
         .output()
         .map_err(|e| SandboxError::Build(format!("go mod download: {e}")))?;
     let answer: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap_or_default();

@@ -147,7 +147,7 @@ impl Kubectl {
         (elapsed, requests.len(), patches)
     }
 
-    /// `kubectl version --client`, e.g. `v1.20.5`.
+    /// `kubectl version --client`, e.g. `v1.37.2`.
     fn version(&self) -> String {
         let output = Command::new(support::tools::kubectl())
             .args(["version", "--client", "-o", "json"])
@@ -164,8 +164,16 @@ impl Kubectl {
 /// The verb of a line of kubectl's `-v=6` log that records one HTTP request.
 fn request_verb(line: &str) -> Option<&'static str> {
     let (_, rest) = line.split_once("round_trippers.go:")?;
+    const VERBS: [&str; 5] = ["GET", "PATCH", "POST", "PUT", "DELETE"];
+    // kubectl from 1.30 logs structured pairs: `"Response" verb="PATCH" url=… status=…`.
+    if let Some((_, after)) = rest.split_once("\"Response\" verb=\"") {
+        return VERBS
+            .into_iter()
+            .find(|verb| after.starts_with(&format!("{verb}\"")));
+    }
+    // Older kubectl: `] PATCH https://… 200 OK in 3 milliseconds`.
     let after = rest.split_once("] ").map(|(_, r)| r).unwrap_or("");
-    ["GET", "PATCH", "POST", "PUT", "DELETE"]
+    VERBS
         .into_iter()
         .find(|verb| after.starts_with(&format!("{verb} ")))
 }

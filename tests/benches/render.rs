@@ -536,7 +536,7 @@ async fn pushes_of_a_repository_chart(
 async fn benchmark() {
     let objects = boutique();
     // One round outside the figures, with engines of its own (so its renders are not cached
-    // for the measured rounds): the engines' first load from disk (Python and the SDK, kubectl).
+    // for the measured rounds): the engines' first load from disk (helm, kubectl).
     let warming = engines();
     helm(&warming, &objects).await;
     kustomize(&warming, &objects).await;

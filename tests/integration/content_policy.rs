@@ -52,6 +52,18 @@ async fn create_template_and_environment(
     support::apps::create_inline(client, namespace, app).await;
 }
 
+/// The namespace of environment `pr-7` once it is Ready.
+async fn ready_namespace(client: &kube::Client, namespace: &str) -> String {
+    let ready = wait_for_phase(
+        &environments(client, namespace),
+        "pr-7",
+        Phase::Ready,
+        Duration::from_secs(60),
+    )
+    .await;
+    ready.status.unwrap().namespace.unwrap()
+}
+
 fn environments(client: &kube::Client, namespace: &str) -> Api<PreviewEnvironment> {
     Api::namespaced(client.clone(), namespace)
 }
@@ -170,14 +182,7 @@ async fn a_service_account_with_every_role_the_default_admits_stays_in_its_names
     );
     in_namespace("policy-impersonation", |client, ns| async move {
         let _running = deploy(&client, &ns, &manifest, json!({})).await;
-        let ready = wait_for_phase(
-            &environments(&client, &ns),
-            "pr-7",
-            Phase::Ready,
-            Duration::from_secs(60),
-        )
-        .await;
-        let target = ready.status.unwrap().namespace.unwrap();
+        let target = ready_namespace(&client, &ns).await;
         let app = support::client_as_service_account(&target, "app").await;
 
         // The Role is in force: the application may read its own pods (RBAC is cached by the
@@ -232,14 +237,7 @@ async fn pod_security_admission_refuses_a_privileged_pod_that_bypasses_previewd(
     const APP: &str = "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: app}\ndata: {k: v}\n";
     in_namespace("policy-pod-security", |client, ns| async move {
         let _running = deploy(&client, &ns, APP, json!({})).await;
-        let ready = wait_for_phase(
-            &environments(&client, &ns),
-            "pr-7",
-            Phase::Ready,
-            Duration::from_secs(60),
-        )
-        .await;
-        let target = ready.status.unwrap().namespace.unwrap();
+        let target = ready_namespace(&client, &ns).await;
         let labels = Api::<Namespace>::all(client.clone())
             .get(&target)
             .await
@@ -334,14 +332,7 @@ spec:
 "#;
     in_namespace("policy-dns", |client, ns| async move {
         let _running = deploy(&client, &ns, INSIDE, json!({})).await;
-        let ready = wait_for_phase(
-            &environments(&client, &ns),
-            "pr-7",
-            Phase::Ready,
-            Duration::from_secs(60),
-        )
-        .await;
-        let target = ready.status.unwrap().namespace.unwrap();
+        let target = ready_namespace(&client, &ns).await;
         let policies: Api<k8s_openapi::api::networking::v1::NetworkPolicy> =
             Api::namespaced(client.clone(), &target);
         let guard_rail = serde_json::to_value(policies.get("previewd-default-deny").await.unwrap())

@@ -353,8 +353,8 @@ async fn the_apiserver_survives_two_thousand_applies_and_lists_from_sixteen_clie
 }
 
 /// Applies `operations` ConfigMaps (cycling over 25 names, so most are updates with changed data)
-/// and lists them as often, every other list pretty-printed: the encoding path where an
-/// apiserver built with the unsafe reflect2 crashes.
+/// and lists them as often, every other list pretty-printed: the encoding path where the 1.20
+/// apiserver, built with an unsafe reflect2, once crashed; kept as a load test.
 async fn load_worker(client: Client, ns: &str, worker: usize, operations: usize) {
     let configmaps: Api<ConfigMap> = Api::namespaced(client.clone(), ns);
     let params = PatchParams::apply("previewd-load-test").force();

@@ -66,8 +66,13 @@ fn control() -> &'static tokio::sync::mpsc::UnboundedSender<ClusterRequest> {
         .expect("fault tests need the sandbox (PREVIEWD_TEST_KUBECONFIG is set)")
 }
 
+/// Where the built control plane and engines are cached: `PREVIEWD_CACHE_DIR` as `previewd
+/// sandbox --cache-dir` reads it, else the sandbox's default.
 pub fn cache_dir() -> PathBuf {
-    previewd::sandbox::cli::default_cache_dir()
+    std::env::var_os("PREVIEWD_CACHE_DIR")
+        .filter(|dir| !dir.is_empty())
+        .map(PathBuf::from)
+        .unwrap_or_else(previewd::sandbox::cli::default_cache_dir)
 }
 
 /// How many nodes the shared cluster's simulator registers (default 2, 250 pods each); a

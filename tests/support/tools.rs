@@ -1,6 +1,6 @@
 //! The real `helm` and `kubectl` for the tests, of the versions `previewd::sandbox::versions`
 //! pins: found where they are of the pinned line, otherwise built once from their Go modules
-//! into `~/.cache/previewd/builds/` (or `$PREVIEWD_CACHE_DIR`), as the control plane is
+//! into `~/.cache/previewd/builds/` (or under `$PREVIEWD_CACHE_DIR`), as the control plane is
 //! (`previewd::sandbox::provision`), so that `cargo test` works on a fresh machine.
 
 use std::path::{Path, PathBuf};
