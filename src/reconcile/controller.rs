@@ -233,6 +233,20 @@ async fn reconcile_in_span(
     })
     .await;
     let result = match result {
+        // The environment is gone: a reconcile of a cached copy that still showed the finalizer
+        // ran the cleanup again, and another had already removed the finalizer, so the API
+        // server deleted the environment. Nothing failed and nothing is left to do.
+        Err(kube::runtime::finalizer::Error::RemoveFinalizer(kube::Error::Api(status)))
+            if status.code == 404 =>
+        {
+            tracing::debug!(
+                "the environment was deleted before this reconcile removed its finalizer"
+            );
+            Ok(Action::await_change())
+        }
+        other => other,
+    };
+    let result = match result {
         Ok(action) => {
             // Backoff restarts only when a whole reconcile, forge report included, succeeded.
             context.memory.failures.lock().remove(&key);
@@ -244,10 +258,13 @@ async fn reconcile_in_span(
             }
             Ok(action)
         }
-        Err(kube::runtime::finalizer::Error::AddFinalizer(e)) if is_stale_read(&e) => {
-            // The cache showed the environment without the finalizer, but the server's copy has
-            // changed since (usually: the previous reconcile added it and the watch has not
-            // brought that yet). Nothing failed and nothing was done: look again once the watch
+        Err(
+            kube::runtime::finalizer::Error::AddFinalizer(e)
+            | kube::runtime::finalizer::Error::RemoveFinalizer(e),
+        ) if is_stale_read(&e) => {
+            // The cache showed the environment without the finalizer (or with it), but the
+            // server's copy has changed since (usually: the previous reconcile added it, or
+            // removed it, and the watch has not brought that yet). Nothing failed and nothing was done: look again once the watch
             // has caught up, leaving any backoff count as it was.
             tracing::debug!(error = %e, "the environment changed since the cache read it; looking again");
             Ok(Action::requeue(STALE_READ_RETRY))

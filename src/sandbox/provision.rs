@@ -89,7 +89,8 @@ pub fn ensure_binaries(
 }
 
 /// The kubectl of the wanted Kubernetes release alone (for `previewd render`, which needs no
-/// control plane): found with the other three programs, or from their build.
+/// control plane): one of the wanted minor found on its own, or the one built with the other
+/// three programs.
 pub fn ensure_kubectl(cache_dir: &Path, progress: &dyn Progress) -> Result<PathBuf, SandboxError> {
     let wanted = KubernetesVersion::wanted().map_err(SandboxError::Provision)?;
     if let Some(kubectl) = found(&["kubectl"], |p| of_minor(p, &wanted)) {
