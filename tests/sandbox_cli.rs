@@ -141,10 +141,7 @@ fn sandbox_kubectl() -> PathBuf {
     KUBECTL
         .get_or_init(|| {
             // Where `previewd sandbox` caches it: `--cache-dir`'s variable, else its default.
-            let cache = std::env::var_os("PREVIEWD_CACHE_DIR")
-                .filter(|dir| !dir.is_empty())
-                .map(PathBuf::from)
-                .unwrap_or_else(previewd::sandbox::cli::default_cache_dir);
+            let cache = previewd::sandbox::cli::cache_dir_from_environment();
             previewd::sandbox::provision::ensure_binaries(
                 &cache,
                 &previewd::sandbox::StderrProgress,

@@ -75,6 +75,15 @@ impl SandboxArgs {
     }
 }
 
+/// The cache folder `--cache-dir` would hold without the flag: `PREVIEWD_CACHE_DIR` when set,
+/// else [`default_cache_dir`] (for callers that are not `previewd sandbox`, such as the tests).
+pub fn cache_dir_from_environment() -> PathBuf {
+    std::env::var_os("PREVIEWD_CACHE_DIR")
+        .filter(|dir| !dir.is_empty())
+        .map(PathBuf::from)
+        .unwrap_or_else(default_cache_dir)
+}
+
 /// `$XDG_CACHE_HOME/previewd`, else `~/.cache/previewd`, else a folder in the temp dir.
 pub fn default_cache_dir() -> PathBuf {
     if let Some(xdg) = std::env::var_os("XDG_CACHE_HOME").filter(|v| !v.is_empty()) {

@@ -69,10 +69,7 @@ fn control() -> &'static tokio::sync::mpsc::UnboundedSender<ClusterRequest> {
 /// Where the built control plane and engines are cached: `PREVIEWD_CACHE_DIR` as `previewd
 /// sandbox --cache-dir` reads it, else the sandbox's default.
 pub fn cache_dir() -> PathBuf {
-    std::env::var_os("PREVIEWD_CACHE_DIR")
-        .filter(|dir| !dir.is_empty())
-        .map(PathBuf::from)
-        .unwrap_or_else(previewd::sandbox::cli::default_cache_dir)
+    previewd::sandbox::cli::cache_dir_from_environment()
 }
 
 /// How many nodes the shared cluster's simulator registers (default 2, 250 pods each); a
