@@ -176,6 +176,7 @@ impl Engines {
                 pull,
                 folder.path(),
                 helm_env(folder.path()),
+                true,
             )
             .await;
         pulled.map_err(|error| match error {

@@ -10,6 +10,7 @@
 //! them is the plan step's work (`reconcile::plan`).
 
 pub mod cache;
+pub mod contain;
 pub mod helm;
 pub mod kustomize;
 pub mod process;
@@ -18,7 +19,7 @@ pub mod warm;
 pub mod worker;
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, PoisonError};
 use std::time::Duration;
 
 use cache::RenderCache;
@@ -49,6 +50,8 @@ pub struct EngineConfig {
     pub timeout: Duration,
     /// Bytes of private writable memory per engine program.
     pub memory_limit: u64,
+    /// Whether the engines and render workers run behind the kernel's walls ([`contain`]).
+    pub containment: contain::ContainmentMode,
 }
 
 impl Default for EngineConfig {
@@ -59,6 +62,7 @@ impl Default for EngineConfig {
             worker: worker::this_program(),
             timeout: Duration::from_secs(30),
             memory_limit: DEFAULT_MEMORY_LIMIT,
+            containment: contain::ContainmentMode::Required,
         }
     }
 }
@@ -82,6 +86,11 @@ pub enum EngineError {
     Fetch(String),
     #[error("previewd is shutting down")]
     ShuttingDown,
+    /// The input ran the program out of memory or output (what the same input does again on
+    /// any node, unlike a timeout under load): the environment's commit is set aside
+    /// (`reconcile::quarantine`) until the template or the commit changes.
+    #[error("{0} (set aside: not rendered again until the template or the commit changes)")]
+    Exhausted(RunError),
     /// The same input failed so before (out of memory or time): not run again until the
     /// template or the commit changes.
     #[error(
@@ -103,6 +112,9 @@ pub struct Engines {
     archives: RenderCache<Vec<u8>>,
     turns: FairTurns,
     workers: worker::Workers,
+    /// Inputs that exhausted an engine, refused again at once (until the environment's status
+    /// says so, `reconcile::quarantine`, and for other environments with the same input).
+    exhausted: std::sync::Mutex<worker::Remembered<RunError>>,
 }
 
 impl Engines {
@@ -113,6 +125,7 @@ impl Engines {
             archives: RenderCache::default(),
             turns: FairTurns::new(CONCURRENT_RENDERS),
             workers: worker::Workers::default(),
+            exhausted: std::sync::Mutex::default(),
         }
     }
 
@@ -121,18 +134,39 @@ impl Engines {
         if let Some(text) = self.cache.get(&job.key) {
             return Ok(Rendered { text, cached: true });
         }
+        if let Some(said) = self.said_before(&job.key) {
+            return Err(EngineError::SaidBefore(said));
+        }
         let (_turn, folder) = self.private_folder(job.owner).await?;
         for (under, files) in job.files {
             write_files(&folder.path().join(under), files)?;
         }
         let env = (job.env)(folder.path());
-        let text = self.run(job.program, job.args, folder.path(), env).await?;
+        let ran = self.run(job.program, job.args, folder.path(), env, false);
+        let text = ran.await.map_err(exhausted).inspect_err(|error| {
+            if let EngineError::Exhausted(said) = error {
+                let mut exhausted = self
+                    .exhausted
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner);
+                exhausted.keep(job.key, said.clone());
+            }
+        })?;
         let text = Arc::new(text);
         self.cache.keep(job.key, text.clone());
         Ok(Rendered {
             text,
             cached: false,
         })
+    }
+
+    /// What the same input said when it exhausted an engine before, if it did.
+    fn said_before(&self, key: &cache::RenderKey) -> Option<RunError> {
+        let exhausted = self
+            .exhausted
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        exhausted.get(key)
     }
 
     /// A turn among the [`CONCURRENT_RENDERS`], fair between owners (templates), and a fresh
@@ -154,6 +188,7 @@ impl Engines {
         args: Vec<String>,
         folder: &Path,
         mut env: Vec<(&'static str, String)>,
+        network: bool,
     ) -> Result<String, EngineError> {
         // PATH is previewd's own (so `helm` is found as on the command line); nothing else is.
         env.push((
@@ -169,8 +204,24 @@ impl Engines {
             max_output: MAX_OUTPUT_BYTES,
             max_memory: self.config.memory_limit,
             reads_input: false,
+            walls: contain::Walls {
+                folder: Some(folder.to_path_buf()),
+                network,
+                mode: self.config.containment,
+            },
         })
         .await?)
+    }
+}
+
+/// A run that ran out of memory or output did so because of its input (the same input does
+/// the same again): said as [`EngineError::Exhausted`]. A timeout may be the node's load.
+fn exhausted(error: EngineError) -> EngineError {
+    match error {
+        EngineError::Run(run @ (RunError::OutOfMemory { .. } | RunError::TooMuchOutput { .. })) => {
+            EngineError::Exhausted(run)
+        }
+        other => other,
     }
 }
 

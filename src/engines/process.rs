@@ -18,6 +18,8 @@ use std::time::Duration;
 use tokio::io::AsyncReadExt;
 use tokio::process::{Child, Command};
 
+use super::contain::{self, Prepared, Walls};
+
 /// Why a program gave no output previewd can use. The messages speak to the template's
 /// author: they end up in the environment's condition.
 #[derive(Clone, Debug, thiserror::Error, PartialEq)]
@@ -28,6 +30,9 @@ pub enum RunError {
     TimedOut { program: String, limit: Duration },
     #[error("{program} printed more than {limit} bytes and was stopped")]
     TooMuchOutput { program: String, limit: usize },
+    /// The kernel's walls could not be put up (`engines::contain`): not run.
+    #[error("{program} was not run: {reason}")]
+    NotContained { program: String, reason: String },
     #[error("{program} needed more than {} MiB of memory and was stopped (--render-memory-limit)", limit >> 20)]
     OutOfMemory { program: String, limit: u64 },
     /// The program's own error message (its standard error, shortened).
@@ -38,6 +43,9 @@ pub enum RunError {
 /// How often the program's resident memory is read: at memory's speed of filling, a program
 /// gets at most a few dozen MiB past its limit between two reads.
 pub const MEMORY_CHECK_INTERVAL: Duration = Duration::from_millis(5);
+
+/// The largest file a program may write (`RLIMIT_FSIZE`).
+const MAX_FILE_BYTES: u64 = 64 << 20;
 
 /// The most of a program's standard error previewd repeats in a condition.
 const MAX_MESSAGE_CHARS: usize = 2_000;
@@ -56,6 +64,8 @@ pub struct Run<'a> {
     /// Whether the program reads its standard input (a warm child's requests, `engines::warm`);
     /// when not, it reads nothing.
     pub reads_input: bool,
+    /// What the kernel lets it touch (`engines::contain`).
+    pub walls: Walls,
 }
 
 /// Runs the program and returns its standard output, or why not.
@@ -77,8 +87,17 @@ pub struct Started {
 /// Starts the program, under its memory limit, with nothing of previewd's environment.
 pub fn start(run: Run<'_>) -> Result<Started, RunError> {
     let program = run.program.display().to_string();
-    let mut command = Command::new(run.program);
-    limit_memory(&mut command, run.max_memory);
+    // The path the child executes is decided here, not by a PATH search in its folder.
+    let path = contain::resolve(run.program).ok_or_else(|| RunError::NotStarted {
+        program: program.clone(),
+        reason: "not found on PATH".into(),
+    })?;
+    let walls = contain::prepare(&path, &run.walls).map_err(|reason| RunError::NotContained {
+        program: program.clone(),
+        reason,
+    })?;
+    let mut command = Command::new(&path);
+    before_exec(&mut command, run.max_memory, walls);
     let child = command
         .args(&run.args)
         .current_dir(run.folder)
@@ -195,21 +214,29 @@ impl Started {
 }
 
 /// Makes the kernel refuse the program's memory beyond `bytes` (its heap and other private
-/// writable mappings), set in the child between fork and exec.
-fn limit_memory(command: &mut Command, bytes: u64) {
+/// writable mappings) and puts up its walls, in the child between fork and exec.
+fn before_exec(command: &mut Command, bytes: u64, mut walls: Prepared) {
     let limit = libc::rlimit {
         rlim_cur: bytes,
         rlim_max: bytes,
     };
-    // SAFETY: the closure runs in the forked child before exec and calls only setrlimit(2),
-    // which is async-signal-safe; it allocates nothing and takes no lock.
+    // No file it writes (in its private folder, on previewd's scratch volume) grows past this:
+    // a render prints at most 4 MiB, a chart archive is at most 8 MiB.
+    let file_size = libc::rlimit {
+        rlim_cur: MAX_FILE_BYTES,
+        rlim_max: MAX_FILE_BYTES,
+    };
+    // SAFETY: the closure runs in the forked child before exec and makes only system calls
+    // (setrlimit(2), then prctl(2), landlock_restrict_self(2) and seccomp(2) on what was
+    // prepared before the fork); it allocates nothing and takes no lock.
     unsafe {
         command.pre_exec(move || {
-            if libc::setrlimit(libc::RLIMIT_DATA, &limit) == 0 {
-                Ok(())
-            } else {
-                Err(std::io::Error::last_os_error())
+            if libc::setrlimit(libc::RLIMIT_DATA, &limit) != 0
+                || libc::setrlimit(libc::RLIMIT_FSIZE, &file_size) != 0
+            {
+                return Err(std::io::Error::last_os_error());
             }
+            walls.enforce()
         });
     }
 }
@@ -306,6 +333,7 @@ mod tests {
             max_output,
             max_memory: 256 << 20,
             reads_input: false,
+            walls: Walls::sealed(None, contain::ContainmentMode::Off),
         }
     }
 

@@ -20,6 +20,7 @@ use std::path::Path;
 use std::sync::{Mutex, PoisonError};
 
 use super::cache::{RenderCache, RenderKey};
+use super::contain::{ContainmentMode, Walls};
 use super::process::{Run, RunError};
 use super::turns::FairTurns;
 use super::warm::{Limits, WarmChild};
@@ -67,7 +68,7 @@ impl Default for Workers {
     }
 }
 
-struct Remembered<T> {
+pub(super) struct Remembered<T> {
     keys: HashSet<RenderKey>,
     order: VecDeque<(RenderKey, T)>,
 }
@@ -82,7 +83,7 @@ impl<T> Default for Remembered<T> {
 }
 
 impl<T: Clone> Remembered<T> {
-    fn get(&self, key: &RenderKey) -> Option<T> {
+    pub(super) fn get(&self, key: &RenderKey) -> Option<T> {
         if !self.keys.contains(key) {
             return None;
         }
@@ -92,7 +93,7 @@ impl<T: Clone> Remembered<T> {
             .map(|(_, value)| value.clone())
     }
 
-    fn keep(&mut self, key: RenderKey, value: T) {
+    pub(super) fn keep(&mut self, key: RenderKey, value: T) {
         if !self.keys.insert(key) {
             return;
         }
@@ -161,6 +162,9 @@ impl Engines {
                     let overgrown = self.workers.overgrown.lock();
                     let mut overgrown = overgrown.unwrap_or_else(PoisonError::into_inner);
                     overgrown.keep(key, said.clone());
+                    if !matches!(said, RunError::TimedOut { .. }) {
+                        return Err(EngineError::Exhausted(said));
+                    }
                 }
                 Err(EngineError::Run(said))
             }
@@ -231,7 +235,18 @@ impl Engines {
             max_output: MAX_ANSWER_BYTES,
             max_memory: TEMPLATE_MEMORY_LIMIT,
             reads_input: true,
+            walls: Walls::sealed(None, worker_containment(self.config.containment)),
         }
+    }
+}
+
+/// The worker runs previewd's own code on data (no engine, no file, no network needed): it
+/// gets every wall the kernel has, and runs without them where the kernel has none, as a
+/// template's inline manifests must render on any node.
+fn worker_containment(engines: ContainmentMode) -> ContainmentMode {
+    match engines {
+        ContainmentMode::Off => ContainmentMode::Off,
+        _ => ContainmentMode::BestEffort,
     }
 }
 

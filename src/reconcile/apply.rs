@@ -30,5 +30,6 @@ pub(super) fn refused(error: ApplyError) -> Refusal {
         reason: RefusalReason::ApplyRefused,
         message: format!("the API server refused {error}"),
         retry: Some(Box::new(ReconcileError::Apply(error))),
+        quarantine: None,
     }
 }

@@ -84,6 +84,9 @@ pub struct Refusal {
     /// Set when the refusal also fails the reconcile, so that it is retried with backoff (the
     /// API server refused an object: a template edit or a cluster change may fix it).
     pub retry: Option<Box<ReconcileError>>,
+    /// Set when the input exhausted a render worker or an engine: the commit is set aside
+    /// (`super::quarantine`) with this record, which the pipeline completes.
+    pub quarantine: Option<Box<crate::model::crd::Quarantine>>,
 }
 
 /// The kinds of refusal, each written as its name: the `Ready` condition's reason, which
@@ -149,6 +152,7 @@ impl Refusal {
             reason,
             message: message.into(),
             retry: None,
+            quarantine: None,
         }
     }
 }

@@ -4,7 +4,9 @@
 use std::time::{Duration, Instant};
 
 use prometheus::core::Collector;
-use prometheus::{Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, Opts};
+use prometheus::{
+    Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGaugeVec, Opts,
+};
 
 use super::error::ERROR_CATEGORIES;
 use crate::cluster::metrics::{MetricSet, counter_at_zero};
@@ -26,6 +28,9 @@ pub struct ReconcileMetrics {
     /// Engine renders by engine (`helm`, `kustomize`, `templates`: previewd's own render in a
     /// child process) and outcome (`rendered`, `cached`: nothing ran, `failed`).
     pub engine_renders: IntCounterVec,
+    /// 1 for each wall the kernel keeps around the engines (`files`: Landlock, `network`:
+    /// seccomp), 0 for one it does not (`engines::contain`).
+    pub engine_containment: IntGaugeVec,
 }
 
 impl Default for ReconcileMetrics {
@@ -48,6 +53,7 @@ impl MetricSet for ReconcileMetrics {
             Box::new(self.seed_duration.clone()),
             Box::new(self.seed_failures.clone()),
             Box::new(self.engine_renders.clone()),
+            Box::new(self.engine_containment.clone()),
         ]
     }
 }
@@ -71,6 +77,20 @@ fn engine_renders() -> IntCounterVec {
 }
 
 impl ReconcileMetrics {
+    /// Sets `previewd_engine_containment` to the walls that hold under `mode`.
+    pub fn set_containment(
+        &self,
+        support: crate::engines::contain::Support,
+        mode: crate::engines::contain::ContainmentMode,
+    ) {
+        let on = mode != crate::engines::contain::ContainmentMode::Off;
+        for (wall, holds) in [("files", support.files()), ("network", support.network())] {
+            self.engine_containment
+                .with_label_values(&[wall])
+                .set(i64::from(on && holds));
+        }
+    }
+
     pub fn new() -> Self {
         Self {
             reconcile_duration: HistogramVec::new(
@@ -109,6 +129,14 @@ impl ReconcileMetrics {
             seed_failures: IntCounter::new("previewd_seed_failures_total", "Seed Jobs that failed")
                 .expect("valid metric"),
             engine_renders: engine_renders(),
+            engine_containment: IntGaugeVec::new(
+                Opts::new(
+                    "previewd_engine_containment",
+                    "1 for each wall the kernel keeps around Helm, Kustomize and the render workers (files: Landlock, network: seccomp), 0 for one it does not",
+                ),
+                &["wall"],
+            )
+            .expect("valid metric"),
         }
     }
 }

@@ -25,6 +25,7 @@ mod namespace;
 mod pipeline;
 pub mod plan;
 mod prune;
+mod quarantine;
 mod queue;
 mod renders;
 mod resolve;

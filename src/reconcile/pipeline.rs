@@ -1,10 +1,12 @@
 //! One reconcile of a live `PreviewEnvironment`, as a list of named steps:
 //!
 //! resolve the template → hold (fork approval, queue) → checks (a new commit waits for CI;
-//! the commit deployed before keeps being reconciled meanwhile) → resolve the manifests → render the Helm
-//! chart and build the Kustomize overlay, if any (`helm template`, `kubectl kustomize`, cached
-//! by input) → plan (render,
-//! object limit, guard, policy, workloads; no client required, on a blocking thread) → check
+//! the commit deployed before keeps being reconciled meanwhile) → set aside? (a commit whose
+//! render exhausted a worker or an engine, [`quarantine`]) → resolve the manifests → render the
+//! Helm chart and build the Kustomize overlay, if any (`helm template`, `kubectl kustomize`,
+//! behind the kernel's walls, cached by input) → render the templates and parse every YAML
+//! document in a render worker → plan (object limit, guard, policy, workloads; no client
+//! required, on a blocking thread) → check
 //! the copied secrets (shared by their owners, or refused) → check the kinds (each served by the
 //! cluster, or refused) → claim the namespace (created for this environment, or refused) →
 //! apply the namespace → grant previewd its rights there → the generated secrets (kept once
@@ -27,14 +29,16 @@ use super::context::{Context, EnvironmentRef};
 use super::error::{ReconcileError, Refusal, RefusalReason, Stop};
 use super::hold::{hold, start_queued};
 use super::metrics::Observations;
-use super::plan::{Limits, Plan, host_claims, plan_rendered, templates_request};
+use super::plan::{Limits, Plan, host_claims, place_request, plan_rendered, templates_request};
 use super::renders::renderer::Renderer;
 use super::status::{
     Placement, Progress, ReadyCondition, condition, held_status, progress_status, record_waking,
     refused_status,
 };
 use super::write::write_status;
-use super::{access, apply, claim, coalesce, namespace, prune, renders, resolve, secrets, waves};
+use super::{
+    access, apply, claim, coalesce, namespace, prune, quarantine, renders, resolve, secrets, waves,
+};
 use crate::cluster::observed::ObjectKey;
 use crate::model::crd::{
     Phase, PreviewEnvironment, PreviewEnvironmentStatus, PreviewTemplate, WaitingCommit,
@@ -119,6 +123,10 @@ async fn deploy(
     held: Option<&Held>,
     context: &Context,
 ) -> Result<Action, Stop> {
+    let memory_limit = context.config.engines.memory_limit;
+    if let Some(refusal) = quarantine::set_aside(environment, template, memory_limit) {
+        return Err(refusal.into());
+    }
     let observed = context.applier.observed();
     let mut plan = render_and_plan(
         environment,
@@ -129,7 +137,8 @@ async fn deploy(
         limits(context),
         move |object| observed.live_replicas(&ObjectKey::of(object)),
     )
-    .await?;
+    .await
+    .map_err(|refusal| quarantine::record(refusal, environment, template, memory_limit))?;
     refuse_a_taken_host(environment, &plan.host, context)?;
     secrets::add_copies(&mut plan, template, context).await?;
     waves::check_served(&plan, context).await?;
@@ -230,10 +239,17 @@ pub(super) async fn render_and_plan(
     let templates = resolve::manifests(template, head_sha, renderer, cluster).await?;
     let from_engines = renders::render_engines(environment, template, namespace, renderer).await?;
     let request = templates_request(environment, template, templates, namespace);
-    let rendered = renders::isolated::render(request, template, renderer)
+    let mut rendered = renders::isolated::render(request, template, renderer)
         .await?
         .templates()
         .map_err(super::plan::render_failed)?;
+    for engine_output in from_engines {
+        let request = place_request(environment, template, engine_output, namespace);
+        let placed = renders::isolated::render(request, template, renderer).await?;
+        rendered
+            .objects
+            .extend(placed.placed().map_err(super::plan::render_failed)?);
+    }
     let (environment, template) = (environment.clone(), template.clone());
     let namespace = namespace.to_string();
     let planned = tokio::task::spawn_blocking(move || {
@@ -241,7 +257,6 @@ pub(super) async fn render_and_plan(
             &environment,
             &template,
             rendered,
-            &from_engines,
             &namespace,
             &limits,
             live_replicas,
@@ -268,6 +283,12 @@ async fn finish(
     let previous = environment.status.clone().unwrap_or_default();
     let mut status = next_status(environment, context, key, &plan, progress);
     status.waiting = held.map(|h| h.commit.clone());
+    // A render succeeded: what was set aside is behind, unless it is the head that waits for
+    // its checks while the deployed commit is reconciled (set aside still when they pass).
+    status.quarantine = previous
+        .quarantine
+        .clone()
+        .filter(|set_aside| held.is_some_and(|h| h.commit.sha == set_aside.commit));
     let mut requeue = match status.phase {
         Phase::Ready | Phase::Degraded | Phase::Sleeping => {
             // A full re-apply falls due at its own time, not at the next resync after it.
@@ -409,6 +430,10 @@ async fn refuse(
         Utc::now(),
     );
     status.waiting = waiting;
+    // Set aside by this refusal (or still); a refusal of another kind keeps what was.
+    if let Some(set_aside) = refusal.quarantine {
+        status.quarantine = Some(*set_aside);
+    }
     write_status(environment, context, status).await?;
     match refusal.retry {
         Some(error) => Err(*error),

@@ -76,6 +76,7 @@ async fn read_source(context: &Context, namespace: &str, name: &str) -> Result<S
             retry: Some(Box::new(ReconcileError::Secrets(not_found(
                 namespace, name,
             )))),
+            quarantine: None,
         })),
         Err(kube::Error::Api(status)) if status.code == 403 => Err(Stop::Refused(Refusal {
             reason: RefusalReason::SecretUnavailable,
@@ -83,6 +84,7 @@ async fn read_source(context: &Context, namespace: &str, name: &str) -> Result<S
                 "previewd may not read Secrets in namespace {namespace} (add it to the chart's rbac.secretNamespaces), so it cannot copy {name}; nothing was applied"
             ),
             retry: Some(Box::new(ReconcileError::Secrets(kube::Error::Api(status)))),
+            quarantine: None,
         })),
         Err(error) => Err(Stop::Failed(ReconcileError::Secrets(error))),
     }

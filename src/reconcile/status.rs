@@ -252,6 +252,8 @@ pub fn progress_status(
         waking_since: previous.waking_since,
         last_wake_seconds: previous.last_wake_seconds,
         footprint: previous.footprint.clone(),
+        // Rendered: whatever was set aside before is behind.
+        quarantine: None,
     }
 }
 

@@ -76,6 +76,7 @@ pub(super) async fn check_served(plan: &Plan, context: &Context) -> Result<(), S
                 failed.name, rendered.manifest
             ),
             retry: Some(Box::new(ReconcileError::Apply(failed))),
+            quarantine: None,
         }));
     }
     Ok(())

@@ -87,6 +87,17 @@ pub struct ControllerArgs {
     /// previewd itself under the container's memory limit (they share it).
     #[arg(long, env = "PREVIEWD_RENDER_MEMORY_LIMIT", default_value = "384Mi", value_parser = parse_size)]
     pub render_memory_limit: u64,
+    /// Whether `helm` and `kubectl kustomize` run only behind the kernel's walls (Landlock: their
+    /// private folder and the system's programs only; seccomp: no socket). `required` (the
+    /// default) renders nothing on a node that lacks either, and says so on the environment;
+    /// `best-effort` runs them behind whatever the kernel has (docs/security.md).
+    #[arg(
+        long,
+        env = "PREVIEWD_ENGINE_CONTAINMENT",
+        value_enum,
+        default_value = "required"
+    )]
+    pub engine_containment: crate::engines::contain::ContainmentMode,
     /// The ClusterRole previewd binds to its own ServiceAccount in each environment namespace
     /// it creates (the chart's `<release>-environment`). Set it when previewd's RBAC lets it
     /// write only there; it needs `--service-account` too.
@@ -212,6 +223,7 @@ impl ControllerArgs {
                 timeout: self.render_timeout,
                 memory_limit: self.render_memory_limit,
                 worker: crate::engines::worker::this_program(),
+                containment: self.engine_containment,
             },
             forge_api_defaults: Default::default(),
             gate_answers: false,

@@ -17,6 +17,7 @@ use std::time::Duration;
 use crate::cluster::caches::Caches;
 use crate::cluster::client;
 use crate::cluster::secrets::SecretReader;
+use crate::engines::contain::{ContainmentMode, Support};
 use crate::forge::access::WriteAccess;
 use crate::forge::template_client::TemplateClients;
 use crate::lifecycle::sweeper::Sweeper;
@@ -89,6 +90,10 @@ pub async fn run(
         metrics.server(),
         config.max_body_bytes,
     );
+    state.say_containment(say_containment(
+        &metrics,
+        config.controller.engines.containment,
+    ));
     let client = config.client.clone();
     let controller_config = config.controller.clone();
     let sweep_interval = config.sweep_interval;
@@ -384,4 +389,23 @@ pub fn shutdown_on_signals() -> tokio::sync::watch::Receiver<bool> {
         let _ = tx.send(true);
     });
     rx
+}
+
+/// Logs what the kernel keeps around the engines, sets `previewd_engine_containment`, and
+/// returns the line `/readyz` repeats. A wall missing is a warning (an error when the mode
+/// requires it: no engine will run).
+fn say_containment(metrics: &Metrics, mode: ContainmentMode) -> String {
+    let support = Support::probe();
+    metrics.reconcile.set_containment(support, mode);
+    let line = support.describe(mode);
+    let whole = support.files() && support.network();
+    match mode {
+        ContainmentMode::Off => tracing::warn!("{line}"),
+        _ if whole => tracing::info!("{line}"),
+        ContainmentMode::Required => tracing::error!(
+            "{line}: no Helm chart or Kustomize overlay will render on this node (--engine-containment=required)"
+        ),
+        ContainmentMode::BestEffort => tracing::warn!("{line}"),
+    }
+    line
 }

@@ -60,6 +60,8 @@ pub struct ServerState {
     in_flight: tokio::sync::Semaphore,
     /// Set when the controller of this replica stopped by itself: not ready any more.
     controller_stopped: std::sync::atomic::AtomicBool,
+    /// What the kernel keeps around the engines, said by `/readyz` (`engines::contain`).
+    containment: std::sync::OnceLock<String>,
 }
 
 /// How many deliveries are handled at once; more wait for a turn. Bounds the memory bodies
@@ -98,7 +100,13 @@ impl ServerState {
             deliveries: DeliveryLog::default(),
             in_flight: tokio::sync::Semaphore::new(MAX_DELIVERIES_IN_FLIGHT),
             controller_stopped: std::sync::atomic::AtomicBool::new(false),
+            containment: std::sync::OnceLock::new(),
         })
+    }
+
+    /// The engines' containment, one line, said by `/readyz` after its status.
+    pub fn say_containment(&self, line: String) {
+        let _ = self.containment.set(line);
     }
 
     /// The controller of this replica stopped by itself: `/readyz` answers 503 from now on.
@@ -142,7 +150,12 @@ async fn readyz(State(state): State<Arc<ServerState>>) -> Response {
     {
         (StatusCode::SERVICE_UNAVAILABLE, "the controller stopped").into_response()
     } else if *state.caches.ready.borrow() {
-        (StatusCode::OK, "ready").into_response()
+        let containment = state
+            .containment
+            .get()
+            .map(String::as_str)
+            .unwrap_or_default();
+        (StatusCode::OK, format!("ready\n{containment}")).into_response()
     } else {
         (StatusCode::SERVICE_UNAVAILABLE, "caches not synced yet").into_response()
     }

@@ -797,10 +797,10 @@ async fn create_inline(client: &Client, namespace: &str, name: &str, manifest: &
 /// Memory is bounded for previewd's own renders too (issue 35 §2): fuel counts instructions,
 /// and 27 of them double a string to a gigabyte. The template renders in a child process under
 /// the memory limit, whose allocation fails there and is said; previewd (this process, which
-/// runs the controller) never holds the gigabyte; the same input is not run again (a reconcile
-/// after a poke says the refusal at once, as said before); another template's environment
-/// deploys. Before, the string
-/// grew inside previewd: this test's process peaked at 1.5 GiB.
+/// runs the controller) never holds the gigabyte; the commit is set aside (issue 52:
+/// `status.quarantine`), so a reconcile after a poke runs no child for it and says the refusal
+/// at once; another template's environment deploys. Before, the string grew inside previewd:
+/// this test's process peaked at 1.5 GiB.
 #[tokio::test]
 async fn a_template_that_builds_a_gigabyte_is_rendered_apart_and_stopped_by_its_memory_limit() {
     in_namespace("template-memory", |client, ns| async move {
@@ -817,18 +817,30 @@ async fn a_template_that_builds_a_gigabyte_is_rendered_apart_and_stopped_by_its_
             "{message}"
         );
         assert_eq!(renders_by(&running, "templates", "failed"), 1);
-        // A reconcile after a poke runs no child for the same input: it says so at once.
+        assert!(message.contains("set aside"), "{message}");
+        let quarantine = |environment: PreviewEnvironment| environment.status?.quarantine;
         let environments: Api<PreviewEnvironment> = Api::namespaced(client.clone(), &ns);
+        let set_aside = quarantine(environments.get("greedy-pr-2").await.unwrap());
+        assert_eq!(set_aside.map(|q| q.commit).as_deref(), Some("abc1234"));
+        // A reconcile after a poke runs no child for the same commit: it says so at once.
+        let reconciles = || {
+            let histogram = running.metrics.reconcile.reconcile_duration.clone();
+            ["ok", "error"]
+                .iter()
+                .map(|outcome| histogram.with_label_values(&[outcome]).get_sample_count())
+                .sum::<u64>()
+        };
+        let before = reconciles();
         let poke = json!({"metadata": {"annotations": {"test.previewd.dev/poke": "1"}}});
         environments
             .patch("greedy-pr-2", &PatchParams::default(), &Patch::Merge(poke))
             .await
             .unwrap();
-        let again = eventually("the refusal said again", Duration::from_secs(30), || async {
-            let message = refused_with(&client, &ns, "greedy-pr-2", "RenderFailed").await;
-            message.contains("said before of this same input").then_some(message)
+        eventually("a reconcile after the poke", Duration::from_secs(30), || async {
+            (reconciles() > before).then_some(())
         })
         .await;
+        let again = refused_with(&client, &ns, "greedy-pr-2", "RenderFailed").await;
         assert!(again.contains("needed more than 128 MiB"), "{again}");
         assert_eq!(
             renders_by(&running, "templates", "failed"),

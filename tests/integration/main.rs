@@ -14,6 +14,7 @@ mod support;
 
 mod architecture;
 mod chart;
+mod containment;
 mod content_policy;
 mod control_plane;
 mod docs;
@@ -27,6 +28,7 @@ mod high_availability;
 mod hostile;
 mod image;
 mod lifecycle;
+mod quarantine;
 mod reconcile;
 mod security;
 mod sweep;

@@ -1,4 +1,4 @@
-//! Kustomize overlays, built by Kustomize itself (`kubectl kustomize`). The folder read from
+//! Kustomiz overlays, built by Kustomize itself (`kubectl kustomize`). The folder read from
 //! the repository is written to a private folder under `repo/`, and previewd adds one
 //! kustomization of its own on top of the overlay, as a person would with `kustomize edit`:
 //! the environment's namespace, the images to set (`images:`) and the template's patches.
@@ -11,7 +11,7 @@
 //! Kustomize ([`shape`]: no case-variant or unknown fields, merge keys, tags or plugins);
 //! nothing else is built.
 
-use std::collections::{BTreeSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::path::Path;
 
 use serde_json::{Value, json};
@@ -102,14 +102,14 @@ impl KustomizeRender<'_> {
 impl Engines {
     /// The overlay's objects as `kubectl kustomize` prints them (one YAML stream), from the
     /// cache when nothing they depend on changed.
-    /// `owner` (the template) is whose fair turn the build takes.
+    /// `owner` (the template) is whose fair turn the build takes. The caller checks the overlay
+    /// first ([`check_outline`], in a render worker): this runs Kustomize on what it is given,
+    /// behind the kernel's walls (`engines::contain`).
     pub async fn kustomize_build(
         &self,
         render: &KustomizeRender<'_>,
         owner: &str,
     ) -> Result<Rendered, EngineError> {
-        check_references(render.files, render.overlay)
-            .map_err(|e| EngineError::Refused(in_root(render.root, &e)))?;
         let own = serde_json::to_vec_pretty(&render.own_kustomization())
             .map_err(|e| EngineError::Io(e.to_string()))?;
         let own_file = [("kustomization.yaml".to_string(), own)];
@@ -136,7 +136,7 @@ impl Engines {
 }
 
 /// `path` said as a path of the repository.
-fn in_root(root: &str, path: &str) -> String {
+pub fn in_root(root: &str, path: &str) -> String {
     match root.trim_matches('/') {
         "" => path.to_string(),
         root => format!("{root}/{path}"),
@@ -146,6 +146,63 @@ fn in_root(root: &str, path: &str) -> String {
 /// Nothing of the operator's reaches Kustomize: its home is the private folder.
 fn kustomize_env(folder: &Path) -> Vec<(&'static str, String)> {
     vec![("HOME", folder.join("home").display().to_string())]
+}
+
+/// What [`check_references`] reads of a folder: the path of every file, the text of its
+/// kustomizations, and the overlay's folder in it. previewd checks it in a render worker
+/// (`reconcile::plan::request`), where the kustomizations, YAML from a pull request, are
+/// parsed under the worker's memory limit.
+#[derive(Clone, Debug, serde::Deserialize, serde::Serialize)]
+pub struct OverlayOutline {
+    pub paths: Vec<String>,
+    pub kustomizations: BTreeMap<String, String>,
+    /// Kustomizations that are not UTF-8 text (refused: checked as text, they would not be
+    /// what Kustomize reads).
+    pub not_text: Vec<String>,
+    pub overlay: String,
+}
+
+/// The outline of `files` (the folder read) for the overlay at `overlay` in it.
+pub fn outline(files: &[(String, Vec<u8>)], overlay: &str) -> OverlayOutline {
+    let mut outline = OverlayOutline {
+        paths: files.iter().map(|(path, _)| path.clone()).collect(),
+        kustomizations: BTreeMap::new(),
+        not_text: Vec::new(),
+        overlay: overlay.to_string(),
+    };
+    for (path, bytes) in files {
+        let name = path.rsplit('/').next().unwrap_or(path);
+        if !KUSTOMIZATION_FILES.contains(&name) {
+            continue;
+        }
+        match std::str::from_utf8(bytes) {
+            Ok(text) => {
+                outline
+                    .kustomizations
+                    .insert(path.clone(), text.to_string());
+            }
+            Err(_) => outline.not_text.push(path.clone()),
+        }
+    }
+    outline
+}
+
+/// [`check_references`] on an outline (the other files' contents play no part).
+pub fn check_outline(outline: &OverlayOutline) -> Result<(), String> {
+    if let Some(path) = outline.not_text.first() {
+        return Err(format!(
+            "{path}: not UTF-8 text; previewd checks a kustomization as text, so write it as UTF-8"
+        ));
+    }
+    let files: Vec<(String, Vec<u8>)> = outline
+        .paths
+        .iter()
+        .map(|path| {
+            let text = outline.kustomizations.get(path).map(String::as_bytes);
+            (path.clone(), text.unwrap_or_default().to_vec())
+        })
+        .collect();
+    check_references(&files, &outline.overlay)
 }
 
 /// Checks that every file and folder the kustomizations reachable from `overlay` refer to is
@@ -216,8 +273,10 @@ fn references(file: &str, text: &[u8]) -> Result<Vec<(&'static str, String)>, St
     shape::check(file, text, &parsed)?;
     let mut found = Vec::new();
     let mut add = |field: &'static str, entry: &Yaml| {
-        // An entry over several lines is an inline patch or configuration, not a path.
-        if let Some(text) = entry.as_str().filter(|t| !t.contains('\n')) {
+        // An entry of `patchesStrategicMerge` over several lines is an inline patch, not a
+        // path; anywhere else it is checked as the path Kustomize would take it for.
+        let inline = |text: &&str| field == "patchesStrategicMerge" && text.contains('\n');
+        if let Some(text) = entry.as_str().filter(|text| !inline(text)) {
             found.push((field, text.to_string()));
         }
     };
@@ -236,12 +295,16 @@ fn references(file: &str, text: &[u8]) -> Result<Vec<(&'static str, String)>, St
     }
     for field in ["configMapGenerator", "secretGenerator"] {
         for generator in list(&parsed, field) {
-            for entry in list(generator, "files").chain(list(generator, "envs")) {
+            for entry in list(generator, "files") {
                 // `key=path` names the key the file's content is kept under.
                 if let Some(text) = entry.as_str() {
                     let path = text.split_once('=').map_or(text, |(_, path)| path);
                     add(field, &Yaml::from(path));
                 }
+            }
+            // An `envs` entry is a path as a whole (Kustomize splits no key off it).
+            for entry in list(generator, "envs") {
+                add(field, entry);
             }
             add(field, generator.get("env").unwrap_or(&Yaml::Null));
         }
@@ -257,10 +320,21 @@ fn list<'a>(value: &'a Yaml, field: &str) -> impl Iterator<Item = &'a Yaml> {
         .flatten()
 }
 
+/// Whether Kustomize could take `reference` for something to fetch rather than a path: a URL,
+/// a git location (`github.com/org/repo//base?ref=v1`, `git@host:repo`, `git::…`), which it
+/// tries before a local folder of the same name, or a Windows-style path.
+fn looks_remote(reference: &str) -> bool {
+    const GIT_HOSTS: [&str; 4] = ["github.com/", "gitlab.com/", "bitbucket.org/", "git@"];
+    [":", "?", "//", "\\"]
+        .iter()
+        .any(|sign| reference.contains(sign))
+        || GIT_HOSTS.iter().any(|host| reference.starts_with(host))
+}
+
 /// `reference` taken from `folder`, as a path relative to the folder read, or `None` when it
 /// is remote, absolute, or climbs above that folder.
 fn resolve(folder: &str, reference: &str) -> Option<String> {
-    if reference.contains("://") || reference.starts_with('/') || reference.contains('\\') {
+    if reference.starts_with('/') || looks_remote(reference) {
         return None;
     }
     let mut parts: Vec<&str> = folder.split('/').filter(|p| !p.is_empty()).collect();
@@ -327,6 +401,23 @@ mod tests {
                 "/proc/self/environ",
             ),
             ("openapi: {path: /var/run/x.json}", "/var/run/x.json"),
+            // Git locations Kustomize tries before a local folder of the same name.
+            (
+                "resources: [github.com/evil/x//base?ref=v1]",
+                "github.com/evil/x//base?ref=v1",
+            ),
+            (
+                "resources: [\"git@github.com:evil/x\"]",
+                "git@github.com:evil/x",
+            ),
+            ("resources: [\"git::evil/x\"]", "git::evil/x"),
+            // A path over several lines is still a path outside `patchesStrategicMerge`.
+            ("resources:\n- |\n  ../../../etc\n  x", "../../../etc\nx"),
+            // An `envs` entry is a whole path: no key is split off it as for `files`.
+            (
+                "configMapGenerator: [{name: c, envs: [\"http://evil.example/e=patch.yaml\"]}]",
+                "http://evil.example/e=patch.yaml",
+            ),
         ] {
             let refused = check_references(&base_and_overlay(hostile), "overlays/preview");
             let message = refused.expect_err(hostile);
@@ -336,6 +427,21 @@ mod tests {
                 "{hostile}: {message}"
             );
         }
+    }
+
+    #[test]
+    fn the_outline_checks_as_the_files_do_and_refuses_a_kustomization_that_is_not_text() {
+        let read = base_and_overlay("resources: [../../base]");
+        assert_eq!(check_outline(&outline(&read, "overlays/preview")), Ok(()));
+        let escaping = base_and_overlay("resources: [../../../x]");
+        assert!(check_outline(&outline(&escaping, "overlays/preview")).is_err());
+        let mut binary = read;
+        binary[2].1 = vec![0xff, 0xfe, b'r', 0];
+        let said = check_outline(&outline(&binary, "overlays/preview")).unwrap_err();
+        assert!(
+            said.starts_with("overlays/preview/kustomization.yaml: not UTF-8"),
+            "{said}"
+        );
     }
 
     #[test]

@@ -1,12 +1,16 @@
 //! What previewd reads of a kustomization must be what Kustomize reads (pure). Kustomize turns
 //! the YAML into JSON (applying YAML 1.1 merge keys) and decodes it with Go's JSON decoder,
-//! which matches field names without regard to case and refuses unknown ones. A check that
-//! reads `resources` but not `Resources`, or not a `<<: *base` that brings a `resources` in,
-//! would let a file reach Kustomize unchecked. And Kustomize's plugins (`generators`,
+//! which matches field names by Unicode case folding (`RESOURCES`, and `reſources` with a long
+//! s, are `resources` to it) and ignores unknown ones inside entries. A check that reads
+//! `resources` but not `Resources`, or not a `<<: *base` that brings a `resources` in, would
+//! let a file reach Kustomize unchecked. And Kustomize's plugins (`generators`,
 //! `transformers`, `validators`, Helm charts) take configurations that fetch URLs.
 //!
-//! So a kustomization previewd cannot judge the way Kustomize will read it is refused:
-//! a field not spelled exactly as Kustomize documents it, a merge key, a tag, a plugin.
+//! So a kustomization previewd cannot judge the way Kustomize will read it is refused: a field
+//! (of the kustomization, or of an entry that names files) not spelled exactly as Kustomize
+//! documents it, a merge key, a tag, a plugin. This check is the first wall, for a message that
+//! names the file and the field; the kernel's walls around Kustomize (`engines::contain`) hold
+//! whatever passes it.
 
 use serde_yaml_ng::Value as Yaml;
 
@@ -52,32 +56,59 @@ const PLUGINS: &[&str] = &[
     "helmChartInflationGenerator",
 ];
 
-/// Fields of list entries that name files: spelled exactly, or refused.
-const FILE_FIELDS: &[&str] = &["path", "files", "envs", "env"];
-
-/// The entries whose fields name files.
-const ENTRIES_WITH_FILES: &[&str] = &[
-    "patches",
-    "patchesJson6902",
-    "replacements",
-    "configMapGenerator",
-    "secretGenerator",
+/// The fields of each kind of entry that names files, spelled as Kustomize documents them: an
+/// entry with any other key is refused (Go's decoder would read `fileſ` as `files`).
+const ENTRY_FIELDS: &[(&str, &[&str])] = &[
+    ("patches", &["path", "patch", "target", "options"]),
+    ("patchesJson6902", &["path", "patch", "target"]),
+    ("replacements", &["path", "source", "targets"]),
+    ("configMapGenerator", GENERATOR_FIELDS),
+    ("secretGenerator", SECRET_GENERATOR_FIELDS),
 ];
+
+const GENERATOR_FIELDS: &[&str] = &[
+    "name",
+    "namespace",
+    "behavior",
+    "files",
+    "envs",
+    "env",
+    "literals",
+    "options",
+];
+
+const SECRET_GENERATOR_FIELDS: &[&str] = &[
+    "name",
+    "namespace",
+    "behavior",
+    "files",
+    "envs",
+    "env",
+    "literals",
+    "options",
+    "type",
+];
+
+/// The fields of `openapi`.
+const OPENAPI_FIELDS: &[&str] = &["path", "version"];
 
 /// Checks that `parsed` (the kustomization `file`, whose text is `text`) reads the same to
 /// previewd and to Kustomize.
 pub fn check(file: &str, text: &[u8], parsed: &Yaml) -> Result<(), String> {
-    let refuse = |why: String| Err(format!("{file}: {why}"));
+    check_fields(text, parsed).map_err(|why| format!("{file}: {why}"))
+}
+
+fn check_fields(text: &[u8], parsed: &Yaml) -> Result<(), String> {
     if let Some(line) = tag_line(text) {
         // The YAML parsers differ on tags: `!!binary` is a base64 string to one and its
         // decoded bytes to the other, so a path could read one way here and another there.
-        return refuse(format!(
+        return Err(format!(
             "line {line}: a YAML tag (`!…`) is not accepted in a kustomization (Kustomize's YAML \
              reader and previewd's could read the value differently); write the value plainly"
         ));
     }
     if let Some(at) = merge_key_or_tag(parsed, "") {
-        return refuse(format!(
+        return Err(format!(
             "{at}: YAML merge keys (<<) and tags are not accepted in a kustomization (Kustomize \
              would read what previewd cannot check); write the fields out"
         ));
@@ -86,61 +117,80 @@ pub fn check(file: &str, text: &[u8], parsed: &Yaml) -> Result<(), String> {
         return if parsed.is_null() {
             Ok(())
         } else {
-            refuse("not a mapping of fields".into())
+            Err("not a mapping of fields".into())
         };
     };
     for key in fields.keys() {
         let Some(name) = key.as_str() else {
-            return refuse(format!("field {key:?} is not a name"));
+            return Err(format!("field {key:?} is not a name"));
         };
-        if PLUGINS.iter().any(|p| p.eq_ignore_ascii_case(name)) {
-            return refuse(format!(
+        if PLUGINS.iter().any(|p| go_fold(p) == go_fold(name)) {
+            return Err(format!(
                 "{name} configures Kustomize plugins, which can fetch URLs from inside the \
                  cluster; previewd builds overlays without them (render a chart with the \
                  template's manifests.helm instead)"
             ));
         }
-        if !FIELDS.contains(&name) {
-            return refuse(unknown(name, FIELDS));
-        }
+        exactly_one_of(name, FIELDS)?;
     }
-    for field in ENTRIES_WITH_FILES {
+    for (field, known) in ENTRY_FIELDS {
         let entries = fields.get(*field).and_then(Yaml::as_sequence);
         for (i, entry) in entries.into_iter().flatten().enumerate() {
-            let Some(entry) = entry.as_mapping() else {
-                continue;
-            };
-            for key in entry.keys().filter_map(Yaml::as_str) {
-                let spelled_otherwise = FILE_FIELDS
-                    .iter()
-                    .any(|f| f.eq_ignore_ascii_case(key) && *f != key);
-                if spelled_otherwise {
-                    return refuse(format!("{field}[{i}]: {}", unknown(key, FILE_FIELDS)));
-                }
+            if let Some(entry) = entry.as_mapping() {
+                keys_among(entry, known).map_err(|why| format!("{field}[{i}]: {why}"))?;
             }
         }
     }
     if let Some(openapi) = fields.get("openapi").and_then(Yaml::as_mapping) {
-        for key in openapi.keys().filter_map(Yaml::as_str) {
-            if key != "path" && key.eq_ignore_ascii_case("path") {
-                return refuse(format!("openapi: {}", unknown(key, &["path"])));
-            }
-        }
+        keys_among(openapi, OPENAPI_FIELDS).map_err(|why| format!("openapi: {why}"))?;
     }
     Ok(())
 }
 
-/// The first line (1-based) where a YAML tag may start: a `!` at the start of a node (after
-/// a space, a line start, `[`, `{`, `,` or `-`). A `!` inside a word passes; one after a space
-/// anywhere else (a plain or a quoted value) is refused too: a rare false alarm, the price of
-/// not parsing YAML a second way.
+/// Every key of `entry` is one of `known`, spelled exactly.
+fn keys_among(entry: &serde_yaml_ng::Mapping, known: &[&str]) -> Result<(), String> {
+    for key in entry.keys() {
+        let Some(name) = key.as_str() else {
+            return Err(format!("field {key:?} is not a name"));
+        };
+        exactly_one_of(name, known)?;
+    }
+    Ok(())
+}
+
+fn exactly_one_of(name: &str, known: &[&str]) -> Result<(), String> {
+    if known.contains(&name) {
+        Ok(())
+    } else {
+        Err(unknown(name, known))
+    }
+}
+
+/// `name` as Go's JSON decoder compares field names (`encoding/json`'s folding): ASCII letters
+/// in one case, and the two non-ASCII letters whose Unicode simple case folding reaches ASCII,
+/// the long s (U+017F, an `s`) and the Kelvin sign (U+212A, a `k`). Two names are the same
+/// field to Kustomize exactly when their folds are equal.
+fn go_fold(name: &str) -> String {
+    name.chars()
+        .map(|c| match c {
+            '\u{17f}' => 'S',
+            '\u{212a}' => 'K',
+            c => c.to_ascii_uppercase(),
+        })
+        .collect()
+}
+
+/// The first line (1-based) where a YAML tag may start: any `!` that does not follow a letter,
+/// a digit or `_` (a tag starts a node after a space, a line start, `[`, `{`, `,`, `-`, `:`,
+/// `?` or a quote in flow style, …). A `!` inside a word passes; one elsewhere in a value is
+/// refused too: a rare false alarm, the price of not parsing YAML a second way.
 fn tag_line(text: &[u8]) -> Option<usize> {
     let text = String::from_utf8_lossy(text);
     text.lines()
         .position(|line| {
             let mut previous = ' ';
             line.chars().any(|c| {
-                let starts = c == '!' && matches!(previous, ' ' | '\t' | '[' | '{' | ',' | '-');
+                let starts = c == '!' && !(previous.is_alphanumeric() || previous == '_');
                 previous = c;
                 starts
             })
@@ -149,12 +199,15 @@ fn tag_line(text: &[u8]) -> Option<usize> {
 }
 
 fn unknown(name: &str, known: &[&str]) -> String {
-    match known.iter().find(|k| k.eq_ignore_ascii_case(name)) {
+    match known.iter().find(|k| go_fold(k) == go_fold(name)) {
         Some(spelled) => format!(
             "field {name:?} is spelled {spelled:?} by Kustomize, which reads it either way; \
              previewd checks only the documented spelling, so write {spelled:?}"
         ),
-        None => format!("{name:?} is not a kustomization field previewd knows"),
+        None => format!(
+            "{name:?} is not a kustomization field previewd knows here (it knows {})",
+            known.join(", ")
+        ),
     }
 }
 
@@ -248,6 +301,32 @@ mod tests {
             ),
             ("HelmCharts: [{name: x}]\n", "HelmCharts configures"),
             ("frobnicate: 1\n", "not a kustomization field"),
+            // Go folds the long s and the Kelvin sign to ASCII letters: the same fields to it.
+            (
+                "re\u{17f}ources: [http://10.0.0.1/x]\n",
+                "spelled \"resources\"",
+            ),
+            ("\u{212a}ind: Kustomization\n", "spelled \"kind\""),
+            (
+                "configMapGenerator:\n- name: c\n  file\u{17f}: [http://10.0.0.1/x]\n",
+                "configMapGenerator[0]: field \"file\u{17f}\" is spelled \"files\"",
+            ),
+            // Every key of an entry that names files is one Kustomize documents.
+            (
+                "patches:\n- path: p.yaml\n  frobnicate: 1\n",
+                "patches[0]: \"frobnicate\" is not a kustomization field",
+            ),
+            (
+                "secretGenerator:\n- name: s\n  kvSources: [{name: x}]\n",
+                "secretGenerator[0]: \"kvSources\"",
+            ),
+            (
+                "openapi: {path: s.json, url: http://x}\n",
+                "openapi: \"url\"",
+            ),
+            // A tag after a colon in flow style, or after a quote, is a tag all the same.
+            ("{\"resources\":!!seq [x]}\n", "line 1: a YAML tag"),
+            ("resources: [\"a\",!!str b]\n", "line 1: a YAML tag"),
         ] {
             let refused = judged(text).expect_err(text);
             assert!(

@@ -240,6 +240,30 @@ pub struct PreviewEnvironmentStatus {
     /// asleep (see `model::footprint`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub footprint: Option<Footprint>,
+    /// The commit whose render ran a render worker or an engine out of memory or output, with
+    /// the template generation it was rendered with: no replica renders it again until the
+    /// commit, the template or the memory limit changes (the previous commit keeps running).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quarantine: Option<Quarantine>,
+}
+
+/// An input that exhausted a render worker or an engine, remembered where every replica and
+/// every restart sees it: the environment's status.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct Quarantine {
+    /// The head commit rendered.
+    pub commit: String,
+    /// The template's `metadata.generation` it was rendered with.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub template_generation: Option<i64>,
+    /// The engines' memory limit it was rendered under (`--render-memory-limit`, bytes):
+    /// raising it renders the commit again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_limit: Option<u64>,
+    /// What the render said.
+    pub message: String,
+    pub since: DateTime<Utc>,
 }
 
 /// An environment's footprint: the CPU and memory its pods request while awake, and its

@@ -86,15 +86,19 @@ pub fn plan(
         manifests.templates.clone(),
         namespace,
     );
-    let rendered = request
+    let mut rendered = request
         .render()
         .and_then(request::RenderOutput::templates)
         .map_err(render_failed)?;
+    for engine_output in &manifests.rendered {
+        let place = place_request(environment, template, engine_output.clone(), namespace);
+        let placed = place.render().and_then(request::RenderOutput::placed);
+        rendered.objects.extend(placed.map_err(render_failed)?);
+    }
     plan_rendered(
         environment,
         template,
         rendered,
-        &manifests.rendered,
         namespace,
         limits,
         live_replicas,
@@ -119,18 +123,34 @@ pub fn templates_request(
     }
 }
 
+/// What one engine printed for `environment` (`engine_output`), to parse and place in waves.
+pub fn place_request(
+    environment: &PreviewEnvironment,
+    template: &PreviewTemplate,
+    engine_output: InlineManifest,
+    namespace: &str,
+) -> RenderRequest {
+    RenderRequest {
+        facts: values::facts(environment, &template.spec, namespace),
+        url: template.spec.url.clone(),
+        job: RenderJob::Place {
+            rendered: engine_output,
+            labels: environment_labels(environment, template),
+        },
+    }
+}
+
 /// A broken template is not retried until it changes (or the slow resync).
 pub fn render_failed(error: render::RenderError) -> Refusal {
     Refusal::new(RefusalReason::RenderFailed, error.to_string())
 }
 
-/// Plans `environment` from its rendered templates and what its engines rendered
-/// (`from_engines`): every check after the render.
+/// Plans `environment` from its rendered templates (with what its engines printed, placed):
+/// every check after the render.
 pub fn plan_rendered(
     environment: &PreviewEnvironment,
     template: &PreviewTemplate,
     rendered: RenderedTemplates,
-    from_engines: &[InlineManifest],
     namespace: &str,
     limits: &Limits,
     live_replicas: impl Fn(&Value) -> Option<i32>,
@@ -141,9 +161,6 @@ pub fn plan_rendered(
         host,
         mut objects,
     } = rendered;
-    let mut placed = hooks::place(from_engines).map_err(render_failed)?;
-    render::stamp(&mut placed, namespace, &labels);
-    objects.append(&mut placed);
     refuse_crds(&objects)?;
     check_object_limit(objects.len(), limits.max_objects)?;
     let guarded = guard::check(&objects, namespace, &limits.kinds);

@@ -12,8 +12,10 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
+use super::hooks;
 use super::render::{self, RenderContext, RenderError, RenderedObject};
 use super::values::with_url;
+use crate::engines::kustomize::{OverlayOutline, check_outline};
 use crate::model::crd::{InlineManifest, SeedSpec, UrlSpec};
 
 /// One render: the facts (without host and URL, which `url` renders), and what to render.
@@ -35,6 +37,18 @@ pub enum RenderJob {
     /// Every template string in a value (what a template gives Helm or Kustomize); a field's
     /// name is where it is, for errors.
     Strings(Value),
+    /// What one engine printed (a chart's or an overlay's objects, never rendered again), into
+    /// objects with `labels`, its hooks placed in waves around it (`super::hooks`): YAML from
+    /// the pull request, parsed here, in the child, never in previewd's own process. One
+    /// engine's output per request (at most 4 MiB), so that its parse fits the child's limit.
+    Place {
+        rendered: InlineManifest,
+        labels: BTreeMap<String, String>,
+    },
+    /// A Kustomize overlay's folder to check before Kustomize runs
+    /// (`engines::kustomize::check_references`): its kustomizations are YAML from the pull
+    /// request, so they are read here, in the child, never in previewd's own process.
+    CheckOverlay(OverlayOutline),
 }
 
 /// What a request rendered.
@@ -42,6 +56,10 @@ pub enum RenderJob {
 pub enum RenderOutput {
     Objects(RenderedTemplates),
     Strings(Value),
+    /// An overlay's check: what it refers to that previewd did not read, if anything.
+    Checked(Result<(), String>),
+    /// One engine's objects, placed in waves.
+    Placed(Vec<RenderedObject>),
 }
 
 /// An environment's manifests and seeds, rendered: its objects, its URL and the URL's host.
@@ -57,7 +75,7 @@ impl RenderOutput {
     pub fn templates(self) -> Result<RenderedTemplates, RenderError> {
         match self {
             Self::Objects(templates) => Ok(templates),
-            Self::Strings(_) => Err(mismatch("objects")),
+            _ => Err(mismatch("objects")),
         }
     }
 
@@ -65,7 +83,23 @@ impl RenderOutput {
     pub fn strings(self) -> Result<Value, RenderError> {
         match self {
             Self::Strings(value) => Ok(value),
-            Self::Objects(_) => Err(mismatch("strings")),
+            _ => Err(mismatch("strings")),
+        }
+    }
+
+    /// The objects of a place request.
+    pub fn placed(self) -> Result<Vec<RenderedObject>, RenderError> {
+        match self {
+            Self::Placed(objects) => Ok(objects),
+            _ => Err(mismatch("placed objects")),
+        }
+    }
+
+    /// The outcome of an overlay's check.
+    pub fn checked(self) -> Result<Result<(), String>, RenderError> {
+        match self {
+            Self::Checked(outcome) => Ok(outcome),
+            _ => Err(mismatch("check")),
         }
     }
 }
@@ -93,11 +127,17 @@ impl RenderRequest {
                 url: facts.url,
                 host: facts.host,
             })),
+            RenderJob::Place { rendered, labels } => {
+                let mut placed = hooks::place(std::slice::from_ref(rendered))?;
+                render::stamp(&mut placed, &facts.namespace, labels);
+                Ok(RenderOutput::Placed(placed))
+            }
             RenderJob::Strings(value) => {
                 let mut value = value.clone();
                 render::render_strings(&mut value, "", &facts)?;
                 Ok(RenderOutput::Strings(value))
             }
+            RenderJob::CheckOverlay(outline) => Ok(RenderOutput::Checked(check_outline(outline))),
         }
     }
 
@@ -141,13 +181,14 @@ pub fn serve(input: &[u8]) -> Vec<u8> {
 fn within_reading_limits(output: RenderOutput) -> Result<RenderOutput, RenderError> {
     let mut values = 0usize;
     let deepest = match &output {
-        RenderOutput::Objects(rendered) => rendered
-            .objects
+        RenderOutput::Objects(RenderedTemplates { objects, .. })
+        | RenderOutput::Placed(objects) => objects
             .iter()
             .map(|o| depth_and_count(&o.object, &mut values))
             .max()
             .unwrap_or(0),
         RenderOutput::Strings(value) => depth_and_count(value, &mut values),
+        RenderOutput::Checked(_) => 0,
     };
     let refusal = |message: String| RenderError {
         manifest: "render".into(),

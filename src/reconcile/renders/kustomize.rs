@@ -7,9 +7,12 @@ use serde_json::Value;
 
 use super::renderer::Renderer;
 use super::{counted, isolated, turn_owner};
-use crate::engines::kustomize::KustomizeRender;
+use crate::engines::kustomize::{self, KustomizeRender};
 use crate::model::crd::{InlineManifest, KustomizeSource, PreviewEnvironment, PreviewTemplate};
 use crate::reconcile::error::{Refusal, RefusalReason};
+use crate::reconcile::plan::render_failed;
+use crate::reconcile::plan::request::{RenderJob, RenderRequest};
+use crate::reconcile::plan::values::facts;
 
 /// The overlay's objects as one manifest named after it; none when the template has no
 /// overlay.
@@ -26,6 +29,16 @@ pub async fn build_overlay(
     let (images, patches) = on_top(environment, template, kustomize, namespace, renderer).await?;
     let head_sha = &environment.spec.source.head_sha;
     let files = renderer.files.folder(template, &root, head_sha).await?;
+    check_overlay(
+        environment,
+        template,
+        namespace,
+        &files,
+        &root,
+        &overlay,
+        renderer,
+    )
+    .await?;
     let render = KustomizeRender {
         files: &files,
         root: &root,
@@ -43,6 +56,39 @@ pub async fn build_overlay(
         name: format!("kustomize {}", kustomize.path.trim_matches('/')),
         template: rendered.text.to_string(),
     }])
+}
+
+/// Checks in a render worker that the overlay refers only to what previewd read
+/// (`engines::kustomize::check_references`): its kustomizations are parsed there, under the
+/// worker's memory limit, never in previewd's own process. What refers outside is refused
+/// before Kustomize runs, with the file and entry named; the kernel's walls hold behind it.
+async fn check_overlay(
+    environment: &PreviewEnvironment,
+    template: &PreviewTemplate,
+    namespace: &str,
+    files: &[(String, Vec<u8>)],
+    root: &str,
+    overlay: &str,
+    renderer: &Renderer<'_>,
+) -> Result<(), Refusal> {
+    let request = RenderRequest {
+        facts: facts(environment, &template.spec, namespace),
+        url: template.spec.url.clone(),
+        job: RenderJob::CheckOverlay(kustomize::outline(files, overlay)),
+    };
+    let checked = isolated::render(request, template, renderer)
+        .await?
+        .checked()
+        .map_err(render_failed)?;
+    checked.map_err(|refused| {
+        Refusal::new(
+            RefusalReason::RenderFailed,
+            format!(
+                "kubectl kustomize: {}; nothing was applied",
+                kustomize::in_root(root, &refused)
+            ),
+        )
+    })
 }
 
 /// The folder to read (`root`) and the overlay's path inside it.

@@ -54,16 +54,32 @@ fn counted(
 fn engine_refusal(command: &str, error: EngineError) -> Refusal {
     let message = format!("{command}: {error}; nothing was applied");
     let reason = match &error {
-        EngineError::Run(RunError::NotStarted { .. }) | EngineError::Io(_) => {
-            RefusalReason::RenderFailed
-        }
+        EngineError::Run(RunError::NotStarted { .. } | RunError::NotContained { .. })
+        | EngineError::Io(_) => RefusalReason::RenderFailed,
         // The chart repository may come back: retried with backoff, and said as such.
         EngineError::Fetch(_) => RefusalReason::ChartUnavailable,
+        // Memory and output are the input's doing on any node: set aside. (A timeout may be
+        // the node's load: said, not set aside.)
+        EngineError::Exhausted(_) => return set_aside(message),
+        EngineError::SaidBefore(said) if !matches!(said, RunError::TimedOut { .. }) => {
+            return set_aside(message);
+        }
         _ => return Refusal::new(RefusalReason::RenderFailed, message),
     };
     Refusal {
         retry: Some(Box::new(ReconcileError::Engine(error))),
         ..Refusal::new(reason, message)
+    }
+}
+
+/// A render refusal that sets the commit aside (`super::quarantine` completes the record).
+fn set_aside(message: String) -> Refusal {
+    Refusal {
+        quarantine: Some(Box::new(crate::model::crd::Quarantine {
+            message: message.clone(),
+            ..Default::default()
+        })),
+        ..Refusal::new(RefusalReason::RenderFailed, message)
     }
 }
 
