@@ -17,6 +17,11 @@
 //! next to the same request rendered in previewd's own process (as before the children), and
 //! the same commit again (the child's answer kept by digest: no child, the answer read back).
 //!
+//! And what previewd parses of a pull request's YAML, which it parses only in a child process
+//! (issue 52): each round, Helm's output for the chart above parsed and placed in waves, and the
+//! overlay above checked (its kustomization read), each in a child for a new commit next to the
+//! same request in previewd's own process (where it was parsed before).
+//!
 //! The engines are the real `helm` and `kubectl` of the pinned versions (`tests/support/tools.rs`,
 //! `src/sandbox/versions.rs`); both sides of each ratio run the same engine.
 
@@ -31,9 +36,9 @@ use previewd::engines::helm::{Chart, HelmRender};
 use previewd::engines::kustomize::KustomizeRender;
 use previewd::engines::{EngineConfig, EngineError, Engines, Rendered};
 use previewd::forge::metrics::ForgeMetrics;
-use previewd::model::crd::{PreviewEnvironment, PreviewTemplate};
-use previewd::reconcile::plan::request::{RenderRequest, decode};
-use previewd::reconcile::plan::templates_request;
+use previewd::model::crd::{InlineManifest, PreviewEnvironment, PreviewTemplate};
+use previewd::reconcile::plan::request::{RenderJob, RenderRequest, decode};
+use previewd::reconcile::plan::{place_request, templates_request};
 use serde_json::{Value, json};
 
 const ROUNDS: usize = 5;
@@ -337,6 +342,17 @@ fn engines() -> Engines {
 
 /// The Online Boutique's template as a render request of commit `sha`.
 fn boutique_request(sha: &str) -> RenderRequest {
+    let (template, environment) = boutique_at(sha);
+    templates_request(
+        &environment,
+        &template,
+        template.spec.manifests.inline.clone(),
+        NAMESPACE,
+    )
+}
+
+/// The Online Boutique's template, and its environment at commit `sha`.
+fn boutique_at(sha: &str) -> (PreviewTemplate, PreviewEnvironment) {
     let path =
         Path::new(env!("CARGO_MANIFEST_DIR")).join("templates/online-boutique/template.yaml");
     let text = std::fs::read_to_string(path).expect("the example template");
@@ -348,12 +364,70 @@ fn boutique_request(sha: &str) -> RenderRequest {
                  "branch": "feature/login", "pullRequest": 2, "headSha": sha}}
     }))
     .expect("an environment");
-    templates_request(
-        &environment,
-        &template,
-        template.spec.manifests.inline.clone(),
-        NAMESPACE,
-    )
+    (template, environment)
+}
+
+/// Medians of `request(round)` answered by a child for a new commit, and of the same request
+/// rendered in previewd's own process; both must answer the same.
+async fn child_and_here(
+    engines: &Engines,
+    request: impl Fn(usize) -> RenderRequest,
+) -> (Duration, Duration) {
+    let (mut child, mut here) = (Vec::new(), Vec::new());
+    for round in 0..ROUNDS * 4 {
+        let request = request(round);
+        let started = Instant::now();
+        let (input, key) = request.encode().expect("a request");
+        let answer = engines
+            .render_isolated("bench/online-boutique", key, input)
+            .await
+            .expect("the child's answer");
+        let answered = decode(answer.text.as_bytes()).expect("an answer");
+        child.push(started.elapsed());
+        assert!(!answer.cached, "a new commit is a new request");
+        let started = Instant::now();
+        let in_process = request.render().expect("rendered here");
+        here.push(started.elapsed());
+        assert_eq!(
+            answered, in_process,
+            "the child answers what previewd would"
+        );
+    }
+    (median(child), median(here))
+}
+
+/// Helm's output for the chart of `objects` placed in waves, and the overlay of `objects`
+/// checked: each in a child and in previewd's process (medians).
+async fn parsed_apart(engines: &Engines, objects: &[Value]) -> [(Duration, Duration); 2] {
+    let files = chart(objects);
+    let values = json!({"image": {"tag": "v1"}});
+    let render = HelmRender {
+        chart: Chart::Files(&files),
+        release: "boutique",
+        namespace: NAMESPACE,
+        values: &values,
+    };
+    let printed = engines.helm_template(&render, "bench/app").await;
+    let printed = printed.expect("the chart renders").text.to_string();
+    let output = InlineManifest {
+        name: "helm boutique".into(),
+        template: printed,
+    };
+    let place = |round: usize| {
+        let (template, environment) = boutique_at(&format!("{round:040x}"));
+        place_request(&environment, &template, output.clone(), NAMESPACE)
+    };
+    let placed = child_and_here(engines, place).await;
+    let outline = previewd::engines::kustomize::outline(&overlay(objects), "");
+    let check = |round: usize| {
+        let (template, environment) = boutique_at(&format!("{round:040x}"));
+        RenderRequest {
+            job: RenderJob::CheckOverlay(outline.clone()),
+            ..templates_request(&environment, &template, Vec::new(), NAMESPACE)
+        }
+    };
+    let checked = child_and_here(engines, check).await;
+    [placed, checked]
 }
 
 /// previewd's own render of the Online Boutique's template: a child for a new commit, the same
@@ -574,5 +648,20 @@ async fn benchmark() {
         child.as_secs_f64() / here.as_secs_f64(),
         ms(again),
         ROUNDS * 4,
+    );
+    let [(placed_child, placed_here), (checked_child, checked_here)] =
+        parsed_apart(&engines, &objects).await;
+    println!(
+        "Pull-request YAML parsed in a child (the Online Boutique, 35 objects, median of {}): \
+         Helm's output placed in waves {:.2} ms in a child, {:.2} ms in previewd's process \
+         ({:.2}x); the overlay's kustomization checked {:.2} ms in a child, {:.2} ms in \
+         previewd's process ({:.2}x)",
+        ROUNDS * 4,
+        ms(placed_child),
+        ms(placed_here),
+        placed_child.as_secs_f64() / placed_here.as_secs_f64(),
+        ms(checked_child),
+        ms(checked_here),
+        checked_child.as_secs_f64() / checked_here.as_secs_f64(),
     );
 }
