@@ -215,3 +215,38 @@ fn a_relative_program_is_never_looked_up_in_the_runs_folder() {
     );
     assert_eq!(resolve(Path::new("no-such-program-anywhere")), None);
 }
+
+/// The chart runs previewd as user 65532 with no capability: the walls go up there too (they
+/// need only no_new_privs, which previewd sets), and hold.
+#[test]
+fn an_unprivileged_process_puts_the_walls_up() {
+    use std::os::unix::fs::PermissionsExt;
+    use std::os::unix::process::CommandExt;
+    let folder = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(folder.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+    let (port, seen) = counting_listener();
+    let script = format!(
+        "id -u; echo own > own && cat own; \
+         perl -MIO::Socket::INET -e 'IO::Socket::INET->new(PeerAddr => \"127.0.0.1:{port}\") \
+         or print \"refused\\n\"'"
+    );
+    let walls = sealed(folder.path());
+    let mut prepared = prepare(Path::new("/bin/sh"), &walls).expect("the walls are prepared");
+    let mut command = std::process::Command::new("/bin/sh");
+    command
+        .args(["-c", &script])
+        .current_dir(folder.path())
+        .env_clear()
+        .env("PATH", "/usr/bin:/bin")
+        .uid(65532)
+        .gid(65532);
+    // SAFETY: the closure only makes system calls (Prepared::enforce), as in engines::process.
+    unsafe {
+        command.pre_exec(move || prepared.enforce());
+    }
+    let output = command.output().expect("the unprivileged run starts");
+    let printed = String::from_utf8_lossy(&output.stdout);
+    assert_eq!(printed, "65532\nown\nrefused\n", "{output:?}");
+    std::thread::sleep(Duration::from_millis(100));
+    assert_eq!(seen.load(Ordering::SeqCst), 0);
+}
