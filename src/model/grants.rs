@@ -26,6 +26,12 @@ pub struct OperatorPolicy {
     /// inert ones: exact keys or `prefix/*`. Each configures a controller (a mesh, an API
     /// gateway, a secret injector, external-dns).
     pub object_annotations: Vec<String>,
+    /// What a template's `policy` and `namespace` fields may widen, field by field
+    /// (`super::ceiling`).
+    pub ceiling: super::ceiling::TemplateCeiling,
+    /// previewd's own ClusterRoles (its own and the environment role it binds): no template
+    /// may bind them, whatever the ceiling says.
+    pub own_cluster_roles: Vec<String>,
 }
 
 /// Annotation keys, each named exactly (`--ingress-annotations`).

@@ -2,6 +2,7 @@
 //! labels and annotations). Every other layer builds on it; it imports none of them and does no
 //! I/O.
 
+pub mod ceiling;
 pub mod clock;
 pub mod crd;
 pub mod durations;

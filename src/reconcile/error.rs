@@ -94,6 +94,8 @@ pub struct Refusal {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum RefusalReason {
     TemplateNotFound,
+    /// The template asks for more than the operator's ceiling (`model::ceiling`).
+    TemplateBeyondCeiling,
     /// The templates could not be rendered (a template error, a bad value, an engine failure).
     RenderFailed,
     /// The render asks for something templates may not create (`plan/guard.rs`).
@@ -121,6 +123,7 @@ impl RefusalReason {
     pub fn as_str(self) -> &'static str {
         match self {
             RefusalReason::TemplateNotFound => "TemplateNotFound",
+            RefusalReason::TemplateBeyondCeiling => "TemplateBeyondCeiling",
             RefusalReason::RenderFailed => "RenderFailed",
             RefusalReason::GuardRejected => "GuardRejected",
             RefusalReason::PolicyRejected => "PolicyRejected",

@@ -43,8 +43,8 @@ use crate::cluster::observed::ObjectKey;
 use crate::model::crd::{
     Phase, PreviewEnvironment, PreviewEnvironmentStatus, PreviewTemplate, WaitingCommit,
 };
-use crate::model::footprint;
 use crate::model::naming::environment_namespace;
+use crate::model::{ceiling, footprint};
 
 pub async fn reconcile_environment(
     environment: &PreviewEnvironment,
@@ -235,6 +235,7 @@ pub(super) async fn render_and_plan(
     limits: Limits,
     live_replicas: impl Fn(&serde_json::Value) -> Option<i32> + Send + 'static,
 ) -> Result<Plan, Refusal> {
+    within_ceiling(template, &limits)?;
     let head_sha = &environment.spec.source.head_sha;
     let templates = resolve::manifests(template, head_sha, renderer, cluster).await?;
     let from_engines = renders::render_engines(environment, template, namespace, renderer).await?;
@@ -269,6 +270,29 @@ pub(super) async fn render_and_plan(
             format!("rendering stopped unexpectedly, a bug in previewd: {stopped}"),
         ))
     })
+}
+
+/// Refuses a template that asks for more than the operator's ceiling, every field named, before
+/// anything of it is read or rendered.
+fn within_ceiling(template: &PreviewTemplate, limits: &Limits) -> Result<(), Refusal> {
+    let operator = &limits.operator;
+    let beyond = ceiling::beyond(
+        &template.spec,
+        &operator.ceiling,
+        &operator.own_cluster_roles,
+    );
+    if beyond.is_empty() {
+        return Ok(());
+    }
+    Err(Refusal::new(
+        RefusalReason::TemplateBeyondCeiling,
+        format!(
+            "the template asks for more than the cluster's operator allows: {}; nothing was \
+             applied (the operator raises the ceiling with --template-ceiling, the chart's \
+             templateCeiling)",
+            beyond.join("; ")
+        ),
+    ))
 }
 
 /// Writes where the environment got to, records its metrics, and says when to look again.

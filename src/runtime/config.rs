@@ -71,6 +71,16 @@ pub struct ControllerArgs {
     /// share: a mesh, an API gateway, a secret injector, external-dns (docs/security.md).
     #[arg(long, env = "PREVIEWD_OBJECT_ANNOTATIONS", value_parser = parse_annotation_patterns)]
     pub object_annotations: Option<AnnotationKeys>,
+    /// What a template's `policy` and `namespace` fields may ask for, as a JSON object field by
+    /// field (the chart's `templateCeiling`; docs/security.md lists the fields). Default:
+    /// nothing beyond Pod Security Baseline, no extra ClusterRole, Ingress host, namespace
+    /// label or network reach. A template asking for more is refused, every field named.
+    #[arg(long, env = "PREVIEWD_TEMPLATE_CEILING", value_parser = crate::model::ceiling::parse_ceiling)]
+    pub template_ceiling: Option<crate::model::ceiling::TemplateCeiling>,
+    /// previewd's own ClusterRoles, comma-separated (the chart's two): no template may bind
+    /// them, whatever the ceiling says. `--environment-role` is always one of them.
+    #[arg(long, env = "PREVIEWD_OWN_CLUSTER_ROLES", value_delimiter = ',')]
+    pub own_cluster_roles: Vec<String>,
     /// The `helm` program that renders templates' Helm charts (`helm template`); a bare name is
     /// looked up in previewd's PATH. The container image must carry it (docs/installing.md).
     #[arg(long, env = "PREVIEWD_HELM", default_value = "helm")]
@@ -125,6 +135,15 @@ pub struct ControllerArgs {
     /// The same, in any hour. GitHub allows 500.
     #[arg(long, env = "PREVIEWD_FORGE_CONTENT_PER_HOUR", default_value_t = ContentLimits::default().per_hour, value_parser = parse_content_limit)]
     pub forge_content_per_hour: u32,
+}
+
+impl ControllerArgs {
+    /// `--own-cluster-roles` with `--environment-role`.
+    fn own_cluster_roles(&self) -> Vec<String> {
+        let mut roles = self.own_cluster_roles.clone();
+        roles.extend(self.environment_role.clone());
+        roles
+    }
 }
 
 /// A content budget: at least what one report sends, or no report could ever go out.
@@ -216,6 +235,8 @@ impl ControllerArgs {
                 role_grants: self.template_role_rules.clone().unwrap_or_default(),
                 ingress_annotations: self.ingress_annotations.clone().unwrap_or_default().0,
                 object_annotations: self.object_annotations.clone().unwrap_or_default().0,
+                ceiling: self.template_ceiling.clone().unwrap_or_default(),
+                own_cluster_roles: self.own_cluster_roles(),
             },
             engines: crate::engines::EngineConfig {
                 helm: self.helm.clone(),

@@ -13,6 +13,7 @@
 mod support;
 
 mod architecture;
+mod ceiling;
 mod chart;
 mod containment;
 mod content_policy;

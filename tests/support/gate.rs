@@ -20,6 +20,14 @@ pub async fn controller(
         namespace: Some(namespace.to_string()),
         template_kinds: super::template_kinds_and(extra_kinds),
         gate_answers: true,
+        // The route tests' template attaches to this Gateway of another namespace.
+        operator_policy: previewd::model::grants::OperatorPolicy {
+            ceiling: previewd::model::ceiling::TemplateCeiling {
+                gateways: vec!["gateway-system/previews".into()],
+                ..Default::default()
+            },
+            ..Default::default()
+        },
         ..Default::default()
     };
     super::start_controller_with(client, config).await

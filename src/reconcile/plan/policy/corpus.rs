@@ -11,6 +11,7 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use super::{Scope, check};
+use crate::model::ceiling::{TemplateCeiling, policy_beyond};
 use crate::model::crd::{InlineManifest, PolicySpec};
 use crate::model::grants::{OperatorPolicy, RoleGrants};
 use crate::model::kinds::TemplateKinds;
@@ -40,6 +41,10 @@ struct Case {
     /// `--template-kinds` (default: the built-in kinds).
     #[serde(default)]
     template_kinds: Option<Value>,
+    /// `--template-ceiling` (default: the default ceiling): the template's policy must lie
+    /// within it, or the case is refused as previewd refuses the template.
+    #[serde(default)]
+    template_ceiling: TemplateCeiling,
     #[serde(default)]
     objects: Vec<Value>,
     /// A chart's output as the Helm engine printed it (a file under `tests/policy/charts/`),
@@ -62,6 +67,7 @@ fn run(path: &Path) -> Result<(), String> {
         },
         ingress_annotations: case.ingress_annotations.clone(),
         object_annotations: case.object_annotations.clone(),
+        ..Default::default()
     };
     let kinds = match &case.template_kinds {
         Some(kinds) => TemplateKinds::parse(&kinds.to_string())?,
@@ -86,10 +92,12 @@ fn run(path: &Path) -> Result<(), String> {
     if let Some(file) = &case.rendered {
         objects.extend(rendered_chart(path, file)?);
     }
-    let refusal: Vec<String> = check(&objects, &case.policy, &scope)
-        .iter()
-        .map(ToString::to_string)
-        .collect();
+    let mut refusal = policy_beyond(&case.policy, &case.template_ceiling, &[]);
+    refusal.extend(
+        check(&objects, &case.policy, &scope)
+            .iter()
+            .map(ToString::to_string),
+    );
     let said = refusal.join("; ");
     match case.expect.as_str() {
         "allowed" if refusal.is_empty() => Ok(()),

@@ -259,7 +259,7 @@ fn service(object: &Value, policy: &PolicySpec) -> Vec<String> {
         .is_some_and(|ips| !ips.is_empty());
     if external && !policy.allow_external_ips {
         broken.push(
-            "spec.externalIPs is set: not allowed unless the template's policy.allowExternalIPs is true".into(),
+            "spec.externalIPs is set: not allowed unless the template's policy.allowExternalIps is true".into(),
         );
     }
     broken

@@ -1,0 +1,163 @@
+//! The operator's ceiling over what a template may widen (issue 53 §1), against the real API
+//! server: a team's template that asks for privileged pods, previewd's own ClusterRole, another
+//! team's Ingress host or namespace labels other teams select on is refused before anything of
+//! it is applied, every field named with the ceiling; an operator may raise the ceiling, never
+//! to previewd's own roles. On the code before the ceiling, the first template deployed.
+
+use crate::support;
+
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Namespace;
+use kube::api::{Api, ListParams, PostParams};
+use previewd::model::ceiling::TemplateCeiling;
+use previewd::model::crd::{Phase, PodSecurityLevel, PreviewEnvironment, PreviewTemplate};
+use previewd::model::grants::OperatorPolicy;
+use previewd::reconcile::ControllerConfig;
+use serde_json::{Value, json};
+use support::{eventually, in_namespace, wait_for_phase};
+
+const OWN_ROLE: &str = "previewd-environment";
+
+/// A privileged pod that mounts the node's root: root on the node, under `Privileged`.
+const ROOT_ON_THE_NODE: &str = "apiVersion: v1\nkind: Pod\nmetadata: {name: root}\nspec:\n  \
+    containers: [{name: c, image: busybox, securityContext: {privileged: true}, \
+    volumeMounts: [{name: host, mountPath: /host}]}]\n  volumes: [{name: host, hostPath: {path: /}}]\n";
+
+async fn controller(
+    client: &kube::Client,
+    namespace: &str,
+    ceiling: TemplateCeiling,
+) -> support::Running {
+    let config = ControllerConfig {
+        namespace: Some(namespace.to_string()),
+        operator_policy: OperatorPolicy {
+            ceiling,
+            own_cluster_roles: vec![OWN_ROLE.into()],
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    support::start_controller_with(client, config).await
+}
+
+/// Template `name` of [`ROOT_ON_THE_NODE`] with `policy` and `namespace` settings, and its
+/// environment `<name>-pr-1`.
+async fn create(client: &kube::Client, ns: &str, name: &str, policy: Value, namespace: Value) {
+    let template: PreviewTemplate = serde_json::from_value(json!({
+        "apiVersion": "previewd.dev/v1alpha1", "kind": "PreviewTemplate", "metadata": {"name": name},
+        "spec": {"forge": {"kind": "github", "repository": "Codertocat/Hello-World"},
+                 "url": {"host": format!("{{{{ slug }}}}.{name}.example.com")},
+                 "policy": policy, "namespace": namespace,
+                 "manifests": {"inline": [{"name": "app.yaml", "template": ROOT_ON_THE_NODE}]}}
+    }))
+    .unwrap();
+    Api::<PreviewTemplate>::namespaced(client.clone(), ns)
+        .create(&PostParams::default(), &template)
+        .await
+        .unwrap();
+    let environment: PreviewEnvironment = serde_json::from_value(json!({
+        "apiVersion": "previewd.dev/v1alpha1", "kind": "PreviewEnvironment",
+        "metadata": {"name": format!("{name}-pr-1")},
+        "spec": {"template": name, "source": {"repository": "Codertocat/Hello-World",
+                 "branch": "feature", "pullRequest": 1, "headSha": "ec26c3e57ca3a959ca5aad62de7213c562f8c821"}}
+    }))
+    .unwrap();
+    Api::<PreviewEnvironment>::namespaced(client.clone(), ns)
+        .create(&PostParams::default(), &environment)
+        .await
+        .unwrap();
+}
+
+/// The Ready condition's message once the environment is refused as beyond the ceiling, after
+/// checking that nothing of it was applied (not even its namespace).
+async fn beyond_the_ceiling(client: &kube::Client, ns: &str, environment: &str) -> String {
+    let environments: Api<PreviewEnvironment> = Api::namespaced(client.clone(), ns);
+    let message = eventually(
+        &format!("{environment} refused"),
+        Duration::from_secs(60),
+        || async {
+            let status = environments.get(environment).await.ok()?.status?;
+            let ready = status.conditions.iter().find(|c| c.type_ == "Ready")?;
+            (ready.reason == "TemplateBeyondCeiling").then(|| ready.message.clone())
+        },
+    )
+    .await;
+    let selector =
+        format!("previewd.dev/environment={environment},previewd.dev/environment-namespace={ns}");
+    let created = Api::<Namespace>::all(client.clone())
+        .list(&ListParams::default().labels(&selector))
+        .await
+        .unwrap();
+    assert!(
+        created.items.is_empty(),
+        "nothing is applied, not even the namespace"
+    );
+    message
+}
+
+#[tokio::test]
+async fn a_template_cannot_widen_past_the_operators_ceiling() {
+    in_namespace("ceiling-default", |client, ns| async move {
+        let _running = controller(&client, &ns, TemplateCeiling::default()).await;
+        let policy = json!({"podSecurity": "Privileged",
+                            "allowedClusterRoles": [OWN_ROLE, "admin"],
+                            "allowedIngressHosts": ["shop.other-team.example.com"]});
+        let namespace = json!({"labels": {"team": "payments", "kubernetes.io/metadata.name": "kube-system"}});
+        create(&client, &ns, "wide", policy, namespace).await;
+        let said = beyond_the_ceiling(&client, &ns, "wide-pr-1").await;
+        for named in [
+            "policy.podSecurity Privileged is below the operator's ceiling Baseline",
+            "policy.allowedClusterRoles lists \"previewd-environment\", one of previewd's own ClusterRoles",
+            "policy.allowedClusterRoles lists \"admin\", beyond the operator's ceiling (none)",
+            "policy.allowedIngressHosts lists \"shop.other-team.example.com\", outside the operator's ceiling (none)",
+            "namespace.labels sets \"team\", beyond the operator's ceiling (none)",
+            "namespace.labels sets \"kubernetes.io/metadata.name\", a Kubernetes key",
+            "--template-ceiling",
+        ] {
+            assert!(said.contains(named), "{named:?} not in: {said}");
+        }
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn an_operator_may_raise_the_ceiling_but_never_to_previewds_own_roles() {
+    in_namespace("ceiling-raised", |client, ns| async move {
+        let ceiling = TemplateCeiling {
+            pod_security: PodSecurityLevel::Privileged,
+            cluster_roles: vec![OWN_ROLE.into(), "view".into()],
+            ..Default::default()
+        };
+        let _running = controller(&client, &ns, ceiling).await;
+        create(
+            &client,
+            &ns,
+            "privileged",
+            json!({"podSecurity": "Privileged"}),
+            json!({}),
+        )
+        .await;
+        let policy =
+            json!({"podSecurity": "Privileged", "allowedClusterRoles": [OWN_ROLE, "view"]});
+        create(&client, &ns, "binding", policy, json!({})).await;
+        let said = beyond_the_ceiling(&client, &ns, "binding-pr-1").await;
+        assert!(
+            said.contains("one of previewd's own ClusterRoles"),
+            "{said}"
+        );
+        assert!(
+            !said.contains("\"view\""),
+            "the ceiling lets view through: {said}"
+        );
+        let environments: Api<PreviewEnvironment> = Api::namespaced(client.clone(), &ns);
+        wait_for_phase(
+            &environments,
+            "privileged-pr-1",
+            Phase::Ready,
+            Duration::from_secs(90),
+        )
+        .await;
+    })
+    .await;
+}
