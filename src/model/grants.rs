@@ -32,6 +32,20 @@ pub struct OperatorPolicy {
     /// previewd's own ClusterRoles (its own and the environment role it binds): no template
     /// may bind them, whatever the ceiling says.
     pub own_cluster_roles: Vec<String>,
+    /// The longest `terminationGracePeriodSeconds` a pod may ask for
+    /// (`--max-termination-grace-period`; `None`: [`DEFAULT_MAX_GRACE_SECONDS`]).
+    pub max_grace_period: Option<u64>,
+}
+
+/// The longest `terminationGracePeriodSeconds` by default: a sleeping or removed environment's
+/// pods stop within five minutes.
+pub const DEFAULT_MAX_GRACE_SECONDS: u64 = 300;
+
+impl OperatorPolicy {
+    /// The longest grace period a pod may ask for, in seconds.
+    pub fn max_grace_seconds(&self) -> u64 {
+        self.max_grace_period.unwrap_or(DEFAULT_MAX_GRACE_SECONDS)
+    }
 }
 
 /// Annotation keys, each named exactly (`--ingress-annotations`).

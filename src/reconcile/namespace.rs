@@ -14,8 +14,8 @@ pub const LIMITS_NAME: &str = "previewd-limits";
 pub const NETWORK_POLICY_NAME: &str = "previewd-default-deny";
 
 /// The quota of an environment whose template names none: objects (enough for the examples),
-/// Jobs and CronJobs (each one runs pods on a schedule of its own), the CPU and memory its pods
-/// may request (pods without requests get [`DEFAULT_LIMITS`]' through the LimitRange, so the
+/// Jobs and CronJobs (each one runs pods on a schedule of its own), the CPU, memory and node
+/// disk (ephemeral storage) its pods may request (pods without requests get [`DEFAULT_LIMITS`]' through the LimitRange, so the
 /// quota refuses none of them for that), and no load balancers or node ports even where the
 /// policy allows the Service types.
 pub const DEFAULT_QUOTA: &[(&str, &str)] = &[
@@ -31,14 +31,32 @@ pub const DEFAULT_QUOTA: &[(&str, &str)] = &[
     ("requests.storage", "50Gi"),
     ("secrets", "50"),
     ("configmaps", "50"),
+    // The node's disk its pods may write (logs, emptyDir, writable layers): every container
+    // gets a limit from the LimitRange, so the quota counts it.
+    ("requests.ephemeral-storage", "20Gi"),
+    ("limits.ephemeral-storage", "40Gi"),
 ];
 
 /// The LimitRange of an environment whose template names none: what a container that says
 /// nothing requests (so the quota's CPU and memory count it) and may use at most (so one
 /// container cannot take a node's memory). `(field, [(resource, quantity)])`.
 pub const DEFAULT_LIMITS: &[(&str, &[(&str, &str)])] = &[
-    ("defaultRequest", &[("cpu", "50m"), ("memory", "64Mi")]),
-    ("default", &[("cpu", "2"), ("memory", "2Gi")]),
+    (
+        "defaultRequest",
+        &[
+            ("cpu", "50m"),
+            ("memory", "64Mi"),
+            ("ephemeral-storage", "64Mi"),
+        ],
+    ),
+    (
+        "default",
+        &[
+            ("cpu", "2"),
+            ("memory", "2Gi"),
+            ("ephemeral-storage", "2Gi"),
+        ],
+    ),
 ];
 
 /// What the LimitRange gives a container that requests nothing: `(cpu, memory)` as quantities,
@@ -253,14 +271,19 @@ mod tests {
             "requests.memory",
             "count/jobs.batch",
             "count/cronjobs.batch",
+            "requests.ephemeral-storage",
+            "limits.ephemeral-storage",
         ] {
             assert!(hard[held].is_string(), "{held} in {hard}");
         }
         let limits = &objects[1]["spec"]["limits"][0];
         assert_eq!(
             limits["defaultRequest"],
-            json!({"cpu": "50m", "memory": "64Mi"})
+            json!({"cpu": "50m", "memory": "64Mi", "ephemeral-storage": "64Mi"})
         );
-        assert_eq!(limits["default"], json!({"cpu": "2", "memory": "2Gi"}));
+        assert_eq!(
+            limits["default"],
+            json!({"cpu": "2", "memory": "2Gi", "ephemeral-storage": "2Gi"})
+        );
     }
 }

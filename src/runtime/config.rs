@@ -77,6 +77,10 @@ pub struct ControllerArgs {
     /// label or network reach. A template asking for more is refused, every field named.
     #[arg(long, env = "PREVIEWD_TEMPLATE_CEILING", value_parser = crate::model::ceiling::parse_ceiling)]
     pub template_ceiling: Option<crate::model::ceiling::TemplateCeiling>,
+    /// The longest `terminationGracePeriodSeconds` a template's pod may ask for: a sleeping or
+    /// removed environment's pods stop within it.
+    #[arg(long, env = "PREVIEWD_MAX_TERMINATION_GRACE_PERIOD", default_value = "5m", value_parser = parse_duration)]
+    pub max_termination_grace_period: Duration,
     /// previewd's own ClusterRoles, comma-separated (the chart's two): no template may bind
     /// them, whatever the ceiling says. `--environment-role` is always one of them.
     #[arg(long, env = "PREVIEWD_OWN_CLUSTER_ROLES", value_delimiter = ',')]
@@ -237,6 +241,7 @@ impl ControllerArgs {
                 object_annotations: self.object_annotations.clone().unwrap_or_default().0,
                 ceiling: self.template_ceiling.clone().unwrap_or_default(),
                 own_cluster_roles: self.own_cluster_roles(),
+                max_grace_period: Some(self.max_termination_grace_period.as_secs()),
             },
             engines: crate::engines::EngineConfig {
                 helm: self.helm.clone(),

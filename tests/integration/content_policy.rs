@@ -16,7 +16,7 @@ use support::{eventually, in_namespace, wait_for_phase};
 
 /// A template of `manifest` (inline) with `policy`, and its environment `pr-7`, reconciled by a
 /// controller confined to `namespace` with the default configuration. Returns the controller.
-async fn deploy(
+pub(crate) async fn deploy(
     client: &kube::Client,
     namespace: &str,
     manifest: &str,
@@ -98,7 +98,7 @@ async fn environment_namespaces(client: &kube::Client, namespace: &str) -> usize
 
 /// Waits until `pr-7` is refused by the policy, checks that the refusal names each of
 /// `named`, and that nothing was applied, not even the namespace.
-async fn assert_refused_naming(client: &kube::Client, namespace: &str, named: &[&str]) {
+pub(crate) async fn assert_refused_naming(client: &kube::Client, namespace: &str, named: &[&str]) {
     let message = refusal(client, namespace).await;
     for named in named {
         assert!(message.contains(named), "{named:?} not in: {message}");
@@ -682,7 +682,7 @@ spec:
                 .unwrap();
         assert_eq!(
             requests["requests"],
-            json!({"cpu": "50m", "memory": "64Mi"}),
+            json!({"cpu": "50m", "memory": "64Mi", "ephemeral-storage": "64Mi"}),
             "{requests}"
         );
 

@@ -26,6 +26,7 @@ mod forge_budget;
 mod forge_workflow;
 mod gate;
 mod high_availability;
+mod holding;
 mod hostile;
 mod image;
 mod lifecycle;

@@ -1199,10 +1199,18 @@ async fn the_url_is_reported_once_a_gateway_accepts_the_route_for_its_host() {
         use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
         let gateway_api = "gateway.networking.k8s.io";
         install_crds(&client, &[crd_in(gateway_api, "httproutes", "HTTPRoute", "Namespaced")]).await;
-        // The operator allows HTTPRoutes (extraTemplateKinds); the test plays the Gateway.
+        // The operator allows HTTPRoutes (extraTemplateKinds) and templates to name its shared
+        // Gateway (the ceiling); the test plays the Gateway.
         let config = ControllerConfig {
             namespace: Some(ns.clone()),
             template_kinds: support::template_kinds_and(&[json!({"group": gateway_api, "kind": "HTTPRoute", "resource": "httproutes"})]),
+            operator_policy: previewd::model::grants::OperatorPolicy {
+                ceiling: previewd::model::ceiling::TemplateCeiling {
+                    gateways: vec!["gateway-system/previews".into()],
+                    ..Default::default()
+                },
+                ..Default::default()
+            },
             ..Default::default()
         };
         let _context = start_controller_with(&client, config).await;

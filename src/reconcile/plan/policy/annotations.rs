@@ -31,14 +31,21 @@ pub const INERT_ANNOTATIONS: &[&str] = &[
     "deployment.kubernetes.io/revision",
     // Scrape hints: a metrics scraper reads the pod's own port and path.
     "prometheus.io/*",
-    // The autoscaler may evict the pod: about the pod itself.
-    "cluster-autoscaler.kubernetes.io/safe-to-evict",
     // Istio rewrites the pod's own probes through its sidecar (Online Boutique sets it).
     "sidecar.istio.io/rewriteAppHTTPProbers",
     // AppArmor and seccomp by annotation: their values are checked by `reach`.
     "container.apparmor.security.beta.kubernetes.io/*",
     "seccomp.security.alpha.kubernetes.io/*",
 ];
+
+/// The cluster autoscaler's `safe-to-evict` saying `"true"` (the pod may go, as any pod): about
+/// the pod itself. `"false"` keeps its node from scaling down for every team: refused unless
+/// the operator names the key.
+const SAFE_TO_EVICT: &str = "cluster-autoscaler.kubernetes.io/safe-to-evict";
+
+fn evictable(key: &str, value: &Value) -> bool {
+    key == SAFE_TO_EVICT && value.as_str() == Some("true")
+}
 
 /// Whether `key` is named by `entry` (an exact key, or `prefix/*`).
 fn names(entry: &str, key: &str) -> bool {
@@ -64,8 +71,9 @@ pub fn check(metadata: &Value, path: &dyn std::fmt::Display, allowed: &[String])
         return Vec::new();
     };
     annotations
-        .keys()
-        .filter_map(|key| controller_key(key).map(|prefix| (key, prefix)))
+        .iter()
+        .filter(|(key, value)| !evictable(key, value))
+        .filter_map(|(key, _)| controller_key(key).map(|prefix| (key, prefix)))
         .filter(|(key, _)| {
             !INERT_ANNOTATIONS.iter().any(|entry| names(entry, key))
                 && !allowed.iter().any(|entry| names(entry, key))

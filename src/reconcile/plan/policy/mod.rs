@@ -38,6 +38,7 @@ pub mod claims;
 #[cfg(test)]
 mod corpus;
 pub mod custom;
+pub mod holding;
 pub mod hosts;
 pub mod ingress;
 pub mod network;
@@ -69,8 +70,10 @@ pub struct Scope<'a> {
 /// (empty: everything may be applied).
 pub fn check(objects: &[RenderedObject], policy: &PolicySpec, scope: &Scope) -> Vec<Violation> {
     let mut violations = overlapping_budgets(objects);
+    violations.extend(holding::budgets_over_unscalable(objects));
     for object in objects {
         let mut reasons = reserved_name(object.name());
+        reasons.extend(holding::finalizers(object.kind(), &object.object));
         reasons.extend(judge(object, policy, scope));
         reasons.extend(controller_annotations(object, scope));
         violations.extend(reasons.into_iter().map(|reason| Violation {
@@ -130,7 +133,10 @@ fn judge(object: &RenderedObject, policy: &PolicySpec, scope: &Scope) -> Vec<Str
         ],
         ("", kind @ ("Pod" | "ReplicationController"))
         | ("apps", kind @ ("Deployment" | "StatefulSet" | "ReplicaSet"))
-        | ("batch", kind @ ("Job" | "CronJob")) => pod_template(kind, value, policy),
+        | ("batch", kind @ ("Job" | "CronJob")) => {
+            let max_grace = scope.operator.max_grace_seconds();
+            pod_template(kind, value, policy, max_grace)
+        }
         (group, kind) if scope.kinds.is_inert(group, kind) => Vec::new(),
         (group, kind) => vec![format!(
             "previewd has no content policy for kind {kind} of group {group:?}, so it cannot tell what such an object reaches beyond the namespace: the operator may declare the kind inert (inert: true in its templateKinds entry) if it reaches nothing"
@@ -140,7 +146,7 @@ fn judge(object: &RenderedObject, policy: &PolicySpec, scope: &Scope) -> Vec<Str
 
 /// A pod template's Pod Security Standard and what it reaches beyond it ([`reach`]); nothing
 /// for an object without one, or at `Privileged`.
-fn pod_template(kind: &str, object: &Value, policy: &PolicySpec) -> Vec<String> {
+fn pod_template(kind: &str, object: &Value, policy: &PolicySpec, max_grace: u64) -> Vec<String> {
     let Some((metadata, spec, path)) = pods::pod_template(kind, object) else {
         // Nothing to judge is nothing to apply: previewd cannot say what it would run.
         return vec![
@@ -152,6 +158,7 @@ fn pod_template(kind: &str, object: &Value, policy: &PolicySpec) -> Vec<String> 
         return vec!["the pod template's metadata is not an object".into()];
     }
     let mut broken = pods::check(spec, path, policy.pod_security);
+    broken.extend(holding::grace_period(spec, path, max_grace));
     if policy.pod_security != PodSecurityLevel::Privileged {
         broken.extend(reach::check(metadata, spec, path, policy));
     }

@@ -189,6 +189,29 @@ fn baseline_container(container: &Value, at: &str, broken: &mut Vec<String>) {
         }
     }
     baseline_security_context(security, &format!("{at}.securityContext"), broken);
+    probe_hosts(container, at, broken);
+}
+
+/// Probes and lifecycle hooks without a `host` (Pod Security Baseline since Kubernetes 1.34):
+/// with one, the kubelet sends the request from the node's network to any address.
+fn probe_hosts(container: &Value, at: &str, broken: &mut Vec<String>) {
+    let handlers = [
+        ("livenessProbe", &container["livenessProbe"]),
+        ("readinessProbe", &container["readinessProbe"]),
+        ("startupProbe", &container["startupProbe"]),
+        ("lifecycle.postStart", &container["lifecycle"]["postStart"]),
+        ("lifecycle.preStop", &container["lifecycle"]["preStop"]),
+    ];
+    for (name, handler) in handlers {
+        for action in ["httpGet", "tcpSocket"] {
+            let host = &handler[action]["host"];
+            if host.as_str().is_none_or(|h| !h.is_empty()) && !host.is_null() {
+                broken.push(format!(
+                    "{at}.{name}.{action}.host is set: the kubelet would send it from the node's network (baseline)"
+                ));
+            }
+        }
+    }
 }
 
 /// The rules that apply to the pod's and each container's securityContext alike.

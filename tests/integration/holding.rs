@@ -1,0 +1,122 @@
+//! What a pull request adds may not hold cluster resources past its environment (issue 53 §2),
+//! against the real API server: a finalizer nothing removes, a disruption budget over a Job's
+//! pods, a grace period of 68 years, an autoscaler annotation that pins a node, a probe the
+//! kubelet would send from the node's network, and a pod that asks for more of the node's disk
+//! than the default quota holds. Each is refused and nothing is applied (the quota: by the API
+//! server, through the guard rail previewd creates); on the code before, each deployed.
+
+use crate::support;
+
+use std::time::Duration;
+
+use kube::api::Api;
+use previewd::model::crd::PreviewEnvironment;
+use serde_json::json;
+use support::{eventually, in_namespace};
+
+use super::content_policy::{assert_refused_naming, deploy};
+
+#[tokio::test]
+async fn a_finalizer_on_any_object_or_pod_template_is_refused() {
+    const HELD: &str = "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: held, finalizers: [example.com/never]}\ndata: {a: b}\n---\napiVersion: apps/v1\nkind: Deployment\nmetadata: {name: web}\nspec:\n  selector: {matchLabels: {app: web}}\n  template:\n    metadata: {labels: {app: web}, finalizers: [example.com/never]}\n    spec: {containers: [{name: web, image: nginx}]}\n";
+    in_namespace("holding-finalizers", |client, ns| async move {
+        let _running = deploy(&client, &ns, HELD, json!({})).await;
+        assert_refused_naming(
+            &client,
+            &ns,
+            &[
+                "ConfigMap/held (from app.yaml): metadata.finalizers holds [\"example.com/never\"]",
+                "Deployment/web (from app.yaml): spec.template.metadata.finalizers holds",
+            ],
+        )
+        .await;
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_disruption_budget_over_a_jobs_pods_is_refused() {
+    const BUDGET: &str = "apiVersion: batch/v1\nkind: Job\nmetadata: {name: migrate}\nspec:\n  template:\n    metadata: {labels: {app: migrate}}\n    spec: {restartPolicy: Never, containers: [{name: m, image: busybox}]}\n---\napiVersion: policy/v1\nkind: PodDisruptionBudget\nmetadata: {name: migrate}\nspec:\n  maxUnavailable: 1\n  selector: {matchLabels: {app: migrate}}\n";
+    in_namespace("holding-budget", |client, ns| async move {
+        let _running = deploy(&client, &ns, BUDGET, json!({})).await;
+        assert_refused_naming(&client, &ns, &[
+            "PodDisruptionBudget/migrate (from app.yaml): spec.selector may match the pods of Job \"migrate\"",
+            "stalls every node drain",
+        ])
+        .await;
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_grace_period_beyond_the_operators_cap_is_refused() {
+    const LONG: &str = "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: web}\nspec:\n  selector: {matchLabels: {app: web}}\n  template:\n    metadata: {labels: {app: web}}\n    spec: {terminationGracePeriodSeconds: 2147483647, containers: [{name: web, image: nginx}]}\n";
+    in_namespace("holding-grace", |client, ns| async move {
+        let _running = deploy(&client, &ns, LONG, json!({})).await;
+        assert_refused_naming(
+            &client,
+            &ns,
+            &[
+                "spec.template.spec.terminationGracePeriodSeconds is 2147483647",
+                "at most 300 (--max-termination-grace-period)",
+            ],
+        )
+        .await;
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn an_autoscaler_annotation_that_pins_a_node_is_refused() {
+    const PINNED: &str = "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: web}\nspec:\n  selector: {matchLabels: {app: web}}\n  template:\n    metadata: {labels: {app: web}, annotations: {cluster-autoscaler.kubernetes.io/safe-to-evict: \"false\"}}\n    spec: {containers: [{name: web, image: nginx}]}\n";
+    in_namespace("holding-evict", |client, ns| async move {
+        let _running = deploy(&client, &ns, PINNED, json!({})).await;
+        assert_refused_naming(&client, &ns, &[
+            "has \"cluster-autoscaler.kubernetes.io/safe-to-evict\", which configures a controller",
+        ])
+        .await;
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_probe_sent_from_the_nodes_network_is_refused() {
+    const PROBE: &str = "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: web}\nspec:\n  selector: {matchLabels: {app: web}}\n  template:\n    metadata: {labels: {app: web}}\n    spec:\n      containers:\n      - name: web\n        image: nginx\n        livenessProbe: {httpGet: {host: 169.254.169.254, path: /latest/meta-data, port: 80}}\n        lifecycle: {preStop: {tcpSocket: {host: 10.0.0.1, port: 6443}}}\n";
+    in_namespace("holding-probe", |client, ns| async move {
+        let _running = deploy(&client, &ns, PROBE, json!({})).await;
+        assert_refused_naming(
+            &client,
+            &ns,
+            &[
+                "spec.template.spec.containers[0].livenessProbe.httpGet.host is set",
+                "spec.template.spec.containers[0].lifecycle.preStop.tcpSocket.host is set",
+            ],
+        )
+        .await;
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn the_default_quota_bounds_the_nodes_disk_a_preview_may_take() {
+    const DISK: &str = "apiVersion: v1\nkind: Pod\nmetadata: {name: disk}\nspec:\n  containers:\n  - name: c\n    image: busybox\n    resources: {requests: {ephemeral-storage: 1Gi}, limits: {ephemeral-storage: 1Ti}}\n";
+    in_namespace("holding-disk", |client, ns| async move {
+        let _running = deploy(&client, &ns, DISK, json!({})).await;
+        let environments: Api<PreviewEnvironment> = Api::namespaced(client.clone(), &ns);
+        let said = eventually(
+            "the API server refuses the pod",
+            Duration::from_secs(60),
+            || async {
+                let status = environments.get("pr-7").await.ok()?.status?;
+                let ready = status.conditions.iter().find(|c| c.type_ == "Ready")?;
+                (ready.reason == "ApplyRefused").then(|| ready.message.clone())
+            },
+        )
+        .await;
+        assert!(
+            said.contains("exceeded quota") && said.contains("limits.ephemeral-storage"),
+            "{said}"
+        );
+    })
+    .await;
+}
