@@ -139,6 +139,10 @@ rules:
   - apiGroups: [previewd.dev]
     resources: [previewtemplates]
     verbs: [get, list, watch]
+  # Its WithinCeiling condition, when a template asks for more than the operator's ceiling.
+  - apiGroups: [previewd.dev]
+    resources: [previewtemplates/status]
+    verbs: [get, patch]
   - apiGroups: [previewd.dev]
     resources: [previewenvironments]
     verbs: [get, list, watch, create, patch, update, delete]

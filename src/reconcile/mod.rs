@@ -31,6 +31,7 @@ mod renders;
 mod resolve;
 mod secrets;
 pub mod status;
+mod template_status;
 #[cfg(test)]
 mod test_support;
 mod waves;

@@ -37,7 +37,8 @@ use super::status::{
 };
 use super::write::write_status;
 use super::{
-    access, apply, claim, coalesce, namespace, prune, quarantine, renders, resolve, secrets, waves,
+    access, apply, claim, coalesce, namespace, prune, quarantine, renders, resolve, secrets,
+    template_status, waves,
 };
 use crate::cluster::observed::ObjectKey;
 use crate::model::crd::{
@@ -128,7 +129,7 @@ async fn deploy(
         return Err(refusal.into());
     }
     let observed = context.applier.observed();
-    let mut plan = render_and_plan(
+    let rendered = render_and_plan(
         environment,
         template,
         namespace,
@@ -137,8 +138,20 @@ async fn deploy(
         limits(context),
         move |object| observed.live_replicas(&ObjectKey::of(object)),
     )
-    .await
-    .map_err(|refusal| quarantine::record(refusal, environment, template, memory_limit))?;
+    .await;
+    let beyond_ceiling = match &rendered {
+        Err(refusal) if refusal.reason == RefusalReason::TemplateBeyondCeiling => {
+            Some(refusal.message.as_str())
+        }
+        _ => None,
+    };
+    // The template's own condition says what its environments say; failing to write it
+    // stops nothing of the environment's.
+    if let Err(e) = template_status::say_ceiling(template, beyond_ceiling, context).await {
+        tracing::warn!(error = %e, "could not write the template's WithinCeiling condition");
+    }
+    let mut plan = rendered
+        .map_err(|refusal| quarantine::record(refusal, environment, template, memory_limit))?;
     refuse_a_taken_host(environment, &plan.host, context)?;
     secrets::add_copies(&mut plan, template, context).await?;
     waves::check_served(&plan, context).await?;

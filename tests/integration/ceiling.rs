@@ -9,7 +9,7 @@ use crate::support;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Namespace;
-use kube::api::{Api, ListParams, PostParams};
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use previewd::model::ceiling::TemplateCeiling;
 use previewd::model::crd::{Phase, PodSecurityLevel, PreviewEnvironment, PreviewTemplate};
 use previewd::model::grants::OperatorPolicy;
@@ -117,6 +117,28 @@ async fn a_template_cannot_widen_past_the_operators_ceiling() {
         ] {
             assert!(said.contains(named), "{named:?} not in: {said}");
         }
+        // The template itself says so, and says it no more once its author narrows it.
+        let templates: Api<PreviewTemplate> = Api::namespaced(client.clone(), &ns);
+        let within = |status: &'static str| {
+            let templates = templates.clone();
+            async move {
+                let template = templates.get("wide").await.ok()?;
+                let conditions = template.status?.conditions;
+                let condition = conditions.into_iter().find(|c| c.type_ == "WithinCeiling")?;
+                (condition.status == status).then_some(condition.message)
+            }
+        };
+        let on_template =
+            eventually("WithinCeiling False", Duration::from_secs(30), || within("False")).await;
+        assert!(on_template.contains("policy.podSecurity Privileged"), "{on_template}");
+        let narrowed = json!({"spec": {"policy": {"podSecurity": "Baseline", "allowedClusterRoles": null,
+                                                   "allowedIngressHosts": null},
+                                       "namespace": {"labels": null}}});
+        templates
+            .patch("wide", &PatchParams::default(), &Patch::Merge(&narrowed))
+            .await
+            .unwrap();
+        eventually("WithinCeiling True", Duration::from_secs(60), || within("True")).await;
     })
     .await;
 }

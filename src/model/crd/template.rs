@@ -18,6 +18,7 @@ use super::{default_true, free_form_list, free_form_object};
     namespaced,
     shortname = "ptmpl",
     category = "previewd",
+    status = "PreviewTemplateStatus",
     printcolumn = r#"{"name":"Forge","type":"string","jsonPath":".spec.forge.kind"}"#,
     printcolumn = r#"{"name":"Repository","type":"string","jsonPath":".spec.forge.repository"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
@@ -174,6 +175,16 @@ pub struct PolicySpec {
     /// external-secrets ClusterSecretStores ExternalSecrets may read from.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub allowed_cluster_secret_stores: Vec<String>,
+}
+
+/// What previewd says of a template itself (its environments say the rest).
+#[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct PreviewTemplateStatus {
+    /// `WithinCeiling`: `False` while the template asks for more than the operator's ceiling
+    /// (`--template-ceiling`), with every field beyond it named; `True` once it no longer does.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<super::Condition>,
 }
 
 /// A Kubernetes Pod Security Standard level.
