@@ -152,7 +152,9 @@ async fn deploy(
     }
     let mut plan = rendered
         .map_err(|refusal| quarantine::record(refusal, environment, template, memory_limit))?;
-    refuse_a_taken_host(environment, &plan.host, context)?;
+    for host in std::iter::once(&plan.host).chain(&plan.extra_hosts) {
+        refuse_a_taken_host(environment, host, context)?;
+    }
     secrets::add_copies(&mut plan, template, context).await?;
     waves::check_served(&plan, context).await?;
     let uid = environment.metadata.uid.as_deref().unwrap_or_default();
@@ -215,7 +217,7 @@ fn refuse_a_taken_host(
     Err(Refusal::new(
         RefusalReason::HostTaken,
         format!(
-            "the URL host {host:?} is held by environment {}/{} (a pull request and a branch of the same name, or two forks' branches, render one host): it keeps it; this one deploys once that one is gone, or with a url.host that tells them apart (e.g. with {{{{ pr }}}})",
+            "the host {host:?} is held by environment {}/{} (a pull request and a branch of the same name, or two forks' branches, render one URL host; an extra Ingress host a template lists is one environment's at a time): it keeps it; this one deploys once that one is gone, or with a host that tells them apart (e.g. with {{{{ pr }}}})",
             holder.metadata.namespace.as_deref().unwrap_or_default(),
             holder.metadata.name.as_deref().unwrap_or_default(),
         ),
@@ -405,6 +407,7 @@ fn next_status(
         namespace: &plan.namespace,
         url: &plan.url,
         host: &plan.host,
+        extra_hosts: &plan.extra_hosts,
         routes: &plan.routes,
     };
     let mut status = progress_status(environment, progress, placement, remembered, now);

@@ -263,6 +263,7 @@ mod tests {
             labels: BTreeMap::from([("previewd.dev/environment".into(), "pr-1".into())]),
             url: String::new(),
             host: String::new(),
+            extra_hosts: Vec::new(),
             routes: Vec::new(),
             objects: vec![RenderedObject {
                 manifest: "app.yaml".into(),

@@ -202,6 +202,8 @@ pub struct Placement<'a> {
     pub url: &'a str,
     /// The URL's host, which the environment now holds.
     pub host: &'a str,
+    /// The other Ingress hosts it now holds.
+    pub extra_hosts: &'a [String],
     /// The objects that route the URL's host ([`crate::reconcile::plan::routes`]).
     pub routes: &'a [Route],
 }
@@ -235,6 +237,7 @@ pub fn progress_status(
         namespace: Some(placement.namespace.to_string()),
         url: routed_url(&placement, &progress.resources),
         host: Some(placement.host.to_string()),
+        extra_hosts: placement.extra_hosts.to_vec(),
         deployed_sha: if ready {
             Some(sha.clone())
         } else {

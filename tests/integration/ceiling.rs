@@ -44,12 +44,28 @@ async fn controller(
 /// Template `name` of [`ROOT_ON_THE_NODE`] with `policy` and `namespace` settings, and its
 /// environment `<name>-pr-1`.
 async fn create(client: &kube::Client, ns: &str, name: &str, policy: Value, namespace: Value) {
+    create_of(client, ns, name, policy, namespace, ROOT_ON_THE_NODE).await;
+}
+
+/// Template `name` of `manifest` with `policy`, and its environment `<name>-pr-1`.
+async fn create_with(client: &kube::Client, ns: &str, name: &str, policy: Value, manifest: &str) {
+    create_of(client, ns, name, policy, json!({}), manifest).await;
+}
+
+async fn create_of(
+    client: &kube::Client,
+    ns: &str,
+    name: &str,
+    policy: Value,
+    namespace: Value,
+    manifest: &str,
+) {
     let template: PreviewTemplate = serde_json::from_value(json!({
         "apiVersion": "previewd.dev/v1alpha1", "kind": "PreviewTemplate", "metadata": {"name": name},
         "spec": {"forge": {"kind": "github", "repository": "Codertocat/Hello-World"},
                  "url": {"host": format!("{{{{ slug }}}}.{name}.example.com")},
                  "policy": policy, "namespace": namespace,
-                 "manifests": {"inline": [{"name": "app.yaml", "template": ROOT_ON_THE_NODE}]}}
+                 "manifests": {"inline": [{"name": "app.yaml", "template": manifest}]}}
     }))
     .unwrap();
     Api::<PreviewTemplate>::namespaced(client.clone(), ns)
@@ -180,6 +196,42 @@ async fn an_operator_may_raise_the_ceiling_but_never_to_previewds_own_roles() {
             Duration::from_secs(90),
         )
         .await;
+    })
+    .await;
+}
+
+/// An extra Ingress host a template lists (within the operator's ceiling) is claimed like the
+/// URL host: the first environment that routes it holds it (`status.extraHosts`), and another
+/// team's environment that routes the same host is refused `HostTaken`, nothing applied. On the
+/// code before, both deployed an Ingress for it and the controller merged them.
+#[tokio::test]
+async fn an_extra_ingress_host_is_one_environments_at_a_time() {
+    in_namespace("ceiling-hosts", |client, ns| async move {
+        let ceiling = TemplateCeiling {
+            ingress_hosts: vec!["status.example.com".into()],
+            ..Default::default()
+        };
+        let _running = controller(&client, &ns, ceiling).await;
+        let ingress = "apiVersion: networking.k8s.io/v1\nkind: Ingress\nmetadata: {name: status}\nspec:\n  rules: [{host: status.example.com, http: {paths: [{path: /, pathType: Prefix, backend: {service: {name: web, port: {number: 80}}}}]}}]\n";
+        let policy = json!({"allowedIngressHosts": ["status.example.com"]});
+        create_with(&client, &ns, "first", policy.clone(), ingress).await;
+        let environments: Api<PreviewEnvironment> = Api::namespaced(client.clone(), &ns);
+        eventually("first holds the host", Duration::from_secs(60), || async {
+            let status = environments.get("first-pr-1").await.ok()?.status?;
+            (status.extra_hosts == ["status.example.com"]).then_some(())
+        })
+        .await;
+        create_with(&client, &ns, "second", policy, ingress).await;
+        let said = eventually("second refused", Duration::from_secs(60), || async {
+            let status = environments.get("second-pr-1").await.ok()?.status?;
+            let ready = status.conditions.iter().find(|c| c.type_ == "Ready")?;
+            (ready.reason == "HostTaken").then(|| ready.message.clone())
+        })
+        .await;
+        assert!(
+            said.contains("\"status.example.com\" is held by environment") && said.contains("first-pr-1"),
+            "{said}"
+        );
     })
     .await;
 }

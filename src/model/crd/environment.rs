@@ -197,6 +197,10 @@ pub struct PreviewEnvironmentStatus {
     /// The URL host this environment holds: no other environment may route it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub host: Option<String>,
+    /// The other Ingress hosts it holds (those its template's `policy.allowedIngressHosts`
+    /// lists and its Ingresses route), claimed like the URL host: one environment each.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub extra_hosts: Vec<String>,
     /// The head SHA that is deployed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub deployed_sha: Option<String>,

@@ -15,11 +15,15 @@ pub fn taken_by<'a>(
     host: &str,
     others: impl IntoIterator<Item = &'a PreviewEnvironment>,
 ) -> Option<&'a PreviewEnvironment> {
+    // The URL host, or one of the extra Ingress hosts an environment claimed.
     let holds = |env: &PreviewEnvironment| {
-        env.status
-            .as_ref()
-            .and_then(|status| status.host.as_deref())
-            .is_some_and(|held| held.eq_ignore_ascii_case(host))
+        env.status.as_ref().is_some_and(|status| {
+            status
+                .host
+                .iter()
+                .chain(&status.extra_hosts)
+                .any(|held| held.eq_ignore_ascii_case(host))
+        })
     };
     let i_hold = holds(environment);
     others.into_iter().find(|other| {

@@ -41,6 +41,9 @@ pub struct Plan {
     pub url: String,
     /// The URL's host (`status.host` once the environment holds it, see [`host_claims`]).
     pub host: String,
+    /// The other Ingress hosts it routes, of those its template's `policy.allowedIngressHosts`
+    /// lists (`status.extraHosts` once held, see [`host_claims`]).
+    pub extra_hosts: Vec<String>,
     /// The objects that route the URL's host; the URL is reported once one of them is healthy.
     pub routes: Vec<routes::Route>,
     pub objects: Vec<RenderedObject>,
@@ -191,11 +194,13 @@ pub fn plan_rendered(
         environment.spec.sleep,
         &replicas_before_sleep,
     );
+    let extra_hosts = routes::extra_hosts(&objects, &template.spec.policy.allowed_ingress_hosts);
     Ok(Plan {
         namespace: namespace.to_string(),
         labels,
         url,
         routes,
+        extra_hosts,
         host,
         objects,
         replicas_before_sleep,

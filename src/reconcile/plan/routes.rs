@@ -24,6 +24,20 @@ pub fn routes_to(objects: &[RenderedObject], host: &str) -> Vec<Route> {
         .collect()
 }
 
+/// The hosts of `allowed` (the template's `policy.allowedIngressHosts`) that `objects` route,
+/// lower-cased, sorted, once each: the environment claims them like its URL host.
+pub fn extra_hosts(objects: &[RenderedObject], allowed: &[String]) -> Vec<String> {
+    let mut claimed: Vec<String> = objects
+        .iter()
+        .flat_map(hosts_of)
+        .filter(|host| allowed.iter().any(|a| a.eq_ignore_ascii_case(host)))
+        .map(str::to_ascii_lowercase)
+        .collect();
+    claimed.sort();
+    claimed.dedup();
+    claimed
+}
+
 /// The host names an object routes: an Ingress's rules, a route's `hostnames`.
 fn hosts_of(object: &RenderedObject) -> Box<dyn Iterator<Item = &str> + '_> {
     let group = object.api_version().split_once('/').map(|(group, _)| group);

@@ -74,6 +74,7 @@ fn becoming_ready_times_the_commit_from_its_push_and_records_the_deployed_sha() 
         namespace: "preview-team-a-web-pr-2-abc123",
         url: "https://feature-login.preview.example.com",
         host: "feature-login.preview.example.com",
+        extra_hosts: &[],
         routes: &[],
     };
     let status = progress_status(&environment, Progress::default(), placement, None, now);
@@ -99,6 +100,7 @@ fn a_commit_already_ready_keeps_its_time_and_its_condition_keeps_its_transition(
         namespace: "preview-x",
         url: "https://x",
         host: "x",
+        extra_hosts: &[],
         routes: &[],
     };
     environment.status = Some(progress_status(
@@ -122,6 +124,7 @@ fn a_refusal_keeps_the_previous_status_and_says_why() {
         namespace: "preview-x",
         url: "https://x",
         host: "x",
+        extra_hosts: &[],
         routes: &routes,
     };
     let now = at("2026-11-22T10:00:03Z");
@@ -196,6 +199,7 @@ fn the_url_is_reported_only_once_a_healthy_object_routes_its_host() {
         namespace: "preview-x",
         url: "https://pr-2.preview.example.com",
         host: "pr-2.preview.example.com",
+        extra_hosts: &[],
         routes,
     };
     let status = |progress, routes| {
