@@ -200,6 +200,9 @@ struct DeliveryAnswer {
 pub const NOT_ACCEPTED: &str =
     "not accepted: no webhook secret or token of this previewd verifies this delivery";
 
+/// The one answer to a delivery whose secret could not be read.
+pub const UNAVAILABLE: &str = "previewd could not read a webhook secret it needs to verify this delivery; deliver it again later";
+
 impl DeliveryAnswer {
     fn new(status: StatusCode, outcome: &'static str, message: impl Into<String>) -> Self {
         Self {
@@ -207,6 +210,18 @@ impl DeliveryAnswer {
             outcome,
             body: json!({ "outcome": outcome, "message": message.into() }),
             detail: None,
+        }
+    }
+
+    /// 503 for a delivery no template could verify because a secret could not be read (the
+    /// forge delivers it again): the answer names nothing; `detail` (the template, the Secret,
+    /// previewd's identity) goes to the log only.
+    fn unavailable(detail: String) -> Self {
+        Self {
+            status: StatusCode::SERVICE_UNAVAILABLE,
+            outcome: "error",
+            body: json!({ "outcome": "error", "message": UNAVAILABLE }),
+            detail: Some(detail),
         }
     }
 
@@ -554,11 +569,7 @@ async fn verify(
             tracing::warn!("a template misses this delivery: {error}");
             Ok(verified)
         }
-        (true, Some(error)) => Err(DeliveryAnswer::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "error",
-            error,
-        )),
+        (true, Some(error)) => Err(DeliveryAnswer::unavailable(error)),
         (true, None) => Err(DeliveryAnswer::not_accepted("unauthorized", last_error)),
     }
 }

@@ -1314,3 +1314,52 @@ async fn a_newer_write_between_the_intakes_read_and_its_write_is_not_overwritten
     })
     .await;
 }
+
+/// A delivery whose template's webhook secret previewd cannot read (the API server refuses the
+/// read: here the server's client is a ServiceAccount without rights) gets 503, so the forge
+/// delivers it again, and an answer that names nothing: not the template, not the Secret, not
+/// previewd's identity, which go to the log only. Before, the answer carried the read's error
+/// with all three.
+#[tokio::test]
+async fn an_unreadable_webhook_secret_gets_503_naming_nothing() {
+    in_namespace("webhook-unreadable", |client, ns| async move {
+        install_template(&client, &ns, "github", "Codertocat/Hello-World", None).await;
+        let config = previewd::reconcile::ControllerConfig {
+            namespace: Some(ns.clone()),
+            ..Default::default()
+        };
+        let running = support::start_controller_with(&client, config).await;
+        let nobody = support::client_as_service_account(&ns, "nobody").await;
+        let state = running.server_state(&nobody, 64 * 1024);
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let base = format!("http://{}", listener.local_addr().unwrap());
+        tokio::spawn(previewd::webhook::server::serve(
+            state,
+            listener,
+            std::future::pending(),
+        ));
+        let http = reqwest::Client::new();
+        wait_until_ready(&http, &base).await;
+        let opened = github_fixture("pull_request.opened.json");
+        let signature = Some(github::sign(SECRET.as_bytes(), &opened));
+        let (status, answer) =
+            post_github(&http, &base, "pull_request", "u1", &opened, signature).await;
+        assert_eq!(status, 503, "{answer}");
+        assert_eq!(
+            answer["message"],
+            previewd::webhook::server::UNAVAILABLE,
+            "{answer}"
+        );
+        let said = answer.to_string();
+        for name in [
+            "app-github",
+            "webhook\\\"",
+            "nobody",
+            "serviceaccount",
+            ns.as_str(),
+        ] {
+            assert!(!said.contains(name), "{name:?} in {said}");
+        }
+    })
+    .await;
+}
