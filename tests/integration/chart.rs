@@ -287,6 +287,28 @@ async fn assert_extra_kind_confined(as_chart: &kube::Client, target: &str, bysta
 /// to every address), the API server only at its address, and HTTPS to public addresses never
 /// reaches a private range (cloud metadata at 169.254.169.254, internal services): an engine
 /// made to fetch an internal URL finds no way there.
+/// What docs/security.md says of the one exception: rendered where the API server's address
+/// cannot be read (`helm template` without `networkPolicy.apiServer.cidrs`), its ports are open
+/// to every address, and that rule alone; every other rule keeps its peers.
+fn assert_the_api_ports_open_to_every_address_when_no_address_is_known(namespace: &str) {
+    let (_, rendered) = rendered_by_helm("no-address", namespace, &json!({}));
+    let policy = rendered
+        .iter()
+        .find(|o| o["kind"] == "NetworkPolicy")
+        .expect("the chart renders previewd's NetworkPolicy");
+    let open: Vec<&Value> = policy["spec"]["egress"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|rule| rule["to"].as_array().is_none_or(Vec::is_empty))
+        .collect();
+    assert_eq!(open.len(), 1, "{open:?}");
+    assert_eq!(
+        open[0]["ports"],
+        json!([{"port": 443, "protocol": "TCP"}, {"port": 6443, "protocol": "TCP"}])
+    );
+}
+
 fn assert_egress_stays_out_of_private_ranges(rendered: &[Value]) {
     let policy = rendered
         .iter()
@@ -385,6 +407,7 @@ async fn the_chart_lints_renders_applies_and_its_rbac_carries_a_lifecycle() {
             );
         }
         assert_egress_stays_out_of_private_ranges(&rendered);
+        assert_the_api_ports_open_to_every_address_when_no_address_is_known(&ns);
         assert_gate_routed(&rendered, &release);
         apply_all(&client, &ns, &rendered).await;
         let deployment = rendered.iter().find(|o| o["kind"] == "Deployment").unwrap();
