@@ -12,6 +12,10 @@ use crate::model::kinds::TemplateKinds;
 /// The default of `--max-objects-per-environment`: the 35-object Online Boutique fits 14 times.
 pub const DEFAULT_MAX_OBJECTS: usize = 500;
 
+/// The most bytes (as JSON) an environment's objects may take together by default: what the
+/// quota does not count (Roles, ServiceAccounts, NetworkPolicies, annotations) is held to it.
+pub const DEFAULT_MAX_BYTES: usize = 8 << 20;
+
 /// The default of `--reconcile-concurrency`. Unbounded, a restart or a failover reconciled every
 /// environment at once, each holding its rendered plan: at 400 environments that doubled
 /// previewd's memory for a few seconds, and gained nothing, since their requests queue for the
@@ -37,6 +41,8 @@ pub struct ControllerConfig {
     /// A template that renders more objects than this is refused (a runaway loop in a
     /// template, or a hostile one, must not flood the API server).
     pub max_objects: usize,
+    /// A template whose objects take more bytes than this (as JSON) is refused.
+    pub max_bytes: usize,
     /// The kinds templates may create (`--template-kinds`); anything else is refused.
     pub template_kinds: TemplateKinds,
     /// What template Roles may grant and which Ingress annotations templates may set
@@ -79,6 +85,7 @@ impl Default for ControllerConfig {
             resync_interval: Duration::from_secs(600),
             reapply_interval: None,
             max_objects: DEFAULT_MAX_OBJECTS,
+            max_bytes: DEFAULT_MAX_BYTES,
             template_kinds: TemplateKinds::default(),
             operator_policy: OperatorPolicy::default(),
             engines: EngineConfig::default(),

@@ -37,7 +37,7 @@ mod test_support;
 mod waves;
 mod write;
 
-pub use config::{ControllerConfig, DEFAULT_MAX_OBJECTS, EnvironmentAccess};
+pub use config::{ControllerConfig, DEFAULT_MAX_BYTES, DEFAULT_MAX_OBJECTS, EnvironmentAccess};
 pub use context::Context;
 pub use controller::run;
 pub use error::ReconcileError;

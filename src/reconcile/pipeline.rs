@@ -229,6 +229,7 @@ fn refuse_a_taken_host(
 fn limits(context: &Context) -> Limits {
     Limits {
         max_objects: context.config.max_objects,
+        max_bytes: context.config.max_bytes,
         kinds: context.config.template_kinds.clone(),
         operator: context.config.operator_policy.clone(),
         gate_answers: context.config.gate_answers,

@@ -48,6 +48,10 @@ pub struct ControllerArgs {
     /// the condition `TooManyObjects` on the environment.
     #[arg(long, env = "PREVIEWD_MAX_OBJECTS_PER_ENVIRONMENT", default_value_t = crate::reconcile::DEFAULT_MAX_OBJECTS)]
     pub max_objects_per_environment: usize,
+    /// A template whose objects take more than this together (as JSON: `8Mi`, or bytes) is
+    /// refused, with `TooManyObjects`: what the quota does not count stays bounded too.
+    #[arg(long, env = "PREVIEWD_MAX_BYTES_PER_ENVIRONMENT", default_value = "8Mi", value_parser = parse_size)]
+    pub max_bytes_per_environment: u64,
     /// The kinds templates may create, as a JSON list of `{"group", "kind", "resource"}`
     /// (the chart builds it from its `templateKinds` and `extraTemplateKinds` values, and its
     /// RBAC from the same list). Default: the built-in list in docs/writing-templates.md. Only
@@ -234,6 +238,7 @@ impl ControllerArgs {
             resync_interval: self.resync_interval,
             reapply_interval: self.reapply_interval,
             max_objects: self.max_objects_per_environment.max(1),
+            max_bytes: usize::try_from(self.max_bytes_per_environment).unwrap_or(usize::MAX),
             template_kinds: self.template_kinds.clone().unwrap_or_default(),
             operator_policy: OperatorPolicy {
                 role_grants: self.template_role_rules.clone().unwrap_or_default(),

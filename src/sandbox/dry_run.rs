@@ -92,6 +92,7 @@ pub async fn run(args: RenderArgs) -> Result<bool, SandboxError> {
     };
     let limits = Limits {
         max_objects: DEFAULT_MAX_OBJECTS,
+        max_bytes: crate::reconcile::DEFAULT_MAX_BYTES,
         kinds: Default::default(),
         operator: Default::default(),
         gate_answers: false,

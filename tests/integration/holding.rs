@@ -120,3 +120,64 @@ async fn the_default_quota_bounds_the_nodes_disk_a_preview_may_take() {
     })
     .await;
 }
+
+/// What the quota does not count is bounded too: ServiceAccounts (no quota of the default
+/// counts them), each with 200 KB of annotations, 9 MB in all, are refused by the default
+/// `--max-bytes-per-environment` (8 MiB), with nothing applied. On the code before, all 45
+/// were created.
+#[tokio::test]
+async fn objects_the_quota_does_not_count_are_bounded_by_bytes() {
+    in_namespace("holding-bytes", |client, ns| async move {
+        let _running = support::start_controller_with(
+            &client,
+            previewd::reconcile::ControllerConfig {
+                namespace: Some(ns.clone()),
+                ..Default::default()
+            },
+        )
+        .await;
+        // Three manifests of 15 each: every manifest stays within the 4 MiB render limit.
+        let manifest = |part: usize| {
+            json!({"name": format!("accounts-{part}.yaml"), "template": format!(
+                "{{% for i in range(15) %}}---\napiVersion: v1\nkind: ServiceAccount\nmetadata:\n  name: sa-{part}-{{{{ i }}}}\n  annotations:\n    note: \"{{{{ 'x' * 200000 }}}}\"\n{{% endfor %}}"
+            )})
+        };
+        let template: previewd::model::crd::PreviewTemplate = serde_json::from_value(json!({
+            "apiVersion": "previewd.dev/v1alpha1", "kind": "PreviewTemplate", "metadata": {"name": "app"},
+            "spec": {"forge": {"kind": "github", "repository": "Codertocat/Hello-World"},
+                     "url": {"host": "{{ slug }}.bytes.example.com"},
+                     "manifests": {"inline": [manifest(0), manifest(1), manifest(2)]}}
+        }))
+        .unwrap();
+        Api::<previewd::model::crd::PreviewTemplate>::namespaced(client.clone(), &ns)
+            .create(&Default::default(), &template)
+            .await
+            .unwrap();
+        let environment: PreviewEnvironment = serde_json::from_value(json!({
+            "apiVersion": "previewd.dev/v1alpha1", "kind": "PreviewEnvironment", "metadata": {"name": "pr-7"},
+            "spec": {"template": "app", "source": {"repository": "Codertocat/Hello-World",
+                     "branch": "evil", "pullRequest": 7, "headSha": "abc1234"}}
+        }))
+        .unwrap();
+        let environments: Api<PreviewEnvironment> = Api::namespaced(client.clone(), &ns);
+        environments.create(&Default::default(), &environment).await.unwrap();
+        let said = eventually("refused for its bytes", Duration::from_secs(60), || async {
+            let status = environments.get("pr-7").await.ok()?.status?;
+            let ready = status.conditions.iter().find(|c| c.type_ == "Ready")?;
+            (ready.reason == "TooManyObjects").then(|| ready.message.clone())
+        })
+        .await;
+        assert!(
+            said.contains("more than the limit of 8388608 per environment (--max-bytes-per-environment)"),
+            "{said}"
+        );
+        let selector =
+            format!("previewd.dev/environment=pr-7,previewd.dev/environment-namespace={ns}");
+        let created = Api::<k8s_openapi::api::core::v1::Namespace>::all(client.clone())
+            .list(&kube::api::ListParams::default().labels(&selector))
+            .await
+            .unwrap();
+        assert!(created.items.is_empty(), "nothing applied, not even the namespace");
+    })
+    .await;
+}

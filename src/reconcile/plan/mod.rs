@@ -67,6 +67,8 @@ pub struct Manifests {
 #[derive(Clone, Debug)]
 pub struct Limits {
     pub max_objects: usize,
+    /// The most bytes the objects may take together, as JSON.
+    pub max_bytes: usize,
     pub kinds: TemplateKinds,
     pub operator: OperatorPolicy,
     pub gate_answers: bool,
@@ -166,6 +168,7 @@ pub fn plan_rendered(
     } = rendered;
     refuse_crds(&objects)?;
     check_object_limit(objects.len(), limits.max_objects)?;
+    check_byte_limit(&objects, limits.max_bytes)?;
     let guarded = guard::check(&objects, namespace, &limits.kinds);
     refuse_violations(RefusalReason::GuardRejected, guarded)?;
     let scope = policy::Scope {
@@ -249,6 +252,23 @@ fn check_object_limit(count: usize, max_objects: usize) -> Result<(), Refusal> {
             RefusalReason::TooManyObjects,
             format!(
                 "the template renders {count} objects, more than the limit of {max_objects} per environment (--max-objects-per-environment); nothing was applied"
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Refuses objects that take more than `max_bytes` together (as JSON).
+fn check_byte_limit(objects: &[RenderedObject], max_bytes: usize) -> Result<(), Refusal> {
+    let bytes = objects
+        .iter()
+        .map(|o| serde_json::to_vec(&o.object).map_or(0, |b| b.len()))
+        .fold(0usize, usize::saturating_add);
+    if bytes > max_bytes {
+        return Err(Refusal::new(
+            RefusalReason::TooManyObjects,
+            format!(
+                "the template's objects take {bytes} bytes, more than the limit of {max_bytes} per environment (--max-bytes-per-environment); nothing was applied"
             ),
         ));
     }

@@ -30,6 +30,7 @@ fn plan_web(
         NAMESPACE,
         &Limits {
             max_objects,
+            max_bytes: crate::reconcile::DEFAULT_MAX_BYTES,
             kinds: Default::default(),
             operator: Default::default(),
             gate_answers: false,
