@@ -50,7 +50,7 @@ pub struct ControllerArgs {
     pub max_objects_per_environment: usize,
     /// A template whose objects take more than this together (as JSON: `8Mi`, or bytes) is
     /// refused, with `TooManyObjects`: what the quota does not count stays bounded too.
-    #[arg(long, env = "PREVIEWD_MAX_BYTES_PER_ENVIRONMENT", default_value = "8Mi", value_parser = parse_size)]
+    #[arg(long, env = "PREVIEWD_MAX_BYTES_PER_ENVIRONMENT", default_value = "8Mi", value_parser = parse_bytes)]
     pub max_bytes_per_environment: u64,
     /// The kinds templates may create, as a JSON list of `{"group", "kind", "resource"}`
     /// (the chart builds it from its `templateKinds` and `extraTemplateKinds` values, and its
@@ -175,9 +175,20 @@ fn parse_price(text: &str) -> Result<f64, String> {
     }
 }
 
-/// A size as Kubernetes writes memory: bytes, or a number with `Ki`, `Mi` or `Gi`; at least
-/// 16 MiB (less than any engine needs to start).
+/// An engine's memory limit ([`parse_bytes`]): at least 16 MiB (less than any engine needs to
+/// start).
 fn parse_size(text: &str) -> Result<u64, String> {
+    let bytes = parse_bytes(text)?;
+    if bytes < 16 << 20 {
+        return Err(format!(
+            "{text:?} is less than 16Mi, too little for any engine to start"
+        ));
+    }
+    Ok(bytes)
+}
+
+/// A size as Kubernetes writes memory: bytes, or a number with `Ki`, `Mi` or `Gi`.
+fn parse_bytes(text: &str) -> Result<u64, String> {
     let (number, unit) = match text.find(|c: char| !c.is_ascii_digit()) {
         Some(at) => text.split_at(at),
         None => (text, ""),
@@ -198,11 +209,6 @@ fn parse_size(text: &str) -> Result<u64, String> {
         .ok()
         .and_then(|n| n.checked_mul(1 << shift))
         .ok_or_else(|| format!("{text:?} is not a size previewd can hold"))?;
-    if bytes < 16 << 20 {
-        return Err(format!(
-            "{text:?} is less than 16Mi, too little for any engine to start"
-        ));
-    }
     Ok(bytes)
 }
 
@@ -403,7 +409,24 @@ pub struct WebhookArgs {
 
 #[cfg(test)]
 mod tests {
-    use super::parse_size;
+    use super::{RunArgs, parse_bytes, parse_size};
+    use clap::{FromArgMatches, Parser};
+
+    #[derive(Parser)]
+    struct Run {
+        #[command(flatten)]
+        args: RunArgs,
+    }
+
+    /// Every flag's default parses (a default its own parser refuses stops `previewd run`).
+    #[test]
+    fn previewd_run_starts_with_every_default() {
+        let matches = <Run as clap::CommandFactory>::command().try_get_matches_from(["previewd"]);
+        let parsed = matches.and_then(|m| Run::from_arg_matches(&m));
+        let run = parsed.unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(run.args.controller.max_bytes_per_environment, 8 << 20);
+        assert_eq!(parse_bytes("64Ki"), Ok(64 << 10));
+    }
 
     #[test]
     fn sizes_are_read_as_kubernetes_writes_memory() {
