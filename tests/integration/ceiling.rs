@@ -15,7 +15,7 @@ use previewd::model::crd::{Phase, PodSecurityLevel, PreviewEnvironment, PreviewT
 use previewd::model::grants::OperatorPolicy;
 use previewd::reconcile::ControllerConfig;
 use serde_json::{Value, json};
-use support::{eventually, in_namespace, wait_for_phase};
+use support::{eventually, in_namespace, ready_reason, wait_for_phase};
 
 const OWN_ROLE: &str = "previewd-environment";
 
@@ -89,16 +89,8 @@ async fn create_of(
 /// checking that nothing of it was applied (not even its namespace).
 async fn beyond_the_ceiling(client: &kube::Client, ns: &str, environment: &str) -> String {
     let environments: Api<PreviewEnvironment> = Api::namespaced(client.clone(), ns);
-    let message = eventually(
-        &format!("{environment} refused"),
-        Duration::from_secs(60),
-        || async {
-            let status = environments.get(environment).await.ok()?.status?;
-            let ready = status.conditions.iter().find(|c| c.type_ == "Ready")?;
-            (ready.reason == "TemplateBeyondCeiling").then(|| ready.message.clone())
-        },
-    )
-    .await;
+    let reason = "TemplateBeyondCeiling";
+    let message = ready_reason(&environments, environment, reason, Duration::from_secs(60)).await;
     let selector =
         format!("previewd.dev/environment={environment},previewd.dev/environment-namespace={ns}");
     let created = Api::<Namespace>::all(client.clone())
@@ -222,12 +214,8 @@ async fn an_extra_ingress_host_is_one_environments_at_a_time() {
         })
         .await;
         create_with(&client, &ns, "second", policy, ingress).await;
-        let said = eventually("second refused", Duration::from_secs(60), || async {
-            let status = environments.get("second-pr-1").await.ok()?.status?;
-            let ready = status.conditions.iter().find(|c| c.type_ == "Ready")?;
-            (ready.reason == "HostTaken").then(|| ready.message.clone())
-        })
-        .await;
+        let said =
+            ready_reason(&environments, "second-pr-1", "HostTaken", Duration::from_secs(60)).await;
         assert!(
             said.contains("\"status.example.com\" is held by environment") && said.contains("first-pr-1"),
             "{said}"

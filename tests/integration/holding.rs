@@ -12,7 +12,7 @@ use std::time::Duration;
 use kube::api::Api;
 use previewd::model::crd::PreviewEnvironment;
 use serde_json::json;
-use support::{eventually, in_namespace};
+use support::{in_namespace, ready_reason};
 
 use super::content_policy::{assert_refused_naming, deploy};
 
@@ -103,14 +103,11 @@ async fn the_default_quota_bounds_the_nodes_disk_a_preview_may_take() {
     in_namespace("holding-disk", |client, ns| async move {
         let _running = deploy(&client, &ns, DISK, json!({})).await;
         let environments: Api<PreviewEnvironment> = Api::namespaced(client.clone(), &ns);
-        let said = eventually(
-            "the API server refuses the pod",
+        let said = ready_reason(
+            &environments,
+            "pr-7",
+            "ApplyRefused",
             Duration::from_secs(60),
-            || async {
-                let status = environments.get("pr-7").await.ok()?.status?;
-                let ready = status.conditions.iter().find(|c| c.type_ == "Ready")?;
-                (ready.reason == "ApplyRefused").then(|| ready.message.clone())
-            },
         )
         .await;
         assert!(
@@ -161,12 +158,8 @@ async fn objects_the_quota_does_not_count_are_bounded_by_bytes() {
         .unwrap();
         let environments: Api<PreviewEnvironment> = Api::namespaced(client.clone(), &ns);
         environments.create(&Default::default(), &environment).await.unwrap();
-        let said = eventually("refused for its bytes", Duration::from_secs(60), || async {
-            let status = environments.get("pr-7").await.ok()?.status?;
-            let ready = status.conditions.iter().find(|c| c.type_ == "Ready")?;
-            (ready.reason == "TooManyObjects").then(|| ready.message.clone())
-        })
-        .await;
+        let said =
+            ready_reason(&environments, "pr-7", "TooManyObjects", Duration::from_secs(60)).await;
         assert!(
             said.contains("more than the limit of 8388608 per environment (--max-bytes-per-environment)"),
             "{said}"

@@ -143,16 +143,7 @@ fn memory_of(pid: u32, field: &str) -> u64 {
 
 /// The Ready condition's message once its reason is `reason`.
 async fn said(environments: &Api<PreviewEnvironment>, name: &str, reason: &str) -> String {
-    eventually(
-        &format!("{name}: {reason}"),
-        Duration::from_secs(120),
-        || async {
-            let status = environments.get(name).await.ok()?.status?;
-            let ready = status.conditions.iter().find(|c| c.type_ == "Ready")?;
-            (ready.reason == reason).then(|| ready.message.clone())
-        },
-    )
-    .await
+    support::ready_reason(environments, name, reason, Duration::from_secs(120)).await
 }
 
 const BOMBS: [&str; 3] = ["manifest-pr-2", "overlay-pr-3", "crds-pr-4"];

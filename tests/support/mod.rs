@@ -608,6 +608,25 @@ pub async fn wait_for_phase(
     .await
 }
 
+/// The message of environment `name`'s `Ready` condition once its reason is `reason`.
+#[allow(dead_code)] // not every test binary waits for a refusal
+pub async fn ready_reason(
+    api: &Api<previewd::model::crd::PreviewEnvironment>,
+    name: &str,
+    reason: &str,
+    timeout: Duration,
+) -> String {
+    eventually(&format!("{name}: {reason}"), timeout, || {
+        let api = api.clone();
+        async move {
+            let status = api.get(name).await.ok()?.status?;
+            let ready = status.conditions.iter().find(|c| c.type_ == "Ready")?;
+            (ready.reason == reason).then(|| ready.message.clone())
+        }
+    })
+    .await
+}
+
 /// Runs a benchmark's body on a multi-threaded runtime (benchmarks have no test harness).
 pub fn run_benchmark<F: Future>(benchmark: F) -> F::Output {
     previewd::install_crypto_provider();

@@ -63,21 +63,11 @@ const ENTRY_FIELDS: &[(&str, &[&str])] = &[
     ("patchesJson6902", &["path", "patch", "target"]),
     ("replacements", &["path", "source", "targets"]),
     ("configMapGenerator", GENERATOR_FIELDS),
-    ("secretGenerator", SECRET_GENERATOR_FIELDS),
+    ("secretGenerator", GENERATOR_FIELDS),
 ];
 
+/// A generator entry's fields (`type` is a Secret's; on a ConfigMap generator it names no file).
 const GENERATOR_FIELDS: &[&str] = &[
-    "name",
-    "namespace",
-    "behavior",
-    "files",
-    "envs",
-    "env",
-    "literals",
-    "options",
-];
-
-const SECRET_GENERATOR_FIELDS: &[&str] = &[
     "name",
     "namespace",
     "behavior",
