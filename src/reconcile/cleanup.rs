@@ -16,7 +16,7 @@ use super::context::Context;
 use super::error::ReconcileError;
 use super::hold::start_queued;
 use super::status::held_status;
-use super::write::{publish, write_status_only};
+use super::write::{publish, write_status, write_status_only};
 use crate::forge::client::MAX_RATE_LIMIT_WAIT;
 use crate::forge::template_client::ForgeCallError;
 use crate::model::crd::{ForgeReport, Phase, PreviewEnvironment};
@@ -54,11 +54,96 @@ pub async fn cleanup(
     }
     if existing.metadata.deletion_timestamp.is_none() {
         delete_namespace(environment, context, &namespaces, &namespace).await?;
-    } else if let Err(e) = tell_forge_again(environment, context).await {
-        // A process killed, or a forge failing, before the forge heard: it hears now.
-        note_forge_failure(environment, context, &e);
+    } else {
+        if let Err(e) = tell_forge_again(environment, context).await {
+            // A process killed, or a forge failing, before the forge heard: it hears now.
+            note_forge_failure(environment, context, &e);
+        }
+        say_what_holds(environment, context, &existing).await;
     }
     Err(ReconcileError::NamespaceTerminating(namespace))
+}
+
+/// A namespace still terminating past `--namespace-hold-grace` is held by something: a
+/// finalizer no controller removes, a controller that is down. Removal never waits silently:
+/// the environment says what the namespace's own conditions say (`NamespaceHeld`), in its
+/// status, its PR comment and an Event, and `previewd_namespace_holds_total` counts it once.
+async fn say_what_holds(
+    environment: &PreviewEnvironment,
+    context: &Context,
+    namespace: &Namespace,
+) {
+    let deleted = namespace.metadata.deletion_timestamp.as_ref();
+    let Some(since) = deleted.and_then(|t| DateTime::<Utc>::from_timestamp(t.0.as_second(), 0))
+    else {
+        return;
+    };
+    let grace = TimeDelta::from_std(context.config.namespace_hold_grace).unwrap_or(TimeDelta::MAX);
+    let now = Utc::now();
+    if now.signed_duration_since(since) < grace {
+        return;
+    }
+    let message = what_holds(namespace, since);
+    let ready = environment
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.iter().find(|c| c.type_ == "Ready"));
+    let said_before = ready.filter(|c| c.reason == NAMESPACE_HELD);
+    if said_before.is_some_and(|c| c.message == message) {
+        return;
+    }
+    let first = said_before.is_none();
+    let held = held_status(
+        environment,
+        Phase::Terminating,
+        NAMESPACE_HELD,
+        &message,
+        None,
+        now,
+    );
+    if let Err(e) = write_status(environment, context, held).await {
+        tracing::debug!(error = %e, "could not say what holds the namespace");
+        return;
+    }
+    if first {
+        context.metrics.namespace_holds.inc();
+    }
+    publish(
+        context,
+        environment,
+        EventType::Warning,
+        NAMESPACE_HELD,
+        message,
+    )
+    .await;
+}
+
+/// The `Ready` reason of a removed environment whose namespace something holds.
+pub const NAMESPACE_HELD: &str = "NamespaceHeld";
+
+/// What the namespace's conditions say holds it (Kubernetes' namespace controller writes them).
+/// The same words while nothing changes (no clock in them: each new message is a status write
+/// and a PR comment edit).
+fn what_holds(namespace: &Namespace, since: DateTime<Utc>) -> String {
+    let since = since.to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+    let name = namespace.name_any();
+    let said: Vec<String> = namespace
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .into_iter()
+        .flatten()
+        .filter(|c| c.status == "True")
+        .filter_map(|c| c.message.clone())
+        .collect();
+    let holds = if said.is_empty() {
+        "its conditions name nothing yet (its controller may be down)".to_string()
+    } else {
+        said.join("; ")
+    };
+    format!(
+        "namespace {name} has been terminating since {since}: {holds}; previewd removes the environment once it is gone"
+    )
 }
 
 /// The namespace is gone: the finalizer may be released once the forge has heard, or cannot

@@ -16,6 +16,10 @@ pub const DEFAULT_MAX_OBJECTS: usize = 500;
 /// quota does not count (Roles, ServiceAccounts, NetworkPolicies, annotations) is held to it.
 pub const DEFAULT_MAX_BYTES: usize = 8 << 20;
 
+/// How long a namespace terminates before previewd says what holds it: Kubernetes removes an
+/// ordinary environment's objects in seconds; minutes mean a finalizer or a stuck controller.
+pub const DEFAULT_NAMESPACE_HOLD_GRACE: Duration = Duration::from_secs(300);
+
 /// The default of `--reconcile-concurrency`. Unbounded, a restart or a failover reconciled every
 /// environment at once, each holding its rendered plan: at 400 environments that doubled
 /// previewd's memory for a few seconds, and gained nothing, since their requests queue for the
@@ -43,6 +47,9 @@ pub struct ControllerConfig {
     pub max_objects: usize,
     /// A template whose objects take more bytes than this (as JSON) is refused.
     pub max_bytes: usize,
+    /// How long a removed environment's namespace may terminate before previewd says, on the
+    /// environment, in its PR comment and in `previewd_namespace_holds_total`, what holds it.
+    pub namespace_hold_grace: Duration,
     /// The kinds templates may create (`--template-kinds`); anything else is refused.
     pub template_kinds: TemplateKinds,
     /// What template Roles may grant and which Ingress annotations templates may set
@@ -86,6 +93,7 @@ impl Default for ControllerConfig {
             reapply_interval: None,
             max_objects: DEFAULT_MAX_OBJECTS,
             max_bytes: DEFAULT_MAX_BYTES,
+            namespace_hold_grace: DEFAULT_NAMESPACE_HOLD_GRACE,
             template_kinds: TemplateKinds::default(),
             operator_policy: OperatorPolicy::default(),
             engines: EngineConfig::default(),

@@ -28,6 +28,8 @@ pub struct ReconcileMetrics {
     /// Engine renders by engine (`helm`, `kustomize`, `templates`: previewd's own render in a
     /// child process) and outcome (`rendered`, `cached`: nothing ran, `failed`).
     pub engine_renders: IntCounterVec,
+    /// Removed environments whose namespace terminated past the grace period, said once each.
+    pub namespace_holds: IntCounter,
     /// 1 for each wall the kernel keeps around the engines (`files`: Landlock, `network`:
     /// seccomp), 0 for one it does not (`engines::contain`).
     pub engine_containment: IntGaugeVec,
@@ -54,6 +56,7 @@ impl MetricSet for ReconcileMetrics {
             Box::new(self.seed_failures.clone()),
             Box::new(self.engine_renders.clone()),
             Box::new(self.engine_containment.clone()),
+            Box::new(self.namespace_holds.clone()),
         ]
     }
 }
@@ -129,6 +132,11 @@ impl ReconcileMetrics {
             seed_failures: IntCounter::new("previewd_seed_failures_total", "Seed Jobs that failed")
                 .expect("valid metric"),
             engine_renders: engine_renders(),
+            namespace_holds: IntCounter::new(
+                "previewd_namespace_holds_total",
+                "Removed environments whose namespace was still terminating after the grace period (--namespace-hold-grace): something holds it, said on the environment",
+            )
+            .expect("valid metric"),
             engine_containment: IntGaugeVec::new(
                 Opts::new(
                     "previewd_engine_containment",

@@ -52,6 +52,11 @@ pub struct ControllerArgs {
     /// refused, with `TooManyObjects`: what the quota does not count stays bounded too.
     #[arg(long, env = "PREVIEWD_MAX_BYTES_PER_ENVIRONMENT", default_value = "8Mi", value_parser = parse_bytes)]
     pub max_bytes_per_environment: u64,
+    /// How long a removed environment's namespace may terminate before previewd says what
+    /// holds it (the namespace's own conditions: finalizers, content left), on the environment,
+    /// in its PR comment and in `previewd_namespace_holds_total`.
+    #[arg(long, env = "PREVIEWD_NAMESPACE_HOLD_GRACE", default_value = "5m", value_parser = parse_duration)]
+    pub namespace_hold_grace: Duration,
     /// The kinds templates may create, as a JSON list of `{"group", "kind", "resource"}`
     /// (the chart builds it from its `templateKinds` and `extraTemplateKinds` values, and its
     /// RBAC from the same list). Default: the built-in list in docs/writing-templates.md. Only
@@ -245,6 +250,7 @@ impl ControllerArgs {
             reapply_interval: self.reapply_interval,
             max_objects: self.max_objects_per_environment.max(1),
             max_bytes: usize::try_from(self.max_bytes_per_environment).unwrap_or(usize::MAX),
+            namespace_hold_grace: self.namespace_hold_grace,
             template_kinds: self.template_kinds.clone().unwrap_or_default(),
             operator_policy: OperatorPolicy {
                 role_grants: self.template_role_rules.clone().unwrap_or_default(),

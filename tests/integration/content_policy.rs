@@ -35,7 +35,7 @@ pub(crate) async fn deploy(
 }
 
 /// The template `app` of `manifest` with `policy`, and its environment `pr-7`.
-async fn create_template_and_environment(
+pub(crate) async fn create_template_and_environment(
     client: &kube::Client,
     namespace: &str,
     manifest: &str,

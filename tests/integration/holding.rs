@@ -174,3 +174,83 @@ async fn objects_the_quota_does_not_count_are_bounded_by_bytes() {
     })
     .await;
 }
+
+/// Removal never waits silently: a namespace something holds (here a finalizer added by hand,
+/// which no controller removes) is said on the environment (`NamespaceHeld`, with what the
+/// namespace's own conditions name), once in `previewd_namespace_holds_total`, and the record
+/// goes once the namespace does. On the code before, the environment said `Deleting` forever.
+#[tokio::test]
+async fn a_namespace_held_past_the_grace_period_is_said_and_counted() {
+    const APP: &str = "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: app}\ndata: {a: b}\n";
+    in_namespace("holding-removal", |client, ns| async move {
+        let config = previewd::reconcile::ControllerConfig {
+            namespace: Some(ns.clone()),
+            namespace_hold_grace: Duration::from_secs(1),
+            ..Default::default()
+        };
+        let running = support::start_controller_with(&client, config).await;
+        super::content_policy::create_template_and_environment(&client, &ns, APP, json!({})).await;
+        let environments: Api<PreviewEnvironment> = Api::namespaced(client.clone(), &ns);
+        let ready = support::wait_for_phase(
+            &environments,
+            "pr-7",
+            previewd::model::crd::Phase::Ready,
+            Duration::from_secs(60),
+        )
+        .await;
+        let target = ready.status.unwrap().namespace.unwrap();
+        let held = json!({"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": "held", "finalizers": ["example.com/never"]}});
+        let maps: Api<k8s_openapi::api::core::v1::ConfigMap> =
+            Api::namespaced(client.clone(), &target);
+        maps.create(&Default::default(), &serde_json::from_value(held).unwrap())
+            .await
+            .unwrap();
+        environments
+            .delete("pr-7", &Default::default())
+            .await
+            .unwrap();
+        // First what previewd sees (the namespace's conditions may name nothing yet), then
+        // what Kubernetes' namespace controller names.
+        let said = support::eventually("the finalizer named", Duration::from_secs(90), || async {
+            let message = ready_reason(
+                &environments,
+                "pr-7",
+                "NamespaceHeld",
+                Duration::from_secs(90),
+            )
+            .await;
+            message.contains("example.com/never").then_some(message)
+        })
+        .await;
+        assert!(said.contains(&target), "{said}");
+        assert_eq!(running.metrics.reconcile.namespace_holds.get(), 1);
+        let release = json!({"metadata": {"finalizers": null}});
+        maps.patch(
+            "held",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(&release),
+        )
+        .await
+        .unwrap();
+        support::eventually(
+            "the record goes with its namespace",
+            Duration::from_secs(90),
+            || async {
+                environments
+                    .get_opt("pr-7")
+                    .await
+                    .ok()?
+                    .is_none()
+                    .then_some(())
+            },
+        )
+        .await;
+        assert_eq!(
+            running.metrics.reconcile.namespace_holds.get(),
+            1,
+            "said once"
+        );
+    })
+    .await;
+}
