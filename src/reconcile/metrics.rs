@@ -79,6 +79,23 @@ fn engine_renders() -> IntCounterVec {
     counter
 }
 
+/// `previewd_engine_containment`, both walls at 0 until previewd's start-up says what holds
+/// (`runtime::service`): a scrape before then shows the series, not nothing.
+fn engine_containment() -> IntGaugeVec {
+    let gauge = IntGaugeVec::new(
+        Opts::new(
+            "previewd_engine_containment",
+            "1 for each wall the kernel keeps around Helm, Kustomize and the render workers (files: Landlock, network: seccomp), 0 for one it does not",
+        ),
+        &["wall"],
+    )
+    .expect("valid metric");
+    for wall in ["files", "network"] {
+        gauge.with_label_values(&[wall]).set(0);
+    }
+    gauge
+}
+
 impl ReconcileMetrics {
     /// Sets `previewd_engine_containment` to the walls that hold under `mode`.
     pub fn set_containment(
@@ -137,14 +154,7 @@ impl ReconcileMetrics {
                 "Removed environments whose namespace was still terminating after the grace period (--namespace-hold-grace): something holds it, said on the environment",
             )
             .expect("valid metric"),
-            engine_containment: IntGaugeVec::new(
-                Opts::new(
-                    "previewd_engine_containment",
-                    "1 for each wall the kernel keeps around Helm, Kustomize and the render workers (files: Landlock, network: seccomp), 0 for one it does not",
-                ),
-                &["wall"],
-            )
-            .expect("valid metric"),
+            engine_containment: engine_containment(),
         }
     }
 }
