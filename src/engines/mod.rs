@@ -76,10 +76,6 @@ pub enum EngineError {
     BadPath(String),
     #[error("preparing the render folder: {0}")]
     Io(String),
-    /// The input asks for something previewd does not let an engine do (a remote base, a
-    /// file outside what was read); said before the engine runs.
-    #[error("{0}")]
-    Refused(String),
     /// A published chart could not be downloaded (the repository's answer, or its silence):
     /// retried, as the repository may come back.
     #[error("downloading the chart: {0}")]
