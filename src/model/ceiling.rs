@@ -8,9 +8,12 @@
 //! asks for more is refused (every field beyond it named, with the ceiling) before anything
 //! of it renders, and previewd's own ClusterRoles are never bindable, whatever the ceiling says.
 
+use std::collections::BTreeMap;
+
 use serde::{Deserialize, Serialize};
 
 use super::crd::{PodSecurityLevel, PolicySpec, PreviewTemplateSpec};
+use super::quota::{DEFAULT_QUOTA, at_most};
 
 /// What a template may ask for, field by field (the names are those of the template's
 /// `policy` and `namespace` fields they cap).
@@ -59,6 +62,10 @@ pub struct TemplateCeiling {
     pub namespace_labels: Vec<String>,
     /// Whether `namespace.networkPolicy` may turn the default deny off or add egress rules.
     pub network_policy: bool,
+    /// The most `namespace.resourceQuota` may set, by resource, beyond the default quota's
+    /// values (`super::quota::DEFAULT_QUOTA`), which cap every resource not named here. A
+    /// template may always lower a value, or add a resource neither names (that only bounds).
+    pub resource_quota: BTreeMap<String, String>,
 }
 
 /// Parses `--template-ceiling`: a JSON object of the fields above.
@@ -75,6 +82,7 @@ pub fn beyond(
 ) -> Vec<String> {
     let mut found = policy_beyond(&spec.policy, ceiling, own_roles);
     found.extend(labels_beyond(spec, ceiling));
+    found.extend(quota_beyond(spec, ceiling));
     let network = &spec.namespace.network_policy;
     if !ceiling.network_policy && (!network.default_deny || !network.egress.is_empty()) {
         found.push(
@@ -82,6 +90,38 @@ pub fn beyond(
              ceiling keeps previewd's guard rail as it is (networkPolicy: false)"
                 .into(),
         );
+    }
+    found
+}
+
+/// Each `namespace.resourceQuota` value above what the ceiling (or, for a resource it does not
+/// name, the default quota) allows.
+fn quota_beyond(spec: &PreviewTemplateSpec, ceiling: &TemplateCeiling) -> Vec<String> {
+    let Some(asked) = &spec.namespace.resource_quota else {
+        return Vec::new();
+    };
+    let cap = |resource: &str| {
+        ceiling.resource_quota.get(resource).cloned().or_else(|| {
+            DEFAULT_QUOTA
+                .iter()
+                .find(|(name, _)| *name == resource)
+                .map(|(_, quantity)| quantity.to_string())
+        })
+    };
+    let mut found = Vec::new();
+    for (resource, quantity) in asked {
+        let Some(cap) = cap(resource) else { continue };
+        match at_most(quantity, &cap) {
+            Some(true) => {}
+            Some(false) => found.push(format!(
+                "namespace.resourceQuota.{resource} asks for {quantity}, beyond the operator's \
+                 ceiling {cap} (resourceQuota)"
+            )),
+            None => found.push(format!(
+                "namespace.resourceQuota.{resource} {quantity:?} is no quantity previewd can \
+                 compare with the operator's ceiling {cap}"
+            )),
+        }
     }
     found
 }
@@ -329,6 +369,32 @@ mod tests {
     }
 
     #[test]
+    fn the_example_templates_are_within_the_default_ceiling() {
+        for (name, text) in [
+            (
+                "online-boutique",
+                include_str!("../../templates/online-boutique/template.yaml"),
+            ),
+            (
+                "web-chart",
+                include_str!("../../templates/web-chart/template.yaml"),
+            ),
+            (
+                "web-kustomize",
+                include_str!("../../templates/web-kustomize/template.yaml"),
+            ),
+            (
+                "web-postgres",
+                include_str!("../../templates/web-postgres/template.yaml"),
+            ),
+        ] {
+            let template: PreviewTemplate = serde_yaml_ng::from_str(text).unwrap();
+            let found = beyond(&template.spec, &TemplateCeiling::default(), &[]);
+            assert_eq!(found, Vec::<String>::new(), "{name}");
+        }
+    }
+
+    #[test]
     fn every_field_that_widens_is_capped_and_named() {
         let wide = spec(
             serde_json::json!({
@@ -345,7 +411,9 @@ mod tests {
             serde_json::json!({
                 "labels": {"team": "payments", "kubernetes.io/metadata.name": "kube-system",
                            "pod-security.kubernetes.io/enforce": "privileged"},
-                "networkPolicy": {"defaultDeny": false}
+                "networkPolicy": {"defaultDeny": false},
+                "resourceQuota": {"pods": "500", "limits.ephemeral-storage": "1Pi",
+                                  "requests.cpu": "lots", "count/deployments.apps": "5"}
             }),
         );
         let own = ["previewd-environment".to_string()];
@@ -372,6 +440,9 @@ mod tests {
             "namespace.labels sets \"kubernetes.io/metadata.name\", a Kubernetes key",
             "\"pod-security.kubernetes.io/enforce\", a Kubernetes key",
             "namespace.networkPolicy turns the default deny off",
+            "namespace.resourceQuota.pods asks for 500, beyond the operator's ceiling 50",
+            "namespace.resourceQuota.limits.ephemeral-storage asks for 1Pi, beyond the operator's ceiling 40Gi",
+            "namespace.resourceQuota.requests.cpu \"lots\" is no quantity previewd can compare",
         ] {
             assert!(said.contains(field), "{field} not in:\n{said}");
         }
@@ -386,16 +457,18 @@ mod tests {
                 "priorityClasses": ["system-node-critical"], "runtimeClasses": ["runc"],
                 "tolerationKeys": ["dedicated"], "minAvailable": true, "gateways": ["infra/public"],
                 "clusterIssuers": ["letsencrypt"], "clusterSecretStores": ["vault"],
-                "namespaceLabels": ["team", "kubernetes.io/metadata.name"], "networkPolicy": true}"#,
+                "namespaceLabels": ["team", "kubernetes.io/metadata.name"], "networkPolicy": true,
+                "resourceQuota": {"pods": "500", "limits.ephemeral-storage": "2Pi"}}"#,
         )
         .unwrap();
         let left = beyond(&wide, &open, &own);
-        assert_eq!(left.len(), 3, "{left:#?}");
+        assert_eq!(left.len(), 4, "{left:#?}");
         assert!(left[0].contains("previewd's own ClusterRoles"), "{left:#?}");
         assert!(
-            left[1..].iter().all(|l| l.contains("a Kubernetes key")),
+            left[1..3].iter().all(|l| l.contains("a Kubernetes key")),
             "{left:#?}"
         );
+        assert!(left[3].contains("\"lots\""), "{left:#?}");
     }
 
     #[test]

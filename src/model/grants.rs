@@ -26,6 +26,10 @@ pub struct OperatorPolicy {
     /// inert ones: exact keys or `prefix/*`. Each configures a controller (a mesh, an API
     /// gateway, a secret injector, external-dns).
     pub object_annotations: Vec<String>,
+    /// Labels with a DNS-named prefix that objects may carry besides the built-in inert ones
+    /// (`app.kubernetes.io/*`, `helm.sh/*`): exact keys or `prefix/*`. Each configures a
+    /// controller (a mesh's injection or data plane, kube-proxy).
+    pub object_labels: Vec<String>,
     /// What a template's `policy` and `namespace` fields may widen, field by field
     /// (`super::ceiling`).
     pub ceiling: super::ceiling::TemplateCeiling,
@@ -52,18 +56,18 @@ impl OperatorPolicy {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct AnnotationKeys(pub Vec<String>);
 
-/// Parses `--object-annotations`: a JSON list of exact keys or `prefix/*` (every key of one
-/// prefix); no other wildcard.
+/// Parses `--object-annotations` and `--object-labels`: a JSON list of exact keys or
+/// `prefix/*` (every key of one prefix); no other wildcard.
 pub fn parse_annotation_patterns(text: &str) -> Result<AnnotationKeys, String> {
-    let keys: Vec<String> = serde_json::from_str(text)
-        .map_err(|e| format!("expected a JSON list of annotation keys: {e}"))?;
+    let keys: Vec<String> =
+        serde_json::from_str(text).map_err(|e| format!("expected a JSON list of keys: {e}"))?;
     let bad = |key: &String| {
         let exact = key.strip_suffix("/*").unwrap_or(key);
         exact.is_empty() || exact.contains('*')
     };
     match keys.iter().find(|key| bad(key)) {
         Some(key) => Err(format!(
-            "annotation key {key:?}: name a key exactly or every key of one prefix (prefix/*)"
+            "key {key:?}: name a key exactly or every key of one prefix (prefix/*)"
         )),
         None => Ok(AnnotationKeys(keys)),
     }

@@ -12,4 +12,5 @@ pub mod kinds;
 pub mod metadata;
 pub mod naming;
 pub mod quantity;
+pub mod quota;
 pub mod rbac;

@@ -1,6 +1,6 @@
-//! The environment's namespace and its guard rails (pure): the Namespace itself, and the
-//! template's ResourceQuota (or [`DEFAULT_QUOTA`]), LimitRange and default-deny NetworkPolicy
-//! (ingress and egress).
+//! The environment's namespace and its guard rails (pure): the Namespace itself, its
+//! ResourceQuota and LimitRange (the defaults with the template's changes over them,
+//! [`crate::model::quota`]) and default-deny NetworkPolicy (ingress and egress).
 
 use std::collections::BTreeMap;
 
@@ -8,78 +8,11 @@ use serde_json::{Value, json};
 
 use crate::model::crd::PreviewTemplateSpec;
 use crate::model::metadata::LABEL_ENVIRONMENT_UID;
+use crate::model::quota::{container_limits, quota_hard};
 
 pub const QUOTA_NAME: &str = "previewd-quota";
 pub const LIMITS_NAME: &str = "previewd-limits";
 pub const NETWORK_POLICY_NAME: &str = "previewd-default-deny";
-
-/// The quota of an environment whose template names none: objects (enough for the examples),
-/// Jobs and CronJobs (each one runs pods on a schedule of its own), the CPU, memory and node
-/// disk (ephemeral storage) its pods may request (pods without requests get [`DEFAULT_LIMITS`]' through the LimitRange, so the
-/// quota refuses none of them for that), and no load balancers or node ports even where the
-/// policy allows the Service types.
-pub const DEFAULT_QUOTA: &[(&str, &str)] = &[
-    ("pods", "50"),
-    ("requests.cpu", "8"),
-    ("requests.memory", "16Gi"),
-    ("count/jobs.batch", "30"),
-    ("count/cronjobs.batch", "10"),
-    ("services", "30"),
-    ("services.loadbalancers", "0"),
-    ("services.nodeports", "0"),
-    ("persistentvolumeclaims", "10"),
-    ("requests.storage", "50Gi"),
-    ("secrets", "50"),
-    ("configmaps", "50"),
-    // The node's disk its pods may write (logs, emptyDir, writable layers): every container
-    // gets a limit from the LimitRange, so the quota counts it.
-    ("requests.ephemeral-storage", "20Gi"),
-    ("limits.ephemeral-storage", "40Gi"),
-];
-
-/// The LimitRange of an environment whose template names none: what a container that says
-/// nothing requests (so the quota's CPU and memory count it) and may use at most (so one
-/// container cannot take a node's memory). `(field, [(resource, quantity)])`.
-pub const DEFAULT_LIMITS: &[(&str, &[(&str, &str)])] = &[
-    (
-        "defaultRequest",
-        &[
-            ("cpu", "50m"),
-            ("memory", "64Mi"),
-            ("ephemeral-storage", "64Mi"),
-        ],
-    ),
-    (
-        "default",
-        &[
-            ("cpu", "2"),
-            ("memory", "2Gi"),
-            ("ephemeral-storage", "2Gi"),
-        ],
-    ),
-];
-
-/// What the LimitRange gives a container that requests nothing: `(cpu, memory)` as quantities,
-/// its `defaultRequest`, else its `default` (which Kubernetes then uses as the request too).
-pub fn container_default_requests(
-    template: &PreviewTemplateSpec,
-) -> (Option<String>, Option<String>) {
-    let pick = |resource: &str| -> Option<String> {
-        match &template.namespace.limit_range {
-            Some(limits) => limits
-                .default_request
-                .get(resource)
-                .or_else(|| limits.default.get(resource))
-                .cloned(),
-            None => DEFAULT_LIMITS
-                .iter()
-                .flat_map(|(_, values)| values.iter())
-                .find(|(name, _)| *name == resource)
-                .map(|(_, quantity)| quantity.to_string()),
-        }
-    };
-    (pick("cpu"), pick("memory"))
-}
 
 /// The labels of the environment's namespace: the template's own, then previewd's (which win),
 /// the environment's UID, which marks the namespace as created for it, and the Pod Security
@@ -117,32 +50,17 @@ pub fn guard_rails(
 ) -> Vec<Value> {
     let metadata = |name: &str| json!({"name": name, "namespace": namespace, "labels": labels});
     let mut objects = Vec::new();
-    let hard: BTreeMap<String, String> = match &template.namespace.resource_quota {
-        Some(hard) => hard.clone(),
-        None => DEFAULT_QUOTA
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect(),
-    };
+    let hard = quota_hard(template);
     objects.push(json!({"apiVersion": "v1", "kind": "ResourceQuota", "metadata": metadata(QUOTA_NAME), "spec": {"hard": hard}}));
+    let limits = container_limits(template);
     let mut item = json!({"type": "Container"});
-    match &template.namespace.limit_range {
-        Some(limits) => {
-            for (field, values) in [
-                ("default", &limits.default),
-                ("defaultRequest", &limits.default_request),
-                ("max", &limits.max),
-            ] {
-                if !values.is_empty() {
-                    item[field] = json!(values);
-                }
-            }
-        }
-        None => {
-            for (field, values) in DEFAULT_LIMITS {
-                let values: BTreeMap<&str, &str> = values.iter().copied().collect();
-                item[*field] = json!(values);
-            }
+    for (field, values) in [
+        ("default", &limits.default),
+        ("defaultRequest", &limits.default_request),
+        ("max", &limits.max),
+    ] {
+        if !values.is_empty() {
+            item[field] = json!(values);
         }
     }
     objects.push(json!({"apiVersion": "v1", "kind": "LimitRange", "metadata": metadata(LIMITS_NAME), "spec": {"limits": [item]}}));
@@ -227,7 +145,12 @@ mod tests {
             .collect();
         assert_eq!(kinds, ["ResourceQuota", "LimitRange", "NetworkPolicy"]);
         assert_eq!(objects[0]["spec"]["hard"]["pods"], "20");
+        assert_eq!(
+            objects[0]["spec"]["hard"]["requests.ephemeral-storage"], "20Gi",
+            "a template's quota changes values, it never drops the default's"
+        );
         assert_eq!(objects[1]["spec"]["limits"][0]["default"]["cpu"], "500m");
+        assert_eq!(objects[1]["spec"]["limits"][0]["default"]["memory"], "2Gi");
         assert!(objects[1]["spec"]["limits"][0].get("max").is_none());
         let from = &objects[2]["spec"]["ingress"][0]["from"];
         assert_eq!(

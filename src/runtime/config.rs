@@ -80,6 +80,12 @@ pub struct ControllerArgs {
     /// share: a mesh, an API gateway, a secret injector, external-dns (docs/security.md).
     #[arg(long, env = "PREVIEWD_OBJECT_ANNOTATIONS", value_parser = parse_annotation_patterns)]
     pub object_annotations: Option<AnnotationKeys>,
+    /// Labels with a DNS-named prefix that objects and pod templates may carry beyond
+    /// `app.kubernetes.io/*` and `helm.sh/*`, as a JSON list of exact keys or `prefix/*` (the
+    /// chart's `objectLabels`; default none). Each configures a controller other teams share:
+    /// a mesh's injection or data plane, kube-proxy (docs/security.md).
+    #[arg(long, env = "PREVIEWD_OBJECT_LABELS", value_parser = parse_annotation_patterns)]
+    pub object_labels: Option<AnnotationKeys>,
     /// What a template's `policy` and `namespace` fields may ask for, as a JSON object field by
     /// field (the chart's `templateCeiling`; docs/security.md lists the fields). Default:
     /// nothing beyond Pod Security Baseline, no extra ClusterRole, Ingress host, namespace
@@ -256,6 +262,7 @@ impl ControllerArgs {
                 role_grants: self.template_role_rules.clone().unwrap_or_default(),
                 ingress_annotations: self.ingress_annotations.clone().unwrap_or_default().0,
                 object_annotations: self.object_annotations.clone().unwrap_or_default().0,
+                object_labels: self.object_labels.clone().unwrap_or_default().0,
                 ceiling: self.template_ceiling.clone().unwrap_or_default(),
                 own_cluster_roles: self.own_cluster_roles(),
                 max_grace_period: Some(self.max_termination_grace_period.as_secs()),

@@ -223,3 +223,48 @@ async fn an_extra_ingress_host_is_one_environments_at_a_time() {
     })
     .await;
 }
+
+/// A template's `resourceQuota` is capped by the ceiling (by default the default quota's values)
+/// and changes values over the default quota, never drops one: a quota of 500 pods is refused,
+/// naming the field and the ceiling; a quota that names only `pods` still bounds CPU, memory,
+/// the node's disk and load balancers. On the code before, the first was applied as asked and
+/// the second replaced the default whole (the Online Boutique example's `pods: "40"` left its
+/// environments without any bound on CPU, memory or disk).
+#[tokio::test]
+async fn a_templates_quota_stays_under_the_ceiling_and_keeps_the_defaults_bounds() {
+    in_namespace("ceiling-quota", |client, ns| async move {
+        let _running = controller(&client, &ns, TemplateCeiling::default()).await;
+        let config_map = "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: settings}\ndata: {mode: preview}\n";
+        let wide = json!({"resourceQuota": {"pods": "500", "limits.ephemeral-storage": "1Ti"}});
+        create_of(&client, &ns, "wide", json!({}), wide, config_map).await;
+        let said = beyond_the_ceiling(&client, &ns, "wide-pr-1").await;
+        for named in [
+            "namespace.resourceQuota.pods asks for 500, beyond the operator's ceiling 50",
+            "namespace.resourceQuota.limits.ephemeral-storage asks for 1Ti, beyond the operator's ceiling 40Gi",
+        ] {
+            assert!(said.contains(named), "{named:?} not in: {said}");
+        }
+        let partial = json!({"resourceQuota": {"pods": "40"}});
+        create_of(&client, &ns, "partial", json!({}), partial, config_map).await;
+        let environments: Api<PreviewEnvironment> = Api::namespaced(client.clone(), &ns);
+        let ready = wait_for_phase(&environments, "partial-pr-1", Phase::Ready, Duration::from_secs(60)).await;
+        let target = ready.status.unwrap().namespace.unwrap();
+        let quota = Api::<k8s_openapi::api::core::v1::ResourceQuota>::namespaced(client.clone(), &target)
+            .get("previewd-quota")
+            .await
+            .unwrap();
+        let hard = quota.spec.unwrap().hard.unwrap_or_default();
+        let held = |resource: &str| hard.get(resource).map(|q| q.0.clone());
+        assert_eq!(held("pods").as_deref(), Some("40"));
+        for (resource, quantity) in [
+            ("requests.cpu", "8"),
+            ("requests.memory", "16Gi"),
+            ("requests.ephemeral-storage", "20Gi"),
+            ("limits.ephemeral-storage", "40Gi"),
+            ("services.loadbalancers", "0"),
+        ] {
+            assert_eq!(held(resource).as_deref(), Some(quantity), "{resource} in {hard:?}");
+        }
+    })
+    .await;
+}

@@ -483,6 +483,103 @@ spec:
     .await;
 }
 
+/// Class 3, labels: keys a shared controller reads on a pod template (Istio's injection and
+/// ambient data plane switched off: the pod leaves the mesh that enforces every team's egress)
+/// and previewd's own labels on a CronJob's job template (its Jobs would reach previewd's
+/// watches as another environment's) are refused by key and path, nothing applied; the mesh
+/// key passes once the operator names it, and reaches the API server. On main every one was
+/// applied.
+#[tokio::test]
+async fn labels_that_configure_shared_controllers_are_refused() {
+    const MESHLESS: &str = r#"apiVersion: apps/v1
+kind: Deployment
+metadata: {name: web}
+spec:
+  selector: {matchLabels: {app: web}}
+  template:
+    metadata:
+      labels: {app: web, app.kubernetes.io/name: web, sidecar.istio.io/inject: "false"}
+    spec:
+      containers: [{name: web, image: nginx, resources: {requests: {cpu: 10m, memory: 16Mi}}}]
+"#;
+    const FORGED: &str = r#"---
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: ambient}
+spec:
+  selector: {matchLabels: {app: ambient}}
+  template:
+    metadata:
+      labels: {app: ambient, istio.io/dataplane-mode: none}
+    spec:
+      containers: [{name: web, image: nginx}]
+---
+apiVersion: batch/v1
+kind: CronJob
+metadata: {name: report}
+spec:
+  schedule: "*/5 * * * *"
+  jobTemplate:
+    metadata:
+      labels: {app.kubernetes.io/managed-by: previewd, previewd.dev/environment: pr-1, previewd.dev/environment-namespace: payments}
+    spec:
+      template:
+        spec:
+          restartPolicy: Never
+          containers: [{name: report, image: busybox}]
+"#;
+    let hostile = format!("{MESHLESS}{FORGED}");
+    in_namespace("policy-labels", |client, ns| async move {
+        let _running = deploy(&client, &ns, &hostile, json!({})).await;
+        assert_refused_naming(&client, &ns, &[
+            "Deployment/web (from app.yaml): spec.template.metadata.labels has \"sidecar.istio.io/inject\"",
+            "Deployment/ambient (from app.yaml): spec.template.metadata.labels has \"istio.io/dataplane-mode\"",
+            "CronJob/report (from app.yaml): spec.jobTemplate.metadata.labels has \"app.kubernetes.io/managed-by\", which previewd's own watches read",
+            "spec.jobTemplate.metadata.labels has \"previewd.dev/environment\"",
+            "--object-labels",
+        ])
+        .await;
+    })
+    .await;
+    in_namespace("policy-labels-allowed", |client, ns| async move {
+        let _running = support::start_controller_with(
+            &client,
+            ControllerConfig {
+                namespace: Some(ns.clone()),
+                operator_policy: OperatorPolicy {
+                    object_labels: vec!["sidecar.istio.io/inject".into()],
+                    ..Default::default()
+                },
+                ..Default::default()
+            },
+        )
+        .await;
+        create_template_and_environment(&client, &ns, MESHLESS, json!({})).await;
+        let api = environments(&client, &ns);
+        let ready = wait_for_phase(&api, "pr-7", Phase::Ready, Duration::from_secs(60)).await;
+        let target = ready.status.unwrap().namespace.unwrap();
+        let web =
+            Api::<k8s_openapi::api::apps::v1::Deployment>::namespaced(client.clone(), &target)
+                .get("web")
+                .await
+                .unwrap();
+        let labels = web
+            .spec
+            .unwrap()
+            .template
+            .metadata
+            .unwrap()
+            .labels
+            .unwrap_or_default();
+        assert_eq!(
+            labels.get("sidecar.istio.io/inject").map(String::as_str),
+            Some("false"),
+            "what the operator names is applied as written"
+        );
+    })
+    .await;
+}
+
 /// Class 4: pods that meet the baseline text and still reach beyond the namespace: a volume
 /// the node mounts from the network, a pod placed on a node by name past every taint, a
 /// priority class that evicts other tenants, a toleration of every taint, AppArmor switched off

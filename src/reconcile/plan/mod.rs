@@ -190,7 +190,7 @@ pub fn plan_rendered(
     let routes = routes::routes_to(&objects, &host);
     let stage = asleep_routes::stage_of(environment, limits.gate_answers, chrono::Utc::now());
     asleep_routes::place(&mut objects, &routes, stage);
-    let defaults = super::namespace::container_default_requests(&template.spec);
+    let defaults = crate::model::quota::container_default_requests(&template.spec);
     let requests = footprint::requested(
         &objects,
         &defaults,

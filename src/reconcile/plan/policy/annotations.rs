@@ -48,7 +48,7 @@ fn evictable(key: &str, value: &Value) -> bool {
 }
 
 /// Whether `key` is named by `entry` (an exact key, or `prefix/*`).
-fn names(entry: &str, key: &str) -> bool {
+pub(super) fn names(entry: &str, key: &str) -> bool {
     match entry.strip_suffix("/*") {
         Some(prefix) => key
             .split_once('/')
@@ -58,7 +58,7 @@ fn names(entry: &str, key: &str) -> bool {
 }
 
 /// Whether `key` belongs to a controller: its prefix is a DNS name (has a dot).
-fn controller_key(key: &str) -> Option<&str> {
+pub(super) fn controller_key(key: &str) -> Option<&str> {
     key.split_once('/')
         .map(|(prefix, _)| prefix)
         .filter(|prefix| prefix.contains('.'))
@@ -131,14 +131,19 @@ impl std::fmt::Display for Place {
 }
 
 fn push_annotated<'a>(found: &mut Vec<(&'a Value, Place)>, metadata: &'a Value, place: Place) {
-    let annotated = metadata["annotations"].as_object();
-    if annotated.is_some_and(|annotations| !annotations.is_empty()) {
+    let filled = |field: &str| {
+        metadata[field]
+            .as_object()
+            .is_some_and(|map| !map.is_empty())
+    };
+    if filled("annotations") || filled("labels") {
         found.push((metadata, place));
     }
 }
 
-/// Every annotated metadata of `object` that becomes an object's, with its place: the
-/// object's own, its pod template's, a CronJob's job template's, and volume claim templates'.
+/// Every metadata of `object` that becomes an object's and carries annotations or labels, with
+/// its place: the object's own, its pod template's, a CronJob's job template's, and volume
+/// claim templates'.
 pub fn metadata_of(object: &Value) -> Vec<(&Value, Place)> {
     let mut found = Vec::new();
     let mut add = |metadata, place| push_annotated(&mut found, metadata, place);

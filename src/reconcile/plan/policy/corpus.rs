@@ -35,6 +35,9 @@ struct Case {
     /// `--object-annotations`.
     #[serde(default)]
     object_annotations: Vec<String>,
+    /// `--object-labels`.
+    #[serde(default)]
+    object_labels: Vec<String>,
     /// `--template-role-rules` (default: the built-in rules).
     #[serde(default)]
     role_rules: Option<Value>,
@@ -67,6 +70,7 @@ fn run(path: &Path) -> Result<(), String> {
         },
         ingress_annotations: case.ingress_annotations.clone(),
         object_annotations: case.object_annotations.clone(),
+        object_labels: case.object_labels.clone(),
         ..Default::default()
     };
     let kinds = match &case.template_kinds {

@@ -16,8 +16,9 @@
 //!   route's `hostnames` (which may not be empty: that would take every host of the Gateway's
 //!   listener), a cert-manager Certificate's `dnsNames` and `commonName` (a cluster issuer
 //!   would otherwise sign another team's name);
-//! * annotations that configure a controller other teams share (a DNS-named prefix) are
-//!   refused unless built-in inert or the operator allows them ([`annotations`]);
+//! * annotations and labels that configure a controller other teams share (a DNS-named
+//!   prefix) are refused unless built-in inert or the operator allows them ([`annotations`],
+//!   [`labels`]), and previewd's own labels are previewd's alone;
 //! * Ingresses carry no annotation the operator did not allow, no `defaultBackend`, and the
 //!   class the template names ([`ingress`]);
 //! * Roles grant only what the operator's role rules name ([`roles`]; by default reads of the
@@ -41,6 +42,7 @@ pub mod custom;
 pub mod holding;
 pub mod hosts;
 pub mod ingress;
+pub mod labels;
 pub mod network;
 pub mod pods;
 pub mod reach;
@@ -75,7 +77,7 @@ pub fn check(objects: &[RenderedObject], policy: &PolicySpec, scope: &Scope) -> 
         let mut reasons = reserved_name(object.name());
         reasons.extend(holding::finalizers(object.kind(), &object.object));
         reasons.extend(judge(object, policy, scope));
-        reasons.extend(controller_annotations(object, scope));
+        reasons.extend(controller_metadata(object, scope));
         violations.extend(reasons.into_iter().map(|reason| Violation {
             manifest: object.manifest.clone(),
             kind: object.kind().to_string(),
@@ -86,19 +88,24 @@ pub fn check(objects: &[RenderedObject], policy: &PolicySpec, scope: &Scope) -> 
     violations
 }
 
-/// Annotations that configure a shared controller, on every object but an Ingress (whose
-/// annotations all configure one: [`ingress`] has its own list).
-fn controller_annotations(object: &RenderedObject, scope: &Scope) -> Vec<String> {
+/// Annotations and labels that configure a shared controller, on every metadata that becomes
+/// an object's. An Ingress's annotations all configure one: [`ingress`] has their own list.
+fn controller_metadata(object: &RenderedObject, scope: &Scope) -> Vec<String> {
     let group = group_of(object.api_version());
-    if object.kind() == "Ingress" && matches!(group, "networking.k8s.io" | "extensions") {
-        return Vec::new();
+    let ingress = object.kind() == "Ingress" && matches!(group, "networking.k8s.io" | "extensions");
+    let operator = scope.operator;
+    let mut reasons = Vec::new();
+    for (metadata, place) in annotations::metadata_of(&object.object) {
+        if !ingress {
+            reasons.extend(annotations::check(
+                metadata,
+                &place,
+                &operator.object_annotations,
+            ));
+        }
+        reasons.extend(labels::check(metadata, place, &operator.object_labels));
     }
-    annotations::metadata_of(&object.object)
-        .into_iter()
-        .flat_map(|(metadata, place)| {
-            annotations::check(metadata, &place, &scope.operator.object_annotations)
-        })
-        .collect()
+    reasons
 }
 
 /// The table of kinds: every kind a template may create has its rules here, or is declared
