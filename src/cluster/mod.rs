@@ -9,6 +9,7 @@
 //! * [`caches`]: the template and environment caches the webhook side and the reconciler read;
 //! * [`records`]: creating, waking and deleting `PreviewEnvironment`s (with a reason);
 //! * [`secrets`]: reading the Secrets templates name, cached briefly;
+//! * [`storage_classes`]: which storage classes keep their volumes, read when a plan has claims;
 //! * [`client`]: building clients, each with a bound on the API requests it has in flight;
 //! * [`errors`]: API errors in words for conditions and comments;
 //! * [`metrics`]: applies and write requests, counted whichever layer writes;
@@ -24,4 +25,5 @@ pub mod observed;
 pub(crate) mod recall;
 pub mod records;
 pub mod secrets;
+pub mod storage_classes;
 pub(crate) mod writer;

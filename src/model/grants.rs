@@ -36,6 +36,10 @@ pub struct OperatorPolicy {
     /// previewd's own ClusterRoles (its own and the environment role it binds): no template
     /// may bind them, whatever the ceiling says.
     pub own_cluster_roles: Vec<String>,
+    /// Whether claims may ask for a storage class that keeps its volumes after their claims
+    /// are gone (`--allow-retained-volumes`; off: each environment removed would leave its
+    /// volumes behind).
+    pub allow_retained_volumes: bool,
     /// The longest `terminationGracePeriodSeconds` a pod may ask for
     /// (`--max-termination-grace-period`; `None`: [`DEFAULT_MAX_GRACE_SECONDS`]).
     pub max_grace_period: Option<u64>,

@@ -163,6 +163,10 @@ rules:
   - apiGroups: [events.k8s.io]
     resources: [events]
     verbs: [create, patch]
+  # Which storage classes keep their volumes (reclaimPolicy Retain): claims on them are refused.
+  - apiGroups: [storage.k8s.io]
+    resources: [storageclasses]
+    verbs: [get, list]
   # To wait until a new environment namespace's RoleBinding is in force.
   - apiGroups: [authorization.k8s.io]
     resources: [selfsubjectaccessreviews]

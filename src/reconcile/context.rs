@@ -42,6 +42,8 @@ pub struct Context {
     pub repository_manifests: RepositoryManifests,
     /// Helm, with its render limits and the cache of what it rendered.
     pub engines: Engines,
+    /// Which storage classes keep their volumes (read when a plan has claims).
+    pub storage_classes: crate::cluster::storage_classes::StorageClasses,
     /// Asks for a reconcile of an environment: used to start queued environments as soon as a
     /// slot frees up.
     pub(super) reconcile_trigger: tokio::sync::mpsc::UnboundedSender<EnvironmentRef>,

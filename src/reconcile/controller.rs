@@ -1,6 +1,7 @@
 //! The controller: the watches that trigger reconciles, and what wraps each one (a span, the
 //! finalizer that splits live environments from deleted ones, timing, backoff on errors).
 
+use crate::cluster::storage_classes::StorageClasses;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -154,6 +155,7 @@ fn build_context(parts: Parts) -> Context {
             .with_prices(config.prices.clone())
             .with_content_limits(config.content_limits),
         ),
+        storage_classes: StorageClasses::new(client.clone()),
         client,
         config,
         metrics: metrics.reconcile,

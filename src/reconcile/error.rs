@@ -25,6 +25,8 @@ pub enum ReconcileError {
     GrantNotInForce(String),
     #[error("reading the environment's secrets: {}", in_words(.0))]
     Secrets(#[source] kube::Error),
+    #[error("reading the cluster's storage classes: {}", in_words(.0))]
+    StorageClasses(#[source] kube::Error),
     #[error("pruning: {}", in_words(.0))]
     Prune(#[source] kube::Error),
     #[error("writing status: {}", in_words(.0))]
@@ -65,6 +67,7 @@ impl ReconcileError {
             | ReconcileError::Grant(_)
             | ReconcileError::GrantNotInForce(_)
             | ReconcileError::Secrets(_)
+            | ReconcileError::StorageClasses(_)
             | ReconcileError::Engine(_) => "apply",
             ReconcileError::Prune(_) => "prune",
             ReconcileError::Status(_) | ReconcileError::Read(_) => "status",

@@ -34,6 +34,7 @@ pub mod status;
 mod template_status;
 #[cfg(test)]
 mod test_support;
+mod volumes;
 mod waves;
 mod write;
 

@@ -8,7 +8,7 @@
 //! document in a render worker → plan (object limit, guard, policy, workloads; no client
 //! required, on a blocking thread) → check
 //! the copied secrets (shared by their owners, or refused) → check the kinds (each served by the
-//! cluster, or refused) → claim the namespace (created for this environment, or refused) →
+//! cluster, or refused) → check the claims' storage classes (none keeps its volumes) → claim the namespace (created for this environment, or refused) →
 //! apply the namespace → grant previewd its rights there → the generated secrets (kept once
 //! made) → the guard rails → the waves ([`apply_steps`]) → prune → status (no client required)
 //! → write (forge report, status, Events).
@@ -38,7 +38,7 @@ use super::status::{
 use super::write::write_status;
 use super::{
     access, apply, claim, coalesce, namespace, prune, quarantine, renders, resolve, secrets,
-    template_status, waves,
+    template_status, volumes, waves,
 };
 use crate::cluster::observed::ObjectKey;
 use crate::model::crd::{
@@ -157,6 +157,7 @@ async fn deploy(
     }
     secrets::add_copies(&mut plan, template, context).await?;
     waves::check_served(&plan, context).await?;
+    volumes::refuse_retained(&plan, context).await?;
     let uid = environment.metadata.uid.as_deref().unwrap_or_default();
     let namespace_labels = namespace::namespace_labels(&template.spec, &plan.labels, uid);
     claim::claim_namespace(environment, namespace, &namespace_labels, context).await?;

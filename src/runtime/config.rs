@@ -92,6 +92,11 @@ pub struct ControllerArgs {
     /// label or network reach. A template asking for more is refused, every field named.
     #[arg(long, env = "PREVIEWD_TEMPLATE_CEILING", value_parser = crate::model::ceiling::parse_ceiling)]
     pub template_ceiling: Option<crate::model::ceiling::TemplateCeiling>,
+    /// Let claims ask for a storage class whose volumes outlive their claims
+    /// (`reclaimPolicy: Retain`; the chart's `controller.allowRetainedVolumes`). Off by default:
+    /// every environment removed would leave its volumes, and their disks, behind.
+    #[arg(long, env = "PREVIEWD_ALLOW_RETAINED_VOLUMES", default_value_t = false, action = clap::ArgAction::Set)]
+    pub allow_retained_volumes: bool,
     /// The longest `terminationGracePeriodSeconds` a template's pod may ask for: a sleeping or
     /// removed environment's pods stop within it.
     #[arg(long, env = "PREVIEWD_MAX_TERMINATION_GRACE_PERIOD", default_value = "5m", value_parser = parse_duration)]
@@ -266,6 +271,7 @@ impl ControllerArgs {
                 ceiling: self.template_ceiling.clone().unwrap_or_default(),
                 own_cluster_roles: self.own_cluster_roles(),
                 max_grace_period: Some(self.max_termination_grace_period.as_secs()),
+                allow_retained_volumes: self.allow_retained_volumes,
             },
             engines: crate::engines::EngineConfig {
                 helm: self.helm.clone(),

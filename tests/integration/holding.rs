@@ -34,6 +34,78 @@ async fn a_finalizer_on_any_object_or_pod_template_is_refused() {
     .await;
 }
 
+/// An owner reference a pull request declares: to a Node with `blockOwnerDeletion` (holding
+/// the node's foreground deletion), or to an owner that is not there (the garbage collector
+/// deletes the ConfigMap, previewd applies it again, without end). On the code before, both
+/// were applied.
+#[tokio::test]
+async fn an_owner_reference_a_pull_request_declares_is_refused() {
+    const OWNED: &str = "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: owned\n  ownerReferences: [{apiVersion: v1, kind: Node, name: node-1, uid: 6b7c1f0e-0000-4000-8000-000000000001, blockOwnerDeletion: true}]\ndata: {a: b}\n---\napiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: orphan\n  ownerReferences: [{apiVersion: apps/v1, kind: Deployment, name: gone, uid: 6b7c1f0e-0000-4000-8000-000000000002}]\ndata: {a: b}\n";
+    in_namespace("holding-owners", |client, ns| async move {
+        let _running = deploy(&client, &ns, OWNED, json!({})).await;
+        assert_refused_naming(
+            &client,
+            &ns,
+            &[
+                "ConfigMap/owned (from app.yaml): metadata.ownerReferences names",
+                "ConfigMap/orphan (from app.yaml): metadata.ownerReferences names",
+                "leave owner references to the controllers that set them",
+            ],
+        )
+        .await;
+    })
+    .await;
+}
+
+/// A claim on a storage class that keeps its volumes (`reclaimPolicy: Retain`) would leave a
+/// volume behind every environment removed: refused, naming the claim and the class, nothing
+/// applied. A claim on a class that deletes its volumes deploys. On the code before, both
+/// were applied. (Neither class is the cluster's default: other tests' claims must not see it.)
+#[tokio::test]
+async fn a_claim_on_a_class_that_keeps_its_volumes_is_refused() {
+    use k8s_openapi::api::core::v1::PersistentVolumeClaim;
+    use k8s_openapi::api::storage::v1::StorageClass;
+    use kube::api::{DeleteParams, PostParams};
+    in_namespace("holding-retained", |client, ns| async move {
+        let classes: Api<StorageClass> = Api::all(client.clone());
+        let (kept, deleted) = (format!("kept-{ns}"), format!("deleted-{ns}"));
+        for (name, policy) in [(&kept, "Retain"), (&deleted, "Delete")] {
+            let class: StorageClass = serde_json::from_value(json!({
+                "metadata": {"name": name}, "provisioner": "example.com/disk", "reclaimPolicy": policy
+            }))
+            .unwrap();
+            classes.create(&PostParams::default(), &class).await.unwrap();
+        }
+        let claim = |class: &str| format!("apiVersion: v1\nkind: PersistentVolumeClaim\nmetadata: {{name: data}}\nspec: {{storageClassName: {class}, accessModes: [ReadWriteOnce], resources: {{requests: {{storage: 1Gi}}}}}}\n");
+        {
+            let _running = deploy(&client, &ns, &claim(&kept), json!({})).await;
+            let said = format!("PersistentVolumeClaim/data (from app.yaml): spec.storageClassName \"{kept}\" keeps its volumes after their claims are gone");
+            assert_refused_naming(&client, &ns, &[&said, "--allow-retained-volumes"]).await;
+        }
+        let environments: Api<PreviewEnvironment> = Api::namespaced(client.clone(), &ns);
+        environments.delete("pr-7", &DeleteParams::default()).await.unwrap();
+        support::eventually("pr-7 gone", Duration::from_secs(30), || async {
+            environments.get_opt("pr-7").await.unwrap().is_none().then_some(())
+        })
+        .await;
+        Api::<previewd::model::crd::PreviewTemplate>::namespaced(client.clone(), &ns)
+            .delete("app", &DeleteParams::default())
+            .await
+            .unwrap();
+        let _running = deploy(&client, &ns, &claim(&deleted), json!({})).await;
+        let applied = support::eventually("the claim applied", Duration::from_secs(60), || async {
+            let target = environments.get("pr-7").await.ok()?.status?.namespace?;
+            Api::<PersistentVolumeClaim>::namespaced(client.clone(), &target).get_opt("data").await.ok()?
+        })
+        .await;
+        assert_eq!(applied.spec.unwrap().storage_class_name.as_deref(), Some(deleted.as_str()));
+        for name in [&kept, &deleted] {
+            classes.delete(name, &DeleteParams::default()).await.unwrap();
+        }
+    })
+    .await;
+}
+
 #[tokio::test]
 async fn a_disruption_budget_over_a_jobs_pods_is_refused() {
     const BUDGET: &str = "apiVersion: batch/v1\nkind: Job\nmetadata: {name: migrate}\nspec:\n  template:\n    metadata: {labels: {app: migrate}}\n    spec: {restartPolicy: Never, containers: [{name: m, image: busybox}]}\n---\napiVersion: policy/v1\nkind: PodDisruptionBudget\nmetadata: {name: migrate}\nspec:\n  maxUnavailable: 1\n  selector: {matchLabels: {app: migrate}}\n";

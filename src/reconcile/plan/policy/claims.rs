@@ -3,11 +3,16 @@
 //! for a new volume from a storage class: one that names a volume (`volumeName`), selects
 //! volumes by label (`selector`) or asks for no class at all (`storageClassName: ""`) binds an
 //! existing PersistentVolume, whoever's data it holds, and one whose data source is in another
-//! namespace (`dataSourceRef.namespace`) copies that namespace's data.
+//! namespace (`dataSourceRef.namespace`) copies that namespace's data. And a claim on a class
+//! that keeps its volumes (`reclaimPolicy: Retain`) leaves a volume behind every environment
+//! removed ([`retained`]: the classes are the cluster's, so the pipeline asks for them).
 
 use serde_json::Value;
 
+use super::Violation;
+use super::pods;
 use crate::model::crd::PolicySpec;
+use crate::reconcile::plan::render::RenderedObject;
 
 const HOW_TO_ALLOW: &str = "let the claim be provisioned from a storage class, or set the template's policy.allowExistingVolumes";
 
@@ -79,10 +84,108 @@ pub fn embedded(
     broken
 }
 
+/// Every claim of `object` with where it is and the class it names (`None`: none, the
+/// cluster's default): the object itself if a PersistentVolumeClaim, a StatefulSet's claim
+/// templates, and a pod spec's ephemeral volumes.
+pub fn classes_asked(object: &RenderedObject) -> Vec<(String, Option<&str>)> {
+    fn class(spec: &Value) -> Option<&str> {
+        spec["storageClassName"].as_str()
+    }
+    let value = &object.object;
+    let mut asked = Vec::new();
+    if object.kind() == "PersistentVolumeClaim" {
+        asked.push(("spec".to_string(), class(&value["spec"])));
+    }
+    let templates = value["spec"]["volumeClaimTemplates"].as_array();
+    for (i, template) in templates.into_iter().flatten().enumerate() {
+        let at = format!("spec.volumeClaimTemplates[{i}].spec");
+        asked.push((at, class(&template["spec"])));
+    }
+    if let Some((_, spec, path)) = pods::pod_template(object.kind(), value) {
+        let volumes = spec["volumes"].as_array().into_iter().flatten();
+        for (i, volume) in volumes.enumerate() {
+            let claim = &volume["ephemeral"]["volumeClaimTemplate"]["spec"];
+            if claim.is_object() {
+                let at = format!("{path}.volumes[{i}].ephemeral.volumeClaimTemplate.spec");
+                asked.push((at, class(claim)));
+            }
+        }
+    }
+    asked
+}
+
+/// Claims whose class keeps its volumes after the claim is gone. `retaining_class` says, for
+/// the class a claim names (`None`: none), the class it gets if that one retains.
+pub fn retained(
+    objects: &[RenderedObject],
+    retaining_class: impl Fn(Option<&str>) -> Option<String>,
+) -> Vec<Violation> {
+    let mut found = Vec::new();
+    for object in objects {
+        for (at, class) in classes_asked(object) {
+            let Some(retaining) = retaining_class(class) else {
+                continue;
+            };
+            let named = match class {
+                Some(_) => format!("{at}.storageClassName {retaining:?}"),
+                None => format!(
+                    "{at} names no class, so it gets the cluster's default {retaining:?}, which"
+                ),
+            };
+            found.push(Violation {
+                manifest: object.manifest.clone(),
+                kind: object.kind().to_string(),
+                name: object.name().to_string(),
+                reason: format!(
+                    "{named} keeps its volumes after their claims are gone (reclaimPolicy: Retain): every environment removed would leave a volume and its disk behind; use a class that deletes them (--allow-retained-volumes lets them through)"
+                ),
+            });
+        }
+    }
+    found
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn claims_on_a_retaining_class_are_found_wherever_they_are() {
+        let rendered = |object: Value| RenderedObject {
+            manifest: "app.yaml".into(),
+            wave: 0,
+            seed: None,
+            object,
+        };
+        let objects = [
+            rendered(
+                json!({"kind": "PersistentVolumeClaim", "metadata": {"name": "data"},
+                            "spec": {"storageClassName": "kept"}}),
+            ),
+            rendered(
+                json!({"kind": "StatefulSet", "metadata": {"name": "db"}, "spec": {
+                "volumeClaimTemplates": [{"spec": {"storageClassName": "standard"}}, {"spec": {}}],
+                "template": {"spec": {"containers": [], "volumes": [{"name": "scratch",
+                    "ephemeral": {"volumeClaimTemplate": {"spec": {"storageClassName": "kept"}}}}]}}}}),
+            ),
+        ];
+        let retaining = |class: Option<&str>| match class.unwrap_or("kept") {
+            "kept" => Some("kept".to_string()),
+            _ => None,
+        };
+        let found: Vec<String> = retained(&objects, retaining)
+            .iter()
+            .map(ToString::to_string)
+            .collect();
+        assert_eq!(found.len(), 3, "{found:#?}");
+        assert!(found[0].contains("PersistentVolumeClaim/data (from app.yaml): spec.storageClassName \"kept\" keeps its volumes"));
+        assert!(found[1].contains("spec.volumeClaimTemplates[1].spec names no class, so it gets the cluster's default \"kept\""));
+        assert!(found[2].contains(
+            "spec.template.spec.volumes[0].ephemeral.volumeClaimTemplate.spec.storageClassName"
+        ));
+        assert!(retained(&objects, |_| None).is_empty());
+    }
 
     #[test]
     fn a_provisioned_claim_passes() {

@@ -10,6 +10,10 @@
 //! * `terminationGracePeriodSeconds` near 2^31 keeps a sleeping or destroyed environment's pods
 //!   running: at most the operator's `--max-termination-grace-period` (default 300 s,
 //!   `model::grants::DEFAULT_MAX_GRACE_SECONDS`).
+//! * Owner references are the garbage collector's: one with `blockOwnerDeletion` holds its
+//!   owner's foreground deletion (a Node, another namespace's object), and one whose owner does
+//!   not exist makes the collector delete the object, which previewd applies again, without
+//!   end. Controllers set their own (a ReplicaSet's on its pods); a template never needs one.
 
 use serde_json::Value;
 
@@ -36,6 +40,17 @@ pub fn finalizers(kind: &str, object: &Value) -> Vec<String> {
         said(&format!("{at}.metadata"), metadata);
     }
     held
+}
+
+/// The owner references `object` declares itself.
+pub fn owner_references(object: &Value) -> Vec<String> {
+    let owners = &object["metadata"]["ownerReferences"];
+    if owners.as_array().is_some_and(Vec::is_empty) || owners.is_null() {
+        return Vec::new();
+    }
+    vec![format!(
+        "metadata.ownerReferences names {owners}: an owner reference holds its owner's deletion (blockOwnerDeletion) or, when the owner is not there, has the garbage collector delete the object previewd applies again, without end; leave owner references to the controllers that set them"
+    )]
 }
 
 /// A pod spec's grace period beyond `max_seconds`.
@@ -122,6 +137,23 @@ mod tests {
             "{said:?}"
         );
         assert!(finalizers("ConfigMap", &json!({"metadata": {"finalizers": []}})).is_empty());
+    }
+
+    #[test]
+    fn owner_references_are_refused() {
+        let owned = json!({"metadata": {"name": "a", "ownerReferences": [{"apiVersion": "v1",
+            "kind": "Node", "name": "n1", "uid": "u", "blockOwnerDeletion": true}]}});
+        let said = owner_references(&owned);
+        assert!(
+            said[0].contains("\"Node\"") && said[0].contains("blockOwnerDeletion"),
+            "{said:?}"
+        );
+        assert!(owner_references(&json!({"metadata": {"ownerReferences": []}})).is_empty());
+        assert!(owner_references(&json!({"metadata": {"name": "a"}})).is_empty());
+        assert_eq!(
+            owner_references(&json!({"metadata": {"ownerReferences": "x"}})).len(),
+            1
+        );
     }
 
     #[test]

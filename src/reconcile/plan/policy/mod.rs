@@ -76,6 +76,7 @@ pub fn check(objects: &[RenderedObject], policy: &PolicySpec, scope: &Scope) -> 
     for object in objects {
         let mut reasons = reserved_name(object.name());
         reasons.extend(holding::finalizers(object.kind(), &object.object));
+        reasons.extend(holding::owner_references(&object.object));
         reasons.extend(judge(object, policy, scope));
         reasons.extend(controller_metadata(object, scope));
         violations.extend(reasons.into_iter().map(|reason| Violation {
