@@ -16,9 +16,10 @@ use crate::model::crd::{ForgeKind, Phase};
 
 /// Whether a report of an environment in `phase` says where it came to rest. A report that
 /// only edits the comment of an environment whose phase was reported already (a reply to a
-/// comment command, a queue position, the seeds' results) is not: anyone who may comment
-/// could otherwise spend the final reports' budget. A change of phase (asleep, awake, queued)
-/// is, comment alone or not.
+/// comment command, a queue position, the seeds' results) is not: it never takes the quarter
+/// of each window kept for final reports, though replies to anyone who may comment still share
+/// the other three quarters with every environment's intermediate reports. A change of phase
+/// (asleep, awake, queued) is final, comment alone or not.
 pub fn urgency_of(phase: Phase, only_a_comment_edit: bool) -> Urgency {
     match phase {
         _ if only_a_comment_edit => Urgency::Intermediate,
