@@ -24,7 +24,6 @@ const MAX_HOST_LENGTH: usize = 253;
 pub struct Holder {
     pub namespace: String,
     pub name: String,
-    pub pull_request: Option<u64>,
     /// `spec.sleep`: asleep or falling asleep; a request wakes it.
     pub asleep: bool,
     /// `metadata.generation`: the version of its spec (each sleep and wake is a new one).
@@ -76,7 +75,6 @@ pub fn holders<'a>(
         let holder = Holder {
             namespace: environment.metadata.namespace.clone().unwrap_or_default(),
             name: environment.metadata.name.clone().unwrap_or_default(),
-            pull_request: environment.spec.source.pull_request,
             asleep: environment.spec.sleep,
             generation: environment.metadata.generation.unwrap_or_default(),
             phase: status.phase,

@@ -1,5 +1,5 @@
 //! The gate's metrics: requests by answer. Its wakes are writes, counted with every other
-//! write (`previewd_writes_total{operation="gate_wake"}`).
+//! write (`previewd_write_requests_total{operation="gate_wake"}`).
 
 use prometheus::core::Collector;
 use prometheus::{IntCounterVec, Opts};
@@ -8,8 +8,17 @@ use crate::cluster::metrics::MetricSet;
 
 /// What the gate answered: `woke` (a sleeping environment's host: it is being woken),
 /// `waiting` (a host whose environment is already starting), `unknown` (no environment holds
-/// the host: 404), `busy` (a connection over the bound of connections, closed at once).
-pub const ANSWERS: [&str; 4] = ["woke", "waiting", "unknown", "busy"];
+/// the host: 404), `busy` (a connection over the bound of connections, closed at once),
+/// `over_client_budget` and `over_budget` (a sleeping environment's host, left asleep: the
+/// client, or all clients together, woke as many as the wake budget allows).
+pub const ANSWERS: [&str; 6] = [
+    "woke",
+    "waiting",
+    "unknown",
+    "busy",
+    "over_client_budget",
+    "over_budget",
+];
 
 #[derive(Clone)]
 pub struct GateMetrics {
@@ -46,5 +55,13 @@ impl GateMetrics {
 
     pub fn answered(&self, answer: &'static str) {
         self.requests.with_label_values(&[answer]).inc();
+    }
+
+    /// A wake refused by the wake budget.
+    pub fn over_budget(&self, over: super::budget::OverBudget) {
+        self.answered(match over {
+            super::budget::OverBudget::Client => "over_client_budget",
+            super::budget::OverBudget::InAll => "over_budget",
+        });
     }
 }

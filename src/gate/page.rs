@@ -2,9 +2,9 @@
 //! JSON answer with `Retry-After` for clients that do not ask for HTML; a plain 404 for a host
 //! no environment holds. Every word comes from previewd's own record of the environment, never
 //! from the request (no host, path or header is echoed), and what it shows is HTML-escaped.
-//! The page is open to the internet, whose visitors may not see the repository: it shows the
-//! environment's name and pull request number (what its host already tells, as a rule), never
-//! its branch, namespace, commit or repository.
+//! The page is open to the internet, whose visitors may not see the repository: it says what
+//! the preview is doing and nothing of which it is: no environment name (which holds a branch's
+//! slug), pull request, branch, namespace, commit or repository.
 
 use http::StatusCode;
 use serde_json::json;
@@ -55,46 +55,46 @@ fn state(holder: &Holder) -> (String, Option<u64>) {
     }
 }
 
-/// Which preview it is: its pull request's number, or that it previews a branch.
-fn title(holder: &Holder) -> String {
-    match holder.pull_request {
-        Some(number) => format!("pull request #{number}"),
-        None => "a branch".into(),
-    }
-}
+/// How long a client over the wake budget is asked to wait before it asks again.
+pub const OVER_BUDGET_RETRY_SECONDS: u64 = 60;
 
 /// The waiting page of `holder`, as HTML when the client asks for it (`wants_html`, from its
 /// `Accept` header), else as JSON.
 pub fn waiting(holder: &Holder, wants_html: bool) -> Answer {
     let (state, estimate) = state(holder);
+    render(&state, estimate, REFRESH_SECONDS, wants_html)
+}
+
+/// The answer to a request that would wake a sleeping environment beyond the wake budget
+/// (`super::budget`): it stays asleep, and the client is asked to come back in a minute.
+pub fn over_budget(wants_html: bool) -> Answer {
+    let state = "asleep: too many previews were woken from here in the last minutes; it starts on a later visit";
+    render(state, None, OVER_BUDGET_RETRY_SECONDS, wants_html)
+}
+
+/// `state` as JSON, or as a page that reloads itself every `retry_after` seconds.
+fn render(state: &str, estimate: Option<u64>, retry_after: u64, wants_html: bool) -> Answer {
     if !wants_html {
-        let body = json!({
-            "environment": holder.name,
-            "pullRequest": holder.pull_request,
-            "state": state,
-            "estimatedSeconds": estimate,
-        });
+        let body = json!({"state": state, "estimatedSeconds": estimate});
         return Answer {
             status: StatusCode::SERVICE_UNAVAILABLE,
-            retry_after: Some(REFRESH_SECONDS),
+            retry_after: Some(retry_after),
             content_type: "application/json",
             body: format!("{body}\n"),
         };
     }
-    let name = escape(&holder.name);
-    let title = escape(&title(holder));
-    let state = escape(&state);
+    let state = escape(state);
     let body = format!(
         "<!doctype html>\n<html><head><meta charset=\"utf-8\">\
-<meta http-equiv=\"refresh\" content=\"{REFRESH_SECONDS}\">\
-<title>{name}: {state}</title></head>\n<body style=\"font-family: sans-serif; margin: 3em\">\
-<h1>Preview environment {name}</h1><p>{title}</p><p><strong>{state}</strong>.</p>\
-<p>This page reloads itself every {REFRESH_SECONDS} s and shows the application once it is ready.</p>\
+<meta http-equiv=\"refresh\" content=\"{retry_after}\">\
+<title>Preview: {state}</title></head>\n<body style=\"font-family: sans-serif; margin: 3em\">\
+<h1>Preview environment</h1><p><strong>{state}</strong>.</p>\
+<p>This page reloads itself every {retry_after} s and shows the application once it is ready.</p>\
 </body></html>\n"
     );
     Answer {
         status: StatusCode::SERVICE_UNAVAILABLE,
-        retry_after: Some(REFRESH_SECONDS),
+        retry_after: Some(retry_after),
         content_type: "text/html; charset=utf-8",
         body,
     }
@@ -122,9 +122,8 @@ mod tests {
 
     fn holder() -> Holder {
         Holder {
-            namespace: "previews".into(),
+            namespace: "team-payments".into(),
             name: "web-pr-2-1a2b3c".into(),
-            pull_request: Some(2),
             asleep: true,
             generation: 1,
             phase: Phase::Sleeping,
@@ -143,8 +142,6 @@ mod tests {
                 .body
                 .contains("<meta http-equiv=\"refresh\" content=\"5\">")
         );
-        assert!(answer.body.contains("Preview environment web-pr-2-1a2b3c"));
-        assert!(answer.body.contains("pull request #2"));
         assert!(
             answer.body.contains("starting, about 12 s"),
             "{}",
@@ -153,18 +150,44 @@ mod tests {
     }
 
     #[test]
-    fn the_page_shows_no_namespace_and_escapes_what_it_shows() {
-        let mut odd = holder();
-        odd.name = "<img src=x onerror=alert(1)>".into();
-        let answer = waiting(&odd, true);
-        assert!(!answer.body.contains("<img"), "{}", answer.body);
-        assert!(answer.body.contains("&lt;img src=x onerror=alert(1)&gt;"));
+    fn the_page_names_nothing_of_the_environment_and_escapes_what_it_shows() {
+        let mut branch = holder();
+        branch.name = "web-feature-secret-launch-1a2b3c".into();
         for shown in [
-            waiting(&holder(), true).body,
-            waiting(&holder(), false).body,
+            waiting(&branch, true).body,
+            waiting(&branch, false).body,
+            over_budget(true).body,
+            over_budget(false).body,
         ] {
-            assert!(!shown.contains("previews"), "no namespace: {shown}");
+            for hidden in [
+                "team-payments",
+                "web-",
+                "feature",
+                "secret-launch",
+                "1a2b3c",
+                "#",
+            ] {
+                assert!(!shown.contains(hidden), "{hidden:?} in: {shown}");
+            }
         }
+        assert_eq!(
+            escape("<img src=x onerror='a'>&"),
+            "&lt;img src=x onerror=&#39;a&#39;&gt;&amp;"
+        );
+    }
+
+    #[test]
+    fn over_the_wake_budget_the_page_says_so_and_asks_again_in_a_minute() {
+        let answer = over_budget(false);
+        assert_eq!(answer.status, StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(answer.retry_after, Some(OVER_BUDGET_RETRY_SECONDS));
+        let body: serde_json::Value = serde_json::from_str(&answer.body).unwrap();
+        assert!(
+            body["state"]
+                .as_str()
+                .unwrap()
+                .starts_with("asleep: too many previews")
+        );
     }
 
     #[test]
@@ -175,7 +198,7 @@ mod tests {
         assert_eq!(answer.content_type, "application/json");
         assert_eq!(answer.retry_after, Some(REFRESH_SECONDS));
         let body: serde_json::Value = serde_json::from_str(&answer.body).unwrap();
-        assert_eq!(body["environment"], "web-pr-2-1a2b3c");
+        assert!(body.get("environment").is_none() && body.get("pullRequest").is_none());
         assert_eq!(body["state"], "starting, about 30 s");
         assert_eq!(body["estimatedSeconds"], 30);
     }

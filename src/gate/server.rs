@@ -5,6 +5,7 @@
 
 use std::convert::Infallible;
 use std::future::Future;
+use std::net::IpAddr;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -16,6 +17,8 @@ use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use kube::runtime::reflector::Store;
 
+use super::budget::{WakeBudget, WakeLimits};
+use super::client::{client_address, default_trusted_proxies};
 use super::hosts::{Holder, HostIndex, normalize};
 use super::metrics::GateMetrics;
 use super::page::{self, Answer};
@@ -94,10 +97,31 @@ impl Waker for ClusterWaker {
     }
 }
 
-/// The gate: which environment holds which host, whose turn it is to be woken, and how.
+/// Who may wake how much (`--gate-wakes-per-client`, `--gate-wakes-in-all`,
+/// `--gate-wake-window`) and whose word on the client's address counts
+/// (`--gate-trusted-proxies`).
+#[derive(Clone, Debug)]
+pub struct Clients {
+    pub wakes: WakeLimits,
+    pub trusted_proxies: Vec<ipnet::IpNet>,
+}
+
+impl Default for Clients {
+    fn default() -> Self {
+        Self {
+            wakes: WakeLimits::default(),
+            trusted_proxies: default_trusted_proxies(),
+        }
+    }
+}
+
+/// The gate: which environment holds which host, whose turn it is to be woken, who may still
+/// wake one, and how.
 pub struct Gate {
     index: HostIndex,
     turns: WakeTurns,
+    budget: WakeBudget,
+    trusted_proxies: Vec<ipnet::IpNet>,
     waker: Arc<dyn Waker>,
     metrics: GateMetrics,
 }
@@ -107,18 +131,27 @@ impl Gate {
         environments: Store<PreviewEnvironment>,
         waker: Arc<dyn Waker>,
         metrics: GateMetrics,
+        clients: Clients,
     ) -> Arc<Self> {
         Arc::new(Self {
             index: HostIndex::new(environments),
             turns: WakeTurns::default(),
+            budget: WakeBudget::new(clients.wakes),
+            trusted_proxies: clients.trusted_proxies,
             waker,
             metrics,
         })
     }
 
-    /// The answer to a request that names `authority` (its `Host`) and asks for HTML or not.
-    /// A sleeping environment's host wakes it, in the background and only on its turn.
-    pub fn answer(self: &Arc<Self>, authority: Option<&str>, wants_html: bool) -> Answer {
+    /// The answer to a request from `client` that names `authority` (its `Host`) and asks for
+    /// HTML or not. A sleeping environment's host wakes it, in the background, only on its
+    /// turn and within the client's and everyone's wake budget.
+    pub fn answer(
+        self: &Arc<Self>,
+        authority: Option<&str>,
+        wants_html: bool,
+        client: IpAddr,
+    ) -> Answer {
         let holder = authority
             .and_then(normalize)
             .and_then(|host| self.index.holder(&host));
@@ -126,21 +159,27 @@ impl Gate {
             self.metrics.answered("unknown");
             return page::unknown();
         };
-        let woke = holder.asleep
-            && self.turns.take(
-                &holder.namespace,
-                &holder.name,
-                holder.generation,
-                Instant::now(),
-            );
-        if woke {
-            self.wake_in_background(&holder);
+        let now = Instant::now();
+        let turn = holder.asleep
+            && self
+                .turns
+                .take(&holder.namespace, &holder.name, holder.generation, now);
+        if !turn {
+            self.metrics.answered("waiting");
+            return page::waiting(&holder, wants_html);
         }
-        self.metrics.answered(if woke { "woke" } else { "waiting" });
+        if let Err(over) = self.budget.spend(client, now) {
+            // Not this client's wake to cause: the environment's turn stays for another.
+            self.turns.give_back(&holder.namespace, &holder.name);
+            self.metrics.over_budget(over);
+            return page::over_budget(wants_html);
+        }
+        self.wake_in_background(&holder, client, now);
+        self.metrics.answered("woke");
         page::waiting(&holder, wants_html)
     }
 
-    fn wake_in_background(self: &Arc<Self>, holder: &Holder) {
+    fn wake_in_background(self: &Arc<Self>, holder: &Holder, client: IpAddr, spent_at: Instant) {
         let gate = self.clone();
         let (namespace, name) = (holder.namespace.clone(), holder.name.clone());
         tokio::spawn(async move {
@@ -151,12 +190,14 @@ impl Gate {
                 Err(error) => {
                     tracing::warn!(environment = %name, %namespace, %error, "could not wake the environment; a request in a few seconds tries again");
                     gate.turns.failed(&namespace, &name, Instant::now());
+                    // A wake that was not written costs the client nothing.
+                    gate.budget.give_back(client, spent_at);
                 }
             }
         });
     }
 
-    fn respond<B>(self: &Arc<Self>, request: &Request<B>) -> Response<Body> {
+    fn respond<B>(self: &Arc<Self>, request: &Request<B>, peer: IpAddr) -> Response<Body> {
         // An absolute request target's authority wins over `Host` (RFC 9112, 3.2.2).
         let authority = request.uri().authority().map(|a| a.as_str()).or_else(|| {
             let host = request.headers().get(header::HOST)?;
@@ -168,7 +209,8 @@ impl Gate {
             .iter()
             .filter_map(|accept| accept.to_str().ok())
             .any(|accept| accept.contains("text/html"));
-        into_response(self.answer(authority, wants_html))
+        let client = client_address(peer, request.headers(), &self.trusted_proxies);
+        into_response(self.answer(authority, wants_html, client))
     }
 }
 
@@ -213,8 +255,8 @@ pub async fn serve_within(
             _ = &mut shutdown => return,
             accepted = listener.accept() => accepted,
         };
-        let stream = match accepted {
-            Ok((stream, _)) => stream,
+        let (stream, peer) = match accepted {
+            Ok((stream, peer)) => (stream, peer.ip()),
             Err(error) => {
                 // Out of file descriptors, mostly: wait a little rather than spin.
                 tracing::warn!(%error, "the wake gate could not accept a connection");
@@ -230,7 +272,7 @@ pub async fn serve_within(
         tokio::spawn(async move {
             let _permit = permit;
             let service = service_fn(move |request| {
-                let response = gate.respond(&request);
+                let response = gate.respond(&request, peer);
                 async move { Ok::<_, Infallible>(response) }
             });
             let connection = http1::Builder::new()
@@ -278,7 +320,7 @@ mod tests {
         let (store, _writer) = kube::runtime::reflector::store::<PreviewEnvironment>();
         let waker = Arc::new(Counting::default());
         let metrics = GateMetrics::new();
-        let gate = Gate::new(store, waker.clone(), metrics.clone());
+        let gate = Gate::new(store, waker.clone(), metrics.clone(), Clients::default());
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let address = listener.local_addr().unwrap();
         tokio::spawn(serve_within(gate, listener, bounds, std::future::pending()));

@@ -57,6 +57,13 @@ impl WakeTurns {
         true
     }
 
+    /// The turn just taken was not used (the client was over its wake budget): the next
+    /// request may take it.
+    pub fn give_back(&self, namespace: &str, name: &str) {
+        let mut last = self.last.lock().unwrap_or_else(PoisonError::into_inner);
+        last.remove(&(namespace.to_string(), name.to_string()));
+    }
+
     /// The wake of this turn failed: the turn ends [`RETRY_AFTER_FAILURE`] after `now`.
     pub fn failed(&self, namespace: &str, name: &str, now: Instant) {
         let mut last = self.last.lock().unwrap_or_else(PoisonError::into_inner);

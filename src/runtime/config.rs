@@ -324,6 +324,8 @@ pub struct RunArgs {
     #[arg(long, env = "PREVIEWD_GATE_LISTEN")]
     pub gate_listen: Option<std::net::SocketAddr>,
     #[command(flatten)]
+    pub gate: GateArgs,
+    #[command(flatten)]
     pub traffic: TrafficArgs,
     #[command(flatten)]
     pub controller: ControllerArgs,
@@ -462,6 +464,43 @@ mod tests {
             "17179869184Gi",
         ] {
             assert!(parse_size(bad).is_err(), "{bad}");
+        }
+    }
+}
+
+/// Who may wake how much through the wake gate (docs/lifecycle.md, "Waking on the first
+/// request"; docs/security.md).
+#[derive(Debug, Clone, clap::Args)]
+pub struct GateArgs {
+    /// Wakes one client address (an IPv6 client: its /64) may cause per `--gate-wake-window`;
+    /// a request beyond them gets the waiting page and wakes nothing.
+    #[arg(long, env = "PREVIEWD_GATE_WAKES_PER_CLIENT", default_value_t = 10)]
+    pub gate_wakes_per_client: u32,
+    /// Wakes all clients together may cause per `--gate-wake-window` (in each replica).
+    #[arg(long, env = "PREVIEWD_GATE_WAKES_IN_ALL", default_value_t = 60)]
+    pub gate_wakes_in_all: u32,
+    /// The sliding window of the wake budget.
+    #[arg(long, env = "PREVIEWD_GATE_WAKE_WINDOW", default_value = "10m", value_parser = parse_duration)]
+    pub gate_wake_window: Duration,
+    /// The proxies whose `X-Forwarded-For` says who the client is (the ingress controller or
+    /// gateway in front of the gate), as a JSON list of networks or addresses. Default: the
+    /// private, shared and loopback ranges, where a cluster's pods and nodes are.
+    #[arg(long, env = "PREVIEWD_GATE_TRUSTED_PROXIES", value_parser = crate::gate::client::parse_trusted_proxies)]
+    pub gate_trusted_proxies: Option<Vec<ipnet::IpNet>>,
+}
+
+impl GateArgs {
+    pub fn clients(&self) -> crate::gate::server::Clients {
+        crate::gate::server::Clients {
+            wakes: crate::gate::budget::WakeLimits {
+                per_client: self.gate_wakes_per_client,
+                in_all: self.gate_wakes_in_all,
+                window: self.gate_wake_window,
+            },
+            trusted_proxies: self
+                .gate_trusted_proxies
+                .clone()
+                .unwrap_or_else(crate::gate::client::default_trusted_proxies),
         }
     }
 }

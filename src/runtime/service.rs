@@ -41,6 +41,8 @@ pub struct ServiceConfig {
     pub shutdown_grace: Duration,
     /// The wake gate's listener (`--gate-listen`), if it runs.
     pub gate: Option<tokio::net::TcpListener>,
+    /// Who may wake how much through the gate, and which proxies say who the client is.
+    pub gate_clients: crate::gate::server::Clients,
     /// Where requests to environments' hosts are counted (`--traffic-*`), if anywhere.
     pub traffic: Option<TrafficSource>,
 }
@@ -77,6 +79,7 @@ pub async fn run(
     let gate = config.gate.map(|listener| {
         start_gate(
             listener,
+            config.gate_clients.clone(),
             &config.client,
             &caches,
             &metrics,
@@ -208,6 +211,7 @@ where
 /// writes only the environment's record); it stops on shutdown.
 fn start_gate(
     listener: tokio::net::TcpListener,
+    clients: crate::gate::server::Clients,
     client: &kube::Client,
     caches: &Caches,
     metrics: &Metrics,
@@ -218,6 +222,7 @@ fn start_gate(
         caches.environments.clone(),
         Arc::new(waker),
         metrics.gate.clone(),
+        clients,
     );
     tokio::spawn(crate::gate::server::serve(
         gate,
@@ -356,6 +361,7 @@ pub async fn run_controller(args: RunArgs) -> Result<(), Error> {
         client,
         controller,
         gate,
+        gate_clients: args.gate.clients(),
         traffic,
         sweep_interval: args.controller.sweep_interval,
         max_body_bytes: args.webhooks.webhook_max_body_bytes,

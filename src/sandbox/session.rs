@@ -72,6 +72,7 @@ pub async fn run(args: SandboxArgs) -> Result<(), SandboxError> {
         lease: None,
         shutdown_grace: std::time::Duration::from_secs(5),
         gate: Some(gate),
+        gate_clients: Default::default(),
         traffic: None,
     };
     let service = tokio::spawn(crate::runtime::service::run(config, listener, shutdown));

@@ -111,7 +111,7 @@ async fn gate_over_environments() -> (std::net::SocketAddr, String) {
         writer.apply_watcher_event(&watcher::Event::Apply(environment));
     }
     let waker = Arc::new(NoWake(Default::default()));
-    let gate = Gate::new(store, waker, GateMetrics::new());
+    let gate = Gate::new(store, waker, GateMetrics::new(), Default::default());
     let address = support::gate::listen(gate).await;
     (address, "pr-500.preview.example.com".into())
 }

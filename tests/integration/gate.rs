@@ -177,9 +177,10 @@ async fn woken_by_requests(
     assert_eq!(status, 503, "{body}");
     assert_eq!(header(&headers, "retry-after"), Some("5"));
     assert!(body.contains("<meta http-equiv=\"refresh\""), "{body}");
+    assert!(body.contains("Preview environment"), "{body}");
     assert!(
-        body.contains("Preview environment pr-2") && body.contains("pull request #2"),
-        "{body}"
+        !body.contains("pr-2") && !body.contains("pull request"),
+        "the page names nothing of the environment: {body}"
     );
     assert!(body.contains("starting, about"), "{body}");
     assert!(
@@ -191,7 +192,8 @@ async fn woken_by_requests(
     for (status, headers, body) in futures::future::join_all(flood).await {
         assert_eq!(status, 503);
         assert_eq!(header(&headers, "content-type"), Some("application/json"));
-        assert!(body.contains("\"environment\":\"pr-2\""), "{body}");
+        assert!(body.contains("\"state\":\"starting, about"), "{body}");
+        assert!(!body.contains("pr-2"), "the answer names nothing: {body}");
     }
     let ready = wait_for_phase(environments, "pr-2", Phase::Ready, Duration::from_secs(60)).await;
     assert_eq!(
@@ -304,4 +306,147 @@ async fn accept_routes(routes: Api<DynamicObject>) {
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+}
+
+/// Counts the wakes it is asked for and writes nothing: the budget's test looks at who may
+/// wake, not at the wake.
+#[derive(Default)]
+struct Tally(AtomicUsize);
+
+impl Waker for Tally {
+    fn wake<'a>(
+        &'a self,
+        _namespace: &'a str,
+        _name: &'a str,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), String>> + Send + 'a>> {
+        self.0.fetch_add(1, Ordering::SeqCst);
+        Box::pin(async { Ok(()) })
+    }
+}
+
+/// A GET of `host` at the gate, through a proxy that says the client is `client`: the status
+/// and the body.
+async fn get_for(gate: std::net::SocketAddr, host: &str, client: &str) -> (u16, String) {
+    let mut stream = tokio::net::TcpStream::connect(gate).await.unwrap();
+    let request = format!(
+        "GET / HTTP/1.1\r\nHost: {host}\r\nAccept: application/json\r\nX-Forwarded-For: {client}\r\nConnection: close\r\n\r\n"
+    );
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).await.unwrap();
+    let status = answer.split(' ').nth(1).unwrap().parse().unwrap();
+    let body = answer.split_once("\r\n\r\n").unwrap().1.to_string();
+    (status, body)
+}
+
+/// Sleeping environments `pr-1` … `pr-N`, each holding `pr-N.budget.example.com`, written
+/// straight to the API server (no controller: only the gate reads them).
+async fn sleeping_environments(client: &Client, namespace: &str, count: u64) {
+    let api: Api<PreviewEnvironment> = Api::namespaced(client.clone(), namespace);
+    for n in 1..=count {
+        let environment: PreviewEnvironment = serde_json::from_value(json!({
+            "apiVersion": "previewd.dev/v1alpha1", "kind": "PreviewEnvironment",
+            "metadata": {"name": format!("pr-{n}")},
+            "spec": {"template": "web", "sleep": true, "source": {"repository": "org/web",
+                     "branch": format!("feature-{n}"), "pullRequest": n,
+                     "headSha": "ec26c3e57ca3a959ca5aad62de7213c562f8c821"}}
+        }))
+        .unwrap();
+        api.create(&PostParams::default(), &environment)
+            .await
+            .unwrap();
+        let status =
+            json!({"status": {"phase": "Sleeping", "host": format!("pr-{n}.budget.example.com")}});
+        api.patch_status(
+            &format!("pr-{n}"),
+            &PatchParams::default(),
+            &Patch::Merge(&status),
+        )
+        .await
+        .unwrap();
+    }
+}
+
+/// Anyone who can reach preview hosts could wake every sleeping environment (each costs its
+/// pods until it sleeps again): one client address wakes at most its share, all clients
+/// together at most the budget in all, and a request beyond either gets a page that says so
+/// and wakes nothing. The client is who the trusted proxy (here: loopback) says it is; with no
+/// proxy trusted, the header is ignored and every request is the peer's. On the code before,
+/// every one of the hosts was woken.
+#[tokio::test]
+async fn a_client_wakes_no_more_than_its_share_and_all_clients_no_more_than_the_budget() {
+    use previewd::gate::budget::WakeLimits;
+    use previewd::gate::server::{Clients, Gate};
+    in_namespace("gate-budget", |client, ns| async move {
+        sleeping_environments(&client, &ns, 6).await;
+        let (caches, _watches) =
+            previewd::cluster::caches::Caches::start(client.clone(), Some(&ns));
+        caches.wait_until_ready().await;
+        let gate_with = |trusted_proxies| {
+            let tally = Arc::new(Tally::default());
+            let wakes = WakeLimits {
+                per_client: 2,
+                in_all: 3,
+                window: Duration::from_secs(600),
+            };
+            let metrics = previewd::gate::metrics::GateMetrics::new();
+            let gate = Gate::new(
+                caches.environments.clone(),
+                tally.clone(),
+                metrics,
+                Clients {
+                    wakes,
+                    trusted_proxies,
+                },
+            );
+            (gate, tally)
+        };
+        let (gate, tally) = gate_with(Clients::default().trusted_proxies);
+        let address = support::gate::listen(gate).await;
+        let host = |n: u32| format!("pr-{n}.budget.example.com");
+        let one = "203.0.113.7";
+        for n in 1..=2 {
+            let (status, body) =
+                eventually("the host is known", Duration::from_secs(10), || async {
+                    let (status, body) = get_for(address, &host(n), one).await;
+                    (status == 503).then_some((status, body))
+                })
+                .await;
+            assert!(body.contains("starting"), "{status} {body}");
+        }
+        let (_, refused) = get_for(address, &host(3), one).await;
+        assert!(
+            refused.contains("too many previews were woken"),
+            "{refused}"
+        );
+        // Another client has a share of its own, until all clients together spent the budget.
+        let (_, other) = get_for(address, &host(3), "198.51.100.4").await;
+        assert!(other.contains("starting"), "{other}");
+        let (_, beyond) = get_for(address, &host(4), "192.0.2.55").await;
+        assert!(
+            beyond.contains("too many previews were woken"),
+            "all clients: {beyond}"
+        );
+        assert_eq!(
+            tally.0.load(Ordering::SeqCst),
+            3,
+            "two wakes by one client, one by another"
+        );
+        // Without a trusted proxy the header is anyone's word: every request is loopback's.
+        let (gate, tally) = gate_with(Vec::new());
+        let address = support::gate::listen(gate).await;
+        for (n, claimed) in [(4, "192.0.2.1"), (5, "192.0.2.2"), (6, "192.0.2.3")] {
+            eventually("the host is known", Duration::from_secs(10), || async {
+                let (status, _) = get_for(address, &host(n), claimed).await;
+                (status == 503).then_some(())
+            })
+            .await;
+        }
+        assert_eq!(
+            tally.0.load(Ordering::SeqCst),
+            2,
+            "one client's share, whatever it claims"
+        );
+    })
+    .await;
 }

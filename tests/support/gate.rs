@@ -39,6 +39,7 @@ pub async fn serve(running: &super::Running, waker: Arc<dyn Waker>) -> SocketAdd
         running.caches.environments.clone(),
         waker,
         GateMetrics::new(),
+        Default::default(),
     );
     listen(gate).await
 }
