@@ -200,6 +200,9 @@ struct DeliveryAnswer {
 pub const NOT_ACCEPTED: &str =
     "not accepted: no webhook secret or token of this previewd verifies this delivery";
 
+/// The one answer to a verified delivery whose writes failed (the details go to the log).
+pub const NOT_WRITTEN: &str = "previewd could not record this delivery; deliver it again later";
+
 /// The one answer to a delivery whose secret could not be read.
 pub const UNAVAILABLE: &str = "previewd could not read a webhook secret it needs to verify this delivery; deliver it again later";
 
@@ -370,10 +373,7 @@ async fn checked_event(
     tracing::Span::current().record("repository", repository.as_str());
     let templates = templates_of(state, forge, &repository);
     if templates.is_empty() {
-        return Err(DeliveryAnswer::not_accepted(
-            "ignored",
-            format!("no PreviewTemplate serves repository {repository:?}"),
-        ));
+        return Err(unserved(state, forge, headers, &body, &repository).await);
     }
     let templates = verify(state, forge, headers, &body, &templates).await?;
     let event = match forge {
@@ -461,6 +461,62 @@ async fn read_at_most(body: Body, limit: usize) -> Result<axum::body::Bytes, ()>
     Ok(kept.into())
 }
 
+/// How many distinct GitHub webhook secrets a delivery for a repository no template serves is
+/// checked against: each check is an HMAC over the whole body (up to 2 MiB), and the sender is
+/// not known yet. GitLab tokens are compared whole, at no cost worth bounding.
+const MAX_SECRETS_FOR_UNSERVED: usize = 16;
+
+/// The answer to a delivery for a repository no template serves. A GitLab group hook (and a
+/// GitHub organization hook) sends every project's events with one secret, and GitLab disables
+/// a hook after four refusals in a row: a delivery one of this previewd's own secrets verifies
+/// is accepted and ignored (202). Any other gets the one refusal every unverified delivery gets,
+/// whether its repository is served or not.
+async fn unserved(
+    state: &ServerState,
+    forge: ForgeKind,
+    headers: &HeaderMap,
+    body: &[u8],
+    repository: &str,
+) -> DeliveryAnswer {
+    let mut holders = secret_holders(state, forge);
+    if forge == ForgeKind::Github {
+        holders.truncate(MAX_SECRETS_FOR_UNSERVED);
+    }
+    match verify(state, forge, headers, body, &holders).await {
+        Ok(_) => DeliveryAnswer::new(
+            StatusCode::ACCEPTED,
+            "ignored",
+            "no preview environment is made for this repository",
+        ),
+        Err(answer) if answer.status == StatusCode::UNAUTHORIZED => DeliveryAnswer::not_accepted(
+            "ignored",
+            format!(
+                "no PreviewTemplate serves repository {repository:?}, and no secret of this previewd verifies the delivery"
+            ),
+        ),
+        Err(answer) => answer,
+    }
+}
+
+/// One template of `forge` per webhook secret (namespace, Secret and key), in a fixed order:
+/// the secrets a delivery of this forge may be signed with.
+fn secret_holders(state: &ServerState, forge: ForgeKind) -> Vec<Arc<PreviewTemplate>> {
+    let mut holders: Vec<Arc<PreviewTemplate>> = state
+        .caches
+        .templates
+        .state()
+        .into_iter()
+        .filter(|t| t.spec.forge.kind == forge && t.spec.forge.webhook_secret_ref.is_some())
+        .collect();
+    let secret_of = |t: &PreviewTemplate| {
+        let reference = t.spec.forge.webhook_secret_ref.clone().unwrap_or_default();
+        (t.namespace(), reference.name, reference.key)
+    };
+    holders.sort_by_key(|t| (secret_of(t), t.name_any()));
+    holders.dedup_by_key(|t| secret_of(t));
+    holders
+}
+
 /// The templates of `forge` for `repository` (GitHub and GitLab names compare without case).
 fn templates_of(
     state: &ServerState,
@@ -527,11 +583,11 @@ async fn act_once(
             if let Some(key) = &delivery_key {
                 state.deliveries.forget(key);
             }
-            DeliveryAnswer::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "error",
-                format!("writing the environment failed, redeliver later: {e}"),
-            )
+            // The API server's words name previewd's identity and the objects: the log's.
+            let mut answer =
+                DeliveryAnswer::new(StatusCode::SERVICE_UNAVAILABLE, "error", NOT_WRITTEN);
+            answer.detail = Some(format!("writing the environment failed: {e}"));
+            answer
         }
     }
 }

@@ -298,6 +298,80 @@ async fn a_gitlab_token_acts_only_for_its_own_template() {
     .await;
 }
 
+/// A GitLab group hook (and a GitHub organization hook) sends every project's events with one
+/// token, and GitLab disables a hook after four failed deliveries in a row, refusals included:
+/// deliveries for projects no template serves, sent with a template's own token or secret, are
+/// accepted and ignored (no environment), four in a row and more; unauthenticated deliveries
+/// get the one refusal, whether their project is served or not. On the code before, the group
+/// hook's deliveries for other projects got 401, and GitLab would have disabled it.
+#[tokio::test]
+async fn a_group_hooks_deliveries_for_projects_no_template_serves_are_accepted_and_ignored() {
+    in_namespace("security-group-hook", |client, ns| async move {
+        team_template(&client, &ns, "gitlab", "team-a").await;
+        team_template(&client, &ns, "github", "team-b").await;
+        let harness = Harness::start(&client, &ns, 2 << 20).await;
+        let served = json_fixture("gitlab/merge_request.json");
+        let mut unserved = served.clone();
+        unserved["project"]["path_with_namespace"] = json!("another-group/unserved");
+        let (served, unserved) = (
+            serde_json::to_vec(&served).unwrap(),
+            serde_json::to_vec(&unserved).unwrap(),
+        );
+        for attempt in 0..5 {
+            let (status, answer) = harness
+                .gitlab(
+                    "Merge Request Hook",
+                    &format!("group-{attempt}"),
+                    &unserved,
+                    "team-a-secret",
+                )
+                .await;
+            assert_eq!(status, 202, "{answer}");
+            assert_eq!(answer["outcome"], "ignored", "{answer}");
+        }
+        let mut github_unserved = json_fixture("github/pull_request.opened.json");
+        github_unserved["repository"]["full_name"] = json!("another-org/unserved");
+        let github_unserved = serde_json::to_vec(&github_unserved).unwrap();
+        let signed = Some(github::sign(b"team-b-secret", &github_unserved));
+        let (status, answer) = harness
+            .github("pull_request", "org-1", &github_unserved, signed)
+            .await;
+        assert_eq!(
+            (status, &answer["outcome"]),
+            (202, &json!("ignored")),
+            "{answer}"
+        );
+        // No token of this previewd: one refusal, served project or not, naming nothing.
+        let (status_served, refused_served) = harness
+            .gitlab("Merge Request Hook", "stranger-1", &served, "not-a-token")
+            .await;
+        let (status_unserved, refused_unserved) = harness
+            .gitlab("Merge Request Hook", "stranger-2", &unserved, "not-a-token")
+            .await;
+        assert_eq!(status_served, 401, "{refused_served}");
+        assert_eq!(
+            (status_served, &refused_served),
+            (status_unserved, &refused_unserved)
+        );
+        let unsigned = harness
+            .github(
+                "pull_request",
+                "org-2",
+                &github_unserved,
+                Some(github::sign(b"guess", &github_unserved)),
+            )
+            .await;
+        assert_eq!(unsigned, (status_served, refused_served.clone()));
+        assert!(
+            !refused_served.to_string().contains("team-"),
+            "{refused_served}"
+        );
+        assert!(environments_of(&harness, "team-a").await.is_empty());
+        assert!(environments_of(&harness, "team-b").await.is_empty());
+    })
+    .await;
+}
+
 /// A namespace as another team (or the cluster admin) made it: nothing of previewd's, or
 /// previewd's labels copied by hand, with a ConfigMap of its own.
 async fn foreign_namespace(client: &kube::Client, name: &str, labels: serde_json::Value) {

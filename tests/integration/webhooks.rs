@@ -363,13 +363,17 @@ async fn bad_deliveries_are_refused_and_change_nothing() {
             (202, Some("ignored")),
             "unknown event: {answer}"
         );
-        // A repository nobody serves and a served one with a wrong signature get one answer,
-        // naming nothing: an outsider cannot map which (private) repositories previewd serves,
-        // nor learn a template's or a Secret's name.
+        // Without a secret of this previewd, a repository nobody serves and a served one get
+        // one answer, naming nothing: an outsider cannot map which (private) repositories
+        // previewd serves, nor learn a template's or a Secret's name. (Signed with previewd's
+        // own secret, a delivery for a repository nobody serves is accepted and ignored: an
+        // organisation's hook sends them all.)
         let mut elsewhere = json_fixture("github/pull_request.opened.json");
         elsewhere["repository"]["full_name"] = "someone/unknown".into();
+        let elsewhere = elsewhere.to_string();
+        let guessed = Some(previewd::forge::github::sign(b"a guess", elsewhere.as_bytes()));
         let unserved = harness
-            .signed("pull_request", "b8", elsewhere.to_string().as_bytes())
+            .github("pull_request", "b8", elsewhere.as_bytes(), guessed)
             .await;
         let unsigned = harness.github("pull_request", "b8b", &opened, None).await;
         assert_eq!(unserved, unsigned, "one answer for both");
@@ -1360,6 +1364,49 @@ async fn an_unreadable_webhook_secret_gets_503_naming_nothing() {
         ] {
             assert!(!said.contains(name), "{name:?} in {said}");
         }
+    })
+    .await;
+}
+
+/// A verified delivery whose write the API server refuses (here: a quota of no environments in
+/// the template's namespace) gets 503, so the forge delivers it again, and the one answer that
+/// names nothing: not the namespace, the quota or previewd's identity, which the API server's
+/// words carry and the log keeps. Before, the answer carried those words.
+#[tokio::test]
+async fn a_delivery_previewd_cannot_write_gets_503_naming_nothing() {
+    in_namespace("webhook-unwritable", |client, ns| async move {
+        let quota: k8s_openapi::api::core::v1::ResourceQuota = serde_json::from_value(json!({
+            "metadata": {"name": "no-previews"},
+            "spec": {"hard": {"count/previewenvironments.previewd.dev": "0"}}
+        }))
+        .unwrap();
+        Api::namespaced(client.clone(), &ns)
+            .create(&kube::api::PostParams::default(), &quota)
+            .await
+            .unwrap();
+        install_template(&client, &ns, "github", "Codertocat/Hello-World", None).await;
+        let harness = Harness::start(&client, &ns, 64 * 1024).await;
+        let opened = github_fixture("pull_request.opened.json");
+        let answer = support::eventually("the quota in force", Duration::from_secs(30), || async {
+            let (status, answer) = harness.signed("pull_request", "w1", &opened).await;
+            (status == 503).then_some(answer)
+        })
+        .await;
+        assert_eq!(
+            answer["message"],
+            previewd::webhook::server::NOT_WRITTEN,
+            "{answer}"
+        );
+        let said = answer.to_string();
+        for name in ["no-previews", "quota", "forbidden", ns.as_str()] {
+            assert!(!said.contains(name), "{name:?} in {said}");
+        }
+        let written = harness
+            .environments
+            .list(&Default::default())
+            .await
+            .unwrap();
+        assert!(written.items.is_empty());
     })
     .await;
 }
