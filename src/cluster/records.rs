@@ -12,8 +12,8 @@ use kube::{Client, ResourceExt};
 
 use crate::model::crd::PreviewEnvironment;
 use crate::model::metadata::{
-    ANNOTATION_DELETION_REASON, FIELD_MANAGER_CHECKS, FIELD_MANAGER_COMMANDS, FIELD_MANAGER_INTAKE,
-    FIELD_MANAGER_SWEEP,
+    ANNOTATION_DELETION_REASON, ANNOTATION_WOKEN_BY_REQUEST, FIELD_MANAGER_CHECKS,
+    FIELD_MANAGER_COMMANDS, FIELD_MANAGER_INTAKE, FIELD_MANAGER_SWEEP,
 };
 
 /// Wakes a sleeping environment (a new commit was pushed to it). Returns false if it is gone.
@@ -26,15 +26,21 @@ pub async fn wake(client: &Client, namespace: &str, name: &str) -> Result<bool, 
 }
 
 /// Wakes a sleeping environment because a request reached its host (previewd's wake gate):
-/// the request is activity, so the idle timeout counts from `now`. Returns false if it is gone.
+/// the request is activity, so the idle timeout counts from `now`; and the environment is
+/// marked woken by a visitor at `head` (`ANNOTATION_WOKEN_BY_REQUEST`), so that it yields its
+/// slot to an environment its author waits for. Returns false if it is gone.
 pub async fn wake_for_request(
     client: &Client,
     namespace: &str,
     name: &str,
+    head: &str,
     now: chrono::DateTime<chrono::Utc>,
 ) -> Result<bool, kube::Error> {
-    let wake = serde_json::json!({"sleep": false, "lastActivity": now});
-    patch_spec(client, namespace, name, wake).await
+    let wake = serde_json::json!({
+        "metadata": {"annotations": {ANNOTATION_WOKEN_BY_REQUEST: head}},
+        "spec": {"sleep": false, "lastActivity": now},
+    });
+    merge(client, namespace, name, FIELD_MANAGER_INTAKE, wake).await
 }
 
 /// Records that the environment was used at `now` (its host got requests): the idle timeout

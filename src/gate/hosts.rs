@@ -24,6 +24,8 @@ const MAX_HOST_LENGTH: usize = 253;
 pub struct Holder {
     pub namespace: String,
     pub name: String,
+    /// Its head commit (never shown: the wake records it, see `records::wake_for_request`).
+    pub head: String,
     /// `spec.sleep`: asleep or falling asleep; a request wakes it.
     pub asleep: bool,
     /// `metadata.generation`: the version of its spec (each sleep and wake is a new one).
@@ -75,6 +77,7 @@ pub fn holders<'a>(
         let holder = Holder {
             namespace: environment.metadata.namespace.clone().unwrap_or_default(),
             name: environment.metadata.name.clone().unwrap_or_default(),
+            head: environment.spec.source.head_sha.clone(),
             asleep: environment.spec.sleep,
             generation: environment.metadata.generation.unwrap_or_default(),
             phase: status.phase,

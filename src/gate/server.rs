@@ -55,12 +55,14 @@ impl Default for Bounds {
     }
 }
 
-/// Wakes an environment; the cluster's record in previewd, a recording in tests.
+/// Wakes an environment (at its head commit `head`); the cluster's record in previewd, a
+/// recording in tests.
 pub trait Waker: Send + Sync + 'static {
     fn wake<'a>(
         &'a self,
         namespace: &'a str,
         name: &'a str,
+        head: &'a str,
     ) -> Pin<Box<dyn Future<Output = Result<(), String>> + Send + 'a>>;
 }
 
@@ -85,10 +87,11 @@ impl Waker for ClusterWaker {
         &'a self,
         namespace: &'a str,
         name: &'a str,
+        head: &'a str,
     ) -> Pin<Box<dyn Future<Output = Result<(), String>> + Send + 'a>> {
         Box::pin(async move {
             let now = chrono::Utc::now();
-            let request = records::wake_for_request(&self.client, namespace, name, now);
+            let request = records::wake_for_request(&self.client, namespace, name, head, now);
             match self.writer.write("gate_wake", request).await {
                 Ok(_) => Ok(()),
                 Err(error) => Err(error.to_string()),
@@ -182,8 +185,9 @@ impl Gate {
     fn wake_in_background(self: &Arc<Self>, holder: &Holder, client: IpAddr, spent_at: Instant) {
         let gate = self.clone();
         let (namespace, name) = (holder.namespace.clone(), holder.name.clone());
+        let head = holder.head.clone();
         tokio::spawn(async move {
-            match gate.waker.wake(&namespace, &name).await {
+            match gate.waker.wake(&namespace, &name, &head).await {
                 Ok(()) => {
                     tracing::info!(environment = %name, %namespace, "a request wakes the environment")
                 }
@@ -307,6 +311,7 @@ mod tests {
     impl Waker for Counting {
         fn wake<'a>(
             &'a self,
+            _: &'a str,
             _: &'a str,
             _: &'a str,
         ) -> Pin<Box<dyn Future<Output = Result<(), String>> + Send + 'a>> {

@@ -33,6 +33,12 @@ pub const LABEL_PULL_REQUEST: &str = "previewd.dev/pull-request";
 /// Label on seed Jobs: the seed's name in the template.
 pub const LABEL_SEED: &str = "previewd.dev/seed";
 
+/// Annotation the wake gate writes on an environment it wakes: the head commit it woke. While
+/// the head is still that commit (no push since) and no writer's command came, the environment
+/// runs only for a visitor, and yields its slot to one its author waits for
+/// (`reconcile::queue`).
+pub const ANNOTATION_WOKEN_BY_REQUEST: &str = "previewd.dev/woken-by-request";
+
 /// Annotation on a rendered object: its wave (default 0); later waves wait for earlier ones.
 pub const ANNOTATION_WAVE: &str = "previewd.dev/wave";
 /// Annotation on pod templates, set by `/preview deploy`: a new value restarts every workload.

@@ -1,7 +1,8 @@
 //! The hold step: whether an environment may deploy now. A fork pull request waits for its
 //! approval (or is never deployed, by the template's fork policy); beyond the template's cap of
-//! concurrent environments it queues, oldest first. Also hands a freed slot to the next in
-//! line.
+//! concurrent environments it queues, authors' claims before visitors' and each in the order
+//! it was made (`queue`), and puts to sleep a peer that runs only for a visitor when it may
+//! have that one's slot ([`displace`]). Also hands a freed slot to the next in line.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -23,6 +24,9 @@ use crate::model::crd::{
 pub struct Hold {
     pub status: PreviewEnvironmentStatus,
     pub requeue: Duration,
+    /// A peer running only for a visitor, to put to sleep so that this one (an author's) has
+    /// its slot (`queue::Admission::Queued::displaces`).
+    pub displace: Option<String>,
 }
 
 /// Why `environment` may not deploy now, if it may not.
@@ -37,6 +41,7 @@ pub fn hold(
         return Some(Hold {
             status: awaiting_approval(environment, template, now),
             requeue: resync,
+            displace: None,
         });
     }
     if environment.spec.sleep {
@@ -46,15 +51,28 @@ pub fn hold(
     let peers: Vec<&PreviewEnvironment> = peers.iter().map(|p| p.as_ref()).collect();
     match queue::admission(environment, &peers, template) {
         Admission::Run => None,
-        Admission::Queued { position, cap } => {
-            let message = format!(
-                "The template runs at most {cap} environments at once; this one starts when one of them is removed or goes to sleep."
-            );
+        Admission::Queued {
+            position,
+            cap,
+            displaces,
+        } => {
+            let message = match &displaces {
+                Some(_) => format!(
+                    "The template runs at most {cap} environments at once; this one starts as soon as one that only a visit to its URL woke goes back to sleep for it."
+                ),
+                None => format!(
+                    "The template runs at most {cap} environments at once; this one starts when one of them is removed or goes to sleep."
+                ),
+            };
             let mut status = held_status(environment, Phase::Queued, "Queued", &message, None, now);
             status.queue_position = Some(position);
             // The slot is normally handed over at once (see `start_queued`); this is the net.
             let requeue = Duration::from_secs(30).min(resync);
-            Some(Hold { status, requeue })
+            Some(Hold {
+                status,
+                requeue,
+                displace: displaces,
+            })
         }
     }
 }
@@ -148,4 +166,24 @@ pub fn start_queued(environment: &PreviewEnvironment, context: &Context) {
             let _ = context.reconcile_trigger.send(reference);
         }
     }
+}
+
+/// Puts `name`, a peer of `environment` that runs only because a request woke it, to sleep,
+/// so that `environment` (its author's) has its slot; the sleep hands the slot over
+/// ([`start_queued`]). A write like the sweep's, counted as `queue_displace`.
+pub async fn displace(
+    environment: &PreviewEnvironment,
+    name: &str,
+    context: &Context,
+) -> Result<(), kube::Error> {
+    let namespace = environment.namespace().unwrap_or_default();
+    let sleep = crate::cluster::records::put_to_sleep(&context.client, &namespace, name);
+    context.writer.write("queue_displace", sleep).await?;
+    tracing::info!(
+        environment = %name,
+        %namespace,
+        waiting = %environment.name_any(),
+        "an environment only a visit woke goes back to sleep for one its author waits for"
+    );
+    Ok(())
 }

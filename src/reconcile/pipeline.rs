@@ -1,6 +1,7 @@
 //! One reconcile of a live `PreviewEnvironment`, as a list of named steps:
 //!
-//! resolve the template → hold (fork approval, queue) → checks (a new commit waits for CI;
+//! resolve the template → hold (fork approval, queue; a visitor's slot handed to an author's
+//! environment) → checks (a new commit waits for CI;
 //! the commit deployed before keeps being reconciled meanwhile) → set aside? (a commit whose
 //! render exhausted a worker or an engine, [`quarantine`]) → resolve the manifests → render the
 //! Helm chart and build the Kustomize overlay, if any (`helm template`, `kubectl kustomize`,
@@ -27,7 +28,7 @@ use kube::runtime::reflector::ObjectRef;
 use super::checks::{self, Admission, Held};
 use super::context::{Context, EnvironmentRef};
 use super::error::{ReconcileError, Refusal, RefusalReason, Stop};
-use super::hold::{hold, start_queued};
+use super::hold::{displace, hold, start_queued};
 use super::metrics::Observations;
 use super::plan::{Limits, Plan, host_claims, place_request, plan_rendered, templates_request};
 use super::renders::renderer::Renderer;
@@ -56,6 +57,11 @@ pub async fn reconcile_environment(
         Err(refusal) => return refuse(environment, context, refusal, None, None).await,
     };
     if let Some(hold) = hold(environment, &template, context, Utc::now()) {
+        if let Some(visitor) = &hold.displace
+            && let Err(e) = displace(environment, visitor, context).await
+        {
+            tracing::warn!(error = %e, environment = %visitor, "could not put an environment only a visit woke to sleep; the queue's next look tries again");
+        }
         write_status(environment, context, hold.status).await?;
         return Ok(Action::requeue(hold.requeue));
     }

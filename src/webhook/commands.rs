@@ -19,7 +19,8 @@ use crate::forge::{Comment, ForgeEvent};
 use crate::model::crd::{ForkPolicy, PreviewEnvironment, PreviewTemplate};
 use crate::model::durations::parse_duration;
 use crate::model::metadata::{
-    ANNOTATION_LAST_COMMAND, CommandReply, FIELD_MANAGER_COMMANDS, quote_user_text,
+    ANNOTATION_LAST_COMMAND, ANNOTATION_WOKEN_BY_REQUEST, CommandReply, FIELD_MANAGER_COMMANDS,
+    quote_user_text,
 };
 
 /// The longest `/preview extend` accepted.
@@ -222,12 +223,13 @@ pub fn effect(
             format!("approved commit `{short_sha}` of the fork; a new push needs a new approval"),
         ),
     };
-    Effect::Patch(patch_with_answer(
-        changes,
-        &command.to_string(),
-        user,
-        &answer,
-    ))
+    let acts = changes.get("lastActivity").is_some();
+    let mut patch = patch_with_answer(changes, &command.to_string(), user, &answer);
+    if acts {
+        // A writer acted on it: it runs for its author now, not only for a visitor.
+        patch["metadata"]["annotations"][ANNOTATION_WOKEN_BY_REQUEST] = Value::Null;
+    }
+    Effect::Patch(patch)
 }
 
 /// `/preview deploy`: restart every workload; a head commit that waits for its checks deploys
@@ -471,9 +473,38 @@ mod tests {
             (approve, &fork),
         ];
         for (command, environment) in acting {
-            let spec = spec_of(effect(&command, environment, &approving, "octocat", now()));
-            assert_eq!(spec["lastActivity"], "2026-11-22T10:00:00Z", "{command}");
+            let Effect::Patch(patch) = effect(&command, environment, &approving, "octocat", now())
+            else {
+                panic!("{command} patches");
+            };
+            assert_eq!(
+                patch["spec"]["lastActivity"], "2026-11-22T10:00:00Z",
+                "{command}"
+            );
+            // A writer acted: the environment is its author's again, not a visitor's
+            // (`reconcile::queue::Claim`).
+            let annotations = &patch["metadata"]["annotations"];
+            assert!(
+                annotations[ANNOTATION_WOKEN_BY_REQUEST].is_null(),
+                "{command}"
+            );
+            assert!(
+                annotations
+                    .as_object()
+                    .unwrap()
+                    .contains_key(ANNOTATION_WOKEN_BY_REQUEST)
+            );
         }
+        let Effect::Patch(refused) = refusal("wake", "stranger", "refused") else {
+            panic!("a refusal answers");
+        };
+        assert!(
+            !refused["metadata"]["annotations"]
+                .as_object()
+                .unwrap()
+                .contains_key(ANNOTATION_WOKEN_BY_REQUEST),
+            "a refused command changes nothing of the claim"
+        );
         assert!(matches!(
             effect(&CommentCommand::Destroy, &env, &approving, "octocat", now()),
             Effect::Delete(_)

@@ -46,9 +46,10 @@ impl Waker for CountingWaker {
         &'a self,
         namespace: &'a str,
         name: &'a str,
+        head: &'a str,
     ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), String>> + Send + 'a>> {
         self.wakes.fetch_add(1, Ordering::SeqCst);
-        self.inner.wake(namespace, name)
+        self.inner.wake(namespace, name, head)
     }
 }
 
@@ -318,6 +319,7 @@ impl Waker for Tally {
         &'a self,
         _namespace: &'a str,
         _name: &'a str,
+        _head: &'a str,
     ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), String>> + Send + 'a>> {
         self.0.fetch_add(1, Ordering::SeqCst);
         Box::pin(async { Ok(()) })

@@ -249,6 +249,82 @@ async fn beyond_the_cap_a_pull_request_queues_and_a_destroy_starts_it() {
     .await;
 }
 
+/// Anyone who can reach a preview URL may wake its environment; under `maxEnvironments` that
+/// must not keep a new pull request waiting. The first pull request's environment sleeps, the
+/// wake gate wakes it (the gate's own write, `records::wake_for_request`) into the only slot,
+/// and a second pull request opens: the woken environment, which runs only for a visitor, goes
+/// back to sleep for it and the new one deploys. On the code before, the new pull request
+/// stayed queued behind the old one for as long as visitors kept it awake.
+#[tokio::test]
+async fn a_new_pull_request_takes_the_slot_of_an_environment_only_a_visit_woke() {
+    in_namespace("lifecycle-visitor", |client, ns| async move {
+        let forge = github_forge().await;
+        let harness = capped(&client, &ns, &forge, 1).await;
+        let old = harness.open_pull_request(31, &"31".repeat(20)).await;
+        wait_for_phase(
+            &harness.environments,
+            &old,
+            Phase::Ready,
+            Duration::from_secs(60),
+        )
+        .await;
+        let sleep = json!({"spec": {"sleep": true}});
+        harness
+            .environments
+            .patch(&old, &PatchParams::default(), &Patch::Merge(&sleep))
+            .await
+            .unwrap();
+        wait_for_phase(
+            &harness.environments,
+            &old,
+            Phase::Sleeping,
+            Duration::from_secs(60),
+        )
+        .await;
+        let head = "31".repeat(20);
+        previewd::cluster::records::wake_for_request(&client, &ns, &old, &head, chrono::Utc::now())
+            .await
+            .unwrap();
+        wait_for_phase(
+            &harness.environments,
+            &old,
+            Phase::Ready,
+            Duration::from_secs(60),
+        )
+        .await;
+        let new = harness.open_pull_request(32, &"32".repeat(20)).await;
+        wait_for_phase(
+            &harness.environments,
+            &new,
+            Phase::Ready,
+            Duration::from_secs(60),
+        )
+        .await;
+        let displaced = harness.environments.get(&old).await.unwrap();
+        assert!(
+            displaced.spec.sleep,
+            "the visitor's environment went back to sleep"
+        );
+        // Woken by a visit again, it waits behind the author's environment: queued, not running.
+        previewd::cluster::records::wake_for_request(&client, &ns, &old, &head, chrono::Utc::now())
+            .await
+            .unwrap();
+        let queued = wait_for_phase(
+            &harness.environments,
+            &old,
+            Phase::Queued,
+            Duration::from_secs(60),
+        )
+        .await;
+        assert_eq!(queued.status.unwrap().queue_position, Some(1));
+        assert!(
+            !harness.environments.get(&new).await.unwrap().spec.sleep,
+            "the author's keeps its slot"
+        );
+    })
+    .await;
+}
+
 /// The queue's own check: when no hand-over comes (an administrator removed a stuck
 /// environment by clearing its finalizer, so previewd never ran its cleanup and never handed
 /// its slot on), the queued environment looks again on its own within 30 s and starts.
