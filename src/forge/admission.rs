@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use super::budget::{ContentBudgets, ContentLimits, NotNow, Urgency};
+use super::budget::{ContentBudgets, ContentLimits, NotNow, Party, Urgency};
 use super::metrics::ForgeMetrics;
 use super::report_plan::PlannedPart;
 use super::transport::ForgeApiError;
@@ -30,10 +30,12 @@ pub fn urgency_of(phase: Phase, only_a_comment_edit: bool) -> Urgency {
     }
 }
 
-/// One environment's report, for the budget: its UID, the budget it spends, its forge, and
-/// the phase it reports (`None`: the environment is gone).
+/// One environment's report, for the budget: its UID, the repository it previews (the shares
+/// of the budget are per environment and per repository), the budget it spends, its forge,
+/// and the phase it reports (`None`: the environment is gone).
 pub struct Asking<'a> {
     pub environment: &'a str,
+    pub repository: &'a str,
     pub budget: &'a str,
     pub forge: ForgeKind,
     pub phase: Option<Phase>,
@@ -111,7 +113,11 @@ impl Admissions {
             budget.leave_line(asking.environment);
             return Ok(None);
         }
-        match budget.admit(asking.environment, requests, urgency) {
+        let party = Party {
+            environment: asking.environment,
+            repository: asking.repository,
+        };
+        match budget.admit(&party, requests, urgency) {
             Ok(at) => {
                 if let Some(phase) = asking.phase {
                     self.reported()
@@ -233,6 +239,7 @@ mod tests {
         let admissions = Admissions::new(limits, metrics);
         let asking = |phase| Asking {
             environment: "a",
+            repository: "org/web",
             budget: "installation-1",
             forge: ForgeKind::Github,
             phase: Some(phase),
@@ -246,10 +253,14 @@ mod tests {
                 &["deployment", "deployment_status", "commit_status"],
             ),
         ];
-        admissions
-            .admit(&asking(Phase::Ready), ready)
-            .unwrap()
-            .unwrap();
+        // Another environment's final report takes 4 of 8; `a` reported Ready before.
+        let other = Asking {
+            environment: "x",
+            repository: "org/other",
+            ..asking(Phase::Ready)
+        };
+        admissions.admit(&other, ready).unwrap().unwrap();
+        admissions.reported().insert("a".into(), Phase::Ready);
         // 4 of 8 spent: a command's reply (the comment alone, still Ready) would leave less
         // than the quarter kept for final reports... after two of them.
         admissions
@@ -280,6 +291,7 @@ mod tests {
         let admissions = Admissions::new(limits, metrics.clone());
         let asking = |environment, phase| Asking {
             environment,
+            repository: "org/web",
             budget: "installation-1",
             forge: ForgeKind::Github,
             phase: Some(phase),
@@ -333,7 +345,14 @@ mod tests {
         assert_eq!(count(&metrics, "comment", "sent"), 1);
         assert_eq!(count(&metrics, "deployment", "sent"), 0);
         let budget = admissions.budgets.of("installation-2");
-        let third = budget.admit("c", 7, Urgency::Final);
+        let third = budget.admit(
+            &Party {
+                environment: "c",
+                repository: "org/other",
+            },
+            7,
+            Urgency::Final,
+        );
         assert!(third.is_ok(), "7 of the 8 are free again: {third:?}");
         assert_eq!(
             count(&metrics, "comment", "superseded"),

@@ -13,6 +13,16 @@
 //! reports (Pending, Deploying, Seeding) go out only while a quarter of each window is left
 //! and no final report waits. An intermediate report that does not fit is not sent at all:
 //! the next report of that environment says something newer.
+//!
+//! Fair shares inside each budget: one installation or token serves many repositories and
+//! environments, and one author pushing every few seconds would otherwise spend the hour in
+//! its first minutes and hold every other team's final reports back until it rolls over. So
+//! each environment may spend at most a quarter of each window and each repository at most
+//! half while others spend too ([`ContentBudget::share_turn`]; a report beyond its share waits
+//! for its own share, not in the line, and its next report says the newest state), and the
+//! last quarter of each window serves only environments that spent little in it
+//! ([`light_reserve`]): a quiet environment's final report finds room however busy its
+//! neighbours are.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
@@ -74,10 +84,24 @@ pub struct ContentBudget {
     state: Mutex<BudgetState>,
 }
 
+/// Who spends: an environment (its UID) and the repository it previews.
+#[derive(Clone, Copy, Debug)]
+pub struct Party<'a> {
+    pub environment: &'a str,
+    pub repository: &'a str,
+}
+
+/// One request let through: when, and for whom.
+struct Sent {
+    at: Instant,
+    environment: Arc<str>,
+    repository: Arc<str>,
+}
+
 #[derive(Default)]
 struct BudgetState {
-    /// When each request of the last hour was let through, oldest first.
-    sent: VecDeque<Instant>,
+    /// Each request of the last hour let through, oldest first.
+    sent: VecDeque<Sent>,
     /// Until when the forge asked for no more (a secondary-limit answer).
     paused_until: Option<Instant>,
     /// Final reports waiting their turn, first come first.
@@ -111,24 +135,25 @@ impl ContentBudget {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// Lets environment `key`'s report of `requests` content-creating requests through now
-    /// (and counts them), or says when to ask again.
+    /// Lets `party`'s report of `requests` content-creating requests through now (and counts
+    /// them), or says when to ask again.
     /// Returns when they were counted, for [`ContentBudget::refund`].
-    pub fn admit(&self, key: &str, requests: u32, urgency: Urgency) -> Result<Instant, NotNow> {
-        self.admit_at(key, requests, urgency, Instant::now())
+    pub fn admit(&self, party: &Party, requests: u32, urgency: Urgency) -> Result<Instant, NotNow> {
+        self.admit_at(party, requests, urgency, Instant::now())
     }
 
     fn admit_at(
         &self,
-        key: &str,
+        party: &Party,
         requests: u32,
         urgency: Urgency,
         now: Instant,
     ) -> Result<Instant, NotNow> {
-        // More than a window holds could never go: it goes when the window is empty.
+        let key = party.environment;
+        // More than a share holds could never go: it goes when the share is empty.
         let requests = requests
-            .min(self.limits.per_minute)
-            .min(self.limits.per_hour);
+            .min(share(self.limits.per_minute, 4))
+            .min(share(self.limits.per_hour, 4));
         let mut state = self.lock();
         state.forget_before(now);
         if urgency == Urgency::Intermediate {
@@ -140,6 +165,13 @@ impl ContentBudget {
                 state.wait_in_line(key, requests, until);
             }
             return Err(NotNow { wait: until - now });
+        }
+        if let Some(turn) = self.share_turn(&state, party, requests, now) {
+            // Its own share is spent: it waits for that, holding nobody else up.
+            state.line.retain(|waiting| waiting.key != key);
+            return Err(NotNow {
+                wait: turn.saturating_duration_since(now).max(LEAST_WAIT),
+            });
         }
         let ahead = state.requests_ahead_of(key);
         if urgency == Urgency::Intermediate
@@ -154,7 +186,12 @@ impl ContentBudget {
                     .max(LEAST_WAIT * 5),
             });
         }
+        let heavy = self.heavy(&state, party, requests, now);
         let reserve = match urgency {
+            Urgency::Final if heavy => (
+                light_reserve(self.limits.per_minute),
+                light_reserve(self.limits.per_hour),
+            ),
             Urgency::Final => (0, 0),
             Urgency::Intermediate => (self.limits.per_minute / 4, self.limits.per_hour / 4),
         };
@@ -163,18 +200,83 @@ impl ContentBudget {
         if room.0 >= needed.saturating_add(reserve.0) && room.1 >= needed.saturating_add(reserve.1)
         {
             state.line.retain(|waiting| waiting.key != key);
+            let (environment, repository): (Arc<str>, Arc<str>) =
+                (party.environment.into(), party.repository.into());
             for _ in 0..requests {
-                state.sent.push_back(now);
+                state.sent.push_back(Sent {
+                    at: now,
+                    environment: environment.clone(),
+                    repository: repository.clone(),
+                });
             }
             return Ok(now);
         }
         let turn = self.room_for(&state, needed.saturating_add(reserve.0), now);
-        if urgency == Urgency::Final {
+        // A heavy spender's final report does not wait in line: the line's turns come out of
+        // the whole window, and the last quarter is not its to wait for.
+        if urgency == Urgency::Final && !heavy {
             state.wait_in_line(key, requests, turn);
+        } else {
+            state.line.retain(|waiting| waiting.key != key);
         }
         Err(NotNow {
             wait: turn.saturating_duration_since(now).max(LEAST_WAIT),
         })
+    }
+
+    /// When `party`'s own shares have room for `requests` more, if they have none now: an
+    /// environment may spend a quarter of each window, and a repository half while another
+    /// repository spends in that window too (a token that serves one repository loses
+    /// nothing by it).
+    fn share_turn(
+        &self,
+        state: &BudgetState,
+        party: &Party,
+        requests: u32,
+        now: Instant,
+    ) -> Option<Instant> {
+        let mut turn = None;
+        for (by_repository, part) in [(false, 4), (true, 2)] {
+            let whose = |sent: &&Sent| match by_repository {
+                false => &*sent.environment == party.environment,
+                true => &*sent.repository == party.repository,
+            };
+            for (window, limit) in self.windows() {
+                let shared = state
+                    .sent
+                    .iter()
+                    .any(|sent| now - sent.at < window && &*sent.repository != party.repository);
+                if by_repository && !shared {
+                    continue;
+                }
+                let own = state.sent.iter().filter(whose).map(|sent| sent.at);
+                if let Some(at) = turn_within(own, window, share(limit, part), requests, now) {
+                    turn = Some(turn.map_or(at, |t: Instant| t.max(at)));
+                }
+            }
+        }
+        turn
+    }
+
+    /// Whether `party`'s environment spent more than an eighth of either window (with
+    /// `requests`): it may not use the last quarter, kept for those that spent little.
+    fn heavy(&self, state: &BudgetState, party: &Party, requests: u32, now: Instant) -> bool {
+        self.windows().into_iter().any(|(window, limit)| {
+            let spent = state
+                .sent
+                .iter()
+                .filter(|sent| &*sent.environment == party.environment && now - sent.at < window)
+                .count();
+            let spent = u32::try_from(spent).unwrap_or(u32::MAX);
+            spent.saturating_add(requests) > share(limit, 8)
+        })
+    }
+
+    fn windows(&self) -> [(Duration, u32); 2] {
+        [
+            (MINUTE, self.limits.per_minute),
+            (HOUR, self.limits.per_hour),
+        ]
     }
 
     /// Gives back `requests` of those let through `at` that were never sent (the report
@@ -183,7 +285,7 @@ impl ContentBudget {
     pub fn refund(&self, at: Instant, requests: u32) {
         let mut state = self.lock();
         for _ in 0..requests {
-            match state.sent.iter().rposition(|sent| *sent == at) {
+            match state.sent.iter().rposition(|sent| sent.at == at) {
                 Some(index) => {
                     state.sent.remove(index);
                 }
@@ -217,7 +319,11 @@ impl ContentBudget {
 
     /// Requests the windows allow now: (this minute, this hour).
     fn room(&self, state: &BudgetState, now: Instant) -> (u32, u32) {
-        let in_minute = state.sent.iter().rev().take_while(|at| now - **at < MINUTE);
+        let in_minute = state
+            .sent
+            .iter()
+            .rev()
+            .take_while(|sent| now - sent.at < MINUTE);
         let in_minute = u32::try_from(in_minute.count()).unwrap_or(u32::MAX);
         let in_hour = u32::try_from(state.sent.len()).unwrap_or(u32::MAX);
         (
@@ -226,46 +332,63 @@ impl ContentBudget {
         )
     }
 
-    /// When both windows will have room for `needed` requests, if nothing else is sent: the
-    /// oldest requests that must age out first, out of each window.
+    /// When both windows will have room for `needed` requests, if nothing else is sent.
     fn room_for(&self, state: &BudgetState, needed: u32, now: Instant) -> Instant {
         let mut turn = now;
-        for (window, limit) in [
-            (MINUTE, self.limits.per_minute),
-            (HOUR, self.limits.per_hour),
-        ] {
-            let inside: Vec<Instant> = state
-                .sent
-                .iter()
-                .copied()
-                .filter(|at| now - *at < window)
-                .collect();
-            let over = (inside.len() as u64 + u64::from(needed)).saturating_sub(u64::from(limit));
-            if over == 0 {
-                continue;
+        for (window, limit) in self.windows() {
+            let sent = state.sent.iter().map(|sent| sent.at);
+            if let Some(at) = turn_within(sent, window, limit, needed, now) {
+                turn = turn.max(at);
             }
-            // The `over`-th oldest request of the window must age out first; past all of
-            // them, each further window lets `limit` through.
-            let at = match usize::try_from(over - 1).ok().and_then(|i| inside.get(i)) {
-                Some(oldest) => *oldest + window,
-                None => {
-                    let beyond = over - inside.len() as u64;
-                    let windows = beyond.div_ceil(u64::from(limit.max(1)));
-                    let windows = u32::try_from(windows).unwrap_or(u32::MAX);
-                    let all_out = inside.last().map_or(now, |last| *last + window);
-                    all_out + window.saturating_mul(windows).min(HOUR * 24)
-                }
-            };
-            turn = turn.max(at);
         }
         turn
     }
 }
 
+/// `part`-th of `limit` (a quarter, a half, an eighth), never less than one report.
+fn share(limit: u32, part: u32) -> u32 {
+    (limit / part.max(1)).max(MOST_REQUESTS_PER_REPORT)
+}
+
+/// The last quarter of a window of `limit`, kept for environments that spent little in it; none
+/// where the window holds little more than one report.
+fn light_reserve(limit: u32) -> u32 {
+    (limit / 4).min(limit.saturating_sub(MOST_REQUESTS_PER_REPORT))
+}
+
+/// When `needed` more requests fit under `limit` in `window`, given the times `sent` (oldest
+/// first) of those already counted; `None` when they fit now. The oldest that must age out
+/// first decides; past all of them, each further window lets `limit` through.
+fn turn_within(
+    sent: impl Iterator<Item = Instant>,
+    window: Duration,
+    limit: u32,
+    needed: u32,
+    now: Instant,
+) -> Option<Instant> {
+    let inside: Vec<Instant> = sent.filter(|at| now - *at < window).collect();
+    let over = (inside.len() as u64 + u64::from(needed)).saturating_sub(u64::from(limit));
+    if over == 0 {
+        return None;
+    }
+    Some(
+        match usize::try_from(over - 1).ok().and_then(|i| inside.get(i)) {
+            Some(oldest) => *oldest + window,
+            None => {
+                let beyond = over - inside.len() as u64;
+                let windows = beyond.div_ceil(u64::from(limit.max(1)));
+                let windows = u32::try_from(windows).unwrap_or(u32::MAX);
+                let all_out = inside.last().map_or(now, |last| *last + window);
+                all_out + window.saturating_mul(windows).min(HOUR * 24)
+            }
+        },
+    )
+}
+
 impl BudgetState {
     /// Drops requests older than the hour, and waiting reports that did not come back.
     fn forget_before(&mut self, now: Instant) {
-        while self.sent.front().is_some_and(|at| now - *at >= HOUR) {
+        while self.sent.front().is_some_and(|sent| now - sent.at >= HOUR) {
             self.sent.pop_front();
         }
         self.line.retain(|waiting| waiting.turn + TURN_GRACE > now);
@@ -347,6 +470,14 @@ impl ContentBudgets {
 mod tests {
     use super::*;
 
+    /// Environment `key` of a repository of its own.
+    fn party(key: &str) -> Party<'_> {
+        Party {
+            environment: key,
+            repository: key,
+        }
+    }
+
     fn budget(per_minute: u32, per_hour: u32) -> ContentBudget {
         ContentBudget::new(ContentLimits {
             per_minute,
@@ -359,10 +490,14 @@ mod tests {
         let budget = budget(80, 500);
         let start = Instant::now();
         let mut let_through: Vec<Instant> = Vec::new();
-        // A final report of 4 requests asked for every second for two hours.
+        // A final report of 4 requests asked for every second for two hours, by 30
+        // environments in turn (each spends little: the whole budget is theirs; each comes
+        // back within its turn's grace).
+        let keys: Vec<String> = (0..30).map(|i| format!("env-{i}")).collect();
         for second in 0..7_200u64 {
             let now = start + Duration::from_secs(second);
-            if budget.admit_at("env", 4, Urgency::Final, now).is_ok() {
+            let key = &keys[(second % 30) as usize];
+            if budget.admit_at(&party(key), 4, Urgency::Final, now).is_ok() {
                 let_through.extend([now; 4]);
             }
         }
@@ -380,24 +515,137 @@ mod tests {
     }
 
     #[test]
+    fn one_environment_spends_a_quarter_of_each_window_and_one_repository_half() {
+        let budget = budget(70, 450);
+        let now = Instant::now();
+        // Two repositories share the token.
+        let elsewhere = Party {
+            environment: "z",
+            repository: "org/api",
+        };
+        budget.admit_at(&elsewhere, 5, Urgency::Final, now).unwrap();
+        let busy = Party {
+            environment: "busy",
+            repository: "org/web",
+        };
+        let mut sent = 0;
+        for _ in 0..10 {
+            if budget.admit_at(&busy, 5, Urgency::Final, now).is_ok() {
+                sent += 5;
+            }
+        }
+        assert_eq!(
+            sent, 15,
+            "a quarter of the minute's 70 holds three reports of 5"
+        );
+        let refused = budget.admit_at(&busy, 5, Urgency::Final, now).unwrap_err();
+        assert!(
+            refused.wait >= Duration::from_secs(59),
+            "its own share frees in a minute: {refused:?}"
+        );
+        assert!(
+            budget.lock().line.is_empty(),
+            "it waits for its share, not in the line"
+        );
+        // Its repository's other environments share half the minute with it: 35.
+        let mut repository = 15;
+        for environment in ["b", "c", "d", "e"] {
+            let neighbour = Party {
+                environment,
+                repository: "org/web",
+            };
+            while budget.admit_at(&neighbour, 5, Urgency::Final, now).is_ok() {
+                repository += 5;
+            }
+        }
+        assert_eq!(repository, 35);
+        // The other repository still has the rest.
+        let next_door = Party {
+            environment: "y",
+            repository: "org/api",
+        };
+        budget.admit_at(&next_door, 5, Urgency::Final, now).unwrap();
+        // Alone on its token, a repository may spend it all (its environments a quarter each).
+        let alone = super::ContentBudget::new(ContentLimits {
+            per_minute: 70,
+            per_hour: 450,
+        });
+        let mut spent = 0;
+        for environment in ["a", "b", "c", "d", "e", "f"] {
+            let party = Party {
+                environment,
+                repository: "org/web",
+            };
+            while alone.admit_at(&party, 5, Urgency::Final, now).is_ok() {
+                spent += 5;
+            }
+        }
+        assert!(spent > 35, "{spent}");
+    }
+
+    #[test]
+    fn a_quiet_environments_final_report_finds_room_however_busy_its_neighbours_are() {
+        let budget = budget(70, 450);
+        let start = Instant::now();
+        // Three busy environments of three repositories ask every second for an hour; a
+        // quiet one reports every ten minutes (30 of the hour: under an eighth of it).
+        let busy: Vec<Party> = ["a", "b", "c"]
+            .iter()
+            .map(|key| Party {
+                environment: key,
+                repository: key,
+            })
+            .collect();
+        let quiet = party("quiet");
+        let mut busy_sent = 0;
+        for second in 0..3_600u64 {
+            let now = start + Duration::from_secs(second);
+            for party in &busy {
+                if budget.admit_at(party, 5, Urgency::Final, now).is_ok() {
+                    busy_sent += 5;
+                }
+            }
+            if second % 600 == 599 {
+                let report = budget.admit_at(&quiet, 5, Urgency::Final, now);
+                assert!(report.is_ok(), "at {second} s: {report:?}");
+            }
+        }
+        assert!(
+            busy_sent <= 450 * 3 / 4,
+            "the busy ones leave the last quarter: {busy_sent}"
+        );
+        assert!(busy_sent >= 450 / 2, "and use what they may: {busy_sent}");
+    }
+
+    #[test]
     fn final_reports_go_before_intermediate_ones_and_wait_their_turn_in_line() {
         let budget = budget(20, 500);
         let now = Instant::now();
         // Half the minute spent: an intermediate report fits while a quarter stays free.
         for key in ["a", "b"] {
-            budget.admit_at(key, 5, Urgency::Final, now).unwrap();
+            budget
+                .admit_at(&party(key), 5, Urgency::Final, now)
+                .unwrap();
         }
-        budget.admit_at("c", 5, Urgency::Intermediate, now).unwrap();
+        budget
+            .admit_at(&party("c"), 5, Urgency::Intermediate, now)
+            .unwrap();
         // 5 left: a quarter (5) must stay for final reports.
-        let refused = budget.admit_at("d", 1, Urgency::Intermediate, now);
+        let refused = budget.admit_at(&party("d"), 1, Urgency::Intermediate, now);
         assert!(
             refused.is_err(),
             "an intermediate report may not take the reserve"
         );
-        budget.admit_at("e", 4, Urgency::Final, now).unwrap();
+        budget
+            .admit_at(&party("e"), 4, Urgency::Final, now)
+            .unwrap();
         // Full: two final reports wait in line, the first one's turn comes first.
-        let first = budget.admit_at("f", 4, Urgency::Final, now).unwrap_err();
-        let second = budget.admit_at("g", 4, Urgency::Final, now).unwrap_err();
+        let first = budget
+            .admit_at(&party("f"), 4, Urgency::Final, now)
+            .unwrap_err();
+        let second = budget
+            .admit_at(&party("g"), 4, Urgency::Final, now)
+            .unwrap_err();
         assert!(
             first.wait <= second.wait && second.wait <= MINUTE,
             "{first:?} {second:?}"
@@ -406,44 +654,60 @@ mod tests {
         let later = now + MINUTE;
         assert!(
             budget
-                .admit_at("h", 1, Urgency::Intermediate, later)
+                .admit_at(&party("h"), 1, Urgency::Intermediate, later)
                 .is_err()
         );
         // The second in line cannot jump the first, who then gets through.
-        budget.admit_at("g", 4, Urgency::Final, later).unwrap();
+        budget
+            .admit_at(&party("g"), 4, Urgency::Final, later)
+            .unwrap();
         // (`g` was let through: 8 requests fit, `f` keeps its 4 ahead of it.)
-        budget.admit_at("f", 4, Urgency::Final, later).unwrap();
+        budget
+            .admit_at(&party("f"), 4, Urgency::Final, later)
+            .unwrap();
     }
 
     #[test]
     fn a_second_in_line_does_not_take_the_room_of_the_first() {
         let budget = budget(5, 500);
         let now = Instant::now();
-        budget.admit_at("a", 5, Urgency::Final, now).unwrap();
         budget
-            .admit_at("first", 5, Urgency::Final, now)
+            .admit_at(&party("a"), 5, Urgency::Final, now)
+            .unwrap();
+        budget
+            .admit_at(&party("first"), 5, Urgency::Final, now)
             .unwrap_err();
         budget
-            .admit_at("second", 5, Urgency::Final, now)
+            .admit_at(&party("second"), 5, Urgency::Final, now)
             .unwrap_err();
         let later = now + MINUTE;
         assert!(
-            budget.admit_at("second", 5, Urgency::Final, later).is_err(),
+            budget
+                .admit_at(&party("second"), 5, Urgency::Final, later)
+                .is_err(),
             "room for 5 is the first one's"
         );
-        budget.admit_at("first", 5, Urgency::Final, later).unwrap();
+        budget
+            .admit_at(&party("first"), 5, Urgency::Final, later)
+            .unwrap();
     }
 
     #[test]
     fn a_report_behind_a_line_longer_than_the_free_room_is_never_told_to_come_back_at_once() {
         let budget = budget(5, 500);
         let now = Instant::now();
-        budget.admit_at("a", 5, Urgency::Final, now).unwrap();
-        budget.admit_at("b", 5, Urgency::Final, now).unwrap_err();
+        budget
+            .admit_at(&party("a"), 5, Urgency::Final, now)
+            .unwrap();
+        budget
+            .admit_at(&party("b"), 5, Urgency::Final, now)
+            .unwrap_err();
         // A minute on, the window is empty but `b` has not come back yet: its 5 are ahead of
         // `d`'s 4, more than the window's 5.
         let later = now + MINUTE + Duration::from_secs(1);
-        let refused = budget.admit_at("d", 4, Urgency::Final, later).unwrap_err();
+        let refused = budget
+            .admit_at(&party("d"), 4, Urgency::Final, later)
+            .unwrap_err();
         assert!(refused.wait >= MINUTE, "{refused:?}");
     }
 
@@ -453,22 +717,26 @@ mod tests {
         // refused, and the estimate of its room must not be "now".
         let hourly = budget(5, 20);
         let now = Instant::now();
-        for minute in 0..3 {
+        for (minute, key) in (0..3).zip(["a1", "a2", "a3"]) {
             let at = now + MINUTE * minute;
-            hourly.admit_at("a", 5, Urgency::Final, at).unwrap();
+            hourly.admit_at(&party(key), 5, Urgency::Final, at).unwrap();
         }
         // 15 of the hour's 20 spent: 1 more would leave less than its quarter (5).
         let later = now + MINUTE * 3;
         let refused = hourly
-            .admit_at("b", 1, Urgency::Intermediate, later)
+            .admit_at(&party("b"), 1, Urgency::Intermediate, later)
             .unwrap_err();
         assert!(refused.wait >= LEAST_WAIT, "{refused:?}");
         // Behind a final report whose turn is due but which has not come back yet.
         let full = budget(5, 500);
-        full.admit_at("c", 5, Urgency::Final, now).unwrap();
-        let turn = now + full.admit_at("d", 5, Urgency::Final, now).unwrap_err().wait;
+        full.admit_at(&party("c"), 5, Urgency::Final, now).unwrap();
+        let turn = now
+            + full
+                .admit_at(&party("d"), 5, Urgency::Final, now)
+                .unwrap_err()
+                .wait;
         let refused = full
-            .admit_at("e", 1, Urgency::Intermediate, turn)
+            .admit_at(&party("e"), 1, Urgency::Intermediate, turn)
             .unwrap_err();
         assert!(refused.wait >= LEAST_WAIT * 5, "{refused:?}");
     }
@@ -477,13 +745,19 @@ mod tests {
     fn a_waiting_report_that_does_not_come_back_holds_nobody_up_for_long() {
         let budget = budget(5, 500);
         let now = Instant::now();
-        budget.admit_at("a", 5, Urgency::Final, now).unwrap();
-        let gone = budget.admit_at("gone", 5, Urgency::Final, now).unwrap_err();
+        budget
+            .admit_at(&party("a"), 5, Urgency::Final, now)
+            .unwrap();
+        let gone = budget
+            .admit_at(&party("gone"), 5, Urgency::Final, now)
+            .unwrap_err();
         let turn = now + gone.wait;
-        budget.admit_at("next", 5, Urgency::Final, now).unwrap_err();
+        budget
+            .admit_at(&party("next"), 5, Urgency::Final, now)
+            .unwrap_err();
         let after_grace = turn + TURN_GRACE;
         budget
-            .admit_at("next", 5, Urgency::Final, after_grace)
+            .admit_at(&party("next"), 5, Urgency::Final, after_grace)
             .unwrap();
     }
 
@@ -491,10 +765,16 @@ mod tests {
     fn a_pause_holds_every_report_and_final_ones_keep_their_place() {
         let budget = budget(80, 500);
         budget.pause(Duration::from_secs(30));
-        let refused = budget.admit("env", 1, Urgency::Final).unwrap_err();
+        let refused = budget.admit(&party("env"), 1, Urgency::Final).unwrap_err();
         assert!(refused.wait > Duration::from_secs(28), "{refused:?}");
-        assert!(budget.admit("other", 1, Urgency::Intermediate).is_err());
+        assert!(
+            budget
+                .admit(&party("other"), 1, Urgency::Intermediate)
+                .is_err()
+        );
         let later = Instant::now() + Duration::from_secs(31);
-        budget.admit_at("env", 1, Urgency::Final, later).unwrap();
+        budget
+            .admit_at(&party("env"), 1, Urgency::Final, later)
+            .unwrap();
     }
 }

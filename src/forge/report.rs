@@ -125,6 +125,7 @@ impl Reporter {
         let uid = environment.uid().unwrap_or_default();
         let asking = Asking {
             environment: &uid,
+            repository: &template.spec.forge.repository,
             budget: &budget,
             forge: template.spec.forge.kind,
             phase: Some(status.phase),
@@ -208,6 +209,7 @@ impl Reporter {
         let uid = environment.uid().unwrap_or_default();
         let asking = Asking {
             environment: &uid,
+            repository: &template.spec.forge.repository,
             budget: &budget,
             forge: template.spec.forge.kind,
             phase: None,

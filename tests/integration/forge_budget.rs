@@ -448,3 +448,52 @@ async fn a_report_waiting_its_turn_brings_its_environment_back_then() {
     })
     .await;
 }
+
+/// One author pushing as fast as they can spends no more than their environment's share of
+/// the token's budget (a quarter of each window): with a budget of 20 a minute, the busy
+/// environment's first final report goes out and its next ones wait for its own share,
+/// holding nobody up; a quiet environment's final report then goes out at once. On the code
+/// before, the busy environment's reports took the whole minute and the quiet one's waited.
+#[tokio::test]
+async fn one_busy_environment_leaves_room_for_the_others_final_reports() {
+    in_namespace("budget-fair-share", |client, ns| async move {
+        let forge = forge_double("github").await;
+        let template = template(&client, &ns, "github", &forge).await;
+        let metrics = ForgeMetrics::new();
+        let limits = ContentLimits {
+            per_minute: 20,
+            per_hour: 500,
+        };
+        let reporter = reporter(&client, &metrics, limits);
+        let heads: Vec<String> = (0..5).map(|i| format!("{i}").repeat(40)).collect();
+        let mut sent = 0;
+        for head in &heads {
+            let busy = environment(&ns, "github", 1, head);
+            let (_, result) = reporter
+                .report(&busy, &template, &status(Phase::Ready, 1))
+                .await;
+            match result {
+                Ok(()) => sent += 1,
+                Err(ForgeCallError::Forge(ForgeApiError::ContentBudget { wait })) => {
+                    assert!(wait > Duration::ZERO, "{wait:?}");
+                }
+                Err(other) => panic!("{other}"),
+            }
+        }
+        assert_eq!(
+            sent, 1,
+            "the busy environment's share of the minute holds one report of 4"
+        );
+        let quiet = environment(&ns, "github", 2, SHA_B);
+        let (record, result) = reporter
+            .report(&quiet, &template, &status(Phase::Ready, 2))
+            .await;
+        result.unwrap();
+        assert!(
+            record.is_some_and(|r| r.status_sha.is_some()),
+            "the quiet one's final report went out"
+        );
+        assert_eq!(commit_states(&forge, SHA_B).await.len(), 1);
+    })
+    .await;
+}
