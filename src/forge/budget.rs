@@ -17,8 +17,8 @@
 //! Fair shares inside each budget: one installation or token serves many repositories and
 //! environments, and one author pushing every few seconds would otherwise spend the hour in
 //! its first minutes and hold every other team's final reports back until it rolls over. So
-//! each environment may spend at most a quarter of each window and each repository at most
-//! half while others spend too ([`ContentBudget::share_turn`]; a report beyond its share waits
+//! each environment may spend at most half of the minute and a quarter of the hour, and each
+//! repository at most half of each while others spend too ([`ContentBudget::share_turn`]; a report beyond its share waits
 //! for its own share, not in the line, and its next report says the newest state), and the
 //! last quarter of each window serves only environments that spent little in it
 //! ([`light_reserve`]): a quiet environment's final report finds room however busy its
@@ -152,7 +152,7 @@ impl ContentBudget {
         let key = party.environment;
         // More than a share holds could never go: it goes when the share is empty.
         let requests = requests
-            .min(share(self.limits.per_minute, 4))
+            .min(share(self.limits.per_minute, 2))
             .min(share(self.limits.per_hour, 4));
         let mut state = self.lock();
         state.forget_before(now);
@@ -225,7 +225,8 @@ impl ContentBudget {
     }
 
     /// When `party`'s own shares have room for `requests` more, if they have none now: an
-    /// environment may spend a quarter of each window, and a repository half while another
+    /// environment may spend half the minute and a quarter of the hour, and a repository half
+    /// of each while another
     /// repository spends in that window too (a token that serves one repository loses
     /// nothing by it).
     fn share_turn(
@@ -236,12 +237,19 @@ impl ContentBudget {
         now: Instant,
     ) -> Option<Instant> {
         let mut turn = None;
-        for (by_repository, part) in [(false, 4), (true, 2)] {
+        for by_repository in [false, true] {
             let whose = |sent: &&Sent| match by_repository {
                 false => &*sent.environment == party.environment,
                 true => &*sent.repository == party.repository,
             };
             for (window, limit) in self.windows() {
+                // An environment's bursts may take half a minute; what it keeps up takes a
+                // quarter of the hour. A repository: half of each.
+                let part = if by_repository || window == MINUTE {
+                    2
+                } else {
+                    4
+                };
                 let shared = state
                     .sent
                     .iter()
@@ -515,7 +523,7 @@ mod tests {
     }
 
     #[test]
-    fn one_environment_spends_a_quarter_of_each_window_and_one_repository_half() {
+    fn one_environment_spends_half_a_minute_a_quarter_of_the_hour_and_one_repository_half() {
         let budget = budget(70, 450);
         let now = Instant::now();
         // Two repositories share the token.
@@ -534,10 +542,7 @@ mod tests {
                 sent += 5;
             }
         }
-        assert_eq!(
-            sent, 15,
-            "a quarter of the minute's 70 holds three reports of 5"
-        );
+        assert_eq!(sent, 35, "half the minute's 70 holds seven reports of 5");
         let refused = budget.admit_at(&busy, 5, Urgency::Final, now).unwrap_err();
         assert!(
             refused.wait >= Duration::from_secs(59),
@@ -547,8 +552,8 @@ mod tests {
             budget.lock().line.is_empty(),
             "it waits for its share, not in the line"
         );
-        // Its repository's other environments share half the minute with it: 35.
-        let mut repository = 15;
+        // Its repository's other environments share that half of the minute with it.
+        let mut repository = 35;
         for environment in ["b", "c", "d", "e"] {
             let neighbour = Party {
                 environment,
@@ -581,6 +586,19 @@ mod tests {
             }
         }
         assert!(spent > 35, "{spent}");
+        // Over an hour, an environment keeps up a quarter of it: 112 of 450.
+        let hourly = ContentBudget::new(ContentLimits {
+            per_minute: 70,
+            per_hour: 450,
+        });
+        let mut kept_up = 0;
+        for minute in 0..60u32 {
+            let at = now + MINUTE * minute;
+            while hourly.admit_at(&busy, 5, Urgency::Final, at).is_ok() {
+                kept_up += 5;
+            }
+        }
+        assert_eq!(kept_up, 110, "22 reports of 5 fit in a quarter of the hour");
     }
 
     #[test]

@@ -13,6 +13,7 @@ use chrono::{DateTime, TimeDelta, Utc};
 use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
 
+use super::refusals::RefusalAnswers;
 use crate::cluster::records;
 use crate::forge::access::WriteAccess;
 use crate::forge::{Comment, ForgeEvent};
@@ -258,11 +259,19 @@ fn deploy_now(
     )
 }
 
+/// Who may give commands (asked of the forge), and which commenters without write access
+/// were answered lately.
+#[derive(Clone, Copy)]
+pub struct Commenters<'a> {
+    pub write_access: &'a WriteAccess,
+    pub refusals: &'a RefusalAnswers,
+}
+
 /// Acts on a comment: returns one line per environment changed (empty when the comment holds
 /// no command, or its pull request has no environment).
 pub async fn handle(
     client: &Client,
-    write_access: &WriteAccess,
+    commenters: Commenters<'_>,
     event: &ForgeEvent,
     comment: &Comment,
     templates: &[Arc<PreviewTemplate>],
@@ -287,7 +296,8 @@ pub async fn handle(
                 Ok(command) => command.to_string(),
                 Err(_) => "/preview".to_string(),
             };
-            let effect = match write_access
+            let effect = match commenters
+                .write_access
                 .has_write_access(template, &comment.author, comment.author_id)
                 .await
             {
@@ -299,11 +309,27 @@ pub async fn handle(
                         "refused: the forge could not be asked whether you may do this; try again in a minute",
                     )
                 }
-                Ok(false) => refusal(
-                    &shown,
-                    &comment.author,
-                    "refused: only people with write access to the repository may run commands",
-                ),
+                Ok(false) => {
+                    let uid = environment.uid().unwrap_or_default();
+                    if !commenters.refusals.may_answer(
+                        &uid,
+                        &comment.author,
+                        std::time::Instant::now(),
+                    ) {
+                        // Answered lately: the comment edit would spend what its final
+                        // reports need (`super::refusals`).
+                        tracing::info!(environment = %name, %namespace, user = %comment.author, command = %shown, "command from someone without write access refused, not answered again");
+                        done.push(format!(
+                            "refused {shown} on {namespace}/{name} (answered lately)"
+                        ));
+                        continue;
+                    }
+                    refusal(
+                        &shown,
+                        &comment.author,
+                        "refused: only people with write access to the repository may run commands",
+                    )
+                }
                 Ok(true) => match &parsed {
                     Err(why) => refusal(&shown, &comment.author, &format!("not understood: {why}")),
                     Ok(command) => effect(command, environment, template, &comment.author, now),

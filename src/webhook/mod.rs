@@ -4,6 +4,7 @@
 //! * [`deliveries`]: delivery ids already handled (redeliveries change nothing twice);
 //! * [`intake`]: what a forge event means for the environments (pure `decide`, then `execute`);
 //! * [`commands`]: `/preview …` comment commands (pure `parse` and `effect`, then `handle`);
+//! * [`refusals`]: how often commenters without write access are answered;
 //! * [`checks`]: CI results recorded on the environments whose new commit waits for them (pure
 //!   `patches`, then `record`);
 //! * [`footprints`]: the environments' footprint by template, on `/metrics`.
@@ -16,4 +17,5 @@ mod deliveries;
 pub mod footprints;
 mod intake;
 pub mod metrics;
+pub mod refusals;
 pub mod server;

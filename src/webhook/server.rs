@@ -55,6 +55,8 @@ pub struct ServerState {
     pub max_body_bytes: usize,
     /// The forge gateway: comment commands ask it who may write.
     pub write_access: Arc<WriteAccess>,
+    /// Answers given lately to commenters without write access.
+    refusals: super::refusals::RefusalAnswers,
     deliveries: DeliveryLog,
     /// Turns for deliveries being handled (body read, checked, written).
     in_flight: tokio::sync::Semaphore,
@@ -97,6 +99,7 @@ impl ServerState {
             metrics,
             max_body_bytes,
             write_access,
+            refusals: Default::default(),
             deliveries: DeliveryLog::default(),
             in_flight: tokio::sync::Semaphore::new(MAX_DELIVERIES_IN_FLIGHT),
             controller_stopped: std::sync::atomic::AtomicBool::new(false),
@@ -697,9 +700,13 @@ async fn act(
 ) -> Result<Acted, kube::Error> {
     let environments = state.caches.environments.state();
     if let EventKind::Comment(comment) = &event.kind {
+        let commenters = super::commands::Commenters {
+            write_access: &state.write_access,
+            refusals: &state.refusals,
+        };
         let lines = super::commands::handle(
             &state.client,
-            &state.write_access,
+            commenters,
             event,
             comment,
             templates,

@@ -450,8 +450,8 @@ async fn a_report_waiting_its_turn_brings_its_environment_back_then() {
 }
 
 /// One author pushing as fast as they can spends no more than their environment's share of
-/// the token's budget (a quarter of each window): with a budget of 20 a minute, the busy
-/// environment's first final report goes out and its next ones wait for its own share,
+/// the token's budget (half the minute, a quarter of the hour): with a budget of 20 a minute,
+/// the busy environment's first two final reports go out and its next ones wait for its share,
 /// holding nobody up; a quiet environment's final report then goes out at once. On the code
 /// before, the busy environment's reports took the whole minute and the quiet one's waited.
 #[tokio::test]
@@ -481,8 +481,8 @@ async fn one_busy_environment_leaves_room_for_the_others_final_reports() {
             }
         }
         assert_eq!(
-            sent, 1,
-            "the busy environment's share of the minute holds one report of 4"
+            sent, 2,
+            "the busy environment's share, half the minute, holds two reports of 4"
         );
         let quiet = environment(&ns, "github", 2, SHA_B);
         let (record, result) = reporter

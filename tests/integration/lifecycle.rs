@@ -455,6 +455,60 @@ async fn remove_behind_previewds_back(
     panic!("previewd kept putting its finalizer back on {name}");
 }
 
+/// Anyone who may comment on a pull request may comment as often as the forge lets them, and
+/// each answer edits the environment's one comment, spending what its final reports need: a
+/// commenter without write access is answered once in ten minutes (the rest refused without an
+/// answer, and said so in the delivery's answer), while a writer is always answered. On the code
+/// before, every refusal was written and rewrote the comment.
+#[tokio::test]
+async fn a_commenter_without_write_access_is_answered_once_however_often_they_comment() {
+    in_namespace("lifecycle-outsider-commands", |client, ns| async move {
+        let forge = github_forge().await;
+        with_permissions(&forge).await;
+        let (harness, name, _) = web_app_ready(&client, &ns, &forge, json!({})).await;
+        let commands = [
+            "/preview sleep",
+            "/preview wake",
+            "/preview extend 1d",
+            "/preview deploy",
+        ];
+        for (i, text) in commands.iter().enumerate() {
+            let (status, body) = harness
+                .signed(
+                    "issue_comment",
+                    &format!("outsider-{i}"),
+                    &comment_on(2, "stranger", text),
+                )
+                .await;
+            assert_eq!(status, 202, "{body}");
+            if i > 0 {
+                assert!(body.to_string().contains("answered lately"), "{body}");
+            }
+        }
+        let environment = harness.environments.get(&name).await.unwrap();
+        let answer = &kube::ResourceExt::annotations(&environment)["previewd.dev/last-command"];
+        assert!(
+            answer.contains("/preview sleep") && answer.contains("stranger"),
+            "{answer}"
+        );
+        let (status, _) = harness
+            .signed(
+                "issue_comment",
+                "writer",
+                &comment_on(2, "maintainer", "/preview extend 3d"),
+            )
+            .await;
+        assert_eq!(status, 202);
+        comment_says(
+            &forge,
+            &name,
+            "`/preview extend 3d` by @maintainer: kept at least until",
+        )
+        .await;
+    })
+    .await;
+}
+
 #[tokio::test]
 async fn comment_commands_from_writers_act_and_from_others_are_refused() {
     in_namespace("lifecycle-commands", |client, ns| async move {
