@@ -7,14 +7,29 @@
 //! reader of the same repository on the same forge, which had to list that repository's tree
 //! (with its own token) to learn the id. Another team's template, pointing its `apiUrl` at a
 //! server of its own, fills only its own entries.
+//!
+//! Reads the cache does not hold spend the forge's REST rate limit (GitHub: 5,000 an hour per
+//! token or installation), which every repository of the token shares: a pull request that
+//! rewrites 200 files on every push would spend it for all. So each repository may have
+//! [`READS_PER_REPOSITORY_HOUR`] blobs read in an hour ([`BlobCache::take_reads`]); a commit
+//! whose new files do not fit waits, and the commit deployed before keeps running.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
 
 /// Bytes of blobs kept at most. A chart is a few hundred KB; 64 MiB keeps the charts of many
 /// repositories across their commits, and the limit on one folder (4 MiB) keeps one commit
 /// from filling it.
 pub const BLOB_CACHE_BYTES: usize = 64 << 20;
+
+/// Blobs one repository may have read from its forge in an hour: a fifth of GitHub's 5,000,
+/// five whole folders of the most files previewd reads (200). A push that changes a few files
+/// costs a few.
+pub const READS_PER_REPOSITORY_HOUR: usize = 1_000;
+const HOUR: Duration = Duration::from_secs(3_600);
+/// Repositories whose reads are remembered at once; beyond, those without a read this hour go.
+const MAX_REPOSITORIES: usize = 4096;
 
 /// Where a blob was read: the forge's API URL and the repository (lower case: both forges
 /// compare names so), and the blob id.
@@ -75,10 +90,13 @@ impl Blobs {
     }
 }
 
-/// Blobs by [`BlobKey`], at most `capacity` bytes in all.
+/// Blobs by [`BlobKey`], at most `capacity` bytes in all; and the reads of each repository
+/// this hour.
 pub struct BlobCache {
     capacity: usize,
     blobs: Mutex<Blobs>,
+    /// When each read of the last hour was taken, by (forge API URL, repository).
+    reads: Mutex<HashMap<(String, String), VecDeque<Instant>>>,
 }
 
 impl Default for BlobCache {
@@ -92,7 +110,49 @@ impl BlobCache {
         Self {
             capacity,
             blobs: Mutex::new(Blobs::default()),
+            reads: Mutex::default(),
         }
+    }
+
+    /// Whether `key` is kept (without counting as used).
+    pub fn holds(&self, key: &BlobKey) -> bool {
+        self.lock().kept.contains_key(key)
+    }
+
+    /// Takes `count` reads of repository `repository` on forge `origin` at `now`, if its hour
+    /// allows them all; else says when it will.
+    pub fn take_reads(
+        &self,
+        origin: &str,
+        repository: &str,
+        count: usize,
+        now: Instant,
+    ) -> Result<(), Duration> {
+        if count == 0 {
+            return Ok(());
+        }
+        let mut reads = self.reads.lock().unwrap_or_else(PoisonError::into_inner);
+        let recent = |at: &Instant| now.saturating_duration_since(*at) < HOUR;
+        let key = (origin.to_string(), repository.to_lowercase());
+        if !reads.contains_key(&key) && reads.len() >= MAX_REPOSITORIES {
+            reads.retain(|_, taken| {
+                taken.retain(recent);
+                !taken.is_empty()
+            });
+        }
+        let taken = reads.entry(key).or_default();
+        taken.retain(recent);
+        let over = (taken.len() + count).saturating_sub(READS_PER_REPOSITORY_HOUR);
+        if over > 0 {
+            // The `over`-th oldest read must leave the hour first; more than an hour's reads
+            // at once never fit, and wait a whole hour.
+            let wait = taken.get(over - 1).map_or(HOUR, |oldest| {
+                (*oldest + HOUR).saturating_duration_since(now)
+            });
+            return Err(wait.max(Duration::from_secs(1)));
+        }
+        taken.extend(std::iter::repeat_n(now, count));
+        Ok(())
     }
 
     /// The kept bytes of `key`, if any (it then counts as just used).
@@ -144,6 +204,27 @@ impl BlobCache {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_repository_reads_at_most_its_hour_and_others_are_not_held_by_it() {
+        let cache = BlobCache::default();
+        let now = Instant::now();
+        let github = "https://api.github.com";
+        for _ in 0..5 {
+            cache.take_reads(github, "org/busy", 200, now).unwrap();
+        }
+        let wait = cache.take_reads(github, "Org/Busy", 1, now).unwrap_err();
+        assert_eq!(wait, HOUR, "names compare without case");
+        cache.take_reads(github, "org/quiet", 200, now).unwrap();
+        let later = now + HOUR;
+        cache.take_reads(github, "org/busy", 200, later).unwrap();
+        assert_eq!(
+            cache
+                .take_reads(github, "org/other", 1_001, now)
+                .unwrap_err(),
+            HOUR
+        );
+    }
 
     fn key(blob: &str) -> BlobKey {
         BlobKey::new("https://api.github.com", "Octo/App", blob)

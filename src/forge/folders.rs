@@ -5,8 +5,9 @@
 //! listing and that file.
 //!
 //! The files are code from the pull request, so the limits apply before anything is fetched
-//! where the listing allows (the count; GitHub's sizes), and to each file and the running total
-//! as files are read: reading stops at the first file past a limit.
+//! where the listing allows (the count; GitHub's sizes; the repository's reads this hour,
+//! [`BlobCache::take_reads`]), and to each file and the running total as files are read:
+//! reading stops at the first file past a limit.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -69,6 +70,24 @@ where
             .with_label_values(&[source.forge, outcome])
             .inc();
     };
+    let unread = files
+        .iter()
+        .filter(|file| {
+            let key = BlobKey::new(source.origin, source.repository, &file.blob);
+            !source.cache.holds(&key)
+        })
+        .count();
+    let now = std::time::Instant::now();
+    if let Err(wait) = source
+        .cache
+        .take_reads(source.origin, source.repository, unread, now)
+    {
+        return Err(ForgeApiError::ReadShare {
+            repository: source.repository.to_string(),
+            files: unread,
+            wait,
+        });
+    }
     let mut total = 0usize;
     let mut read = Vec::with_capacity(files.len());
     for file in files {
@@ -158,6 +177,38 @@ mod tests {
         assert_eq!(fetched, ["c".repeat(40)]);
         let read = read.unwrap();
         assert_eq!(read[0], ("Chart.yaml".to_string(), b"xxx".to_vec()));
+    }
+
+    #[tokio::test]
+    async fn a_pull_request_rewriting_every_file_on_each_push_reads_its_repositorys_hour_and_no_more()
+     {
+        let cache = BlobCache::default();
+        // Each push rewrites the 200 files (ids never seen before).
+        let commit = |n: usize| -> Vec<TreeFile> {
+            (0..200)
+                .map(|i| TreeFile {
+                    path: format!("{i}.yaml"),
+                    blob: format!("{:040x}", n * 1_000 + i + 1),
+                    size: Some(1),
+                })
+                .collect()
+        };
+        for n in 0..5 {
+            let (read, fetched) = read_recording(&cache, commit(n), 1).await;
+            assert_eq!(read.unwrap().len(), 200);
+            assert_eq!(fetched.len(), 200);
+        }
+        let (read, fetched) = read_recording(&cache, commit(5), 1).await;
+        let Err(ForgeApiError::ReadShare { files, wait, .. }) = read else {
+            panic!("the sixth push's files wait: {read:?}");
+        };
+        assert_eq!(files, 200);
+        assert!(wait > std::time::Duration::from_secs(3_000), "{wait:?}");
+        assert!(fetched.is_empty(), "nothing fetched past the share");
+        // A commit of files already kept costs no read and goes on.
+        let (read, fetched) = read_recording(&cache, commit(4), 1).await;
+        assert_eq!(read.unwrap().len(), 200);
+        assert!(fetched.is_empty());
     }
 
     #[tokio::test]
