@@ -15,9 +15,14 @@
 //!    stand-in: its comment says `ready` at that commit, the commit's status is `success`, and
 //!    the commit's deployment has a `success` status.
 //!
+//! 5. One pull request pushing every second beside a hundred quiet ones that get a push a minute
+//!    among them (`PREVIEWD_BUDGET_BUSY_SECONDS`, default 600; `PREVIEWD_BUDGET_QUIET_EVERY`,
+//!    default 60): how long each quiet push takes to show its final state, against the bound
+//!    the fair shares state ([`BusyBesideQuiet`]).
+//!
 //! Printed: content-creating requests per push (by kind, and those superseded before they were
 //! sent), the delay from each pull request's last push to its final commit status (p50, p99),
-//! and the breaches. It fails if the stand-in refused any request for a breach, or if a pull
+//! the quiet pull requests' delays beside the busy one (p50, max, the bound), and the breaches. It fails if the stand-in refused any request for a breach, or if a pull
 //! request does not show its last commit's final state within 20 minutes; never on timing.
 //!
 //! `cargo bench --bench forge_budget`. `PREVIEWD_BUDGET_LIMITS=1000000,1000000` runs the churn
@@ -533,10 +538,133 @@ async fn benchmark() {
         drained.as_secs_f64()
     );
 
+    // 5. One pull request pushing as fast as it can beside quiet ones.
+    let busy = BusyBesideQuiet {
+        previewd: &previewd,
+        http: &http,
+        limits: &limits,
+        ids: &ids,
+        size,
+    };
+    busy.run(&mut heads, &mut changes).await;
+
     drop(previewd);
     let _ = Api::<k8s_openapi::api::core::v1::Namespace>::all(client)
         .delete(&namespace, &DeleteParams::default())
         .await;
+}
+
+/// Step 5: PR 1 gets a push every second for `PREVIEWD_BUDGET_BUSY_SECONDS` (default 600),
+/// while PRs 2..=101 get a push in turn every `PREVIEWD_BUDGET_QUIET_EVERY` seconds (default 60:
+/// a push a minute among a hundred quiet pull requests). Printed: how long each quiet push took
+/// to show its final state at the forge, against the bound the fair shares give (a quiet
+/// environment's final report is never held for the busy one: the last quarter of each window
+/// is kept for environments that spent little, so it waits for its own deploy only), and how
+/// many of the busy one's commits showed theirs.
+struct BusyBesideQuiet<'a> {
+    previewd: &'a PreviewdProcess,
+    http: &'a reqwest::Client,
+    limits: &'a SecondaryLimits,
+    ids: &'a DeploymentIds,
+    size: u64,
+}
+
+/// The bound stated for a quiet environment's push → final state beside a busy one: its own
+/// deploy and report (a few seconds here), well within a minute.
+const QUIET_BOUND: Duration = Duration::from_secs(60);
+
+impl BusyBesideQuiet<'_> {
+    async fn run(&self, heads: &mut HashMap<u64, String>, changes: &mut HashMap<u64, u64>) {
+        let seconds = setting("PREVIEWD_BUDGET_BUSY_SECONDS", 600);
+        let quiet_every = setting("PREVIEWD_BUDGET_QUIET_EVERY", 60).max(1);
+        let quiet_count = self.size.saturating_sub(1).min(100);
+        if quiet_count == 0 {
+            return;
+        }
+        let mut quiet_pushes: Vec<(u64, String, Instant)> = Vec::new();
+        let mut busy_heads: Vec<String> = Vec::new();
+        let mut tick = tokio::time::interval(Duration::from_secs(1));
+        for second in 0..seconds {
+            tick.tick().await;
+            busy_heads.push(
+                self.push(1, heads, changes, &format!("busy-{second}"))
+                    .await,
+            );
+            if second % quiet_every == quiet_every - 1 {
+                let number = 2 + (second / quiet_every) % quiet_count;
+                let delivery = format!("quiet-{second}");
+                let pushed = Instant::now();
+                let sha = self.push(number, heads, changes, &delivery).await;
+                quiet_pushes.push((number, sha, pushed));
+            }
+        }
+        let deadline = Instant::now() + Duration::from_secs(1_200);
+        let delays: Vec<Duration> = loop {
+            let accepted = self.limits.0.lock().unwrap().accepted.clone();
+            let shown = shown(&accepted, &self.ids.0.lock().unwrap());
+            let arrived: Vec<Duration> = quiet_pushes
+                .iter()
+                .filter_map(|(number, sha, pushed)| {
+                    let at = final_state(&shown, *number, sha)?;
+                    Some(at.saturating_duration_since(*pushed))
+                })
+                .collect();
+            if arrived.len() == quiet_pushes.len() {
+                let busy_shown = busy_heads
+                    .iter()
+                    .filter(|sha| final_state(&shown, 1, sha).is_some())
+                    .count();
+                println!(
+                    "  busy beside quiet: PR 1 pushed every second for {seconds} s, {busy_shown} of its {} commits showed their final state; {} quiet pushes (one every {quiet_every} s among {quiet_count} PRs)",
+                    busy_heads.len(),
+                    quiet_pushes.len()
+                );
+                break arrived;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{} of {} quiet pushes show their final state after 20 minutes",
+                arrived.len(),
+                quiet_pushes.len()
+            );
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        };
+        let mut delays = delays;
+        delays.sort();
+        let longest = delays.last().copied().unwrap_or_default();
+        println!(
+            "  quiet push → final state at the forge beside the busy one: p50 {:.1} s, max {:.1} s; bound stated: {} s ({})",
+            percentile(&delays, 0.50).as_secs_f64(),
+            longest.as_secs_f64(),
+            QUIET_BOUND.as_secs(),
+            if longest <= QUIET_BOUND {
+                "held"
+            } else {
+                "exceeded"
+            }
+        );
+        let breaches = self.limits.0.lock().unwrap().breaches;
+        println!("  refused by the stand-in for GitHub's limits meanwhile: {breaches}");
+    }
+
+    /// Pushes a new commit to PR `number`; returns its head.
+    async fn push(
+        &self,
+        number: u64,
+        heads: &mut HashMap<u64, String>,
+        changes: &mut HashMap<u64, u64>,
+        delivery: &str,
+    ) -> String {
+        let change = changes.entry(number).or_default();
+        *change += 1;
+        let sha = head(number, *change);
+        let body = pull_request_change(number, *change, &sha, Utc::now());
+        self.previewd
+            .send(self.http, "pull_request", delivery, &body)
+            .await;
+        heads.insert(number, sha.clone());
+        sha
+    }
 }
 
 /// The kind of a content-creating request, as previewd's metric names it.

@@ -5,7 +5,9 @@
 //!    the gate for a host no environment holds (404), and the gate for the host of a sleeping
 //!    environment among 1,000 (the waiting page; its wake, one write per 30 s, goes to a
 //!    counting waker here: the write is measured in part 2).
-//! 2. Wake latency against the real control plane: an environment of a Deployment (2 replicas),
+//! 2. A flood for every sleeping host from 500 client addresses: the wakes stay within the wake
+//!    budget (60 in all per 10 minutes), asserted.
+//! 3. Wake latency against the real control plane: an environment of a Deployment (2 replicas),
 //!    a Service and an Ingress asleep; a request through the sandbox's ingress gets the waiting
 //!    page; then the time until the app answers, split into what previewd does (the wake write,
 //!    the reconcile that scales the workloads up, the one that puts the route back) and what
@@ -47,6 +49,7 @@ fn main() {
 
 async fn benchmark() {
     throughput().await;
+    flood().await;
     wake_latency().await;
 }
 
@@ -93,6 +96,12 @@ async fn bare_hyper() -> std::net::SocketAddr {
 
 /// The gate over 1,000 environments, one in ten asleep; returns its address and a sleeping host.
 async fn gate_over_environments() -> (std::net::SocketAddr, String) {
+    let (address, sleeping, _) = gate_over_environments_counting().await;
+    (address, sleeping)
+}
+
+/// [`gate_over_environments`], with the count of wakes it asked for.
+async fn gate_over_environments_counting() -> (std::net::SocketAddr, String, Arc<NoWake>) {
     let (store, mut writer) = kube::runtime::reflector::store::<PreviewEnvironment>();
     for n in 0..ENVIRONMENTS {
         let mut environment = PreviewEnvironment::new(&format!("pr-{n}"), Default::default());
@@ -112,9 +121,81 @@ async fn gate_over_environments() -> (std::net::SocketAddr, String) {
         writer.apply_watcher_event(&watcher::Event::Apply(environment));
     }
     let waker = Arc::new(NoWake(Default::default()));
-    let gate = Gate::new(store, waker, GateMetrics::new(), Default::default());
+    let gate = Gate::new(store, waker.clone(), GateMetrics::new(), Default::default());
     let address = support::gate::listen(gate).await;
-    (address, "pr-500.preview.example.com".into())
+    (address, "pr-500.preview.example.com".into(), waker)
+}
+
+/// A flood for every sleeping host (one in ten of the 1,000) from 500 client addresses, each
+/// named by `X-Forwarded-For` through the trusted loopback: the wakes it causes stay within
+/// the wake budget's 60 in all (and 10 per client), whatever the flood.
+async fn flood() {
+    let (gate, _, wakes) = gate_over_environments_counting().await;
+    let http = reqwest::Client::builder()
+        .pool_max_idle_per_host(CONNECTIONS)
+        .build()
+        .unwrap();
+    let url = format!("http://{gate}/");
+    let sleeping: Vec<String> = (0..ENVIRONMENTS)
+        .filter(|n| n % 10 == 0)
+        .map(|n| format!("pr-{n}.preview.example.com"))
+        .collect();
+    const CLIENTS: usize = 500;
+    let requests: Vec<(String, String)> = (0..sleeping.len() * 20)
+        .map(|i| {
+            let client = format!("198.51.{}.{}", (i % CLIENTS) / 250, (i % CLIENTS) % 250 + 1);
+            (sleeping[i % sleeping.len()].clone(), client)
+        })
+        .collect();
+    // Until the gate's index holds the hosts (an awake host's answer is the waiting page too,
+    // and wakes nothing).
+    loop {
+        let answer = http
+            .get(&url)
+            .header("Host", "pr-1.preview.example.com")
+            .send()
+            .await;
+        if answer.is_ok_and(|a| a.status() == 503) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let count = requests.len();
+    let started = Instant::now();
+    let statuses: Vec<u16> = futures::stream::iter(requests)
+        .map(|(host, client)| {
+            let (http, url) = (http.clone(), url.clone());
+            async move {
+                let answer = http
+                    .get(url)
+                    .header("Host", host)
+                    .header("X-Forwarded-For", client)
+                    .send()
+                    .await
+                    .unwrap();
+                answer.status().as_u16()
+            }
+        })
+        .buffer_unordered(CONNECTIONS)
+        .collect()
+        .await;
+    let elapsed = started.elapsed();
+    let other: Vec<&u16> = statuses.iter().filter(|status| **status != 503).collect();
+    assert!(other.is_empty(), "every answer a waiting page: {other:?}");
+    let woke = wakes.0.load(std::sync::atomic::Ordering::SeqCst);
+    let limits = previewd::gate::budget::WakeLimits::default();
+    println!(
+        "  flood: {count} requests for every one of the {} sleeping hosts from {CLIENTS} client addresses in {:.1} s: {woke} wakes (the wake budget: {} in all and {} per client per {} min)",
+        sleeping.len(),
+        elapsed.as_secs_f64(),
+        limits.in_all,
+        limits.per_client,
+        limits.window.as_secs() / 60
+    );
+    assert!(
+        woke <= limits.in_all as usize,
+        "{woke} wakes beyond the budget"
+    );
 }
 
 /// Sends [`REQUESTS`] GETs with `host` over [`CONNECTIONS`] keep-alive connections; returns
