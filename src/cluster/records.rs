@@ -25,22 +25,54 @@ pub async fn wake(client: &Client, namespace: &str, name: &str) -> Result<bool, 
     Ok(woke)
 }
 
+/// What a writer saw of an environment: the write applies only if it is still so (the API
+/// server compares `resource_version`, and answers 409 otherwise).
+pub struct Seen<'a> {
+    /// Its head commit.
+    pub head: &'a str,
+    pub resource_version: &'a str,
+}
+
 /// Wakes a sleeping environment because a request reached its host (previewd's wake gate):
 /// the request is activity, so the idle timeout counts from `now`; and the environment is
-/// marked woken by a visitor at `head` (`ANNOTATION_WOKEN_BY_REQUEST`), so that it yields its
-/// slot to an environment its author waits for. Returns false if it is gone.
+/// marked woken by a visitor at its head (`ANNOTATION_WOKEN_BY_REQUEST`), so that it yields
+/// its slot to an environment its author waits for. Only if it is still as `seen` (a writer's
+/// command or a push since must not be turned into a visitor's wake): a conflict is an error,
+/// and the gate tries again with what its cache then holds. Returns false if it is gone.
 pub async fn wake_for_request(
     client: &Client,
     namespace: &str,
     name: &str,
-    head: &str,
+    seen: &Seen<'_>,
     now: chrono::DateTime<chrono::Utc>,
 ) -> Result<bool, kube::Error> {
     let wake = serde_json::json!({
-        "metadata": {"annotations": {ANNOTATION_WOKEN_BY_REQUEST: head}},
+        "metadata": {
+            "resourceVersion": seen.resource_version,
+            "annotations": {ANNOTATION_WOKEN_BY_REQUEST: seen.head},
+        },
         "spec": {"sleep": false, "lastActivity": now},
     });
     merge(client, namespace, name, FIELD_MANAGER_INTAKE, wake).await
+}
+
+/// Puts an environment that runs only for a visitor to sleep, for one its author waits for
+/// (`reconcile::queue`), as `previewd-sweep`; only if it is still as `seen` (no push, command
+/// or other change since the queue decided). Returns false if it changed or is gone.
+pub async fn put_visitor_to_sleep(
+    client: &Client,
+    namespace: &str,
+    name: &str,
+    seen: &Seen<'_>,
+) -> Result<bool, kube::Error> {
+    let body = serde_json::json!({
+        "metadata": {"resourceVersion": seen.resource_version},
+        "spec": {"sleep": true},
+    });
+    match merge(client, namespace, name, FIELD_MANAGER_SWEEP, body).await {
+        Err(kube::Error::Api(status)) if status.code == 409 => Ok(false),
+        other => other,
+    }
 }
 
 /// Records that the environment was used at `now` (its host got requests): the idle timeout

@@ -14,8 +14,11 @@ use kube::api::ListParams;
 use kube::{Api, Client, ResourceExt};
 use tokio::sync::Mutex;
 
-/// The annotation that marks the cluster's default class.
-const DEFAULT_CLASS: &str = "storageclass.kubernetes.io/is-default-class";
+/// The annotations that mark the cluster's default class (the beta one is still honoured).
+const DEFAULT_CLASS: [&str; 2] = [
+    "storageclass.kubernetes.io/is-default-class",
+    "storageclass.beta.kubernetes.io/is-default-class",
+];
 /// How long a listing is used before it is read again.
 const FRESH_FOR: Duration = Duration::from_secs(60);
 
@@ -36,11 +39,15 @@ impl Reclaim {
             .filter(|class| class.reclaim_policy.as_deref() == Some("Retain"))
             .map(|class| class.name_any())
             .collect();
+        // Of several default classes Kubernetes gives a claim the newest.
         let default_class = classes
             .iter()
-            .find(|class| {
-                class.annotations().get(DEFAULT_CLASS).map(String::as_str) == Some("true")
+            .filter(|class| {
+                DEFAULT_CLASS
+                    .iter()
+                    .any(|key| class.annotations().get(*key).map(String::as_str) == Some("true"))
             })
+            .max_by_key(|class| class.metadata.creation_timestamp.clone().map(|t| t.0))
             .map(|class| class.name_any());
         Self {
             retaining,
@@ -100,7 +107,7 @@ mod tests {
         if default {
             class
                 .annotations_mut()
-                .insert(DEFAULT_CLASS.into(), "true".into());
+                .insert(DEFAULT_CLASS[0].into(), "true".into());
         }
         class
     }
@@ -127,5 +134,19 @@ mod tests {
         assert_eq!(reclaim.retaining_class(Some("absent")), None);
         let no_default = Reclaim::of(&[class("kept", Some("Retain"), false)]);
         assert_eq!(no_default.retaining_class(None), None);
+        // The beta annotation counts, and of two defaults the newest is the claim's.
+        let mut beta = class("kept", Some("Retain"), false);
+        beta.annotations_mut()
+            .insert(DEFAULT_CLASS[1].into(), "true".into());
+        let stamp = |second| {
+            Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                k8s_openapi::jiff::Timestamp::from_second(second).unwrap(),
+            ))
+        };
+        beta.metadata.creation_timestamp = stamp(2_000);
+        let mut older = class("standard", Some("Delete"), true);
+        older.metadata.creation_timestamp = stamp(1_000);
+        let two = Reclaim::of(&[older, beta]);
+        assert_eq!(two.retaining_class(None), Some("kept"));
     }
 }

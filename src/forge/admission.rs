@@ -113,9 +113,11 @@ impl Admissions {
             budget.leave_line(asking.environment);
             return Ok(None);
         }
+        // Both forges compare repository names without case.
+        let repository = asking.repository.to_lowercase();
         let party = Party {
             environment: asking.environment,
-            repository: asking.repository,
+            repository: &repository,
         };
         match budget.admit(&party, requests, urgency) {
             Ok(at) => {

@@ -26,6 +26,8 @@ pub struct Holder {
     pub name: String,
     /// Its head commit (never shown: the wake records it, see `records::wake_for_request`).
     pub head: String,
+    /// The version of it the gate saw: the wake applies only to that one.
+    pub resource_version: String,
     /// `spec.sleep`: asleep or falling asleep; a request wakes it.
     pub asleep: bool,
     /// `metadata.generation`: the version of its spec (each sleep and wake is a new one).
@@ -78,6 +80,11 @@ pub fn holders<'a>(
             namespace: environment.metadata.namespace.clone().unwrap_or_default(),
             name: environment.metadata.name.clone().unwrap_or_default(),
             head: environment.spec.source.head_sha.clone(),
+            resource_version: environment
+                .metadata
+                .resource_version
+                .clone()
+                .unwrap_or_default(),
             asleep: environment.spec.sleep,
             generation: environment.metadata.generation.unwrap_or_default(),
             phase: status.phase,

@@ -55,14 +55,14 @@ impl Default for Bounds {
     }
 }
 
-/// Wakes an environment (at its head commit `head`); the cluster's record in previewd, a
-/// recording in tests.
+/// Wakes an environment, as the gate `seen` it; the cluster's record in previewd, a recording
+/// in tests.
 pub trait Waker: Send + Sync + 'static {
     fn wake<'a>(
         &'a self,
         namespace: &'a str,
         name: &'a str,
-        head: &'a str,
+        seen: &'a records::Seen<'a>,
     ) -> Pin<Box<dyn Future<Output = Result<(), String>> + Send + 'a>>;
 }
 
@@ -87,11 +87,11 @@ impl Waker for ClusterWaker {
         &'a self,
         namespace: &'a str,
         name: &'a str,
-        head: &'a str,
+        seen: &'a records::Seen<'a>,
     ) -> Pin<Box<dyn Future<Output = Result<(), String>> + Send + 'a>> {
         Box::pin(async move {
             let now = chrono::Utc::now();
-            let request = records::wake_for_request(&self.client, namespace, name, head, now);
+            let request = records::wake_for_request(&self.client, namespace, name, seen, now);
             match self.writer.write("gate_wake", request).await {
                 Ok(_) => Ok(()),
                 Err(error) => Err(error.to_string()),
@@ -185,9 +185,13 @@ impl Gate {
     fn wake_in_background(self: &Arc<Self>, holder: &Holder, client: IpAddr, spent_at: Instant) {
         let gate = self.clone();
         let (namespace, name) = (holder.namespace.clone(), holder.name.clone());
-        let head = holder.head.clone();
+        let (head, version) = (holder.head.clone(), holder.resource_version.clone());
         tokio::spawn(async move {
-            match gate.waker.wake(&namespace, &name, &head).await {
+            let seen = records::Seen {
+                head: &head,
+                resource_version: &version,
+            };
+            match gate.waker.wake(&namespace, &name, &seen).await {
                 Ok(()) => {
                     tracing::info!(environment = %name, %namespace, "a request wakes the environment")
                 }
@@ -313,7 +317,7 @@ mod tests {
             &'a self,
             _: &'a str,
             _: &'a str,
-            _: &'a str,
+            _: &'a records::Seen<'a>,
         ) -> Pin<Box<dyn Future<Output = Result<(), String>> + Send + 'a>> {
             self.0.fetch_add(1, Ordering::SeqCst);
             Box::pin(async { Ok(()) })

@@ -35,8 +35,8 @@ pub const DEFAULT_QUOTA: &[(&str, &str)] = &[
 ];
 
 /// What a container that says nothing requests (so the quota's CPU, memory and disk count it)
-/// and may use at most (so one container cannot take a node's memory), unless the template
-/// says otherwise for that resource. `(field, [(resource, quantity)])`.
+/// and may use at most, unless the template says otherwise for that resource. A container that
+/// names its own limits is bounded by the namespace's quota of requests, not by these. `(field, [(resource, quantity)])`.
 pub const DEFAULT_LIMITS: &[(&str, &[(&str, &str)])] = &[
     (
         "defaultRequest",

@@ -177,8 +177,23 @@ pub async fn displace(
     context: &Context,
 ) -> Result<(), kube::Error> {
     let namespace = environment.namespace().unwrap_or_default();
-    let sleep = crate::cluster::records::put_to_sleep(&context.client, &namespace, name);
-    context.writer.write("queue_displace", sleep).await?;
+    let Some(visitor) = peers_of(environment, context).find(|p| p.name_any() == name) else {
+        return Ok(());
+    };
+    let seen = crate::cluster::records::Seen {
+        head: &visitor.spec.source.head_sha,
+        resource_version: visitor
+            .metadata
+            .resource_version
+            .as_deref()
+            .unwrap_or_default(),
+    };
+    let sleep =
+        crate::cluster::records::put_visitor_to_sleep(&context.client, &namespace, name, &seen);
+    if !context.writer.write("queue_displace", sleep).await? {
+        // It changed since the queue decided (a push, a command): the next look decides anew.
+        return Ok(());
+    }
     tracing::info!(
         environment = %name,
         %namespace,

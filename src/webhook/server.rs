@@ -464,9 +464,9 @@ async fn read_at_most(body: Body, limit: usize) -> Result<axum::body::Bytes, ()>
     Ok(kept.into())
 }
 
-/// How many distinct GitHub webhook secrets a delivery for a repository no template serves is
-/// checked against: each check is an HMAC over the whole body (up to 2 MiB), and the sender is
-/// not known yet. GitLab tokens are compared whole, at no cost worth bounding.
+/// How many distinct webhook secrets a delivery for a repository no template serves is checked
+/// against: each is a Secret read (cached) and, on GitHub, an HMAC over the whole body (up to
+/// 2 MiB), for a sender not known yet.
 const MAX_SECRETS_FOR_UNSERVED: usize = 16;
 
 /// The answer to a delivery for a repository no template serves. A GitLab group hook (and a
@@ -482,22 +482,23 @@ async fn unserved(
     repository: &str,
 ) -> DeliveryAnswer {
     let mut holders = secret_holders(state, forge);
-    if forge == ForgeKind::Github {
-        holders.truncate(MAX_SECRETS_FOR_UNSERVED);
-    }
+    holders.truncate(MAX_SECRETS_FOR_UNSERVED);
     match verify(state, forge, headers, body, &holders).await {
         Ok(_) => DeliveryAnswer::new(
             StatusCode::ACCEPTED,
             "ignored",
             "no preview environment is made for this repository",
         ),
-        Err(answer) if answer.status == StatusCode::UNAUTHORIZED => DeliveryAnswer::not_accepted(
+        // A Secret that cannot be read (503 on a served repository) answers 401 here: a
+        // template whose Secret previewd may not read must not tell served repositories from
+        // others.
+        Err(answer) => DeliveryAnswer::not_accepted(
             "ignored",
             format!(
-                "no PreviewTemplate serves repository {repository:?}, and no secret of this previewd verifies the delivery"
+                "no PreviewTemplate serves repository {repository:?}, and no secret of this previewd verifies the delivery ({})",
+                answer.detail.unwrap_or_default()
             ),
         ),
-        Err(answer) => answer,
     }
 }
 

@@ -61,7 +61,7 @@ impl Waker for NoWake {
         &'a self,
         _: &'a str,
         _: &'a str,
-        _: &'a str,
+        _: &'a previewd::cluster::records::Seen<'a>,
     ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), String>> + Send + 'a>> {
         self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         Box::pin(async { Ok(()) })

@@ -46,10 +46,10 @@ impl Waker for CountingWaker {
         &'a self,
         namespace: &'a str,
         name: &'a str,
-        head: &'a str,
+        seen: &'a previewd::cluster::records::Seen<'a>,
     ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), String>> + Send + 'a>> {
         self.wakes.fetch_add(1, Ordering::SeqCst);
-        self.inner.wake(namespace, name, head)
+        self.inner.wake(namespace, name, seen)
     }
 }
 
@@ -319,7 +319,7 @@ impl Waker for Tally {
         &'a self,
         _namespace: &'a str,
         _name: &'a str,
-        _head: &'a str,
+        _seen: &'a previewd::cluster::records::Seen<'a>,
     ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), String>> + Send + 'a>> {
         self.0.fetch_add(1, Ordering::SeqCst);
         Box::pin(async { Ok(()) })

@@ -282,9 +282,45 @@ async fn a_new_pull_request_takes_the_slot_of_an_environment_only_a_visit_woke()
         )
         .await;
         let head = "31".repeat(20);
-        previewd::cluster::records::wake_for_request(&client, &ns, &old, &head, chrono::Utc::now())
-            .await
-            .unwrap();
+        // The gate's own write, at the version it saw (tried again, as the gate does, when the
+        // controller wrote the status in between).
+        let wake = || async {
+            for _ in 0..20 {
+                let current = harness.environments.get(&old).await.unwrap();
+                let version = current.metadata.resource_version.clone().unwrap();
+                let seen = previewd::cluster::records::Seen {
+                    head: &head,
+                    resource_version: &version,
+                };
+                let now = chrono::Utc::now();
+                match previewd::cluster::records::wake_for_request(&client, &ns, &old, &seen, now)
+                    .await
+                {
+                    Ok(_) => return,
+                    Err(kube::Error::Api(status)) if status.code == 409 => continue,
+                    Err(other) => panic!("{other}"),
+                }
+            }
+            panic!("the wake conflicted 20 times");
+        };
+        wake().await;
+        // A wake from a stale view (a command or push came since) is refused, not applied.
+        let stale = previewd::cluster::records::Seen {
+            head: &head,
+            resource_version: "1",
+        };
+        let refused = previewd::cluster::records::wake_for_request(
+            &client,
+            &ns,
+            &old,
+            &stale,
+            chrono::Utc::now(),
+        )
+        .await;
+        assert!(
+            matches!(refused, Err(kube::Error::Api(ref s)) if s.code == 409),
+            "{refused:?}"
+        );
         wait_for_phase(
             &harness.environments,
             &old,
@@ -306,9 +342,7 @@ async fn a_new_pull_request_takes_the_slot_of_an_environment_only_a_visit_woke()
             "the visitor's environment went back to sleep"
         );
         // Woken by a visit again, it waits behind the author's environment: queued, not running.
-        previewd::cluster::records::wake_for_request(&client, &ns, &old, &head, chrono::Utc::now())
-            .await
-            .unwrap();
+        wake().await;
         let queued = wait_for_phase(
             &harness.environments,
             &old,

@@ -11,7 +11,10 @@
 //!
 //! Checked on every object's metadata and on the metadata inside it that becomes another
 //! object's: pod templates, a CronJob's job template, volume claim templates (where
-//! `volume.beta.kubernetes.io/storage-class: ""` would bind an existing volume).
+//! `volume.beta.kubernetes.io/storage-class: ""` would bind an existing volume), and the
+//! Secrets a cert-manager Certificate (`spec.secretTemplate`) or an ExternalSecret
+//! (`spec.target.template.metadata`) writes, which a secret reflector's annotations would copy
+//! into other namespaces.
 
 use serde_json::Value;
 
@@ -95,6 +98,11 @@ pub enum Place {
         in_job: bool,
     },
     ClaimTemplate(usize),
+    /// A cert-manager Certificate's `secretTemplate`: the labels and annotations of the Secret
+    /// it writes.
+    SecretTemplate,
+    /// An ExternalSecret's `target.template.metadata`: the metadata of the Secret it writes.
+    TargetTemplate,
     /// A pod's ephemeral volume's claim template: of a Pod itself, or of a pod template.
     EphemeralClaim {
         pod: Option<bool>,
@@ -116,6 +124,8 @@ impl std::fmt::Display for Place {
             Place::JobTemplate => write!(f, "spec.jobTemplate.metadata"),
             Place::PodTemplate { in_job } => write!(f, "{}.metadata", pod_template(*in_job)),
             Place::ClaimTemplate(i) => write!(f, "spec.volumeClaimTemplates[{i}].metadata"),
+            Place::SecretTemplate => write!(f, "spec.secretTemplate"),
+            Place::TargetTemplate => write!(f, "spec.target.template.metadata"),
             Place::EphemeralClaim { pod, volume } => {
                 let spec = match pod {
                     None => "spec".to_string(),
@@ -175,6 +185,12 @@ pub fn metadata_of(object: &Value) -> Vec<(&Value, Place)> {
         let claim = &entry["ephemeral"]["volumeClaimTemplate"];
         add(&claim["metadata"], Place::EphemeralClaim { pod, volume });
     }
+    // The Secrets that cert-manager and external-secrets write carry these.
+    add(&spec["secretTemplate"], Place::SecretTemplate);
+    add(
+        &spec["target"]["template"]["metadata"],
+        Place::TargetTemplate,
+    );
     found
 }
 
@@ -243,6 +259,16 @@ mod tests {
             ],
             "only annotated ones"
         );
+        let certificate = json!({"kind": "Certificate", "spec": {"secretTemplate": annotated}});
+        let external = json!({"kind": "ExternalSecret", "spec": {"target": {"template": {"metadata": annotated}}}});
+        let paths = |object: &Value| -> Vec<String> {
+            metadata_of(object)
+                .into_iter()
+                .map(|(_, p)| p.to_string())
+                .collect()
+        };
+        assert_eq!(paths(&certificate), ["spec.secretTemplate"]);
+        assert_eq!(paths(&external), ["spec.target.template.metadata"]);
         let pod = json!({"kind": "Pod", "spec": {"volumes": [{"name": "e", "ephemeral": {"volumeClaimTemplate": {"metadata": annotated}}}]}});
         let paths: Vec<String> = metadata_of(&pod)
             .into_iter()

@@ -15,9 +15,11 @@
 //! which no controller acts on, and the operator's (`--object-labels`, the chart's
 //! `objectLabels`). previewd's own labels on the object itself are the ones it stamped after
 //! rendering, so they pass there. Keys without a DNS-named prefix (`app`, `tier`) are the
-//! application's own and pass: a plain label matters beyond the namespace only to a
-//! NetworkPolicy that selects pods of every namespace, and the guard rail's default-deny keeps
-//! the environment's pods from reaching those.
+//! application's own and pass. Some shared tools do read plain labels across namespaces (a
+//! NetworkPolicy that selects pods of every namespace, which the guard rail's default-deny
+//! egress keeps the environment's pods from reaching; Grafana's sidecar collecting ConfigMaps
+//! labelled `grafana_dashboard` from every namespace): an operator who runs such a tool scopes
+//! it to the namespaces it serves, as docs/security.md says.
 
 use serde_json::Value;
 
