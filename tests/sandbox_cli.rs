@@ -900,8 +900,12 @@ fn asleep_then_opened(kubeconfig: &Path, listed: &str, ingress_url: &str) {
     let (status, page) = open();
     assert_eq!(status, "503", "{page}");
     assert!(
-        page.contains("<meta http-equiv=\"refresh\"") && page.contains(name),
+        page.contains("<meta http-equiv=\"refresh\"") && page.contains("Preview environment"),
         "{page}"
+    );
+    assert!(
+        !page.contains(name),
+        "the page names nothing of the environment: {page}"
     );
     loop {
         let (status, body) = open();
