@@ -34,6 +34,26 @@ pub(crate) async fn deploy(
     running
 }
 
+/// [`deploy`] under what the operator allows (`operator`), waiting until `pr-7` is Ready:
+/// the controller, and the namespace it deployed to.
+async fn deploy_ready_under(
+    client: &kube::Client,
+    namespace: &str,
+    manifest: &str,
+    operator: OperatorPolicy,
+) -> (support::Running, String) {
+    let config = ControllerConfig {
+        namespace: Some(namespace.to_string()),
+        operator_policy: operator,
+        ..Default::default()
+    };
+    let running = support::start_controller_with(client, config).await;
+    create_template_and_environment(client, namespace, manifest, json!({})).await;
+    let api = environments(client, namespace);
+    let ready = wait_for_phase(&api, "pr-7", Phase::Ready, Duration::from_secs(60)).await;
+    (running, ready.status.unwrap().namespace.unwrap())
+}
+
 /// The template `app` of `manifest` with `policy`, and its environment `pr-7`.
 pub(crate) async fn create_template_and_environment(
     client: &kube::Client,
@@ -110,6 +130,16 @@ pub(crate) async fn assert_refused_naming(client: &kube::Client, namespace: &str
     );
 }
 
+/// In a namespace of its own (`test_name`), the template of `manifest` and its environment
+/// under the default policy are refused naming each of `named`, and nothing is applied.
+pub(crate) async fn refused_naming_in(test_name: &str, manifest: &str, named: &[&str]) {
+    in_namespace(test_name, |client, ns| async move {
+        let _running = deploy(&client, &ns, manifest, json!({})).await;
+        assert_refused_naming(&client, &ns, named).await;
+    })
+    .await;
+}
+
 /// The HTTP status of a refused call; `None` when it was allowed.
 fn refused_with<T>(result: Result<T, kube::Error>) -> Option<u16> {
     match result {
@@ -142,20 +172,16 @@ metadata: {name: escape}
 roleRef: {apiGroup: rbac.authorization.k8s.io, kind: Role, name: escape}
 subjects: [{kind: ServiceAccount, name: app}]
 "#;
-    in_namespace("policy-roles", |client, ns| async move {
-        let _running = deploy(&client, &ns, ESCAPE, json!({})).await;
-        assert_refused_naming(
-            &client,
-            &ns,
-            &[
-                "Role/escape (from app.yaml): rules[0] grants get, patch on namespaces",
-                "rules[1] grants create on pods; create on pods/exec",
-                "rules[2] grants get, list on secrets",
-                "--template-role-rules",
-            ],
-        )
-        .await;
-    })
+    refused_naming_in(
+        "policy-roles",
+        ESCAPE,
+        &[
+            "Role/escape (from app.yaml): rules[0] grants get, patch on namespaces",
+            "rules[1] grants create on pods; create on pods/exec",
+            "rules[2] grants get, list on secrets",
+            "--template-role-rules",
+        ],
+    )
     .await;
 }
 
@@ -304,18 +330,11 @@ spec:
   policyTypes: [Ingress]
   ingress: [{from: [{podSelector: {}}]}]
 "#;
-    in_namespace("policy-network", |client, ns| async move {
-        let _running = deploy(&client, &ns, OPENING, json!({})).await;
-        assert_refused_naming(&client, &ns, &[
-            "NetworkPolicy/out (from app.yaml): spec.egress[0].to[0] names ipBlock",
+    refused_naming_in("policy-network", OPENING, &["NetworkPolicy/out (from app.yaml): spec.egress[0].to[0] names ipBlock",
             "spec.ingress[0].from[0] names namespaceSelector",
             "spec.ingress[1] has no from, which allows every peer",
             "policy.allowNetworkPeersOutside",
-            "NetworkPolicy/previewd-default-deny (from app.yaml): names starting with \"previewd-\" are previewd's own",
-        ])
-        .await;
-    })
-    .await;
+            "NetworkPolicy/previewd-default-deny (from app.yaml): names starting with \"previewd-\" are previewd's own"]).await;
 }
 
 /// Class 2, the guard rail itself: port 53 leaves the namespace only towards the cluster's DNS
@@ -379,18 +398,11 @@ spec:
   - host: "neighbour.preview.localhost"
     http: {paths: [{path: /, pathType: Prefix, backend: {service: {name: web, port: {number: 80}}}}]}
 "#;
-    in_namespace("policy-ingress", |client, ns| async move {
-        let _running = deploy(&client, &ns, GREEDY, json!({})).await;
-        assert_refused_naming(&client, &ns, &[
-            "Ingress/web (from app.yaml): metadata.annotations has \"nginx.ingress.kubernetes.io/configuration-snippet\"",
+    refused_naming_in("policy-ingress", GREEDY, &["Ingress/web (from app.yaml): metadata.annotations has \"nginx.ingress.kubernetes.io/configuration-snippet\"",
             "--ingress-annotations",
             "spec.defaultBackend would receive the traffic of every host",
             "spec.ingressClassName is \"internet-facing\"",
-            "host \"neighbour.preview.localhost\" is not the environment's URL host",
-        ])
-        .await;
-    })
-    .await;
+            "host \"neighbour.preview.localhost\" is not the environment's URL host"]).await;
 }
 
 /// Class 3, beyond Ingresses: annotations through which a Service or a pod configures a
@@ -434,38 +446,20 @@ spec:
       containers: [{name: migrate, image: busybox}]
 "#;
     let hostile = format!("{ANNOTATED}{INJECTED}");
-    in_namespace("policy-annotations", |client, ns| async move {
-        let _running = deploy(&client, &ns, &hostile, json!({})).await;
-        assert_refused_naming(&client, &ns, &[
-            "Service/api (from app.yaml): metadata.annotations has \"getambassador.io/config\"",
+    refused_naming_in("policy-annotations", &hostile, &["Service/api (from app.yaml): metadata.annotations has \"getambassador.io/config\"",
             "metadata.annotations has \"external-dns.alpha.kubernetes.io/hostname\"",
             "Job/migrate (from app.yaml): spec.template.metadata.annotations has \"sidecar.istio.io/userVolume\"",
             "spec.template.metadata.annotations has \"vault.hashicorp.com/agent-inject-secret-db\"",
-            "--object-annotations",
-        ])
-        .await;
-    })
-    .await;
+            "--object-annotations"]).await;
     in_namespace("policy-annotations-allowed", |client, ns| async move {
-        let _running = support::start_controller_with(
-            &client,
-            ControllerConfig {
-                namespace: Some(ns.clone()),
-                operator_policy: OperatorPolicy {
-                    object_annotations: vec![
-                        "getambassador.io/*".into(),
-                        "external-dns.alpha.kubernetes.io/hostname".into(),
-                    ],
-                    ..Default::default()
-                },
-                ..Default::default()
-            },
-        )
-        .await;
-        create_template_and_environment(&client, &ns, ANNOTATED, json!({})).await;
-        let api = environments(&client, &ns);
-        let ready = wait_for_phase(&api, "pr-7", Phase::Ready, Duration::from_secs(60)).await;
-        let target = ready.status.unwrap().namespace.unwrap();
+        let operator = OperatorPolicy {
+            object_annotations: vec![
+                "getambassador.io/*".into(),
+                "external-dns.alpha.kubernetes.io/hostname".into(),
+            ],
+            ..Default::default()
+        };
+        let (_running, target) = deploy_ready_under(&client, &ns, ANNOTATED, operator).await;
         let service =
             Api::<k8s_openapi::api::core::v1::Service>::namespaced(client.clone(), &target)
                 .get("api")
@@ -529,35 +523,17 @@ spec:
           containers: [{name: report, image: busybox}]
 "#;
     let hostile = format!("{MESHLESS}{FORGED}");
-    in_namespace("policy-labels", |client, ns| async move {
-        let _running = deploy(&client, &ns, &hostile, json!({})).await;
-        assert_refused_naming(&client, &ns, &[
-            "Deployment/web (from app.yaml): spec.template.metadata.labels has \"sidecar.istio.io/inject\"",
+    refused_naming_in("policy-labels", &hostile, &["Deployment/web (from app.yaml): spec.template.metadata.labels has \"sidecar.istio.io/inject\"",
             "Deployment/ambient (from app.yaml): spec.template.metadata.labels has \"istio.io/dataplane-mode\"",
             "CronJob/report (from app.yaml): spec.jobTemplate.metadata.labels has \"app.kubernetes.io/managed-by\", which previewd's own watches read",
             "spec.jobTemplate.metadata.labels has \"previewd.dev/environment\"",
-            "--object-labels",
-        ])
-        .await;
-    })
-    .await;
+            "--object-labels"]).await;
     in_namespace("policy-labels-allowed", |client, ns| async move {
-        let _running = support::start_controller_with(
-            &client,
-            ControllerConfig {
-                namespace: Some(ns.clone()),
-                operator_policy: OperatorPolicy {
-                    object_labels: vec!["sidecar.istio.io/inject".into()],
-                    ..Default::default()
-                },
-                ..Default::default()
-            },
-        )
-        .await;
-        create_template_and_environment(&client, &ns, MESHLESS, json!({})).await;
-        let api = environments(&client, &ns);
-        let ready = wait_for_phase(&api, "pr-7", Phase::Ready, Duration::from_secs(60)).await;
-        let target = ready.status.unwrap().namespace.unwrap();
+        let operator = OperatorPolicy {
+            object_labels: vec!["sidecar.istio.io/inject".into()],
+            ..Default::default()
+        };
+        let (_running, target) = deploy_ready_under(&client, &ns, MESHLESS, operator).await;
         let web =
             Api::<k8s_openapi::api::apps::v1::Deployment>::namespaced(client.clone(), &target)
                 .get("web")

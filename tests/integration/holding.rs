@@ -14,23 +14,19 @@ use previewd::model::crd::PreviewEnvironment;
 use serde_json::json;
 use support::{in_namespace, ready_reason};
 
-use super::content_policy::{assert_refused_naming, deploy};
+use super::content_policy::{assert_refused_naming, deploy, refused_naming_in};
 
 #[tokio::test]
 async fn a_finalizer_on_any_object_or_pod_template_is_refused() {
     const HELD: &str = "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: held, finalizers: [example.com/never]}\ndata: {a: b}\n---\napiVersion: apps/v1\nkind: Deployment\nmetadata: {name: web}\nspec:\n  selector: {matchLabels: {app: web}}\n  template:\n    metadata: {labels: {app: web}, finalizers: [example.com/never]}\n    spec: {containers: [{name: web, image: nginx}]}\n";
-    in_namespace("holding-finalizers", |client, ns| async move {
-        let _running = deploy(&client, &ns, HELD, json!({})).await;
-        assert_refused_naming(
-            &client,
-            &ns,
-            &[
-                "ConfigMap/held (from app.yaml): metadata.finalizers holds [\"example.com/never\"]",
-                "Deployment/web (from app.yaml): spec.template.metadata.finalizers holds",
-            ],
-        )
-        .await;
-    })
+    refused_naming_in(
+        "holding-finalizers",
+        HELD,
+        &[
+            "ConfigMap/held (from app.yaml): metadata.finalizers holds [\"example.com/never\"]",
+            "Deployment/web (from app.yaml): spec.template.metadata.finalizers holds",
+        ],
+    )
     .await;
 }
 
@@ -41,19 +37,15 @@ async fn a_finalizer_on_any_object_or_pod_template_is_refused() {
 #[tokio::test]
 async fn an_owner_reference_a_pull_request_declares_is_refused() {
     const OWNED: &str = "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: owned\n  ownerReferences: [{apiVersion: v1, kind: Node, name: node-1, uid: 6b7c1f0e-0000-4000-8000-000000000001, blockOwnerDeletion: true}]\ndata: {a: b}\n---\napiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: orphan\n  ownerReferences: [{apiVersion: apps/v1, kind: Deployment, name: gone, uid: 6b7c1f0e-0000-4000-8000-000000000002}]\ndata: {a: b}\n";
-    in_namespace("holding-owners", |client, ns| async move {
-        let _running = deploy(&client, &ns, OWNED, json!({})).await;
-        assert_refused_naming(
-            &client,
-            &ns,
-            &[
-                "ConfigMap/owned (from app.yaml): metadata.ownerReferences names",
-                "ConfigMap/orphan (from app.yaml): metadata.ownerReferences names",
-                "leave owner references to the controllers that set them",
-            ],
-        )
-        .await;
-    })
+    refused_naming_in(
+        "holding-owners",
+        OWNED,
+        &[
+            "ConfigMap/owned (from app.yaml): metadata.ownerReferences names",
+            "ConfigMap/orphan (from app.yaml): metadata.ownerReferences names",
+            "leave owner references to the controllers that set them",
+        ],
+    )
     .await;
 }
 
@@ -109,63 +101,46 @@ async fn a_claim_on_a_class_that_keeps_its_volumes_is_refused() {
 #[tokio::test]
 async fn a_disruption_budget_over_a_jobs_pods_is_refused() {
     const BUDGET: &str = "apiVersion: batch/v1\nkind: Job\nmetadata: {name: migrate}\nspec:\n  template:\n    metadata: {labels: {app: migrate}}\n    spec: {restartPolicy: Never, containers: [{name: m, image: busybox}]}\n---\napiVersion: policy/v1\nkind: PodDisruptionBudget\nmetadata: {name: migrate}\nspec:\n  maxUnavailable: 1\n  selector: {matchLabels: {app: migrate}}\n";
-    in_namespace("holding-budget", |client, ns| async move {
-        let _running = deploy(&client, &ns, BUDGET, json!({})).await;
-        assert_refused_naming(&client, &ns, &[
-            "PodDisruptionBudget/migrate (from app.yaml): spec.selector may match the pods of Job \"migrate\"",
-            "stalls every node drain",
-        ])
-        .await;
-    })
-    .await;
+    refused_naming_in("holding-budget", BUDGET, &["PodDisruptionBudget/migrate (from app.yaml): spec.selector may match the pods of Job \"migrate\"",
+            "stalls every node drain"]).await;
 }
 
 #[tokio::test]
 async fn a_grace_period_beyond_the_operators_cap_is_refused() {
     const LONG: &str = "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: web}\nspec:\n  selector: {matchLabels: {app: web}}\n  template:\n    metadata: {labels: {app: web}}\n    spec: {terminationGracePeriodSeconds: 2147483647, containers: [{name: web, image: nginx}]}\n";
-    in_namespace("holding-grace", |client, ns| async move {
-        let _running = deploy(&client, &ns, LONG, json!({})).await;
-        assert_refused_naming(
-            &client,
-            &ns,
-            &[
-                "spec.template.spec.terminationGracePeriodSeconds is 2147483647",
-                "at most 300 (--max-termination-grace-period)",
-            ],
-        )
-        .await;
-    })
+    refused_naming_in(
+        "holding-grace",
+        LONG,
+        &[
+            "spec.template.spec.terminationGracePeriodSeconds is 2147483647",
+            "at most 300 (--max-termination-grace-period)",
+        ],
+    )
     .await;
 }
 
 #[tokio::test]
 async fn an_autoscaler_annotation_that_pins_a_node_is_refused() {
     const PINNED: &str = "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: web}\nspec:\n  selector: {matchLabels: {app: web}}\n  template:\n    metadata: {labels: {app: web}, annotations: {cluster-autoscaler.kubernetes.io/safe-to-evict: \"false\"}}\n    spec: {containers: [{name: web, image: nginx}]}\n";
-    in_namespace("holding-evict", |client, ns| async move {
-        let _running = deploy(&client, &ns, PINNED, json!({})).await;
-        assert_refused_naming(&client, &ns, &[
-            "has \"cluster-autoscaler.kubernetes.io/safe-to-evict\", which configures a controller",
-        ])
-        .await;
-    })
+    refused_naming_in(
+        "holding-evict",
+        PINNED,
+        &["has \"cluster-autoscaler.kubernetes.io/safe-to-evict\", which configures a controller"],
+    )
     .await;
 }
 
 #[tokio::test]
 async fn a_probe_sent_from_the_nodes_network_is_refused() {
     const PROBE: &str = "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: web}\nspec:\n  selector: {matchLabels: {app: web}}\n  template:\n    metadata: {labels: {app: web}}\n    spec:\n      containers:\n      - name: web\n        image: nginx\n        livenessProbe: {httpGet: {host: 169.254.169.254, path: /latest/meta-data, port: 80}}\n        lifecycle: {preStop: {tcpSocket: {host: 10.0.0.1, port: 6443}}}\n";
-    in_namespace("holding-probe", |client, ns| async move {
-        let _running = deploy(&client, &ns, PROBE, json!({})).await;
-        assert_refused_naming(
-            &client,
-            &ns,
-            &[
-                "spec.template.spec.containers[0].livenessProbe.httpGet.host is set",
-                "spec.template.spec.containers[0].lifecycle.preStop.tcpSocket.host is set",
-            ],
-        )
-        .await;
-    })
+    refused_naming_in(
+        "holding-probe",
+        PROBE,
+        &[
+            "spec.template.spec.containers[0].livenessProbe.httpGet.host is set",
+            "spec.template.spec.containers[0].lifecycle.preStop.tcpSocket.host is set",
+        ],
+    )
     .await;
 }
 
