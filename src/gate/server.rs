@@ -146,14 +146,15 @@ impl Gate {
         })
     }
 
-    /// The answer to a request from `client` that names `authority` (its `Host`) and asks for
-    /// HTML or not. A sleeping environment's host wakes it, in the background, only on its
-    /// turn and within the client's and everyone's wake budget.
+    /// The answer to a request from `client` (asked only when a wake is due: most requests
+    /// need not know) that names `authority` (its `Host`) and asks for HTML or not. A sleeping
+    /// environment's host wakes it, in the background, only on its turn and within the
+    /// client's and everyone's wake budget.
     pub fn answer(
         self: &Arc<Self>,
         authority: Option<&str>,
         wants_html: bool,
-        client: IpAddr,
+        client: impl FnOnce() -> IpAddr,
     ) -> Answer {
         let holder = authority
             .and_then(normalize)
@@ -171,6 +172,7 @@ impl Gate {
             self.metrics.answered("waiting");
             return page::waiting(&holder, wants_html);
         }
+        let client = client();
         if let Err(over) = self.budget.spend(client, now) {
             // Not this client's wake to cause: the environment's turn stays for another.
             self.turns.give_back(&holder.namespace, &holder.name);
@@ -217,7 +219,7 @@ impl Gate {
             .iter()
             .filter_map(|accept| accept.to_str().ok())
             .any(|accept| accept.contains("text/html"));
-        let client = client_address(peer, request.headers(), &self.trusted_proxies);
+        let client = || client_address(peer, request.headers(), &self.trusted_proxies);
         into_response(self.answer(authority, wants_html, client))
     }
 }
