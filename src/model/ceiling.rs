@@ -13,6 +13,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use super::crd::{PodSecurityLevel, PolicySpec, PreviewTemplateSpec};
+use super::metadata::prefix_in_domain;
 use super::quota::{DEFAULT_QUOTA, at_most};
 
 /// What a template may ask for, field by field (the names are those of the template's
@@ -333,10 +334,9 @@ fn reserved_label(key: &str) -> bool {
     let Some((prefix, _)) = key.rsplit_once('/') else {
         return false;
     };
-    let prefix = prefix.to_ascii_lowercase();
     ["kubernetes.io", "k8s.io"]
         .iter()
-        .any(|reserved| prefix == *reserved || prefix.ends_with(&format!(".{reserved}")))
+        .any(|reserved| prefix_in_domain(prefix, reserved))
 }
 
 #[cfg(test)]

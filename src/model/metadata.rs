@@ -123,3 +123,14 @@ pub fn quote_user_text(text: &str) -> String {
         .collect();
     if clean.is_empty() { "?".into() } else { clean }
 }
+
+/// Whether a key's `prefix` (the part before `/`) is `domain` or one of its subdomains,
+/// compared without case: `pod-security.kubernetes.io` is under `kubernetes.io`,
+/// `evilkubernetes.io` is not.
+pub fn prefix_in_domain(prefix: &str, domain: &str) -> bool {
+    let prefix = prefix.to_ascii_lowercase();
+    prefix == domain
+        || prefix
+            .strip_suffix(domain)
+            .is_some_and(|sub| sub.ends_with('.'))
+}

@@ -26,6 +26,7 @@ use serde_json::Value;
 use super::annotations::{Place, controller_key, names};
 use crate::model::metadata::{
     LABEL_ENVIRONMENT, LABEL_ENVIRONMENT_NAMESPACE, LABEL_MANAGED_BY, LABEL_SEED, LABEL_TEMPLATE,
+    prefix_in_domain,
 };
 
 /// Label keys no controller acts on beyond the object itself. `prefix/*` names every key of
@@ -65,8 +66,7 @@ fn refusal(key: &str, value: &Value, place: Place, allowed: &[String]) -> Option
 
 /// Whether `key` is one of previewd's own (`previewd.dev/` and its sub-domains).
 fn key_of_previewd(key: &str) -> bool {
-    controller_key(key)
-        .is_some_and(|prefix| prefix == "previewd.dev" || prefix.ends_with(".previewd.dev"))
+    controller_key(key).is_some_and(|prefix| prefix_in_domain(prefix, "previewd.dev"))
 }
 
 /// The labels of `metadata` (at `place`) that a controller reads and nobody allowed: one
