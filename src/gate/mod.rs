@@ -5,13 +5,13 @@
 //! waiting page until the environment's routes are back and take the host again.
 //!
 //! It is open to the internet, so it reads nothing but the request's host and who is asking
-//! ([`client`]), looks the host up in memory ([`hosts`]), echoes nothing and names nothing of
+//! (`model::clients`), looks the host up in memory ([`hosts`]), echoes nothing and names nothing of
 //! the environment ([`page`]), lets each client and all clients together wake only so many
-//! environments ([`budget`]), and bounds its connections and their time ([`server`]). It
+//! environments ([`budget`]), and bounds its connections (in all and per client address) and
+//! their time ([`server`]). It
 //! imports only `model` and `cluster`.
 
 pub mod budget;
-pub mod client;
 pub mod hosts;
 pub mod metrics;
 pub mod page;

@@ -18,7 +18,6 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use kube::runtime::reflector::Store;
 
 use super::budget::{WakeBudget, WakeLimits};
-use super::client::{client_address, default_trusted_proxies};
 use super::hosts::{Holder, HostIndex, normalize};
 use super::metrics::GateMetrics;
 use super::page::{self, Answer};
@@ -26,6 +25,7 @@ use super::turns::WakeTurns;
 use crate::cluster::metrics::ClusterMetrics;
 use crate::cluster::records;
 use crate::cluster::writer::Writer;
+use crate::model::clients::{ClientShares, client_address, default_trusted_proxies, is_trusted};
 use crate::model::crd::PreviewEnvironment;
 
 /// The largest request head read (hyper's smallest buffer limit); larger ones get a 431.
@@ -39,6 +39,12 @@ pub struct Bounds {
     /// Connections open at once; beyond them a new one is closed at once (counted `busy`).
     /// Each holds hyper's buffers, at most [`MAX_HEAD_BYTES`].
     pub max_connections: usize,
+    /// Connections one peer previewd does not trust as a proxy may hold of them; beyond them
+    /// its next is closed at once (counted `busy`). A trusted proxy (the ingress controller)
+    /// carries everyone's requests and has no share of its own: behind it, a client holds a
+    /// connection only while the gate answers from memory, since the proxy reads the whole
+    /// head before it opens one.
+    pub connections_per_peer: usize,
     /// The request head must arrive within this time.
     pub head_timeout: Duration,
     /// A connection is closed after this long, kept alive or not.
@@ -49,6 +55,7 @@ impl Default for Bounds {
     fn default() -> Self {
         Self {
             max_connections: 1024,
+            connections_per_peer: 64,
             head_timeout: Duration::from_secs(5),
             connection_lifetime: Duration::from_secs(60),
         }
@@ -259,6 +266,7 @@ pub async fn serve_within(
     let address = listener.local_addr().ok();
     tracing::info!(?address, "wake gate listening");
     let connections = Arc::new(tokio::sync::Semaphore::new(bounds.max_connections));
+    let peer_shares = ClientShares::new(bounds.connections_per_peer);
     tokio::pin!(shutdown);
     loop {
         let accepted = tokio::select! {
@@ -274,13 +282,22 @@ pub async fn serve_within(
                 continue;
             }
         };
+        let peer_share = if is_trusted(peer, &gate.trusted_proxies) {
+            None
+        } else {
+            let Some(share) = peer_shares.try_take(peer) else {
+                gate.metrics.answered("busy");
+                continue;
+            };
+            Some(share)
+        };
         let Ok(permit) = connections.clone().try_acquire_owned() else {
             gate.metrics.answered("busy");
             continue;
         };
         let gate = gate.clone();
         tokio::spawn(async move {
-            let _permit = permit;
+            let _held = (permit, peer_share);
             let service = service_fn(move |request| {
                 let response = gate.respond(&request, peer);
                 async move { Ok::<_, Infallible>(response) }
@@ -328,10 +345,18 @@ mod tests {
 
     /// A gate over an empty cache (every host unknown), within `bounds`.
     async fn gate_within(bounds: Bounds) -> (std::net::SocketAddr, Arc<Counting>, GateMetrics) {
+        gate_for(bounds, Clients::default()).await
+    }
+
+    /// [`gate_within`], with `clients`' trusted proxies.
+    async fn gate_for(
+        bounds: Bounds,
+        clients: Clients,
+    ) -> (std::net::SocketAddr, Arc<Counting>, GateMetrics) {
         let (store, _writer) = kube::runtime::reflector::store::<PreviewEnvironment>();
         let waker = Arc::new(Counting::default());
         let metrics = GateMetrics::new();
-        let gate = Gate::new(store, waker.clone(), metrics.clone(), Clients::default());
+        let gate = Gate::new(store, waker.clone(), metrics.clone(), clients);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let address = listener.local_addr().unwrap();
         tokio::spawn(serve_within(gate, listener, bounds, std::future::pending()));
@@ -383,6 +408,65 @@ mod tests {
         let closed = read_until_closed(&mut third, Duration::from_secs(2)).await;
         assert_eq!(closed.as_deref(), Some(""), "closed without an answer");
         assert_eq!(metrics.requests.with_label_values(&["busy"]).get(), 1);
+    }
+
+    /// Connects to `address` from `local` (any of 127.0.0.0/8 on Linux's loopback).
+    async fn connect_from(local: [u8; 4], address: std::net::SocketAddr) -> tokio::net::TcpStream {
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket
+            .bind((std::net::Ipv4Addr::from(local), 0).into())
+            .unwrap();
+        socket.connect(address).await.unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_peer_holds_its_share_of_the_connections_and_a_trusted_proxy_more() {
+        let bounds = Bounds {
+            max_connections: 10,
+            connections_per_peer: 2,
+            ..Bounds::default()
+        };
+        // Straight from the internet: nobody is trusted to speak for others.
+        let direct = Clients {
+            trusted_proxies: Vec::new(),
+            ..Clients::default()
+        };
+        let (address, _, metrics) = gate_for(bounds, direct).await;
+        let _held = [
+            connect_from([127, 0, 0, 2], address).await,
+            connect_from([127, 0, 0, 2], address).await,
+        ];
+        let mut third = connect_from([127, 0, 0, 2], address).await;
+        let closed = read_until_closed(&mut third, Duration::from_secs(2)).await;
+        assert_eq!(closed.as_deref(), Some(""), "closed without an answer");
+        assert_eq!(metrics.requests.with_label_values(&["busy"]).get(), 1);
+        let mut other = connect_from([127, 0, 0, 3], address).await;
+        other
+            .write_all(b"GET / HTTP/1.1\r\nHost: x.example.com\r\nConnection: close\r\n\r\n")
+            .await
+            .unwrap();
+        let answer = read_until_closed(&mut other, Duration::from_secs(2)).await;
+        assert!(
+            answer.unwrap_or_default().starts_with("HTTP/1.1 404"),
+            "another peer is served"
+        );
+
+        // The ingress controller (trusted, loopback by default) carries everyone's requests.
+        let (address, _, metrics) = gate_for(bounds, Clients::default()).await;
+        let mut proxied = Vec::new();
+        for _ in 0..3 {
+            proxied.push(connect_from([127, 0, 0, 2], address).await);
+        }
+        let last = proxied.last_mut().unwrap();
+        last.write_all(b"GET / HTTP/1.1\r\nHost: x.example.com\r\nConnection: close\r\n\r\n")
+            .await
+            .unwrap();
+        let answer = read_until_closed(last, Duration::from_secs(2)).await;
+        assert!(
+            answer.unwrap_or_default().starts_with("HTTP/1.1 404"),
+            "served"
+        );
+        assert_eq!(metrics.requests.with_label_values(&["busy"]).get(), 0);
     }
 
     #[tokio::test]

@@ -1,8 +1,9 @@
 //! The model: previewd's custom resources and the pure vocabulary around them (names, durations,
-//! labels and annotations). Every other layer builds on it; it imports none of them and does no
+//! labels and annotations, who a request's client is). Every other layer builds on it; it imports none of them and does no
 //! I/O.
 
 pub mod ceiling;
+pub mod clients;
 pub mod clock;
 pub mod crd;
 pub mod durations;

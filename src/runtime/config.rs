@@ -426,6 +426,29 @@ pub struct WebhookArgs {
     /// are typically 20-40 KB; 2 MiB leaves room for pushes with many commits.
     #[arg(long, env = "PREVIEWD_WEBHOOK_MAX_BODY_BYTES", default_value_t = 2 * 1024 * 1024)]
     pub webhook_max_body_bytes: usize,
+    /// Deliveries one client address may have handled at once, of the 64 all clients share;
+    /// more wait for a turn (up to 10 s, then 503). The client is the peer, or the address a
+    /// trusted proxy says the delivery came from (`--webhook-trusted-proxies`).
+    #[arg(long, env = "PREVIEWD_WEBHOOK_DELIVERIES_PER_CLIENT", default_value_t = crate::webhook::server::DEFAULT_DELIVERIES_PER_CLIENT)]
+    pub webhook_deliveries_per_client: usize,
+    /// Proxies whose `X-Forwarded-For` says who a delivery's client is (the ingress controller
+    /// or gateway in front of the webhook endpoint), as a JSON list of networks or addresses.
+    /// Default: the private, shared and loopback ranges, where a cluster's pods and nodes are.
+    #[arg(long, env = "PREVIEWD_WEBHOOK_TRUSTED_PROXIES", value_parser = crate::model::clients::parse_trusted_proxies)]
+    pub webhook_trusted_proxies: Option<Vec<ipnet::IpNet>>,
+}
+
+impl WebhookArgs {
+    pub fn limits(&self) -> crate::webhook::server::DeliveryLimits {
+        crate::webhook::server::DeliveryLimits {
+            max_body_bytes: self.webhook_max_body_bytes,
+            per_client: self.webhook_deliveries_per_client,
+            trusted_proxies: self
+                .webhook_trusted_proxies
+                .clone()
+                .unwrap_or_else(crate::model::clients::default_trusted_proxies),
+        }
+    }
 }
 
 #[cfg(test)]
@@ -485,7 +508,7 @@ pub struct GateArgs {
     /// The proxies whose `X-Forwarded-For` says who the client is (the ingress controller or
     /// gateway in front of the gate), as a JSON list of networks or addresses. Default: the
     /// private, shared and loopback ranges, where a cluster's pods and nodes are.
-    #[arg(long, env = "PREVIEWD_GATE_TRUSTED_PROXIES", value_parser = crate::gate::client::parse_trusted_proxies)]
+    #[arg(long, env = "PREVIEWD_GATE_TRUSTED_PROXIES", value_parser = crate::model::clients::parse_trusted_proxies)]
     pub gate_trusted_proxies: Option<Vec<ipnet::IpNet>>,
 }
 
@@ -500,7 +523,7 @@ impl GateArgs {
             trusted_proxies: self
                 .gate_trusted_proxies
                 .clone()
-                .unwrap_or_else(crate::gate::client::default_trusted_proxies),
+                .unwrap_or_else(crate::model::clients::default_trusted_proxies),
         }
     }
 }

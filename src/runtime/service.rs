@@ -34,7 +34,8 @@ pub struct ServiceConfig {
     pub client: kube::Client,
     pub controller: ControllerConfig,
     pub sweep_interval: Duration,
-    pub max_body_bytes: usize,
+    /// What one delivery and one client may take of the webhook endpoint.
+    pub deliveries: crate::webhook::server::DeliveryLimits,
     /// `None`: this process always reconciles (one replica, or the sandbox).
     pub lease: Option<Election>,
     /// How long in-flight webhook requests get once shutdown starts.
@@ -91,7 +92,7 @@ pub async fn run(
         caches,
         Arc::new(write_access),
         metrics.server(),
-        config.max_body_bytes,
+        config.deliveries.clone(),
     );
     state.say_containment(say_containment(
         &metrics,
@@ -364,7 +365,7 @@ pub async fn run_controller(args: RunArgs) -> Result<(), Error> {
         gate_clients: args.gate.clients(),
         traffic,
         sweep_interval: args.controller.sweep_interval,
-        max_body_bytes: args.webhooks.webhook_max_body_bytes,
+        deliveries: args.webhooks.limits(),
         lease,
         shutdown_grace: args.shutdown_grace,
     };

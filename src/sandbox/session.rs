@@ -67,7 +67,7 @@ pub async fn run(args: SandboxArgs) -> Result<(), SandboxError> {
         client: client.clone(),
         controller,
         sweep_interval: args.controller.sweep_interval,
-        max_body_bytes: args.webhooks.webhook_max_body_bytes,
+        deliveries: args.webhooks.limits(),
         // One previewd per sandbox: nobody to elect against.
         lease: None,
         shutdown_grace: std::time::Duration::from_secs(5),

@@ -4,9 +4,12 @@
 //! A delivery is answered as soon as its environments are written (one API call each); the
 //! controller does the deploying. In order:
 //!
-//! 0. more than [`MAX_DELIVERIES_IN_FLIGHT`] deliveries being handled: this one waits up to
-//!    [`SLOW_CLIENT_TIMEOUT`] for its turn, then 503; a body that has not arrived within
-//!    [`SLOW_CLIENT_TIMEOUT`]: 408. A slow or hostile client holds at most one turn, briefly;
+//! 0. more than [`MAX_DELIVERIES_IN_FLIGHT`] deliveries being handled, or more than
+//!    `--webhook-deliveries-per-client` from this delivery's client address (the address a
+//!    trusted proxy says it came from, as the wake gate counts it: `model::clients`): this one
+//!    waits up to [`SLOW_CLIENT_TIMEOUT`] for its turn, then 503; a body that has not arrived
+//!    within [`SLOW_CLIENT_TIMEOUT`]: 408. A slow or hostile client holds its own share of the
+//!    turns at most, each briefly, so the forge's deliveries keep the rest;
 //! 1. a body over the size limit: 413 (read to its end, up to [`MAX_DRAINED_BYTES`], so that
 //!    the sender receives the answer rather than a reset connection);
 //! 2. a body that is not JSON: 400;
@@ -20,7 +23,7 @@
 //! 6. otherwise the event is parsed (400 if it does not fit its type), decided on and written:
 //!    202 with what was done. An unknown event type is 202, ignored.
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
 use axum::Router;
@@ -40,6 +43,7 @@ use crate::cluster::records::Applied;
 use crate::cluster::secrets::{SecretError, SecretReader};
 use crate::forge::access::WriteAccess;
 use crate::forge::{self, EventKind, ForgeEvent, github, gitlab};
+use crate::model::clients::{ClientShares, client_address, default_trusted_proxies};
 use crate::model::crd::{ForgeKind, PreviewTemplate};
 use crate::webhook::deliveries::DeliveryLog;
 use crate::webhook::intake::{self, Decision};
@@ -53,6 +57,9 @@ pub struct ServerState {
     pub secrets: SecretReader,
     pub metrics: ServerMetrics,
     pub max_body_bytes: usize,
+    /// Whose word on a delivery's client counts, and how many turns one client may hold.
+    trusted_proxies: Vec<ipnet::IpNet>,
+    client_turns: Arc<ClientShares>,
     /// The forge gateway: comment commands ask it who may write.
     pub write_access: Arc<WriteAccess>,
     /// Answers given lately to commenters without write access.
@@ -69,6 +76,32 @@ pub struct ServerState {
 /// How many deliveries are handled at once; more wait for a turn. Bounds the memory bodies
 /// take (this many times `--webhook-max-body-bytes`) and the load on the API server.
 pub const MAX_DELIVERIES_IN_FLIGHT: usize = 64;
+
+/// What one delivery and one client may take of the endpoint (`--webhook-max-body-bytes`,
+/// `--webhook-deliveries-per-client`, `--webhook-trusted-proxies`).
+#[derive(Clone, Debug)]
+pub struct DeliveryLimits {
+    pub max_body_bytes: usize,
+    /// Turns one client address may hold of the [`MAX_DELIVERIES_IN_FLIGHT`].
+    pub per_client: usize,
+    /// Proxies whose `X-Forwarded-For` says who the client is.
+    pub trusted_proxies: Vec<ipnet::IpNet>,
+}
+
+/// The default share of one client address: a quarter of the turns, so that holding them all
+/// takes four addresses, while a forge's burst from one address still queues for its share.
+pub const DEFAULT_DELIVERIES_PER_CLIENT: usize = MAX_DELIVERIES_IN_FLIGHT / 4;
+
+impl DeliveryLimits {
+    /// Bodies up to `max_body_bytes`; the default share per client and trusted proxies.
+    pub fn with_max_body(max_body_bytes: usize) -> Self {
+        Self {
+            max_body_bytes,
+            per_client: DEFAULT_DELIVERIES_PER_CLIENT,
+            trusted_proxies: default_trusted_proxies(),
+        }
+    }
+}
 
 /// How long a delivery may wait for its turn, and how long its body may take to arrive.
 pub const SLOW_CLIENT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
@@ -90,14 +123,16 @@ impl ServerState {
         caches: Caches,
         write_access: Arc<WriteAccess>,
         metrics: ServerMetrics,
-        max_body_bytes: usize,
+        limits: DeliveryLimits,
     ) -> Arc<Self> {
         Arc::new(Self {
             secrets: SecretReader::new(client.clone()),
             client,
             caches,
             metrics,
-            max_body_bytes,
+            max_body_bytes: limits.max_body_bytes,
+            trusted_proxies: limits.trusted_proxies,
+            client_turns: ClientShares::new(limits.per_client),
             write_access,
             refusals: Default::default(),
             deliveries: DeliveryLog::default(),
@@ -141,7 +176,9 @@ pub async fn serve(
 ) -> std::io::Result<()> {
     let address: Option<SocketAddr> = listener.local_addr().ok();
     tracing::info!(?address, "webhook server listening");
-    axum::serve(listener, router(state))
+    // The peer's address is each delivery's client, or the proxy that says who is.
+    let service = router(state).into_make_service_with_connect_info::<SocketAddr>();
+    axum::serve(listener, service)
         .with_graceful_shutdown(shutdown)
         .await
 }
@@ -254,6 +291,7 @@ async fn handle(state: &ServerState, forge: ForgeKind, request: Request) -> Resp
         .unwrap_or_default()
         .to_string();
     let delivery = header(&headers, delivery_header).map(str::to_string);
+    let client = client_of(state, &request);
     let forge_label = forge.as_str();
     // One span per delivery: every line logged while handling it (intake, forge calls) carries
     // the delivery id, and the repository and environments once they are known.
@@ -267,6 +305,7 @@ async fn handle(state: &ServerState, forge: ForgeKind, request: Request) -> Resp
     );
     let answer = answer(
         state,
+        client,
         forge,
         &headers,
         &event_type,
@@ -331,23 +370,50 @@ fn header<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
     headers.get(name).and_then(|v| v.to_str().ok())
 }
 
+/// The address a delivery is counted under: the peer, or the client a trusted proxy names.
+/// Without a peer (a router called in-process, as tests do) every delivery is one client.
+fn client_of(state: &ServerState, request: &Request) -> IpAddr {
+    let peer = request
+        .extensions()
+        .get::<axum::extract::ConnectInfo<SocketAddr>>()
+        .map_or(IpAddr::from([0, 0, 0, 0]), |info| info.0.ip());
+    client_address(peer, request.headers(), &state.trusted_proxies)
+}
+
 async fn answer(
     state: &ServerState,
+    client: IpAddr,
     forge: ForgeKind,
     headers: &HeaderMap,
     event_type: &str,
     delivery: Option<&str>,
     body: Body,
 ) -> DeliveryAnswer {
-    let turn = tokio::time::timeout(SLOW_CLIENT_TIMEOUT, state.in_flight.acquire()).await;
-    let Ok(Ok(_turn)) = turn else {
-        return DeliveryAnswer::new(
+    let waited = std::time::Instant::now();
+    let busy = |whose: String| {
+        DeliveryAnswer::new(
             StatusCode::SERVICE_UNAVAILABLE,
             "busy",
-            format!(
-                "more than {MAX_DELIVERIES_IN_FLIGHT} deliveries at once for {SLOW_CLIENT_TIMEOUT:?}; redeliver later"
-            ),
-        );
+            format!("{whose} for {SLOW_CLIENT_TIMEOUT:?}; redeliver later"),
+        )
+    };
+    // This client's share first: a client over it waits without holding one of everyone's.
+    let Some(_share) = state
+        .client_turns
+        .take_within(client, SLOW_CLIENT_TIMEOUT)
+        .await
+    else {
+        let per_client = state.client_turns.per_client();
+        return busy(format!(
+            "more than {per_client} deliveries at once from one client"
+        ));
+    };
+    let left = SLOW_CLIENT_TIMEOUT.saturating_sub(waited.elapsed());
+    let turn = tokio::time::timeout(left, state.in_flight.acquire()).await;
+    let Ok(Ok(_turn)) = turn else {
+        return busy(format!(
+            "more than {MAX_DELIVERIES_IN_FLIGHT} deliveries at once"
+        ));
     };
     match checked_event(state, forge, headers, event_type, body).await {
         Ok((event, templates)) => act_once(state, forge, delivery, &event, &templates).await,
@@ -478,7 +544,7 @@ async fn unserved(
     state: &ServerState,
     forge: ForgeKind,
     headers: &HeaderMap,
-    body: &[u8],
+    body: &axum::body::Bytes,
     repository: &str,
 ) -> DeliveryAnswer {
     let mut holders = secret_holders(state, forge);
@@ -608,20 +674,24 @@ async fn verify(
     state: &ServerState,
     forge: ForgeKind,
     headers: &HeaderMap,
-    body: &[u8],
+    body: &axum::body::Bytes,
     templates: &[Arc<PreviewTemplate>],
 ) -> Result<Vec<Arc<PreviewTemplate>>, DeliveryAnswer> {
     let mut last_error =
         String::from("no PreviewTemplate of this repository names a webhookSecretRef");
     let mut unavailable = None;
-    let mut verified = Vec::new();
+    let mut secrets = Vec::new();
     for template in templates {
-        match verify_for(state, forge, headers, body, template).await {
-            Ok(true) => verified.push(template.clone()),
-            Ok(false) => {}
+        match secret_of(state, template).await {
+            Ok(Some(secret)) => secrets.push((template.clone(), secret)),
+            Ok(None) => {}
             Err(VerifyError::Unavailable(e)) => unavailable = Some(e),
             Err(VerifyError::Refused(e)) => last_error = e,
         }
+    }
+    let (verified, refused) = check_signatures(forge, headers, body, secrets).await;
+    if let Some(error) = refused {
+        last_error = error;
     }
     match (verified.is_empty(), unavailable) {
         (false, None) => Ok(verified),
@@ -642,16 +712,13 @@ enum VerifyError {
     Refused(String),
 }
 
-/// Whether `template`'s own secret verifies the delivery (`Ok(false)`: it names none).
-async fn verify_for(
+/// `template`'s own webhook secret (`None`: it names none).
+async fn secret_of(
     state: &ServerState,
-    forge: ForgeKind,
-    headers: &HeaderMap,
-    body: &[u8],
     template: &PreviewTemplate,
-) -> Result<bool, VerifyError> {
+) -> Result<Option<Vec<u8>>, VerifyError> {
     let Some(reference) = &template.spec.forge.webhook_secret_ref else {
-        return Ok(false);
+        return Ok(None);
     };
     let namespace = template.namespace().unwrap_or_default();
     let secret = state
@@ -665,15 +732,57 @@ async fn verify_for(
                 _ => VerifyError::Refused(message),
             }
         })?;
-    let verified = match forge {
-        ForgeKind::Github => {
-            github::verify(&secret, body, header(headers, github::SIGNATURE_HEADER))
-        }
-        ForgeKind::Gitlab => gitlab::verify(&secret, header(headers, gitlab::TOKEN_HEADER)),
+    Ok(Some(secret))
+}
+
+/// Past this many bytes hashed (the body once per secret), the signatures are checked on a
+/// blocking thread: an unserved delivery is checked against up to 16 secrets, 16 hashes of a
+/// 2 MiB body take tens of milliseconds, and the runtime's threads serve everyone else.
+const HASHED_ON_THE_RUNTIME: usize = 256 << 10;
+
+/// The templates whose secret verifies the delivery, and why the last one that did not, did not.
+async fn check_signatures(
+    forge: ForgeKind,
+    headers: &HeaderMap,
+    body: &axum::body::Bytes,
+    secrets: Vec<(Arc<PreviewTemplate>, Vec<u8>)>,
+) -> (Vec<Arc<PreviewTemplate>>, Option<String>) {
+    let signature = match forge {
+        ForgeKind::Github => header(headers, github::SIGNATURE_HEADER),
+        ForgeKind::Gitlab => header(headers, gitlab::TOKEN_HEADER),
+    }
+    .map(str::to_string);
+    let hashed = match forge {
+        ForgeKind::Github => body.len().saturating_mul(secrets.len()),
+        ForgeKind::Gitlab => 0,
     };
-    verified
-        .map(|()| true)
-        .map_err(|e| VerifyError::Refused(e.to_string()))
+    let body = body.clone();
+    let check = move || {
+        let mut verified = Vec::new();
+        let mut refused = None;
+        for (template, secret) in secrets {
+            let checked = match forge {
+                ForgeKind::Github => github::verify(&secret, &body, signature.as_deref()),
+                ForgeKind::Gitlab => gitlab::verify(&secret, signature.as_deref()),
+            };
+            match checked {
+                Ok(()) => verified.push(template),
+                Err(e) => refused = Some(e.to_string()),
+            }
+        }
+        (verified, refused)
+    };
+    if hashed <= HASHED_ON_THE_RUNTIME {
+        return check();
+    }
+    tokio::task::spawn_blocking(check)
+        .await
+        .unwrap_or_else(|e| {
+            (
+                Vec::new(),
+                Some(format!("the signature check stopped: {e}")),
+            )
+        })
 }
 
 /// What a delivery did: one line per environment written (or not, and why).
@@ -768,4 +877,45 @@ async fn act(
         })
         .collect();
     Ok(Acted { lines, redeliver })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    /// 16 secrets checked against a 2 MiB body (an unserved delivery's worst case) leave the
+    /// runtime's thread to the other tasks meanwhile: a ticker on the same one-thread runtime
+    /// keeps ticking while they are hashed. Hashed on the runtime, it would not tick once.
+    #[tokio::test(flavor = "current_thread")]
+    async fn large_signature_checks_leave_the_runtime_to_others() {
+        let ticks = Arc::new(AtomicUsize::new(0));
+        let ticker = {
+            let ticks = ticks.clone();
+            tokio::spawn(async move {
+                loop {
+                    tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+                    ticks.fetch_add(1, Ordering::SeqCst);
+                }
+            })
+        };
+        let body = axum::body::Bytes::from(vec![b'x'; 2 << 20]);
+        let mut headers = HeaderMap::new();
+        let signature = github::sign(b"secret-15", &body);
+        headers.insert(github::SIGNATURE_HEADER, signature.parse().unwrap());
+        let template = Arc::new(PreviewTemplate::new("t", Default::default()));
+        let secrets = (0..16)
+            .map(|n| (template.clone(), format!("secret-{n}").into_bytes()))
+            .collect();
+        let before = ticks.load(Ordering::SeqCst);
+        let (verified, _) = check_signatures(ForgeKind::Github, &headers, &body, secrets).await;
+        let during = ticks.load(Ordering::SeqCst) - before;
+        ticker.abort();
+        assert_eq!(
+            verified.len(),
+            1,
+            "the one secret that signed it verifies it"
+        );
+        assert!(during > 0, "the ticker was held up for the whole check");
+    }
 }

@@ -617,12 +617,13 @@ subjects: [{kind: ServiceAccount, name: default, namespace: kube-system}]
 }
 
 /// A connection to the webhook server at `address` that has sent a delivery's headers and the
-/// start of its body, and then stalls (slowloris).
-async fn stalled_client(address: &str) -> tokio::net::TcpStream {
+/// start of its body, and then stalls (slowloris). It comes from `client`, as the loopback
+/// proxy (trusted, as a cluster's ingress is) says in `X-Forwarded-For`.
+async fn stalled_client(address: &str, client: &str) -> tokio::net::TcpStream {
     use tokio::io::AsyncWriteExt;
     let mut stalled = tokio::net::TcpStream::connect(address).await.unwrap();
     let head = format!(
-        "POST /webhooks/github HTTP/1.1\r\nhost: {address}\r\nx-github-event: pull_request\r\ncontent-type: application/json\r\ncontent-length: 100000\r\n\r\n{{\"action\":"
+        "POST /webhooks/github HTTP/1.1\r\nhost: {address}\r\nx-forwarded-for: {client}\r\nx-github-event: pull_request\r\ncontent-type: application/json\r\ncontent-length: 100000\r\n\r\n{{\"action\":"
     );
     stalled.write_all(head.as_bytes()).await.unwrap();
     stalled
@@ -637,7 +638,7 @@ async fn a_stalled_client_holds_a_turn_for_ten_seconds_at_most() {
         install_template(&client, &ns, "github", REPOSITORY, None).await;
         let harness = Harness::start(&client, &ns, 2 << 20).await;
         let address = harness.base.trim_start_matches("http://").to_string();
-        let mut stalled = stalled_client(&address).await;
+        let mut stalled = stalled_client(&address, "203.0.113.9").await;
         let stalled_at = std::time::Instant::now();
 
         let (status, answer) = harness
@@ -673,8 +674,9 @@ async fn a_stalled_client_holds_a_turn_for_ten_seconds_at_most() {
 }
 
 /// At most 64 deliveries are handled at once, and one waits at most 10 s for its turn: then
-/// 503 `busy`, which the forge shows as failed. Stalled clients hold the turns here: 64 take
-/// them (each for its 10 s until its 408), 64 more queue 2 s later and take them over, and a
+/// 503 `busy`, which the forge shows as failed. Stalled clients from four addresses (each
+/// holding its share of 16) hold the turns here: 64 take them (each for its 10 s until its
+/// 408), 64 more from four other addresses queue 2 s later and take them over, and a
 /// delivery that queues behind those 2 s after them gets 503 after its 10 s. Once the stalled
 /// clients are answered, deliveries are handled again.
 #[tokio::test]
@@ -686,12 +688,14 @@ async fn a_delivery_that_finds_64_in_flight_for_ten_seconds_gets_503_busy() {
         let harness = Harness::start(&client, &ns, 2 << 20).await;
         let address = harness.base.trim_start_matches("http://").to_string();
         let mut stalled = Vec::new();
-        for _ in 0..MAX_DELIVERIES_IN_FLIGHT {
-            stalled.push(stalled_client(&address).await);
+        let client = |n: usize| format!("203.0.113.{}", n % 4 + 1);
+        for n in 0..MAX_DELIVERIES_IN_FLIGHT {
+            stalled.push(stalled_client(&address, &client(n)).await);
         }
         tokio::time::sleep(Duration::from_secs(2)).await;
-        for _ in 0..MAX_DELIVERIES_IN_FLIGHT {
-            stalled.push(stalled_client(&address).await);
+        let client = |n: usize| format!("203.0.113.{}", n % 4 + 5);
+        for n in 0..MAX_DELIVERIES_IN_FLIGHT {
+            stalled.push(stalled_client(&address, &client(n)).await);
         }
         tokio::time::sleep(Duration::from_secs(2)).await;
 
@@ -723,6 +727,76 @@ async fn a_delivery_that_finds_64_in_flight_for_ten_seconds_gets_503_busy() {
         }
         let (status, answer) = harness.signed("pull_request", "busy", &opened).await;
         assert_eq!(status, 202, "{answer}");
+    })
+    .await;
+}
+
+/// One client, however many deliveries it opens, holds its share of the 64 turns (16), not
+/// all of them: 64 stalled deliveries from one address leave the forge's delivery from
+/// another handled at once. The 16 stalled in a turn get their 408; the 48 beyond the share
+/// wait their 10 s for one of their own and get 503 `busy`, having held none of everyone's.
+/// Before, the 64 held every turn and the forge's delivery got 503 after 10 s.
+#[tokio::test]
+async fn one_client_holds_its_share_of_the_turns_and_the_forges_deliveries_the_rest() {
+    use previewd::webhook::server::{DEFAULT_DELIVERIES_PER_CLIENT, MAX_DELIVERIES_IN_FLIGHT};
+    use tokio::io::AsyncReadExt;
+    in_namespace("security-client-share", |client, ns| async move {
+        install_template(&client, &ns, "github", REPOSITORY, None).await;
+        let harness = Harness::start(&client, &ns, 2 << 20).await;
+        let address = harness.base.trim_start_matches("http://").to_string();
+        let mut stalled = Vec::new();
+        for _ in 0..MAX_DELIVERIES_IN_FLIGHT {
+            stalled.push(stalled_client(&address, "203.0.113.9").await);
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+
+        // GitHub's hook address, as the ingress in front of previewd says.
+        let mut forwarded = reqwest::header::HeaderMap::new();
+        forwarded.insert("x-forwarded-for", "140.82.115.1".parse().unwrap());
+        let forge = reqwest::Client::builder()
+            .default_headers(forwarded)
+            .build()
+            .unwrap();
+        let opened = github_fixture("pull_request.opened.json");
+        let sent_at = std::time::Instant::now();
+        let (status, answer) = support::webhooks::post_github(
+            &forge,
+            &harness.base,
+            "pull_request",
+            "from-the-forge",
+            &opened,
+            Some(github::sign(SECRET.as_bytes(), &opened)),
+        )
+        .await;
+        assert_eq!(status, 202, "handled beside the stalled client: {answer}");
+        assert!(
+            sent_at.elapsed() < Duration::from_secs(5),
+            "without waiting for a turn: {:?}",
+            sent_at.elapsed()
+        );
+
+        let mut statuses = std::collections::BTreeMap::<String, usize>::new();
+        for mut connection in stalled {
+            let mut reply = vec![0u8; 4096];
+            let read = tokio::time::timeout(Duration::from_secs(60), connection.read(&mut reply))
+                .await
+                .expect("each stalled delivery is answered")
+                .unwrap();
+            let status = String::from_utf8_lossy(&reply[..read.min(12)]).to_string();
+            *statuses.entry(status).or_default() += 1;
+        }
+        // The first 16 hold the share for their 10 s; a waiter whose 10 s are not yet up when
+        // they end (opened a few milliseconds after them) takes its place: at most a second
+        // round of 16, since every waiter's time is up by then.
+        let share = DEFAULT_DELIVERIES_PER_CLIENT;
+        let timed_out = statuses.remove("HTTP/1.1 408").unwrap_or_default();
+        let busy = statuses.remove("HTTP/1.1 503").unwrap_or_default();
+        assert!(statuses.is_empty(), "only 408 and 503: {statuses:?}");
+        assert_eq!(timed_out + busy, MAX_DELIVERIES_IN_FLIGHT);
+        assert!(
+            (share..=2 * share).contains(&timed_out),
+            "{timed_out} stalled deliveries held a turn, {busy} waited for their share"
+        );
     })
     .await;
 }
@@ -792,7 +866,8 @@ async fn a_replica_whose_controller_panics_turns_unready_drains_and_fails() {
         let secrets = Arc::new(SecretReader::new(client.clone()));
         let clients = TemplateClients::new(metrics.forge.clone(), secrets);
         let access = Arc::new(WriteAccess::new(Arc::new(clients)));
-        let state = ServerState::new(client.clone(), caches, access, metrics.server(), 1 << 20);
+        let limits = previewd::webhook::server::DeliveryLimits::with_max_body(1 << 20);
+        let state = ServerState::new(client.clone(), caches, access, metrics.server(), limits);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let base = format!("http://{}", listener.local_addr().unwrap());
         let (_shutdown, shutdown) = tokio::sync::watch::channel(false);

@@ -470,7 +470,7 @@ impl Running {
                 self.context.reporter.clients().clone(),
             )),
             self.metrics.server(),
-            max_body_bytes,
+            previewd::webhook::server::DeliveryLimits::with_max_body(max_body_bytes),
         )
     }
 
