@@ -11,8 +11,10 @@
 //! Reads the cache does not hold spend the forge's REST rate limit (GitHub: 5,000 an hour per
 //! token or installation), which every repository of the token shares: a pull request that
 //! rewrites 200 files on every push would spend it for all. So each repository may have
-//! [`READS_PER_REPOSITORY_HOUR`] blobs read in an hour ([`BlobCache::take_reads`]); a commit
-//! whose new files do not fit waits, and the commit deployed before keeps running.
+//! [`READS_PER_REPOSITORY_HOUR`] blobs read in an hour, and each environment a quarter of that
+//! ([`READS_PER_READER_HOUR`], so that one busy pull request leaves its repository's other
+//! ones room: [`BlobCache::take_reads`]); a commit whose new files do not fit waits, and the
+//! commit deployed before keeps running. Reads taken and not made are given back.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -28,8 +30,47 @@ pub const BLOB_CACHE_BYTES: usize = 64 << 20;
 /// costs a few.
 pub const READS_PER_REPOSITORY_HOUR: usize = 1_000;
 const HOUR: Duration = Duration::from_secs(3_600);
+/// Blobs one reader (an environment) may have read in an hour: a quarter of its repository's,
+/// more than one whole folder, so that any one commit fits, and it takes four pull requests
+/// rewriting every file to spend their repository's hour.
+pub const READS_PER_READER_HOUR: usize = READS_PER_REPOSITORY_HOUR / 4;
 /// Repositories whose reads are remembered at once; beyond, those without a read this hour go.
 const MAX_REPOSITORIES: usize = 4096;
+
+/// One read taken: when, and by which reader.
+type Read = (Instant, Arc<str>);
+
+/// Who reads what: the forge's API URL, the repository and the reader (the environment, as
+/// `namespace/name`), whose reads count against the repository's hour and the reader's share.
+#[derive(Clone, Copy, Debug)]
+pub struct ReadAt<'a> {
+    pub origin: &'a str,
+    pub repository: &'a str,
+    pub reader: &'a str,
+}
+
+/// `Ok` when `count` more reads fit beside `taken` (oldest first) within `limit` an hour; else
+/// how long until they do: the oldest read that must leave the hour first. More than `limit`
+/// at once never fit, and wait a whole hour.
+fn wait_for_room<'a>(
+    taken: impl Iterator<Item = &'a Instant>,
+    count: usize,
+    limit: usize,
+    now: Instant,
+) -> Result<(), Duration> {
+    let taken: Vec<&Instant> = taken.collect();
+    let over = (taken.len() + count).saturating_sub(limit);
+    if over == 0 {
+        return Ok(());
+    }
+    let wait = over
+        .checked_sub(1)
+        .and_then(|index| taken.get(index))
+        .map_or(HOUR, |oldest| {
+            (**oldest + HOUR).saturating_duration_since(now)
+        });
+    Err(wait.max(Duration::from_secs(1)))
+}
 
 /// Where a blob was read: the forge's API URL and the repository (lower case: both forges
 /// compare names so), and the blob id.
@@ -96,7 +137,7 @@ pub struct BlobCache {
     capacity: usize,
     blobs: Mutex<Blobs>,
     /// When each read of the last hour was taken, by (forge API URL, repository).
-    reads: Mutex<HashMap<(String, String), VecDeque<Instant>>>,
+    reads: Mutex<HashMap<(String, String), VecDeque<Read>>>,
 }
 
 impl Default for BlobCache {
@@ -119,21 +160,16 @@ impl BlobCache {
         self.lock().kept.contains_key(key)
     }
 
-    /// Takes `count` reads of repository `repository` on forge `origin` at `now`, if its hour
-    /// allows them all; else says when it will.
-    pub fn take_reads(
-        &self,
-        origin: &str,
-        repository: &str,
-        count: usize,
-        now: Instant,
-    ) -> Result<(), Duration> {
+    /// Takes `count` reads of repository `repository` on forge `origin` for `reader` (the
+    /// environment that reads) at `now`, if the repository's hour and the reader's share of
+    /// it allow them all; else says when they will.
+    pub fn take_reads(&self, at: ReadAt<'_>, count: usize, now: Instant) -> Result<(), Duration> {
         if count == 0 {
             return Ok(());
         }
         let mut reads = self.reads.lock().unwrap_or_else(PoisonError::into_inner);
-        let recent = |at: &Instant| now.saturating_duration_since(*at) < HOUR;
-        let key = (origin.to_string(), repository.to_lowercase());
+        let recent = |(when, _): &Read| now.saturating_duration_since(*when) < HOUR;
+        let key = (at.origin.to_string(), at.repository.to_lowercase());
         if !reads.contains_key(&key) && reads.len() >= MAX_REPOSITORIES {
             reads.retain(|_, taken| {
                 taken.retain(recent);
@@ -142,17 +178,34 @@ impl BlobCache {
         }
         let taken = reads.entry(key).or_default();
         taken.retain(recent);
-        let over = (taken.len() + count).saturating_sub(READS_PER_REPOSITORY_HOUR);
-        if over > 0 {
-            // The `over`-th oldest read must leave the hour first; more than an hour's reads
-            // at once never fit, and wait a whole hour.
-            let wait = taken.get(over - 1).map_or(HOUR, |oldest| {
-                (*oldest + HOUR).saturating_duration_since(now)
-            });
-            return Err(wait.max(Duration::from_secs(1)));
-        }
-        taken.extend(std::iter::repeat_n(now, count));
+        let all = taken.iter().map(|(when, _)| when);
+        wait_for_room(all, count, READS_PER_REPOSITORY_HOUR, now)?;
+        let readers = taken.iter().filter(|(_, who)| **who == *at.reader);
+        wait_for_room(
+            readers.map(|(when, _)| when),
+            count,
+            READS_PER_READER_HOUR,
+            now,
+        )?;
+        let reader: Arc<str> = Arc::from(at.reader);
+        taken.extend(std::iter::repeat_n((now, reader), count));
         Ok(())
+    }
+
+    /// Gives back `count` of the reads `at.reader` took at `taken_at` and did not make (the
+    /// reading stopped before them): only reads sent to the forge spend its rate limit.
+    pub fn give_back_reads(&self, at: ReadAt<'_>, count: usize, taken_at: Instant) {
+        let mut reads = self.reads.lock().unwrap_or_else(PoisonError::into_inner);
+        let key = (at.origin.to_string(), at.repository.to_lowercase());
+        let Some(taken) = reads.get_mut(&key) else {
+            return;
+        };
+        let mut left = count;
+        taken.retain(|(when, who)| {
+            let give_back = left > 0 && *when == taken_at && **who == *at.reader;
+            left -= usize::from(give_back);
+            !give_back
+        });
     }
 
     /// The kept bytes of `key`, if any (it then counts as just used).
@@ -205,25 +258,70 @@ impl BlobCache {
 mod tests {
     use super::*;
 
+    fn at<'a>(repository: &'a str, reader: &'a str) -> ReadAt<'a> {
+        ReadAt {
+            origin: "https://api.github.com",
+            repository,
+            reader,
+        }
+    }
+
     #[test]
     fn a_repository_reads_at_most_its_hour_and_others_are_not_held_by_it() {
         let cache = BlobCache::default();
         let now = Instant::now();
-        let github = "https://api.github.com";
-        for _ in 0..5 {
-            cache.take_reads(github, "org/busy", 200, now).unwrap();
+        for pr in ["pr-1", "pr-2", "pr-3", "pr-4"] {
+            cache.take_reads(at("org/busy", pr), 250, now).unwrap();
         }
-        let wait = cache.take_reads(github, "Org/Busy", 1, now).unwrap_err();
+        let wait = cache
+            .take_reads(at("Org/Busy", "pr-5"), 1, now)
+            .unwrap_err();
         assert_eq!(wait, HOUR, "names compare without case");
-        cache.take_reads(github, "org/quiet", 200, now).unwrap();
+        cache.take_reads(at("org/quiet", "pr-1"), 200, now).unwrap();
         let later = now + HOUR;
-        cache.take_reads(github, "org/busy", 200, later).unwrap();
+        cache
+            .take_reads(at("org/busy", "pr-5"), 200, later)
+            .unwrap();
         assert_eq!(
             cache
-                .take_reads(github, "org/other", 1_001, now)
+                .take_reads(at("org/other", "pr-1"), 1_001, now)
                 .unwrap_err(),
             HOUR
         );
+    }
+
+    #[test]
+    fn one_reader_reads_at_most_its_share_and_leaves_its_repository_the_rest() {
+        let cache = BlobCache::default();
+        let now = Instant::now();
+        cache.take_reads(at("org/app", "busy"), 200, now).unwrap();
+        let soon = now + Duration::from_secs(60);
+        let wait = cache
+            .take_reads(at("org/app", "busy"), 200, soon)
+            .unwrap_err();
+        assert_eq!(
+            wait,
+            HOUR - Duration::from_secs(60),
+            "its oldest reads leave first"
+        );
+        cache.take_reads(at("org/app", "busy"), 50, soon).unwrap();
+        // The repository's other pull requests still read.
+        cache.take_reads(at("org/app", "quiet"), 200, soon).unwrap();
+    }
+
+    #[test]
+    fn reads_given_back_are_taken_again() {
+        let cache = BlobCache::default();
+        let now = Instant::now();
+        cache.take_reads(at("org/app", "pr-1"), 250, now).unwrap();
+        assert!(cache.take_reads(at("org/app", "pr-1"), 1, now).is_err());
+        // Another reader's reads of the same moment are not its to give back.
+        cache.take_reads(at("org/app", "pr-2"), 10, now).unwrap();
+        cache.give_back_reads(at("org/app", "pr-1"), 100, now);
+        cache.take_reads(at("org/app", "pr-1"), 100, now).unwrap();
+        assert!(cache.take_reads(at("org/app", "pr-1"), 1, now).is_err());
+        cache.take_reads(at("org/app", "pr-2"), 240, now).unwrap();
+        assert!(cache.take_reads(at("org/app", "pr-2"), 1, now).is_err());
     }
 
     fn key(blob: &str) -> BlobKey {

@@ -117,10 +117,11 @@ impl ForgeClient {
         repository: &str,
         path: &str,
         sha: &str,
+        reader: &str,
     ) -> Result<Vec<(String, String)>, ForgeApiError> {
         let mut files = match self {
-            ForgeClient::Github(api) => api.read_manifests(repository, path, sha).await?,
-            ForgeClient::Gitlab(api) => api.read_manifests(repository, path, sha).await?,
+            ForgeClient::Github(api) => api.read_manifests(repository, path, sha, reader).await?,
+            ForgeClient::Gitlab(api) => api.read_manifests(repository, path, sha, reader).await?,
         };
         check_manifest_total(path, &files)?;
         files.sort();
@@ -135,10 +136,11 @@ impl ForgeClient {
         repository: &str,
         path: &str,
         sha: &str,
+        reader: &str,
     ) -> Result<Vec<(String, Vec<u8>)>, ForgeApiError> {
         let mut files = match self {
-            ForgeClient::Github(api) => api.read_folder(repository, path, sha).await?,
-            ForgeClient::Gitlab(api) => api.read_folder(repository, path, sha).await?,
+            ForgeClient::Github(api) => api.read_folder(repository, path, sha, reader).await?,
+            ForgeClient::Gitlab(api) => api.read_folder(repository, path, sha, reader).await?,
         };
         let total: usize = files.iter().map(|(_, bytes)| bytes.len()).sum();
         check_total(path, total)?;

@@ -12,7 +12,7 @@
 use std::future::Future;
 use std::sync::Arc;
 
-use super::blobs::{BlobCache, BlobKey};
+use super::blobs::{BlobCache, BlobKey, ReadAt};
 use super::client::{check_listed_sizes, check_manifest_count, check_manifest_size, check_total};
 use super::metrics::ForgeMetrics;
 use super::transport::ForgeApiError;
@@ -43,6 +43,19 @@ pub(crate) struct BlobSource<'a> {
     /// The forge's API URL.
     pub origin: &'a str,
     pub repository: &'a str,
+    /// The environment that reads (`namespace/name`), whose share of the repository's reads
+    /// this reading spends.
+    pub reader: &'a str,
+}
+
+impl BlobSource<'_> {
+    fn read_at(&self) -> ReadAt<'_> {
+        ReadAt {
+            origin: self.origin,
+            repository: self.repository,
+            reader: self.reader,
+        }
+    }
 }
 
 /// The contents of `files` under folder `root`, as (path, bytes): kept blobs from the cache,
@@ -63,13 +76,6 @@ where
         .iter()
         .filter_map(|file| Some((file.path.clone(), file.size?)));
     check_listed_sizes(root, listed)?;
-    let counted = |outcome: &str| {
-        source
-            .metrics
-            .blobs
-            .with_label_values(&[source.forge, outcome])
-            .inc();
-    };
     let unread = files
         .iter()
         .filter(|file| {
@@ -77,17 +83,45 @@ where
             !source.cache.holds(&key)
         })
         .count();
-    let now = std::time::Instant::now();
-    if let Err(wait) = source
-        .cache
-        .take_reads(source.origin, source.repository, unread, now)
-    {
+    let taken_at = std::time::Instant::now();
+    if let Err(wait) = source.cache.take_reads(source.read_at(), unread, taken_at) {
         return Err(ForgeApiError::ReadShare {
             repository: source.repository.to_string(),
             files: unread,
             wait,
         });
     }
+    let mut fetches = 0usize;
+    let read = fetch_all(root, files, &source, fetch, &mut fetches).await;
+    if read.is_err() {
+        // A reading that stopped early made fewer reads than it took: the rest are given back.
+        let unmade = unread.saturating_sub(fetches);
+        source
+            .cache
+            .give_back_reads(source.read_at(), unmade, taken_at);
+    }
+    read
+}
+
+/// The files' contents, kept or fetched, counting the fetches in `fetches`.
+async fn fetch_all<F, Fut>(
+    root: &str,
+    files: Vec<TreeFile>,
+    source: &BlobSource<'_>,
+    fetch: F,
+    fetches: &mut usize,
+) -> Result<Vec<(String, Vec<u8>)>, ForgeApiError>
+where
+    F: Fn(TreeFile) -> Fut,
+    Fut: Future<Output = Result<Vec<u8>, ForgeApiError>>,
+{
+    let counted = |outcome: &str| {
+        source
+            .metrics
+            .blobs
+            .with_label_values(&[source.forge, outcome])
+            .inc();
+    };
     let mut total = 0usize;
     let mut read = Vec::with_capacity(files.len());
     for file in files {
@@ -105,6 +139,7 @@ where
                 kept
             }
             None => {
+                *fetches += 1;
                 let fetched = fetch(file.clone()).await?;
                 check_manifest_size(&file.path, fetched.len() as u64)?;
                 counted("read");
@@ -141,6 +176,16 @@ mod tests {
         files: Vec<TreeFile>,
         size: usize,
     ) -> (Result<Vec<(String, Vec<u8>)>, ForgeApiError>, Vec<String>) {
+        read_by("team/pr-1", cache, files, size).await
+    }
+
+    /// [`read_recording`] for `reader`; a blob id starting `dead` fails to fetch.
+    async fn read_by(
+        reader: &str,
+        cache: &BlobCache,
+        files: Vec<TreeFile>,
+        size: usize,
+    ) -> (Result<Vec<(String, Vec<u8>)>, ForgeApiError>, Vec<String>) {
         let fetched = Mutex::new(Vec::new());
         let metrics = ForgeMetrics::new();
         let source = BlobSource {
@@ -149,10 +194,21 @@ mod tests {
             forge: "github",
             origin: "https://api.github.com",
             repository: "octo/app",
+            reader,
         };
         let result = read_blobs("chart", files, source, |file: TreeFile| {
+            let fails = file.blob.starts_with("dead");
             fetched.lock().unwrap().push(file.blob);
-            async move { Ok(vec![b'x'; size]) }
+            async move {
+                match fails {
+                    true => Err(ForgeApiError::Http {
+                        operation: "read_blob",
+                        status: 502,
+                        message: "bad gateway".into(),
+                    }),
+                    false => Ok(vec![b'x'; size]),
+                }
+            }
         })
         .await;
         (result, fetched.into_inner().unwrap())
@@ -179,36 +235,67 @@ mod tests {
         assert_eq!(read[0], ("Chart.yaml".to_string(), b"xxx".to_vec()));
     }
 
+    /// Each push of `reader`'s pull request rewrites the 200 files (ids never seen before).
+    fn rewritten(push: usize) -> Vec<TreeFile> {
+        (0..200)
+            .map(|i| TreeFile {
+                path: format!("{i}.yaml"),
+                blob: format!("{:040x}", push * 1_000 + i + 1),
+                size: Some(1),
+            })
+            .collect()
+    }
+
     #[tokio::test]
-    async fn a_pull_request_rewriting_every_file_on_each_push_reads_its_repositorys_hour_and_no_more()
-     {
+    async fn a_pull_request_rewriting_every_file_on_each_push_reads_its_share_and_no_more() {
         let cache = BlobCache::default();
-        // Each push rewrites the 200 files (ids never seen before).
-        let commit = |n: usize| -> Vec<TreeFile> {
-            (0..200)
-                .map(|i| TreeFile {
-                    path: format!("{i}.yaml"),
-                    blob: format!("{:040x}", n * 1_000 + i + 1),
-                    size: Some(1),
-                })
-                .collect()
-        };
-        for n in 0..5 {
-            let (read, fetched) = read_recording(&cache, commit(n), 1).await;
-            assert_eq!(read.unwrap().len(), 200);
-            assert_eq!(fetched.len(), 200);
-        }
-        let (read, fetched) = read_recording(&cache, commit(5), 1).await;
+        let (read, fetched) = read_by("team/busy", &cache, rewritten(0), 1).await;
+        assert_eq!(read.unwrap().len(), 200);
+        assert_eq!(fetched.len(), 200);
+        let (read, fetched) = read_by("team/busy", &cache, rewritten(1), 1).await;
         let Err(ForgeApiError::ReadShare { files, wait, .. }) = read else {
-            panic!("the sixth push's files wait: {read:?}");
+            panic!("the second push's files wait: {read:?}");
         };
         assert_eq!(files, 200);
         assert!(wait > std::time::Duration::from_secs(3_000), "{wait:?}");
         assert!(fetched.is_empty(), "nothing fetched past the share");
         // A commit of files already kept costs no read and goes on.
-        let (read, fetched) = read_recording(&cache, commit(4), 1).await;
+        let (read, fetched) = read_by("team/busy", &cache, rewritten(0), 1).await;
         assert_eq!(read.unwrap().len(), 200);
         assert!(fetched.is_empty());
+        // The repository's other pull requests read theirs: four more whole folders, and then
+        // the repository's hour of 1,000 is spent.
+        for (n, reader) in ["team/a", "team/b", "team/c", "team/d"]
+            .into_iter()
+            .enumerate()
+        {
+            let (read, _) = read_by(reader, &cache, rewritten(10 + n), 1).await;
+            assert_eq!(
+                read.unwrap().len(),
+                200,
+                "{reader} reads beside the busy one"
+            );
+        }
+        let (read, _) = read_by("team/e", &cache, rewritten(20), 1).await;
+        assert!(
+            matches!(read, Err(ForgeApiError::ReadShare { .. })),
+            "{read:?}"
+        );
+    }
+
+    #[tokio::test]
+    async fn reads_a_failed_reading_did_not_make_are_given_back() {
+        let cache = BlobCache::default();
+        // The third of 200 files fails: three reads were sent, 197 are given back.
+        let mut failing = rewritten(0);
+        failing[2].blob = format!("dead{}", "0".repeat(36));
+        let (read, fetched) = read_by("team/pr", &cache, failing, 1).await;
+        assert!(matches!(read, Err(ForgeApiError::Http { status: 502, .. })));
+        assert_eq!(fetched.len(), 3);
+        // 250 - 3 left: a whole new folder fits (it would not, had all 200 been kept).
+        let (read, fetched) = read_by("team/pr", &cache, rewritten(1), 1).await;
+        assert_eq!(read.unwrap().len(), 200);
+        assert_eq!(fetched.len(), 200);
     }
 
     #[tokio::test]

@@ -76,16 +76,19 @@ pub struct RepositoryManifests {
 
 impl RepositoryManifests {
     /// The manifests in `path` of `repository` at commit `sha`, each named `<path>/<file>`.
+    /// Files read for it spend `reader`'s share of the repository's reads (the first reader's,
+    /// when several environments ask for one commit at once).
     pub async fn get(
         &self,
         client: &ForgeClient,
         repository: &str,
         path: &str,
         sha: &str,
+        reader: &str,
     ) -> Result<Arc<Vec<InlineManifest>>, ForgeApiError> {
         let key = key_of(client, repository, path, sha);
         let read = async {
-            let files = client.read_manifests(repository, path, sha).await?;
+            let files = client.read_manifests(repository, path, sha, reader).await?;
             Ok(named(path, files))
         };
         self.manifests.get(key, read).await
@@ -98,10 +101,11 @@ impl RepositoryManifests {
         repository: &str,
         path: &str,
         sha: &str,
+        reader: &str,
     ) -> Result<Arc<FolderFiles>, ForgeApiError> {
         let key = key_of(client, repository, path, sha);
         self.folders
-            .get(key, client.read_folder(repository, path, sha))
+            .get(key, client.read_folder(repository, path, sha, reader))
             .await
     }
 }
@@ -230,7 +234,9 @@ mod tests {
         let read = |client: Arc<ForgeClient>| {
             let (manifests, sha) = (&manifests, sha.clone());
             async move {
-                let read = manifests.get(&client, "octo/app", "deploy", &sha).await;
+                let read = manifests
+                    .get(&client, "octo/app", "deploy", &sha, "test/pr-1")
+                    .await;
                 read.unwrap()[0].template.clone()
             }
         };

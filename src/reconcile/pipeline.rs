@@ -259,8 +259,7 @@ pub(super) async fn render_and_plan(
     live_replicas: impl Fn(&serde_json::Value) -> Option<i32> + Send + 'static,
 ) -> Result<Plan, Refusal> {
     within_ceiling(template, &limits)?;
-    let head_sha = &environment.spec.source.head_sha;
-    let templates = resolve::manifests(template, head_sha, renderer, cluster).await?;
+    let templates = resolve::manifests(environment, template, renderer, cluster).await?;
     let from_engines = renders::render_engines(environment, template, namespace, renderer).await?;
     let request = templates_request(environment, template, templates, namespace);
     let mut rendered = renders::isolated::render(request, template, renderer)

@@ -34,8 +34,8 @@ pub fn template(
 /// source failed and why. (A Helm chart is read and rendered by the `charts` step.) A
 /// ConfigMap source is read from `cluster` (none: refused, for a dry run to say).
 pub async fn manifests(
+    environment: &PreviewEnvironment,
     template: &PreviewTemplate,
-    head_sha: &str,
     renderer: &Renderer<'_>,
     cluster: Option<&kube::Client>,
 ) -> Result<Vec<InlineManifest>, Refusal> {
@@ -48,7 +48,7 @@ pub async fn manifests(
     } = &template.spec.manifests;
     let mut all = inline.clone();
     if let Some(path) = repository_path {
-        all.extend(from_repository(template, path, head_sha, renderer).await?);
+        all.extend(from_repository(environment, template, path, renderer).await?);
     }
     if let Some(source) = config_map {
         let Some(cluster) = cluster else {
@@ -66,12 +66,15 @@ pub async fn manifests(
 }
 
 async fn from_repository(
+    environment: &PreviewEnvironment,
     template: &PreviewTemplate,
     path: &str,
-    head_sha: &str,
     renderer: &Renderer<'_>,
 ) -> Result<Vec<InlineManifest>, Refusal> {
-    let files = renderer.files.manifests(template, path, head_sha).await?;
+    let files = renderer
+        .files
+        .manifests(environment, template, path)
+        .await?;
     Ok(files.iter().cloned().collect())
 }
 

@@ -305,7 +305,7 @@ mod tests {
             let url = stand_in.url();
             let client = clients.get(kind, Some(&url), b"t", "token").await.unwrap();
             let chart = client
-                .read_folder(repository, "deploy/chart", "ec26c3e")
+                .read_folder(repository, "deploy/chart", "ec26c3e", "test/pr-1")
                 .await
                 .unwrap();
             assert_eq!(
@@ -325,7 +325,12 @@ mod tests {
                 "{kind:?}: subfolders are read"
             );
             let manifests = client
-                .read_manifests(repository, "deploy/overlays/preview", "ec26c3e")
+                .read_manifests(
+                    repository,
+                    "deploy/overlays/preview",
+                    "ec26c3e",
+                    "test/pr-1",
+                )
                 .await
                 .unwrap();
             let names: Vec<&str> = manifests.iter().map(|(name, _)| name.as_str()).collect();
@@ -335,7 +340,9 @@ mod tests {
                 "{kind:?}"
             );
             assert!(manifests.contains(&("kustomization.yaml".to_string(), overlay.clone())));
-            let missing = client.read_folder(repository, "no/such/folder", "x").await;
+            let missing = client
+                .read_folder(repository, "no/such/folder", "x", "test/pr-1")
+                .await;
             assert!(
                 matches!(
                     missing,
@@ -363,14 +370,18 @@ mod tests {
                 .get(kind, Some(&url), b"guess", "token")
                 .await
                 .unwrap();
-            let refused = wrong.read_folder(repository, "deploy/chart", "x").await;
+            let refused = wrong
+                .read_folder(repository, "deploy/chart", "x", "test/pr-1")
+                .await;
             let said = refused.err().map(|e| e.to_string()).unwrap_or_default();
             assert!(said.contains("401"), "{kind:?}: {said}");
             let right = clients
                 .get(kind, Some(&url), b"the-token", "token")
                 .await
                 .unwrap();
-            let read = right.read_folder(repository, "deploy/chart", "x").await;
+            let read = right
+                .read_folder(repository, "deploy/chart", "x", "test/pr-1")
+                .await;
             assert_eq!(read.map(|files| files.len()).ok(), Some(10), "{kind:?}");
         }
         let anonymous = reqwest::get(format!("{url}/repos/{GITHUB_REPOSITORY}/git/trees/main"))

@@ -581,7 +581,7 @@ async fn pushes_of_a_repository_chart(
     for (index, sha) in commits.iter().enumerate() {
         let before = forge_requests(&metrics);
         let chart = manifests
-            .folder(&client, REPOSITORY, "deploy/chart", sha)
+            .folder(&client, REPOSITORY, "deploy/chart", sha, "bench/pr-1")
             .await
             .expect("the chart at this commit");
         assert_eq!(chart.len(), objects.len() + 2, "the chart's files at {sha}");

@@ -498,6 +498,7 @@ impl GithubApi {
         repository: &str,
         path: &str,
         sha: &str,
+        reader: &str,
     ) -> Result<Vec<(String, String)>, ForgeApiError> {
         let root = path.trim_matches('/');
         // One level is all that is read: a huge subfolder beside the manifests costs nothing.
@@ -513,7 +514,7 @@ impl GithubApi {
                 });
             }
         };
-        let read = self.read_blobs(repository, root, files).await?;
+        let read = self.read_blobs(repository, reader, root, files).await?;
         Ok(read
             .into_iter()
             .map(|(name, bytes)| (name, String::from_utf8_lossy(&bytes).into_owned()))
@@ -528,10 +529,11 @@ impl GithubApi {
         repository: &str,
         path: &str,
         sha: &str,
+        reader: &str,
     ) -> Result<Vec<(String, Vec<u8>)>, ForgeApiError> {
         let root = path.trim_matches('/');
         match self.tree_at(repository, root, sha, true).await? {
-            AtPath::Folder(files) => self.read_blobs(repository, root, files).await,
+            AtPath::Folder(files) => self.read_blobs(repository, reader, root, files).await,
             AtPath::File(_) | AtPath::Missing => Err(not_a_folder(root)),
         }
     }
@@ -540,6 +542,7 @@ impl GithubApi {
     async fn read_blobs(
         &self,
         repository: &str,
+        reader: &str,
         root: &str,
         files: Vec<TreeFile>,
     ) -> Result<Vec<(String, Vec<u8>)>, ForgeApiError> {
@@ -549,6 +552,7 @@ impl GithubApi {
             forge: "github",
             origin: &self.origin,
             repository,
+            reader,
         };
         read_blobs(root, files, source, |file| async move {
             let blob = file.blob;
@@ -986,7 +990,7 @@ mod tests {
             .await;
 
         let files = api
-            .read_folder("o/r", "deploy/chart", &commit)
+            .read_folder("o/r", "deploy/chart", &commit, "test/pr-1")
             .await
             .unwrap();
 
@@ -1006,12 +1010,14 @@ mod tests {
             .mount(&server)
             .await;
         let sha = "c".repeat(40);
-        let folder = api.read_folder("o/r", "deploy/chart", &sha).await;
+        let folder = api
+            .read_folder("o/r", "deploy/chart", &sha, "test/pr-1")
+            .await;
         assert!(
             matches!(folder, Err(ForgeApiError::Transport { .. })),
             "{folder:?}"
         );
-        let manifests = api.read_manifests("o/r", "deploy", &sha).await;
+        let manifests = api.read_manifests("o/r", "deploy", &sha, "test/pr-1").await;
         assert!(
             matches!(manifests, Err(ForgeApiError::Transport { .. })),
             "{manifests:?}"
@@ -1071,7 +1077,7 @@ mod tests {
             .mount(&server)
             .await;
         let read = api
-            .read_folder("o/r", "deploy/chart", &"c".repeat(40))
+            .read_folder("o/r", "deploy/chart", &"c".repeat(40), "test/pr-1")
             .await;
         let Err(ForgeApiError::Transport { message, .. }) = read else {
             panic!("not refused: {read:?}");
@@ -1101,7 +1107,9 @@ mod tests {
                 .mount(&server)
                 .await;
         }
-        let read = api.read_manifests("o/r", "deploy", &"c".repeat(40)).await;
+        let read = api
+            .read_manifests("o/r", "deploy", &"c".repeat(40), "test/pr-1")
+            .await;
         let Err(ForgeApiError::Transport { message, .. }) = read else {
             panic!("the blob was not refused: {read:?}");
         };

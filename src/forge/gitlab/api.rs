@@ -484,6 +484,7 @@ impl GitlabApi {
         project: &str,
         path: &str,
         sha: &str,
+        reader: &str,
     ) -> Result<Vec<(String, String)>, ForgeApiError> {
         let root = path.trim_matches('/');
         let entries = self.tree(project, root, sha, false).await?;
@@ -509,7 +510,7 @@ impl GitlabApi {
                 .collect()
         };
         let manifests = files.into_iter().filter(|f| is_yaml(&f.path)).collect();
-        let read = self.read_blobs(project, root, manifests).await?;
+        let read = self.read_blobs(project, reader, root, manifests).await?;
         Ok(read
             .into_iter()
             .map(|(name, bytes)| (name, String::from_utf8_lossy(&bytes).into_owned()))
@@ -525,6 +526,7 @@ impl GitlabApi {
         project: &str,
         path: &str,
         sha: &str,
+        reader: &str,
     ) -> Result<Vec<(String, Vec<u8>)>, ForgeApiError> {
         let root = path.trim_matches('/');
         let entries = self.tree(project, root, sha, true).await?;
@@ -542,7 +544,7 @@ impl GitlabApi {
                 e.named(relative)
             })
             .collect();
-        self.read_blobs(project, root, files).await
+        self.read_blobs(project, reader, root, files).await
     }
 
     /// The entries of folder `path` at commit `sha` (every level below it when `recursive`).
@@ -590,6 +592,7 @@ impl GitlabApi {
     async fn read_blobs(
         &self,
         project: &str,
+        reader: &str,
         root: &str,
         files: Vec<TreeFile>,
     ) -> Result<Vec<(String, Vec<u8>)>, ForgeApiError> {
@@ -600,6 +603,7 @@ impl GitlabApi {
             forge: "gitlab",
             origin,
             repository: project,
+            reader,
         };
         read_blobs(root, files, source, |file| async move {
             let project = gitlab::api::common::NameOrId::from(project);
@@ -963,7 +967,7 @@ mod tests {
             let api = GitlabApi::connect(Some(uri.as_str()), "glpat-test".into(), metrics);
             let api = api.await.unwrap();
             let sha = "ec26c3e57ca3a959ca5aad62de7213c562f8c821";
-            api.read_manifests("group/app", "deploy", sha)
+            api.read_manifests("group/app", "deploy", sha, "test/pr-1")
                 .await
                 .unwrap_err()
         };
@@ -1005,7 +1009,9 @@ mod tests {
         let uri = server.uri();
         let api = GitlabApi::connect(Some(&uri), "glpat-test".into(), Default::default());
         let api = api.await.unwrap();
-        let read = api.read_manifests("group/app", "deploy", "c0ffee").await;
+        let read = api
+            .read_manifests("group/app", "deploy", "c0ffee", "test/pr-1")
+            .await;
         let Err(ForgeApiError::ManifestsTooLarge { problem, .. }) = read else {
             panic!("not refused: {read:?}");
         };

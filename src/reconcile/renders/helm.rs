@@ -24,11 +24,10 @@ pub async fn render_chart(
         return Ok(Vec::new());
     };
     let (release, values) = chart_values(environment, template, helm, namespace, renderer).await?;
-    let head_sha = &environment.spec.source.head_sha;
     let files;
     let chart = match (&helm.chart.path, &helm.chart.repository) {
         (Some(path), None) => {
-            files = renderer.files.folder(template, path, head_sha).await?;
+            files = renderer.files.folder(environment, template, path).await?;
             Chart::Files(&files)
         }
         (None, Some(repository)) => published(repository, helm)?,

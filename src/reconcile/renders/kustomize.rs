@@ -27,8 +27,7 @@ pub async fn build_overlay(
     };
     let (root, overlay) = folders(kustomize)?;
     let (images, patches) = on_top(environment, template, kustomize, namespace, renderer).await?;
-    let head_sha = &environment.spec.source.head_sha;
-    let files = renderer.files.folder(template, &root, head_sha).await?;
+    let files = renderer.files.folder(environment, template, &root).await?;
     check_overlay(
         environment,
         template,

@@ -11,7 +11,7 @@ use crate::engines::Engines;
 use crate::forge::client::{ForgeApiError, ForgeClient};
 use crate::forge::repository::{FolderFiles, RepositoryManifests};
 use crate::forge::template_client::TemplateClients;
-use crate::model::crd::{InlineManifest, PreviewTemplate};
+use crate::model::crd::{InlineManifest, PreviewEnvironment, PreviewTemplate};
 use crate::reconcile::error::{Refusal, RefusalReason};
 
 pub struct Renderer<'a> {
@@ -35,33 +35,44 @@ pub enum ForgeAccess<'a> {
     Given(Arc<ForgeClient>),
 }
 
+/// Who reads the repository, for its share of the repository's reads: the environment.
+fn reader(environment: &PreviewEnvironment) -> String {
+    use kube::ResourceExt;
+    let namespace = environment.namespace().unwrap_or_default();
+    format!("{namespace}/{}", environment.name_any())
+}
+
 impl RepositoryFiles<'_> {
-    /// The manifests in `path` of the template's repository at `head_sha`.
+    /// The manifests in `path` of the template's repository at the environment's head, read
+    /// on the environment's share of the repository's reads.
     pub async fn manifests(
         &self,
+        environment: &PreviewEnvironment,
         template: &PreviewTemplate,
         path: &str,
-        head_sha: &str,
     ) -> Result<Arc<Vec<InlineManifest>>, Refusal> {
         let client = self.client(template, path).await?;
         let repository = &template.spec.forge.repository;
+        let head_sha = &environment.spec.source.head_sha;
         self.kept
-            .get(&client, repository, path, head_sha)
+            .get(&client, repository, path, head_sha, &reader(environment))
             .await
             .map_err(|e| repository_refusal(path, head_sha, e))
     }
 
-    /// Every file of folder `path` of the template's repository at `head_sha`.
+    /// Every file of folder `path` of the template's repository at the environment's head,
+    /// read on the environment's share of the repository's reads.
     pub async fn folder(
         &self,
+        environment: &PreviewEnvironment,
         template: &PreviewTemplate,
         path: &str,
-        head_sha: &str,
     ) -> Result<Arc<FolderFiles>, Refusal> {
         let client = self.client(template, path).await?;
         let repository = &template.spec.forge.repository;
+        let head_sha = &environment.spec.source.head_sha;
         self.kept
-            .folder(&client, repository, path, head_sha)
+            .folder(&client, repository, path, head_sha, &reader(environment))
             .await
             .map_err(|e| repository_refusal(path, head_sha, e))
     }
