@@ -6,6 +6,12 @@
 //! [`WakeLimits::per_client`] wakes per window and all clients together
 //! [`WakeLimits::in_all`]; a request beyond either gets the waiting page and wakes nothing.
 //!
+//! The budget in all is every team's: a few addresses walking one team's hosts would spend it
+//! for all. So the environments of one template may take an equal part of it: the budget in
+//! all divided by the templates that have a sleeping environment now (one template: all of
+//! it). A flood on one team's hosts leaves every other team its part; only the operator, by
+//! adding templates, changes how many parts there are.
+//!
 //! An IPv6 client is counted by its /64 (one host usually holds a whole /64, and rotating
 //! addresses inside it must not buy more wakes). The record of clients is bounded: beyond
 //! [`MAX_CLIENTS`] addresses with wakes in the window, a new address is refused until old
@@ -46,6 +52,8 @@ impl Default for WakeLimits {
 pub enum OverBudget {
     /// This client's address (or /64) used its wakes of the window.
     Client,
+    /// The environments of this template used their part of the budget in all.
+    Template,
     /// All clients together did.
     InAll,
 }
@@ -60,6 +68,16 @@ pub struct WakeBudget {
 struct Spent {
     in_all: VecDeque<Instant>,
     by_client: HashMap<IpAddr, VecDeque<Instant>>,
+    by_template: HashMap<String, VecDeque<Instant>>,
+}
+
+/// Whose wake it is: the client that asks, and the template of the environment it would wake
+/// (`namespace/name`) among the `templates_asleep` that have a sleeping environment now.
+#[derive(Clone, Copy, Debug)]
+pub struct Waking<'a> {
+    pub client: IpAddr,
+    pub template: &'a str,
+    pub templates_asleep: usize,
 }
 
 impl Spent {
@@ -75,6 +93,13 @@ impl Spent {
                 !wakes.is_empty()
             });
         }
+        // Templates are the operator's, a few; those without a wake in the window go.
+        self.by_template.retain(|_, wakes| {
+            while wakes.front().is_some_and(stale) {
+                wakes.pop_front();
+            }
+            !wakes.is_empty()
+        });
     }
 }
 
@@ -86,12 +111,13 @@ impl WakeBudget {
         }
     }
 
-    /// Spends one wake for `client` at `now`, if its share and the budget in all allow.
-    pub fn spend(&self, client: IpAddr, now: Instant) -> Result<(), OverBudget> {
+    /// Spends one wake for `waking` at `now`, if the client's share, the template's part and
+    /// the budget in all allow.
+    pub fn spend(&self, waking: Waking<'_>, now: Instant) -> Result<(), OverBudget> {
         let window = self.limits.window;
         let mut spent = self.state.lock().unwrap_or_else(PoisonError::into_inner);
         spent.expire(now, window);
-        let key = counted_as(client);
+        let key = counted_as(waking.client);
         if !spent.by_client.contains_key(&key) && spent.by_client.len() >= MAX_CLIENTS {
             return Err(OverBudget::InAll);
         }
@@ -103,14 +129,24 @@ impl WakeBudget {
         if spent.in_all.len() >= self.limits.in_all as usize {
             return Err(OverBudget::InAll);
         }
+        let part = (self.limits.in_all as usize).div_ceil(waking.templates_asleep.max(1));
+        let template = spent
+            .by_template
+            .get(waking.template)
+            .map_or(0, VecDeque::len);
+        if template >= part {
+            return Err(OverBudget::Template);
+        }
         spent.by_client.entry(key).or_default().push_back(now);
+        let template = spent.by_template.entry(waking.template.to_string());
+        template.or_default().push_back(now);
         spent.in_all.push_back(now);
         Ok(())
     }
 
     /// The wake spent for `client` at `at` was not sent after all (its environment's turn had
     /// run, or the write failed): it is given back.
-    pub fn give_back(&self, client: IpAddr, at: Instant) {
+    pub fn give_back(&self, client: IpAddr, template: &str, at: Instant) {
         let mut spent = self.state.lock().unwrap_or_else(PoisonError::into_inner);
         let forget = |wakes: &mut VecDeque<Instant>| {
             if let Some(i) = wakes.iter().rposition(|t| *t == at) {
@@ -119,6 +155,9 @@ impl WakeBudget {
         };
         forget(&mut spent.in_all);
         if let Some(wakes) = spent.by_client.get_mut(&counted_as(client)) {
+            forget(wakes);
+        }
+        if let Some(wakes) = spent.by_template.get_mut(template) {
             forget(wakes);
         }
     }
@@ -155,28 +194,63 @@ mod tests {
         text.parse().unwrap()
     }
 
+    /// A wake by `client` of an environment of the only template with sleeping ones.
+    fn alone(client: IpAddr) -> Waking<'static> {
+        Waking {
+            client,
+            template: "previews/web",
+            templates_asleep: 1,
+        }
+    }
+
+    #[test]
+    fn each_template_takes_its_part_of_the_budget_in_all_and_no_more() {
+        let budget = WakeBudget::new(limits(100, 5));
+        let now = Instant::now();
+        let waking = |n: u8, template| Waking {
+            client: IpAddr::from([198, 51, 100, n]),
+            template,
+            templates_asleep: 2,
+        };
+        // A flood of addresses on one team's hosts: its part (5 of 2 parts, rounded up) only.
+        for n in 0..3 {
+            assert_eq!(budget.spend(waking(n, "team-a/web"), now), Ok(()));
+        }
+        let flooded = budget.spend(waking(3, "team-a/web"), now);
+        assert_eq!(flooded, Err(OverBudget::Template));
+        // The other team's visitors still wake theirs, up to the budget in all.
+        for n in 4..6 {
+            assert_eq!(budget.spend(waking(n, "team-b/api"), now), Ok(()));
+        }
+        let beyond = budget.spend(waking(6, "team-b/api"), now);
+        assert_eq!(beyond, Err(OverBudget::InAll));
+        // In the next window each has its part again.
+        let later = now + Duration::from_secs(600);
+        assert_eq!(budget.spend(waking(7, "team-b/api"), later), Ok(()));
+    }
+
     #[test]
     fn one_client_spends_its_share_and_no_more_until_the_window_moves_on() {
         let budget = WakeBudget::new(limits(3, 100));
         let start = Instant::now();
         for i in 0..3 {
             assert_eq!(
-                budget.spend(ip("203.0.113.7"), start + Duration::from_secs(i)),
+                budget.spend(alone(ip("203.0.113.7")), start + Duration::from_secs(i)),
                 Ok(())
             );
         }
         let later = start + Duration::from_secs(10);
         assert_eq!(
-            budget.spend(ip("203.0.113.7"), later),
+            budget.spend(alone(ip("203.0.113.7")), later),
             Err(OverBudget::Client)
         );
         assert_eq!(
-            budget.spend(ip("203.0.113.8"), later),
+            budget.spend(alone(ip("203.0.113.8")), later),
             Ok(()),
             "another client has its own"
         );
         let next_window = start + Duration::from_secs(600);
-        assert_eq!(budget.spend(ip("203.0.113.7"), next_window), Ok(()));
+        assert_eq!(budget.spend(alone(ip("203.0.113.7")), next_window), Ok(()));
     }
 
     #[test]
@@ -184,10 +258,13 @@ mod tests {
         let budget = WakeBudget::new(limits(3, 5));
         let now = Instant::now();
         for i in 0..5u8 {
-            assert_eq!(budget.spend(IpAddr::from([198, 51, 100, i]), now), Ok(()));
+            assert_eq!(
+                budget.spend(alone(IpAddr::from([198, 51, 100, i])), now),
+                Ok(())
+            );
         }
         assert_eq!(
-            budget.spend(ip("198.51.100.200"), now),
+            budget.spend(alone(ip("198.51.100.200")), now),
             Err(OverBudget::InAll)
         );
     }
@@ -196,14 +273,14 @@ mod tests {
     fn addresses_of_one_ipv6_network_share_a_share() {
         let budget = WakeBudget::new(limits(2, 100));
         let now = Instant::now();
-        assert_eq!(budget.spend(ip("2001:db8:1:2::1"), now), Ok(()));
-        assert_eq!(budget.spend(ip("2001:db8:1:2:ffff::9"), now), Ok(()));
+        assert_eq!(budget.spend(alone(ip("2001:db8:1:2::1")), now), Ok(()));
+        assert_eq!(budget.spend(alone(ip("2001:db8:1:2:ffff::9")), now), Ok(()));
         assert_eq!(
-            budget.spend(ip("2001:db8:1:2::abcd"), now),
+            budget.spend(alone(ip("2001:db8:1:2::abcd")), now),
             Err(OverBudget::Client)
         );
         assert_eq!(
-            budget.spend(ip("2001:db8:1:3::1"), now),
+            budget.spend(alone(ip("2001:db8:1:3::1")), now),
             Ok(()),
             "another /64"
         );
@@ -214,9 +291,9 @@ mod tests {
     fn a_wake_given_back_is_spent_again() {
         let budget = WakeBudget::new(limits(1, 1));
         let now = Instant::now();
-        assert_eq!(budget.spend(ip("192.0.2.1"), now), Ok(()));
-        budget.give_back(ip("192.0.2.1"), now);
-        assert_eq!(budget.spend(ip("192.0.2.2"), now), Ok(()));
+        assert_eq!(budget.spend(alone(ip("192.0.2.1")), now), Ok(()));
+        budget.give_back(ip("192.0.2.1"), "previews/web", now);
+        assert_eq!(budget.spend(alone(ip("192.0.2.2")), now), Ok(()));
     }
 
     #[test]
@@ -224,13 +301,16 @@ mod tests {
         let budget = WakeBudget::new(limits(1, u32::MAX));
         let now = Instant::now();
         for i in 0..MAX_CLIENTS as u32 {
-            assert_eq!(budget.spend(IpAddr::from(i.to_be_bytes()), now), Ok(()));
+            assert_eq!(
+                budget.spend(alone(IpAddr::from(i.to_be_bytes())), now),
+                Ok(())
+            );
         }
-        let full = budget.spend(ip("10.255.255.255"), now);
+        let full = budget.spend(alone(ip("10.255.255.255")), now);
         assert_eq!(full, Err(OverBudget::InAll), "no room for another address");
         let later = now + Duration::from_secs(600);
         assert_eq!(
-            budget.spend(ip("10.255.255.255"), later),
+            budget.spend(alone(ip("10.255.255.255")), later),
             Ok(()),
             "old ones left"
         );

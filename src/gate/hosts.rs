@@ -24,6 +24,8 @@ const MAX_HOST_LENGTH: usize = 253;
 pub struct Holder {
     pub namespace: String,
     pub name: String,
+    /// Its template, as `namespace/name`: whose part of the wake budget a wake spends.
+    pub template: String,
     /// Its head commit (never shown: the wake records it, see `records::wake_for_request`).
     pub head: String,
     /// The version of it the gate saw: the wake applies only to that one.
@@ -76,8 +78,10 @@ pub fn holders<'a>(
         let Some(host) = status.host.as_deref().and_then(normalize) else {
             continue;
         };
+        let namespace = environment.metadata.namespace.clone().unwrap_or_default();
         let holder = Holder {
-            namespace: environment.metadata.namespace.clone().unwrap_or_default(),
+            template: format!("{namespace}/{}", environment.spec.template),
+            namespace,
             name: environment.metadata.name.clone().unwrap_or_default(),
             head: environment.spec.source.head_sha.clone(),
             resource_version: environment
@@ -101,6 +105,25 @@ pub fn holders<'a>(
 struct Snapshot {
     built: Instant,
     hosts: HashMap<String, Holder>,
+    /// Templates with a sleeping environment that holds a host: how many parts the wake
+    /// budget in all is split into.
+    templates_asleep: usize,
+}
+
+/// What the gate knows of a host: the environment that holds it, and how many templates
+/// have sleeping environments now.
+#[derive(Clone, Debug)]
+pub struct Found {
+    pub holder: Holder,
+    pub templates_asleep: usize,
+}
+
+/// The templates of the sleeping holders among `hosts`.
+fn templates_asleep(hosts: &HashMap<String, Holder>) -> usize {
+    let asleep = hosts.values().filter(|holder| holder.asleep);
+    let templates: std::collections::HashSet<&str> =
+        asleep.map(|holder| holder.template.as_str()).collect();
+    templates.len()
 }
 
 /// The gate's view of which environment holds which host.
@@ -117,6 +140,7 @@ impl HostIndex {
                 .checked_sub(SNAPSHOT_MAX_AGE * 2)
                 .unwrap_or_else(Instant::now),
             hosts: HashMap::new(),
+            templates_asleep: 0,
         };
         Self {
             environments,
@@ -126,8 +150,13 @@ impl HostIndex {
     }
 
     /// The environment that holds `host` (already [`normalize`]d), if any.
-    pub fn holder(&self, host: &str) -> Option<Holder> {
-        self.fresh().hosts.get(host).cloned()
+    pub fn holder(&self, host: &str) -> Option<Found> {
+        let snapshot = self.fresh();
+        let holder = snapshot.hosts.get(host)?.clone();
+        Some(Found {
+            holder,
+            templates_asleep: snapshot.templates_asleep,
+        })
     }
 
     /// The snapshot, rebuilt first if it is older than [`SNAPSHOT_MAX_AGE`]. One request
@@ -140,9 +169,11 @@ impl HostIndex {
         let Ok(_turn) = self.rebuilding.try_lock() else {
             return current;
         };
+        let hosts = holders(self.environments.state().iter().map(|e| &**e));
         let rebuilt = Arc::new(Snapshot {
             built: Instant::now(),
-            hosts: holders(self.environments.state().iter().map(|e| &**e)),
+            templates_asleep: templates_asleep(&hosts),
+            hosts,
         });
         *self
             .snapshot

@@ -17,8 +17,8 @@ use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use kube::runtime::reflector::Store;
 
-use super::budget::{WakeBudget, WakeLimits};
-use super::hosts::{Holder, HostIndex, normalize};
+use super::budget::{WakeBudget, WakeLimits, Waking};
+use super::hosts::{Found, Holder, HostIndex, normalize};
 use super::metrics::GateMetrics;
 use super::page::{self, Answer};
 use super::turns::WakeTurns;
@@ -163,10 +163,14 @@ impl Gate {
         wants_html: bool,
         client: impl FnOnce() -> IpAddr,
     ) -> Answer {
-        let holder = authority
+        let found = authority
             .and_then(normalize)
             .and_then(|host| self.index.holder(&host));
-        let Some(holder) = holder else {
+        let Some(Found {
+            holder,
+            templates_asleep,
+        }) = found
+        else {
             self.metrics.answered("unknown");
             return page::unknown();
         };
@@ -180,7 +184,12 @@ impl Gate {
             return page::waiting(&holder, wants_html);
         }
         let client = client();
-        if let Err(over) = self.budget.spend(client, now) {
+        let waking = Waking {
+            client,
+            template: &holder.template,
+            templates_asleep,
+        };
+        if let Err(over) = self.budget.spend(waking, now) {
             // Not this client's wake to cause: the environment's turn stays for another.
             self.turns.give_back(&holder.namespace, &holder.name);
             self.metrics.over_budget(over);
@@ -195,6 +204,7 @@ impl Gate {
         let gate = self.clone();
         let (namespace, name) = (holder.namespace.clone(), holder.name.clone());
         let (head, version) = (holder.head.clone(), holder.resource_version.clone());
+        let template = holder.template.clone();
         tokio::spawn(async move {
             let seen = records::Seen {
                 head: &head,
@@ -208,7 +218,7 @@ impl Gate {
                     tracing::warn!(environment = %name, %namespace, %error, "could not wake the environment; a request in a few seconds tries again");
                     gate.turns.failed(&namespace, &name, Instant::now());
                     // A wake that was not written costs the client nothing.
-                    gate.budget.give_back(client, spent_at);
+                    gate.budget.give_back(client, &template, spent_at);
                 }
             }
         });

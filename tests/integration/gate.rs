@@ -344,12 +344,19 @@ async fn get_for(gate: std::net::SocketAddr, host: &str, client: &str) -> (u16, 
 /// Sleeping environments `pr-1` … `pr-N`, each holding `pr-N.budget.example.com`, written
 /// straight to the API server (no controller: only the gate reads them).
 async fn sleeping_environments(client: &Client, namespace: &str, count: u64) {
+    sleeping_of(client, namespace, "web", "pr", count).await
+}
+
+/// `count` sleeping environments of `template`, named `{prefix}-{n}`, each holding host
+/// `{prefix}-{n}.budget.example.com`.
+async fn sleeping_of(client: &Client, namespace: &str, template: &str, prefix: &str, count: u64) {
     let api: Api<PreviewEnvironment> = Api::namespaced(client.clone(), namespace);
     for n in 1..=count {
+        let name = format!("{prefix}-{n}");
         let environment: PreviewEnvironment = serde_json::from_value(json!({
             "apiVersion": "previewd.dev/v1alpha1", "kind": "PreviewEnvironment",
-            "metadata": {"name": format!("pr-{n}")},
-            "spec": {"template": "web", "sleep": true, "source": {"repository": "org/web",
+            "metadata": {"name": name},
+            "spec": {"template": template, "sleep": true, "source": {"repository": "org/web",
                      "branch": format!("feature-{n}"), "pullRequest": n,
                      "headSha": "ec26c3e57ca3a959ca5aad62de7213c562f8c821"}}
         }))
@@ -358,14 +365,10 @@ async fn sleeping_environments(client: &Client, namespace: &str, count: u64) {
             .await
             .unwrap();
         let status =
-            json!({"status": {"phase": "Sleeping", "host": format!("pr-{n}.budget.example.com")}});
-        api.patch_status(
-            &format!("pr-{n}"),
-            &PatchParams::default(),
-            &Patch::Merge(&status),
-        )
-        .await
-        .unwrap();
+            json!({"status": {"phase": "Sleeping", "host": format!("{name}.budget.example.com")}});
+        api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&status))
+            .await
+            .unwrap();
     }
 }
 
@@ -449,6 +452,68 @@ async fn a_client_wakes_no_more_than_its_share_and_all_clients_no_more_than_the_
             2,
             "one client's share, whatever it claims"
         );
+    })
+    .await;
+}
+
+/// The budget in all is every team's: a flood from many addresses on one team's hosts wakes
+/// that template's part of it (the budget divided by the templates with sleeping environments)
+/// and leaves the other team's visitors theirs. On the code before, the flood spent the whole
+/// budget on the first team's hosts and the second team's visitor woke nothing.
+#[tokio::test]
+async fn a_flood_on_one_teams_hosts_leaves_the_other_teams_their_part_of_the_wakes() {
+    use previewd::gate::budget::WakeLimits;
+    use previewd::gate::server::{Clients, Gate};
+    in_namespace("gate-template-share", |client, ns| async move {
+        sleeping_of(&client, &ns, "web", "web", 6).await;
+        sleeping_of(&client, &ns, "api", "api", 2).await;
+        let (caches, _watches) =
+            previewd::cluster::caches::Caches::start(client.clone(), Some(&ns));
+        caches.wait_until_ready().await;
+        let tally = Arc::new(Tally::default());
+        let wakes = WakeLimits {
+            per_client: 10,
+            in_all: 4,
+            window: Duration::from_secs(600),
+        };
+        let clients = Clients {
+            wakes,
+            ..Clients::default()
+        };
+        let metrics = previewd::gate::metrics::GateMetrics::new();
+        let gate = Gate::new(
+            caches.environments.clone(),
+            tally.clone(),
+            metrics.clone(),
+            clients,
+        );
+        let address = support::gate::listen(gate).await;
+        let host = |prefix: &str, n: u32| format!("{prefix}-{n}.budget.example.com");
+        // Every web host, each from an address of its own.
+        let mut woken = 0;
+        for n in 1..=6 {
+            let flooder = format!("203.0.113.{n}");
+            let body = eventually("the host is known", Duration::from_secs(10), || async {
+                let (status, body) = get_for(address, &host("web", n), &flooder).await;
+                (status == 503).then_some(body)
+            })
+            .await;
+            woken += usize::from(body.contains("starting"));
+        }
+        assert_eq!(woken, 2, "the web template's part: 4 wakes in 2 parts");
+        let refused = metrics
+            .requests
+            .with_label_values(&["over_template_share"])
+            .get();
+        assert_eq!(refused, 4);
+        for n in 1..=2 {
+            let (_, body) = get_for(address, &host("api", n), "198.51.100.9").await;
+            assert!(
+                body.contains("starting"),
+                "the api team's visitor wakes: {body}"
+            );
+        }
+        assert_eq!(tally.0.load(Ordering::SeqCst), 4);
     })
     .await;
 }
