@@ -192,6 +192,20 @@ impl BlobCache {
         Ok(())
     }
 
+    /// Records `count` reads `at.reader` made at `now` without taking them first (the pages of
+    /// a listing beyond its first, known only once listed): they count against the hour from
+    /// now on, even past its end.
+    pub fn record_reads(&self, at: ReadAt<'_>, count: usize, now: Instant) {
+        if count == 0 {
+            return;
+        }
+        let mut reads = self.reads.lock().unwrap_or_else(PoisonError::into_inner);
+        let key = (at.origin.to_string(), at.repository.to_lowercase());
+        let reader: Arc<str> = Arc::from(at.reader);
+        let taken = reads.entry(key).or_default();
+        taken.extend(std::iter::repeat_n((now, reader), count));
+    }
+
     /// Gives back `count` of the reads `at.reader` took at `taken_at` and did not make (the
     /// reading stopped before them): only reads sent to the forge spend its rate limit.
     pub fn give_back_reads(&self, at: ReadAt<'_>, count: usize, taken_at: Instant) {

@@ -48,6 +48,23 @@ pub(crate) struct BlobSource<'a> {
     pub reader: &'a str,
 }
 
+/// Takes `count` reads at `at` from the reader's and the repository's hour, or says when
+/// they fit ([`ForgeApiError::ReadShare`]).
+pub(crate) fn take_reads(
+    cache: &BlobCache,
+    at: ReadAt<'_>,
+    count: usize,
+    now: std::time::Instant,
+) -> Result<(), ForgeApiError> {
+    cache
+        .take_reads(at, count, now)
+        .map_err(|wait| ForgeApiError::ReadShare {
+            repository: at.repository.to_string(),
+            reads: count,
+            wait,
+        })
+}
+
 impl BlobSource<'_> {
     fn read_at(&self) -> ReadAt<'_> {
         ReadAt {
@@ -84,13 +101,7 @@ where
         })
         .count();
     let taken_at = std::time::Instant::now();
-    if let Err(wait) = source.cache.take_reads(source.read_at(), unread, taken_at) {
-        return Err(ForgeApiError::ReadShare {
-            repository: source.repository.to_string(),
-            files: unread,
-            wait,
-        });
-    }
+    take_reads(source.cache, source.read_at(), unread, taken_at)?;
     let mut fetches = 0usize;
     let read = fetch_all(root, files, &source, fetch, &mut fetches).await;
     if read.is_err() {
@@ -253,10 +264,10 @@ mod tests {
         assert_eq!(read.unwrap().len(), 200);
         assert_eq!(fetched.len(), 200);
         let (read, fetched) = read_by("team/busy", &cache, rewritten(1), 1).await;
-        let Err(ForgeApiError::ReadShare { files, wait, .. }) = read else {
+        let Err(ForgeApiError::ReadShare { reads, wait, .. }) = read else {
             panic!("the second push's files wait: {read:?}");
         };
-        assert_eq!(files, 200);
+        assert_eq!(reads, 200);
         assert!(wait > std::time::Duration::from_secs(3_000), "{wait:?}");
         assert!(fetched.is_empty(), "nothing fetched past the share");
         // A commit of files already kept costs no read and goes on.

@@ -64,14 +64,15 @@ pub enum ForgeApiError {
     /// ([`super::budget`]): the report waits its turn, and is asked for again after `wait`.
     #[error("not sent yet: the forge's content budget is spent; this report's turn is in {wait:?}")]
     ContentBudget { wait: Duration },
-    /// The repository's reads of the forge this hour are spent ([`super::blobs`]): the commit
-    /// is read again after `wait`; the one deployed before keeps running meanwhile.
+    /// The environment's or the repository's reads of the forge this hour are spent
+    /// ([`super::blobs`]): the commit is read again after `wait`; the one deployed before keeps
+    /// running meanwhile.
     #[error(
-        "{files} files of {repository} not read yet: the repository's share of previewd's reads of the forge is spent this hour; next read in {wait:?}"
+        "{reads} reads of {repository} not made yet: this environment's or the repository's share of previewd's reads of the forge is spent this hour; next read in {wait:?}"
     )]
     ReadShare {
         repository: String,
-        files: usize,
+        reads: usize,
         wait: Duration,
     },
     /// Nothing at `path` at this commit: a commit never changes, so it is not retried.

@@ -10,9 +10,10 @@ use http::{HeaderMap, Method, StatusCode};
 use serde_json::{Value, json};
 
 use crate::forge::blobs::BlobCache;
+use crate::forge::blobs::ReadAt;
 use crate::forge::client::{CommentAuthor, DeploymentState, is_yaml};
 use crate::forge::comment::CommitState;
-use crate::forge::folders::{BlobSource, TreeFile, is_object_id, read_blobs};
+use crate::forge::folders::{BlobSource, TreeFile, is_object_id, read_blobs, take_reads};
 use crate::forge::metrics::ForgeMetrics;
 use crate::forge::transport::{
     Backoff, FORGE_CONNECT_TIMEOUT, FORGE_TIMEOUT, ForgeApiError, error_summary,
@@ -502,7 +503,7 @@ impl GithubApi {
     ) -> Result<Vec<(String, String)>, ForgeApiError> {
         let root = path.trim_matches('/');
         // One level is all that is read: a huge subfolder beside the manifests costs nothing.
-        let files = match self.tree_at(repository, root, sha, false).await? {
+        let files = match self.tree_at(repository, reader, root, sha, false).await? {
             AtPath::Folder(files) => files
                 .into_iter()
                 .filter(|file| !file.path.contains('/') && is_yaml(&file.path))
@@ -532,7 +533,7 @@ impl GithubApi {
         reader: &str,
     ) -> Result<Vec<(String, Vec<u8>)>, ForgeApiError> {
         let root = path.trim_matches('/');
-        match self.tree_at(repository, root, sha, true).await? {
+        match self.tree_at(repository, reader, root, sha, true).await? {
             AtPath::Folder(files) => self.read_blobs(repository, reader, root, files).await,
             AtPath::File(_) | AtPath::Missing => Err(not_a_folder(root)),
         }
@@ -574,18 +575,19 @@ impl GithubApi {
     async fn tree_at(
         &self,
         repository: &str,
+        reader: &str,
         root: &str,
         sha: &str,
         below: bool,
     ) -> Result<AtPath, ForgeApiError> {
-        let whole = self.tree(repository, sha, true).await?;
+        let whole = self.tree(repository, reader, sha, true).await?;
         if !whole.truncated {
             return Ok(AtPath::under(&whole, root));
         }
         let segments: Vec<&str> = root.split('/').filter(|s| !s.is_empty()).collect();
         let mut tree = sha.to_string();
         for (depth, segment) in segments.iter().enumerate() {
-            let level = self.tree(repository, &tree, false).await?;
+            let level = self.tree(repository, reader, &tree, false).await?;
             let entry = level.tree.iter().find(|entry| entry.path == *segment);
             let Some(entry) = entry else {
                 return Ok(AtPath::Missing);
@@ -598,7 +600,7 @@ impl GithubApi {
                 _ => return Ok(AtPath::Missing),
             }
         }
-        let folder = self.tree(repository, &tree, below).await?;
+        let folder = self.tree(repository, reader, &tree, below).await?;
         if folder.truncated {
             return Err(ForgeApiError::ManifestsTooLarge {
                 path: root.to_string(),
@@ -608,13 +610,21 @@ impl GithubApi {
         Ok(AtPath::under(&folder, ""))
     }
 
-    /// `GET /repos/{repository}/git/trees/{tree}` (a commit SHA names its root tree).
+    /// `GET /repos/{repository}/git/trees/{tree}` (a commit SHA names its root tree): one read
+    /// of `reader`'s and the repository's hour.
     async fn tree(
         &self,
         repository: &str,
+        reader: &str,
         tree: &str,
         recursive: bool,
     ) -> Result<TreeListing, ForgeApiError> {
+        let at = ReadAt {
+            origin: &self.origin,
+            repository,
+            reader,
+        };
+        take_reads(&self.blobs, at, 1, std::time::Instant::now())?;
         let query = if recursive { "?recursive=1" } else { "" };
         let path = format!("/repos/{repository}/git/trees/{tree}{query}");
         let answer = self
@@ -995,6 +1005,55 @@ mod tests {
             .unwrap();
 
         assert_eq!(files, [("Chart.yaml".to_string(), b"name\n".to_vec())]);
+    }
+
+    /// Each tree listing spends a read of the environment's share too: a pull request pushing
+    /// a commit after another reads at most 250 times an hour (its listings and its new
+    /// files), and asks the forge nothing more; another of the repository still reads.
+    #[tokio::test]
+    async fn every_listing_spends_a_read_of_the_environments_share() {
+        use wiremock::matchers::{method, path_regex};
+        use wiremock::{Mock, ResponseTemplate};
+        let (server, api) = accepting_github().await;
+        let blob = "f".repeat(40);
+        let listing = json!({"truncated": false, "tree": [
+            {"path": "deploy/app.yaml", "type": "blob", "mode": "100644", "sha": blob, "size": 5}]});
+        Mock::given(method("GET"))
+            .and(path_regex("/git/trees/"))
+            .respond_with(ResponseTemplate::new(200).set_body_json(listing))
+            .mount(&server)
+            .await;
+        let content = json!({"sha": blob, "size": 5, "encoding": "base64", "content": "bmFtZQo="});
+        Mock::given(method("GET"))
+            .and(path_regex("/git/blobs/"))
+            .respond_with(ResponseTemplate::new(200).set_body_json(content))
+            .mount(&server)
+            .await;
+        let commit = |n: usize| format!("{n:040x}");
+        // The first commit: a listing and the file; each later one: its listing alone.
+        for n in 1..=249 {
+            let read = api
+                .read_manifests("o/r", "deploy", &commit(n), "team/busy")
+                .await;
+            assert!(read.is_ok(), "commit {n}: {read:?}");
+        }
+        let refused = api
+            .read_manifests("o/r", "deploy", &commit(250), "team/busy")
+            .await;
+        assert!(
+            matches!(refused, Err(ForgeApiError::ReadShare { reads: 1, .. })),
+            "{refused:?}"
+        );
+        let sent = server.received_requests().await.unwrap_or_default();
+        assert_eq!(
+            sent.len(),
+            250,
+            "249 listings and one file, nothing for the refused commit"
+        );
+        let other = api
+            .read_manifests("o/r", "deploy", &commit(251), "team/quiet")
+            .await;
+        assert!(other.is_ok(), "{other:?}");
     }
 
     /// An answer that is no tree listing (a proxy's page, a body cut off) is an error to retry:

@@ -23,11 +23,12 @@ use super::environments::{
 };
 use super::tree::TreeAt;
 use crate::forge::blobs::BlobCache;
+use crate::forge::blobs::ReadAt;
 use crate::forge::client::{
     DeploymentState, MAX_MANIFEST_FILE_BYTES, MAX_MANIFEST_FILES, check_manifest_count, is_yaml,
 };
 use crate::forge::comment::CommitState;
-use crate::forge::folders::{BlobSource, TreeFile, read_blobs};
+use crate::forge::folders::{BlobSource, TreeFile, read_blobs, take_reads};
 use crate::forge::metrics::ForgeMetrics;
 use crate::forge::transport::{
     Backoff, FORGE_CONNECT_TIMEOUT, FORGE_TIMEOUT, ForgeApiError, error_summary, observe_rate_limit,
@@ -487,11 +488,11 @@ impl GitlabApi {
         reader: &str,
     ) -> Result<Vec<(String, String)>, ForgeApiError> {
         let root = path.trim_matches('/');
-        let entries = self.tree(project, root, sha, false).await?;
+        let entries = self.tree(project, reader, root, sha, false).await?;
         let files: Vec<TreeFile> = if entries.is_empty() {
             // No folder there: `path` may name one file, listed in its parent folder.
             let (parent, name) = root.rsplit_once('/').unwrap_or(("", root));
-            let siblings = self.tree(project, parent, sha, false).await?;
+            let siblings = self.tree(project, reader, parent, sha, false).await?;
             let file = siblings.into_iter().find(|e| e.name == name && e.is_file());
             let Some(file) = file else {
                 return Err(ForgeApiError::NotInRepository {
@@ -529,7 +530,7 @@ impl GitlabApi {
         reader: &str,
     ) -> Result<Vec<(String, Vec<u8>)>, ForgeApiError> {
         let root = path.trim_matches('/');
-        let entries = self.tree(project, root, sha, true).await?;
+        let entries = self.tree(project, reader, root, sha, true).await?;
         if entries.is_empty() {
             return Err(ForgeApiError::NotAFolder {
                 path: root.to_string(),
@@ -553,6 +554,7 @@ impl GitlabApi {
     async fn tree(
         &self,
         project: &str,
+        reader: &str,
         path: &str,
         sha: &str,
         recursive: bool,
@@ -570,9 +572,20 @@ impl GitlabApi {
             sha,
             recursive,
         };
+        // One read of `reader`'s and the project's hour, taken first; the pages past the first
+        // (100 entries each) are counted once listed.
+        let at = ReadAt {
+            origin: self.client.rest_url.as_str(),
+            repository: project,
+            reader,
+        };
+        take_reads(&self.blobs, at, 1, std::time::Instant::now())?;
         let entries: Vec<TreeEntry> = self
             .list("read_tree", tree, Pagination::Limit(most))
             .await?;
+        let more_pages = entries.len().saturating_sub(1) / 100;
+        self.blobs
+            .record_reads(at, more_pages, std::time::Instant::now());
         if recursive && entries.len() >= MOST_ENTRIES {
             check_manifest_count(path, entries.len())?;
         }
@@ -1016,5 +1029,14 @@ mod tests {
             panic!("not refused: {read:?}");
         };
         assert!(problem.contains("more than 1000 entries"), "{problem}");
+        // The listing's 11 pages of 100 spent 11 of the environment's 250 reads of the hour.
+        let at = crate::forge::blobs::ReadAt {
+            origin: api.client.rest_url.as_str(),
+            repository: "group/app",
+            reader: "test/pr-1",
+        };
+        let now = std::time::Instant::now();
+        assert!(api.blobs.take_reads(at, 239, now).is_ok());
+        assert!(api.blobs.take_reads(at, 1, now).is_err(), "250 spent");
     }
 }
