@@ -12,7 +12,7 @@
 //! [`recall`]).
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use futures::{StreamExt, TryStreamExt};
 use kube::api::{
@@ -155,7 +155,12 @@ impl Applier {
     /// `apiVersion`/`kind` as the cluster serves it (discovered once), with its watch running.
     pub async fn discover(&self, api_version: &str, kind: &str) -> Result<Discovered, kube::Error> {
         let key = (api_version.to_string(), kind.to_string());
-        if let Some(found) = self.resources.lock().expect("resources lock").get(&key) {
+        if let Some(found) = self
+            .resources
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(&key)
+        {
             return Ok(found.clone());
         }
         let (group, version) = api_version.rsplit_once('/').unwrap_or(("", api_version));
@@ -174,7 +179,7 @@ impl Applier {
         }
         self.resources
             .lock()
-            .expect("resources lock")
+            .unwrap_or_else(PoisonError::into_inner)
             .insert(key, found.clone());
         Ok(found)
     }
@@ -189,7 +194,12 @@ impl Applier {
 
     /// Whether `sent` must be sent: see the module documentation.
     async fn needs_apply(&self, key: &ObjectKey, sent: &Value, manifest_sha: &Sha) -> bool {
-        let cached = self.cache.lock().expect("cache lock").get(key).copied();
+        let cached = self
+            .cache
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(key)
+            .copied();
         let entry = match cached {
             Some(entry) => entry,
             None => match self.recall(key, sent, manifest_sha).await {
@@ -220,7 +230,10 @@ impl Applier {
     }
 
     fn remember(&self, key: ObjectKey, entry: CacheEntry) {
-        self.cache.lock().expect("cache lock").insert(key, entry);
+        self.cache
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(key, entry);
     }
 
     /// After a restart the cache is empty: an object that the cluster shows as applied from this
@@ -385,7 +398,10 @@ impl Applier {
 
     /// Drops an object from the cache and the store (its environment is gone).
     pub fn forget(&self, key: &ObjectKey) {
-        self.cache.lock().expect("cache lock").remove(key);
+        self.cache
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(key);
         self.store.forget(key);
     }
 
@@ -394,7 +410,7 @@ impl Applier {
         let keys: Vec<ObjectKey> = self
             .cache
             .lock()
-            .expect("cache lock")
+            .unwrap_or_else(PoisonError::into_inner)
             .keys()
             .filter(|k| k.namespace == namespace || k.name == namespace && k.namespace.is_empty())
             .cloned()
@@ -426,6 +442,30 @@ mod tests {
             kube::Error::Api(Box::new(status)),
         )
         .is_refused()
+    }
+
+    /// A panic while the apply cache was held must not turn every later reconcile into a
+    /// panic: the cache and the discovered resources are used on.
+    #[tokio::test]
+    async fn a_panic_holding_the_caches_leaves_the_applier_working() {
+        crate::install_crypto_provider();
+        let config = kube::Config::new("http://127.0.0.1:9".parse().unwrap());
+        let client = Client::try_from(config).unwrap();
+        let (trigger, _triggered) = tokio::sync::mpsc::unbounded_channel();
+        let store = ObservedStore::new(client.clone(), trigger);
+        let applier = Applier::new(client, store, ClusterMetrics::new(), 1);
+        let poisoned = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let _cache = applier.cache.lock();
+            let _resources = applier.resources.lock();
+            panic!("a bug while the caches are held");
+        }));
+        assert!(poisoned.is_err() && applier.cache.is_poisoned());
+        let key = ObjectKey::of(&serde_json::json!({"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": "web", "namespace": "preview-pr-2"}}));
+        applier.forget(&key);
+        applier.forget_namespace("preview-pr-2");
+        let discovered = applier.discover("example.com/v1", "Widget").await;
+        assert!(discovered.is_err(), "no API server here, and no panic");
     }
 
     #[test]

@@ -6,7 +6,7 @@
 //! environment trigger a reconcile of that environment.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -207,7 +207,7 @@ impl ObservedStore {
     /// Starts the watch for this kind if it is not running, and waits for its initial list.
     pub async fn ensure_watch(self: &Arc<Self>, resource: &ApiResource) -> Result<(), kube::Error> {
         let cell = {
-            let mut watches = self.watches.lock().expect("watches lock");
+            let mut watches = self.watches.lock().unwrap_or_else(PoisonError::into_inner);
             watches
                 .entry((resource.api_version.clone(), resource.kind.clone()))
                 .or_default()
@@ -216,7 +216,10 @@ impl ObservedStore {
         cell.get_or_try_init(|| async {
             let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
             let task = tokio::spawn(self.clone().watch(resource.clone(), ready_tx));
-            self.tasks.lock().expect("tasks lock").push(task);
+            self.tasks
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .push(task);
             // The initial list of a kind; without it every object would look missing.
             match tokio::time::timeout(Duration::from_secs(60), ready_rx).await {
                 Ok(Ok(())) => Ok(()),
@@ -294,7 +297,7 @@ impl ObservedStore {
                 if let Some(value) = to_value(&object, &kind.resource) {
                     self.objects
                         .write()
-                        .expect("store lock")
+                        .unwrap_or_else(PoisonError::into_inner)
                         .remove(&ObjectKey::of(&value));
                     self.notify(&value);
                 }
@@ -317,7 +320,7 @@ impl ObservedStore {
     ) -> Vec<ObservedObject> {
         let same_kind =
             |key: &ObjectKey| key.api_version == resource.api_version && key.kind == resource.kind;
-        let mut objects = self.objects.write().expect("store lock");
+        let mut objects = self.objects.write().unwrap_or_else(PoisonError::into_inner);
         let mut old: Objects = HashMap::new();
         objects.retain(|key, object| match same_kind(key) {
             true => {
@@ -359,7 +362,7 @@ impl ObservedStore {
         let observed = ObservedObject::from_server(object);
         let key = ObjectKey::of(object);
         let changed = {
-            let mut objects = self.objects.write().expect("store lock");
+            let mut objects = self.objects.write().unwrap_or_else(PoisonError::into_inner);
             match objects.get(&key) {
                 Some(existing) if existing.resource_version > observed.resource_version => false,
                 Some(existing) => {
@@ -390,7 +393,11 @@ impl ObservedStore {
     }
 
     pub fn get(&self, key: &ObjectKey) -> Option<ObservedObject> {
-        self.objects.read().expect("store lock").get(key).cloned()
+        self.objects
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(key)
+            .cloned()
     }
 
     /// The replica count the API server holds for a workload.
@@ -401,12 +408,18 @@ impl ObservedStore {
     }
 
     pub fn forget(&self, key: &ObjectKey) {
-        self.objects.write().expect("store lock").remove(key);
+        self.objects
+            .write()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(key);
     }
 
     /// How many objects the store holds (for memory figures).
     pub fn len(&self) -> usize {
-        self.objects.read().expect("store lock").len()
+        self.objects
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .len()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -473,6 +486,30 @@ mod tests {
     /// A watch that breaks (a 410, a closed connection) lists its kind again; what changed in
     /// the gap arrives in that list, and must reconcile the environment as an event would (a
     /// Widget turning not-ready used to wait for the resync).
+    /// A panic while the store was held must not turn every later read of it (each
+    /// reconcile's) into a panic.
+    #[tokio::test]
+    async fn a_panic_holding_the_store_leaves_it_readable() {
+        crate::install_crypto_provider();
+        let config = kube::Config::new("http://127.0.0.1:9".parse().unwrap());
+        let (trigger, _triggered) = tokio::sync::mpsc::unbounded_channel();
+        let store = ObservedStore::new(Client::try_from(config).unwrap(), trigger);
+        let poisoned = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let _objects = store.objects.write();
+            let _watches = store.watches.lock();
+            panic!("a bug while the store is held");
+        }));
+        assert!(poisoned.is_err() && store.objects.is_poisoned());
+        let object = json!({"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": "web", "namespace": "preview-pr-2", "resourceVersion": "1"}});
+        store.record(&object);
+        let key = ObjectKey::of(&object);
+        assert!(store.get(&key).is_some());
+        assert_eq!(store.len(), 1);
+        store.forget(&key);
+        assert!(store.is_empty());
+    }
+
     #[tokio::test]
     async fn a_relist_triggers_the_environments_whose_objects_changed_in_the_gap() {
         use kube::api::GroupVersionKind;

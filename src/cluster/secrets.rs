@@ -3,7 +3,7 @@
 //! [`SECRET_TTL`]. Secret values are never logged.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Secret;
@@ -82,7 +82,7 @@ impl SecretReader {
         if let Some(value) = self
             .cache
             .lock()
-            .expect("secret cache")
+            .unwrap_or_else(PoisonError::into_inner)
             .get(&key, Instant::now())
         {
             return Ok(value);
@@ -112,7 +112,7 @@ impl SecretReader {
             })?;
         self.cache
             .lock()
-            .expect("secret cache")
+            .unwrap_or_else(PoisonError::into_inner)
             .put(key, value.clone(), Instant::now());
         Ok(value)
     }
@@ -124,6 +124,26 @@ mod tests {
 
     fn key(name: &str) -> SecretKey {
         ("previews".into(), name.into(), "token".into())
+    }
+
+    /// A panic while the cache was held (a bug anywhere) must not turn every later read of a
+    /// Secret into a panic: the next read goes on (here to an API server that is not there).
+    #[tokio::test]
+    async fn a_panic_holding_the_cache_leaves_later_reads_working() {
+        crate::install_crypto_provider();
+        let config = kube::Config::new("http://127.0.0.1:9".parse().unwrap());
+        let reader = SecretReader::new(Client::try_from(config).unwrap());
+        let poisoned = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let _held = reader.cache.lock();
+            panic!("a bug while the cache is held");
+        }));
+        assert!(poisoned.is_err() && reader.cache.is_poisoned());
+        let reference = SecretKeyRef {
+            name: "forge".into(),
+            key: "token".into(),
+        };
+        let read = reader.get("previews", &reference).await;
+        assert!(matches!(read, Err(SecretError::Api { .. })), "{read:?}");
     }
 
     #[test]
