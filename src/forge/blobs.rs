@@ -138,7 +138,14 @@ pub struct BlobCache {
     blobs: Mutex<Blobs>,
     /// When each read of the last hour was taken, by (forge API URL, repository).
     reads: Mutex<HashMap<(String, String), VecDeque<Read>>>,
+    /// Listings charged this hour, by (forge API URL, repository, what was listed): listing a
+    /// commit again (its reading no longer kept) is previewd's doing, not the reader's.
+    listed: Mutex<HashMap<(String, String, String), Instant>>,
 }
+
+/// Listings remembered as charged at once; beyond, those older than an hour go (and if none
+/// does, a listing is charged again: the safe side).
+const MAX_LISTINGS: usize = 16_384;
 
 impl Default for BlobCache {
     fn default() -> Self {
@@ -152,6 +159,7 @@ impl BlobCache {
             capacity,
             blobs: Mutex::new(Blobs::default()),
             reads: Mutex::default(),
+            listed: Mutex::default(),
         }
     }
 
@@ -189,6 +197,38 @@ impl BlobCache {
         )?;
         let reader: Arc<str> = Arc::from(at.reader);
         taken.extend(std::iter::repeat_n((now, reader), count));
+        Ok(())
+    }
+
+    /// Takes one read for listing `listing` (a tree, with how it is listed) at `at`, unless
+    /// that listing was charged in the last hour: a commit listed again because its reading
+    /// was no longer kept costs its reader nothing more.
+    pub fn take_listing(
+        &self,
+        at: ReadAt<'_>,
+        listing: &str,
+        now: Instant,
+    ) -> Result<(), Duration> {
+        let key = (
+            at.origin.to_string(),
+            at.repository.to_lowercase(),
+            listing.to_string(),
+        );
+        let recent = |when: &Instant| now.saturating_duration_since(*when) < HOUR;
+        {
+            let listed = self.listed.lock().unwrap_or_else(PoisonError::into_inner);
+            if listed.get(&key).is_some_and(recent) {
+                return Ok(());
+            }
+        }
+        self.take_reads(at, 1, now)?;
+        let mut listed = self.listed.lock().unwrap_or_else(PoisonError::into_inner);
+        if listed.len() >= MAX_LISTINGS {
+            listed.retain(|_, when| recent(when));
+        }
+        if listed.len() < MAX_LISTINGS {
+            listed.insert(key, now);
+        }
         Ok(())
     }
 
@@ -321,6 +361,27 @@ mod tests {
         cache.take_reads(at("org/app", "busy"), 50, soon).unwrap();
         // The repository's other pull requests still read.
         cache.take_reads(at("org/app", "quiet"), 200, soon).unwrap();
+    }
+
+    #[test]
+    fn a_listing_is_charged_once_an_hour() {
+        let cache = BlobCache::default();
+        let now = Instant::now();
+        cache.take_reads(at("org/app", "pr-1"), 249, now).unwrap();
+        cache
+            .take_listing(at("org/app", "pr-1"), "c0ffee?recursive=1", now)
+            .unwrap();
+        // Listed again (its reading no longer kept): nothing more to pay.
+        let again = now + Duration::from_secs(600);
+        cache
+            .take_listing(at("org/app", "pr-1"), "c0ffee?recursive=1", again)
+            .unwrap();
+        let new_commit = cache.take_listing(at("org/app", "pr-1"), "beef?recursive=1", again);
+        assert!(new_commit.is_err(), "a new commit's listing is a read");
+        let an_hour_on = now + HOUR;
+        cache
+            .take_listing(at("org/app", "pr-1"), "c0ffee?recursive=1", an_hour_on)
+            .unwrap();
     }
 
     #[test]

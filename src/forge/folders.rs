@@ -65,6 +65,21 @@ pub(crate) fn take_reads(
         })
 }
 
+/// [`BlobCache::take_listing`], or why not ([`ForgeApiError::ReadShare`]).
+pub(crate) fn take_listing(
+    cache: &BlobCache,
+    at: ReadAt<'_>,
+    listing: &str,
+) -> Result<(), ForgeApiError> {
+    cache
+        .take_listing(at, listing, std::time::Instant::now())
+        .map_err(|wait| ForgeApiError::ReadShare {
+            repository: at.repository.to_string(),
+            reads: 1,
+            wait,
+        })
+}
+
 impl BlobSource<'_> {
     fn read_at(&self) -> ReadAt<'_> {
         ReadAt {
@@ -104,13 +119,12 @@ where
     take_reads(source.cache, source.read_at(), unread, taken_at)?;
     let mut fetches = 0usize;
     let read = fetch_all(root, files, &source, fetch, &mut fetches).await;
-    if read.is_err() {
-        // A reading that stopped early made fewer reads than it took: the rest are given back.
-        let unmade = unread.saturating_sub(fetches);
-        source
-            .cache
-            .give_back_reads(source.read_at(), unmade, taken_at);
-    }
+    // Fewer reads than taken (a reading that stopped early, files listed twice under one id):
+    // the rest are given back.
+    let unmade = unread.saturating_sub(fetches);
+    source
+        .cache
+        .give_back_reads(source.read_at(), unmade, taken_at);
     read
 }
 

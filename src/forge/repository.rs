@@ -1,9 +1,9 @@
 //! Files kept in the application's repository, read through the forge API at the environment's
 //! head commit: manifest folders (`spec.manifests.repositoryPath`) and chart folders
 //! (`spec.manifests.helm.chart.path`). A commit never changes, so what was read for a commit
-//! is kept and that commit is never fetched twice (within [`CAPACITY`] recent commits). A
-//! commit refused for its size, or whose path is not a folder, is kept as refused, for the
-//! same reason.
+//! is kept and that commit is never fetched twice (within the [`CAPACITY`] readings used
+//! last). A commit refused for its size, or whose path is not a folder, is kept as refused, for
+//! the same reason.
 
 use std::collections::VecDeque;
 use std::future::Future;
@@ -37,18 +37,22 @@ impl<T> Default for Readings<T> {
 }
 
 impl<T> Readings<T> {
+    /// The kept reading of `key`, if any, moved to the newest end: the readings in use stay,
+    /// the least recently used go first.
+    fn kept_reading(&self, key: &Key) -> Option<Reading<T>> {
+        let mut kept = self.kept.lock().unwrap_or_else(PoisonError::into_inner);
+        let at = kept.iter().position(|(k, _)| k == key)?;
+        let entry = kept.remove(at)?;
+        let reading = entry.1.clone();
+        kept.push_back(entry);
+        Some(reading)
+    }
+
     async fn get<F>(&self, key: Key, read: F) -> Reading<T>
     where
         F: Future<Output = Result<T, ForgeApiError>>,
     {
-        let cached = self
-            .kept
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .iter()
-            .find(|(k, _)| *k == key)
-            .map(|(_, reading)| reading.clone());
-        if let Some(reading) = cached {
+        if let Some(reading) = self.kept_reading(&key) {
             return reading;
         }
         let reading = match read.await {
@@ -147,7 +151,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn readings_of_64_commits_are_kept_and_an_older_one_is_read_again() {
+    async fn the_64_readings_used_last_are_kept_and_an_older_one_is_read_again() {
         let readings: Readings<usize> = Readings::default();
         let reads = &AtomicUsize::new(0);
         // The forge's read, counted when it runs.
@@ -178,6 +182,11 @@ mod tests {
             66,
             "the oldest was read again"
         );
+        // It pushed out the least recently used (2), not commit 1, which was just used.
+        readings.get(key(1), read(1)).await.unwrap();
+        assert_eq!(reads.load(Ordering::SeqCst), 66, "a reading in use stays");
+        readings.get(key(2), read(2)).await.unwrap();
+        assert_eq!(reads.load(Ordering::SeqCst), 67);
     }
 
     /// A GitHub API serving `text` as `deploy/app.yaml` of `octo/app` at every commit, under

@@ -7,10 +7,11 @@
 //! [`WakeLimits::in_all`]; a request beyond either gets the waiting page and wakes nothing.
 //!
 //! The budget in all is every team's: a few addresses walking one team's hosts would spend it
-//! for all. So the environments of one template may take an equal part of it: the budget in
-//! all divided by the templates that have a sleeping environment now (one template: all of
-//! it). A flood on one team's hosts leaves every other team its part; only the operator, by
-//! adding templates, changes how many parts there are.
+//! for all. So the environments of one team (the namespace of their templates: a team may
+//! write many templates, but only the operator gives it a namespace) may take an equal part
+//! of it: the budget in all divided by the teams that have a sleeping environment now (one
+//! team: all of it). A flood on one team's hosts leaves every other team its part; only the
+//! operator, by giving templates to more namespaces, changes how many parts there are.
 //!
 //! An IPv6 client is counted by its /64 (one host usually holds a whole /64, and rotating
 //! addresses inside it must not buy more wakes). The record of clients is bounded: beyond
@@ -21,6 +22,8 @@ use std::collections::{HashMap, VecDeque};
 use std::net::IpAddr;
 use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
+
+use crate::model::clients::counted_as;
 
 /// Client addresses remembered at once.
 const MAX_CLIENTS: usize = 4096;
@@ -52,8 +55,8 @@ impl Default for WakeLimits {
 pub enum OverBudget {
     /// This client's address (or /64) used its wakes of the window.
     Client,
-    /// The environments of this template used their part of the budget in all.
-    Template,
+    /// The environments of this team used their part of the budget in all.
+    Team,
     /// All clients together did.
     InAll,
 }
@@ -68,16 +71,16 @@ pub struct WakeBudget {
 struct Spent {
     in_all: VecDeque<Instant>,
     by_client: HashMap<IpAddr, VecDeque<Instant>>,
-    by_template: HashMap<String, VecDeque<Instant>>,
+    by_team: HashMap<String, VecDeque<Instant>>,
 }
 
-/// Whose wake it is: the client that asks, and the template of the environment it would wake
-/// (`namespace/name`) among the `templates_asleep` that have a sleeping environment now.
+/// Whose wake it is: the client that asks, and the team (namespace) of the environment it
+/// would wake, among the `teams_asleep` that have a sleeping environment now.
 #[derive(Clone, Copy, Debug)]
 pub struct Waking<'a> {
     pub client: IpAddr,
-    pub template: &'a str,
-    pub templates_asleep: usize,
+    pub team: &'a str,
+    pub teams_asleep: usize,
 }
 
 impl Spent {
@@ -94,7 +97,7 @@ impl Spent {
             });
         }
         // Templates are the operator's, a few; those without a wake in the window go.
-        self.by_template.retain(|_, wakes| {
+        self.by_team.retain(|_, wakes| {
             while wakes.front().is_some_and(stale) {
                 wakes.pop_front();
             }
@@ -111,7 +114,7 @@ impl WakeBudget {
         }
     }
 
-    /// Spends one wake for `waking` at `now`, if the client's share, the template's part and
+    /// Spends one wake for `waking` at `now`, if the client's share, the team's part and
     /// the budget in all allow.
     pub fn spend(&self, waking: Waking<'_>, now: Instant) -> Result<(), OverBudget> {
         let window = self.limits.window;
@@ -129,24 +132,21 @@ impl WakeBudget {
         if spent.in_all.len() >= self.limits.in_all as usize {
             return Err(OverBudget::InAll);
         }
-        let part = (self.limits.in_all as usize).div_ceil(waking.templates_asleep.max(1));
-        let template = spent
-            .by_template
-            .get(waking.template)
-            .map_or(0, VecDeque::len);
-        if template >= part {
-            return Err(OverBudget::Template);
+        let part = (self.limits.in_all as usize).div_ceil(waking.teams_asleep.max(1));
+        let team = spent.by_team.get(waking.team).map_or(0, VecDeque::len);
+        if team >= part {
+            return Err(OverBudget::Team);
         }
         spent.by_client.entry(key).or_default().push_back(now);
-        let template = spent.by_template.entry(waking.template.to_string());
-        template.or_default().push_back(now);
+        let team = spent.by_team.entry(waking.team.to_string());
+        team.or_default().push_back(now);
         spent.in_all.push_back(now);
         Ok(())
     }
 
     /// The wake spent for `client` at `at` was not sent after all (its environment's turn had
     /// run, or the write failed): it is given back.
-    pub fn give_back(&self, client: IpAddr, template: &str, at: Instant) {
+    pub fn give_back(&self, client: IpAddr, team: &str, at: Instant) {
         let mut spent = self.state.lock().unwrap_or_else(PoisonError::into_inner);
         let forget = |wakes: &mut VecDeque<Instant>| {
             if let Some(i) = wakes.iter().rposition(|t| *t == at) {
@@ -157,24 +157,9 @@ impl WakeBudget {
         if let Some(wakes) = spent.by_client.get_mut(&counted_as(client)) {
             forget(wakes);
         }
-        if let Some(wakes) = spent.by_template.get_mut(template) {
+        if let Some(wakes) = spent.by_team.get_mut(team) {
             forget(wakes);
         }
-    }
-}
-
-/// The address a client's wakes are counted under: itself, or the /64 of an IPv6 address
-/// (an IPv4 address mapped into IPv6 counts as itself).
-fn counted_as(client: IpAddr) -> IpAddr {
-    match client {
-        IpAddr::V4(_) => client,
-        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
-            Some(v4) => IpAddr::V4(v4),
-            None => {
-                let prefix = u128::from(v6) & !((1u128 << 64) - 1);
-                IpAddr::V6(prefix.into())
-            }
-        },
     }
 }
 
@@ -194,39 +179,39 @@ mod tests {
         text.parse().unwrap()
     }
 
-    /// A wake by `client` of an environment of the only template with sleeping ones.
+    /// A wake by `client` of an environment of the only team with sleeping ones.
     fn alone(client: IpAddr) -> Waking<'static> {
         Waking {
             client,
-            template: "previews/web",
-            templates_asleep: 1,
+            team: "previews",
+            teams_asleep: 1,
         }
     }
 
     #[test]
-    fn each_template_takes_its_part_of_the_budget_in_all_and_no_more() {
+    fn each_team_takes_its_part_of_the_budget_in_all_and_no_more() {
         let budget = WakeBudget::new(limits(100, 5));
         let now = Instant::now();
-        let waking = |n: u8, template| Waking {
+        let waking = |n: u8, team| Waking {
             client: IpAddr::from([198, 51, 100, n]),
-            template,
-            templates_asleep: 2,
+            team,
+            teams_asleep: 2,
         };
         // A flood of addresses on one team's hosts: its part (5 of 2 parts, rounded up) only.
         for n in 0..3 {
-            assert_eq!(budget.spend(waking(n, "team-a/web"), now), Ok(()));
+            assert_eq!(budget.spend(waking(n, "team-a"), now), Ok(()));
         }
-        let flooded = budget.spend(waking(3, "team-a/web"), now);
-        assert_eq!(flooded, Err(OverBudget::Template));
+        let flooded = budget.spend(waking(3, "team-a"), now);
+        assert_eq!(flooded, Err(OverBudget::Team));
         // The other team's visitors still wake theirs, up to the budget in all.
         for n in 4..6 {
-            assert_eq!(budget.spend(waking(n, "team-b/api"), now), Ok(()));
+            assert_eq!(budget.spend(waking(n, "team-b"), now), Ok(()));
         }
-        let beyond = budget.spend(waking(6, "team-b/api"), now);
+        let beyond = budget.spend(waking(6, "team-b"), now);
         assert_eq!(beyond, Err(OverBudget::InAll));
         // In the next window each has its part again.
         let later = now + Duration::from_secs(600);
-        assert_eq!(budget.spend(waking(7, "team-b/api"), later), Ok(()));
+        assert_eq!(budget.spend(waking(7, "team-b"), later), Ok(()));
     }
 
     #[test]
@@ -284,7 +269,6 @@ mod tests {
             Ok(()),
             "another /64"
         );
-        assert_eq!(counted_as(ip("::ffff:192.0.2.1")), ip("192.0.2.1"));
     }
 
     #[test]
@@ -292,7 +276,7 @@ mod tests {
         let budget = WakeBudget::new(limits(1, 1));
         let now = Instant::now();
         assert_eq!(budget.spend(alone(ip("192.0.2.1")), now), Ok(()));
-        budget.give_back(ip("192.0.2.1"), "previews/web", now);
+        budget.give_back(ip("192.0.2.1"), "previews", now);
         assert_eq!(budget.spend(alone(ip("192.0.2.2")), now), Ok(()));
     }
 

@@ -24,8 +24,9 @@ const MAX_HOST_LENGTH: usize = 253;
 pub struct Holder {
     pub namespace: String,
     pub name: String,
-    /// Its template, as `namespace/name`: whose part of the wake budget a wake spends.
-    pub template: String,
+    /// Its team: the namespace of it and its template, whose part of the wake budget a wake
+    /// spends.
+    pub team: String,
     /// Its head commit (never shown: the wake records it, see `records::wake_for_request`).
     pub head: String,
     /// The version of it the gate saw: the wake applies only to that one.
@@ -80,7 +81,7 @@ pub fn holders<'a>(
         };
         let namespace = environment.metadata.namespace.clone().unwrap_or_default();
         let holder = Holder {
-            template: format!("{namespace}/{}", environment.spec.template),
+            team: namespace.clone(),
             namespace,
             name: environment.metadata.name.clone().unwrap_or_default(),
             head: environment.spec.source.head_sha.clone(),
@@ -105,25 +106,25 @@ pub fn holders<'a>(
 struct Snapshot {
     built: Instant,
     hosts: HashMap<String, Holder>,
-    /// Templates with a sleeping environment that holds a host: how many parts the wake
-    /// budget in all is split into.
-    templates_asleep: usize,
+    /// Teams (namespaces) with a sleeping environment that holds a host: how many parts the
+    /// wake budget in all is split into.
+    teams_asleep: usize,
 }
 
-/// What the gate knows of a host: the environment that holds it, and how many templates
-/// have sleeping environments now.
+/// What the gate knows of a host: the environment that holds it, and how many teams have
+/// sleeping environments now.
 #[derive(Clone, Debug)]
 pub struct Found {
     pub holder: Holder,
-    pub templates_asleep: usize,
+    pub teams_asleep: usize,
 }
 
-/// The templates of the sleeping holders among `hosts`.
-fn templates_asleep(hosts: &HashMap<String, Holder>) -> usize {
+/// The teams of the sleeping holders among `hosts`.
+fn teams_asleep(hosts: &HashMap<String, Holder>) -> usize {
     let asleep = hosts.values().filter(|holder| holder.asleep);
-    let templates: std::collections::HashSet<&str> =
-        asleep.map(|holder| holder.template.as_str()).collect();
-    templates.len()
+    let teams: std::collections::HashSet<&str> =
+        asleep.map(|holder| holder.team.as_str()).collect();
+    teams.len()
 }
 
 /// The gate's view of which environment holds which host.
@@ -140,7 +141,7 @@ impl HostIndex {
                 .checked_sub(SNAPSHOT_MAX_AGE * 2)
                 .unwrap_or_else(Instant::now),
             hosts: HashMap::new(),
-            templates_asleep: 0,
+            teams_asleep: 0,
         };
         Self {
             environments,
@@ -155,7 +156,7 @@ impl HostIndex {
         let holder = snapshot.hosts.get(host)?.clone();
         Some(Found {
             holder,
-            templates_asleep: snapshot.templates_asleep,
+            teams_asleep: snapshot.teams_asleep,
         })
     }
 
@@ -172,7 +173,7 @@ impl HostIndex {
         let hosts = holders(self.environments.state().iter().map(|e| &**e));
         let rebuilt = Arc::new(Snapshot {
             built: Instant::now(),
-            templates_asleep: templates_asleep(&hosts),
+            teams_asleep: teams_asleep(&hosts),
             hosts,
         });
         *self

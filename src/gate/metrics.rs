@@ -9,16 +9,18 @@ use crate::cluster::metrics::MetricSet;
 /// What the gate answered: `woke` (a sleeping environment's host: it is being woken),
 /// `waiting` (a host whose environment is already starting), `unknown` (no environment holds
 /// the host: 404), `busy` (a connection over the bound of connections, closed at once),
-/// `over_client_budget`, `over_template_share` and `over_budget` (a sleeping environment's
-/// host, left asleep: the client, the environments of its template, or all clients together,
+/// `busy_peer` (one over the connections of one peer that is not a trusted proxy),
+/// `over_client_budget`, `over_team_share` and `over_budget` (a sleeping environment's
+/// host, left asleep: the client, the environments of its team, or all clients together,
 /// woke as many as the wake budget allows).
-pub const ANSWERS: [&str; 7] = [
+pub const ANSWERS: [&str; 8] = [
     "woke",
     "waiting",
     "unknown",
     "busy",
+    "busy_peer",
     "over_client_budget",
-    "over_template_share",
+    "over_team_share",
     "over_budget",
 ];
 
@@ -63,7 +65,7 @@ impl GateMetrics {
     pub fn over_budget(&self, over: super::budget::OverBudget) {
         self.answered(match over {
             super::budget::OverBudget::Client => "over_client_budget",
-            super::budget::OverBudget::Template => "over_template_share",
+            super::budget::OverBudget::Team => "over_team_share",
             super::budget::OverBudget::InAll => "over_budget",
         });
     }

@@ -124,7 +124,7 @@ mod tests {
         Holder {
             namespace: "team-payments".into(),
             name: "web-pr-2-1a2b3c".into(),
-            template: "team-payments/web".into(),
+            team: "team-payments".into(),
             head: "ec26c3e57ca3a959ca5aad62de7213c562f8c821".into(),
             resource_version: "7".into(),
             asleep: true,

@@ -40,7 +40,7 @@ pub struct Bounds {
     /// Each holds hyper's buffers, at most [`MAX_HEAD_BYTES`].
     pub max_connections: usize,
     /// Connections one peer previewd does not trust as a proxy may hold of them; beyond them
-    /// its next is closed at once (counted `busy`). A trusted proxy (the ingress controller)
+    /// its next is closed at once (counted `busy_peer`). A trusted proxy (the ingress controller)
     /// carries everyone's requests and has no share of its own: behind it, a client holds a
     /// connection only while the gate answers from memory, since the proxy reads the whole
     /// head before it opens one.
@@ -168,7 +168,7 @@ impl Gate {
             .and_then(|host| self.index.holder(&host));
         let Some(Found {
             holder,
-            templates_asleep,
+            teams_asleep,
         }) = found
         else {
             self.metrics.answered("unknown");
@@ -186,8 +186,8 @@ impl Gate {
         let client = client();
         let waking = Waking {
             client,
-            template: &holder.template,
-            templates_asleep,
+            team: &holder.team,
+            teams_asleep,
         };
         if let Err(over) = self.budget.spend(waking, now) {
             // Not this client's wake to cause: the environment's turn stays for another.
@@ -204,7 +204,7 @@ impl Gate {
         let gate = self.clone();
         let (namespace, name) = (holder.namespace.clone(), holder.name.clone());
         let (head, version) = (holder.head.clone(), holder.resource_version.clone());
-        let template = holder.template.clone();
+        let team = holder.team.clone();
         tokio::spawn(async move {
             let seen = records::Seen {
                 head: &head,
@@ -218,7 +218,7 @@ impl Gate {
                     tracing::warn!(environment = %name, %namespace, %error, "could not wake the environment; a request in a few seconds tries again");
                     gate.turns.failed(&namespace, &name, Instant::now());
                     // A wake that was not written costs the client nothing.
-                    gate.budget.give_back(client, &template, spent_at);
+                    gate.budget.give_back(client, &team, spent_at);
                 }
             }
         });
@@ -296,7 +296,7 @@ pub async fn serve_within(
             None
         } else {
             let Some(share) = peer_shares.try_take(peer) else {
-                gate.metrics.answered("busy");
+                gate.metrics.answered("busy_peer");
                 continue;
             };
             Some(share)
@@ -421,6 +421,7 @@ mod tests {
     }
 
     /// Connects to `address` from `local` (any of 127.0.0.0/8 on Linux's loopback).
+    #[cfg(target_os = "linux")]
     async fn connect_from(local: [u8; 4], address: std::net::SocketAddr) -> tokio::net::TcpStream {
         let socket = tokio::net::TcpSocket::new_v4().unwrap();
         socket
@@ -429,6 +430,7 @@ mod tests {
         socket.connect(address).await.unwrap()
     }
 
+    #[cfg(target_os = "linux")]
     #[tokio::test]
     async fn a_peer_holds_its_share_of_the_connections_and_a_trusted_proxy_more() {
         let bounds = Bounds {
@@ -449,7 +451,7 @@ mod tests {
         let mut third = connect_from([127, 0, 0, 2], address).await;
         let closed = read_until_closed(&mut third, Duration::from_secs(2)).await;
         assert_eq!(closed.as_deref(), Some(""), "closed without an answer");
-        assert_eq!(metrics.requests.with_label_values(&["busy"]).get(), 1);
+        assert_eq!(metrics.requests.with_label_values(&["busy_peer"]).get(), 1);
         let mut other = connect_from([127, 0, 0, 3], address).await;
         other
             .write_all(b"GET / HTTP/1.1\r\nHost: x.example.com\r\nConnection: close\r\n\r\n")
@@ -476,7 +478,7 @@ mod tests {
             answer.unwrap_or_default().starts_with("HTTP/1.1 404"),
             "served"
         );
-        assert_eq!(metrics.requests.with_label_values(&["busy"]).get(), 0);
+        assert_eq!(metrics.requests.with_label_values(&["busy_peer"]).get(), 0);
     }
 
     #[tokio::test]

@@ -11,7 +11,7 @@
 
 use std::collections::HashMap;
 use std::net::IpAddr;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use http::HeaderMap;
 use ipnet::IpNet;
@@ -56,13 +56,14 @@ pub fn default_trusted_proxies() -> Vec<IpNet> {
 
 /// Whether `address` is one of the `trusted` proxies'.
 pub fn is_trusted(address: IpAddr, trusted: &[IpNet]) -> bool {
+    let address = address.to_canonical();
     trusted.iter().any(|net| net.contains(&address))
 }
 
 /// The client of a request that came from `peer` with `headers`.
 pub fn client_address(peer: IpAddr, headers: &HeaderMap, trusted: &[IpNet]) -> IpAddr {
     let is_trusted = |address: &IpAddr| is_trusted(*address, trusted);
-    let mut client = peer;
+    let mut client = peer.to_canonical();
     if !is_trusted(&client) {
         return client;
     }
@@ -84,18 +85,32 @@ pub fn client_address(peer: IpAddr, headers: &HeaderMap, trusted: &[IpNet]) -> I
     client
 }
 
-/// Each client's share of something all clients share (connections, turns): at most
-/// `per_client` held by one client address at once, so that one client, however many
-/// requests it opens, leaves the rest to the others. The whole is bounded by its own
-/// semaphore; this bounds each client's part of it.
-pub struct ClientShares {
-    per_client: usize,
-    /// One semaphore per client that holds a share now; removed when its last share ends, so
-    /// the map holds only clients in flight.
-    held: Mutex<HashMap<IpAddr, Arc<Semaphore>>>,
+/// The address a client is counted under: itself, or the /64 of an IPv6 address (one host
+/// usually holds a whole /64, and rotating addresses inside it must not buy more); an IPv4
+/// address mapped into IPv6 (a dual-stack listener's view of an IPv4 peer) counts as itself.
+pub fn counted_as(client: IpAddr) -> IpAddr {
+    match client.to_canonical() {
+        IpAddr::V4(v4) => IpAddr::V4(v4),
+        IpAddr::V6(v6) => {
+            let prefix = u128::from(v6) & !((1u128 << 64) - 1);
+            IpAddr::V6(prefix.into())
+        }
+    }
 }
 
-/// One share, held until dropped.
+/// Each client's share of something all clients share (connections, turns): at most
+/// `per_client` held by one client (as [`counted_as`] counts it) at once, so that one client,
+/// however many requests it opens, leaves the rest to the others. The whole is bounded by its
+/// own semaphore; this bounds each client's part of it.
+pub struct ClientShares {
+    per_client: usize,
+    /// Per client in flight: its semaphore, and how many shares are held or waited for. An
+    /// entry goes when that count reaches 0, so the map holds only clients in flight.
+    held: Mutex<HashMap<IpAddr, (Arc<Semaphore>, usize)>>,
+}
+
+/// One share (or a wait for one), until dropped: then the client's count goes down, and its
+/// entry with the last.
 pub struct ClientShare {
     permit: Option<OwnedSemaphorePermit>,
     client: IpAddr,
@@ -106,7 +121,7 @@ impl ClientShares {
     /// At most `per_client` shares per client address (at least one).
     pub fn new(per_client: usize) -> Arc<Self> {
         Arc::new(Self {
-            per_client: per_client.max(1),
+            per_client: per_client.clamp(1, Semaphore::MAX_PERMITS),
             held: Mutex::default(),
         })
     }
@@ -117,58 +132,63 @@ impl ClientShares {
 
     /// A share for `client` if it holds fewer than its bound now; `None` otherwise.
     pub fn try_take(self: &Arc<Self>, client: IpAddr) -> Option<ClientShare> {
-        let permit = self.semaphore_of(client).try_acquire_owned().ok();
-        self.share(client, permit)
+        let (mut share, semaphore) = self.enter(client);
+        share.permit = Some(semaphore.try_acquire_owned().ok()?);
+        Some(share)
     }
 
-    /// A share for `client`, waiting until one of its own ends; `None` after `wait`.
+    /// A share for `client`, waiting until one of its own ends; `None` after `wait`. Dropped
+    /// while waiting (its request gone), it leaves nothing behind.
     pub async fn take_within(
         self: &Arc<Self>,
         client: IpAddr,
         wait: std::time::Duration,
     ) -> Option<ClientShare> {
-        let semaphore = self.semaphore_of(client);
+        let (mut share, semaphore) = self.enter(client);
         let permit = tokio::time::timeout(wait, semaphore.acquire_owned()).await;
-        self.share(client, permit.ok().and_then(Result::ok))
+        share.permit = Some(permit.ok()?.ok()?);
+        Some(share)
     }
 
-    fn semaphore_of(&self, client: IpAddr) -> Arc<Semaphore> {
-        let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
-        held.entry(client)
-            .or_insert_with(|| Arc::new(Semaphore::new(self.per_client)))
-            .clone()
-    }
-
-    fn share(
-        self: &Arc<Self>,
-        client: IpAddr,
-        permit: Option<OwnedSemaphorePermit>,
-    ) -> Option<ClientShare> {
+    /// Counts `client` in (its entry made if it has none) and hands out its guard, which
+    /// counts it out when dropped, whatever happens meanwhile.
+    fn enter(self: &Arc<Self>, client: IpAddr) -> (ClientShare, Arc<Semaphore>) {
+        let client = counted_as(client);
+        let mut held = self.held.lock().unwrap_or_else(PoisonError::into_inner);
+        let (semaphore, users) = held
+            .entry(client)
+            .or_insert_with(|| (Arc::new(Semaphore::new(self.per_client)), 0));
+        *users += 1;
         let share = ClientShare {
-            permit,
+            permit: None,
             client,
             shares: self.clone(),
         };
-        // Dropped without a permit, it still forgets an entry nobody else holds.
-        share.permit.is_some().then_some(share)
+        (share, semaphore.clone())
     }
 
-    /// Clients holding a share now (for tests and metrics).
+    /// Clients holding or waiting for a share now (for tests and metrics).
     pub fn clients_in_flight(&self) -> usize {
-        self.held.lock().unwrap_or_else(|e| e.into_inner()).len()
+        self.held
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .len()
     }
 }
 
 impl Drop for ClientShare {
     fn drop(&mut self) {
         drop(self.permit.take());
-        let mut held = self.shares.held.lock().unwrap_or_else(|e| e.into_inner());
-        // Only the map holds it: nobody holds or waits for a share of this client.
-        if held
-            .get(&self.client)
-            .is_some_and(|semaphore| Arc::strong_count(semaphore) == 1)
-        {
-            held.remove(&self.client);
+        let mut held = self
+            .shares
+            .held
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if let Some((_, users)) = held.get_mut(&self.client) {
+            *users = users.saturating_sub(1);
+            if *users == 0 {
+                held.remove(&self.client);
+            }
         }
     }
 }
@@ -264,6 +284,26 @@ mod tests {
             shares.try_take(greedy).is_some(),
             "an ended share frees its place"
         );
+    }
+
+    #[tokio::test]
+    async fn a_wait_given_up_leaves_nothing_behind_and_one_network_is_one_client() {
+        let shares = ClientShares::new(1);
+        let held = shares.try_take(ip("2001:db8:1:2::1")).expect("a share");
+        // Another address of the same /64 is the same client: it waits, and gives up.
+        let waiting = shares.take_within(ip("2001:db8:1:2::9"), std::time::Duration::from_secs(60));
+        let gave_up = tokio::time::timeout(std::time::Duration::from_millis(20), waiting).await;
+        assert!(gave_up.is_err(), "still waiting when its request went away");
+        drop(held);
+        assert_eq!(
+            shares.clients_in_flight(),
+            0,
+            "nothing kept for the one that gave up"
+        );
+        // An IPv4 peer as a dual-stack listener sees it is trusted as IPv4.
+        let trusted = default_trusted_proxies();
+        assert!(is_trusted(ip("::ffff:10.1.2.3"), &trusted));
+        assert_eq!(counted_as(ip("::ffff:192.0.2.1")), ip("192.0.2.1"));
     }
 
     #[test]

@@ -429,7 +429,7 @@ pub struct WebhookArgs {
     /// Deliveries one client address may have handled at once, of the 64 all clients share;
     /// more wait for a turn (up to 10 s, then 503). The client is the peer, or the address a
     /// trusted proxy says the delivery came from (`--webhook-trusted-proxies`).
-    #[arg(long, env = "PREVIEWD_WEBHOOK_DELIVERIES_PER_CLIENT", default_value_t = crate::webhook::server::DEFAULT_DELIVERIES_PER_CLIENT)]
+    #[arg(long, env = "PREVIEWD_WEBHOOK_DELIVERIES_PER_CLIENT", default_value_t = crate::webhook::server::DEFAULT_DELIVERIES_PER_CLIENT, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=64))]
     pub webhook_deliveries_per_client: usize,
     /// Proxies whose `X-Forwarded-For` says who a delivery's client is (the ingress controller
     /// or gateway in front of the webhook endpoint), as a JSON list of networks or addresses.

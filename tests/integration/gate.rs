@@ -355,7 +355,7 @@ async fn sleeping_of(client: &Client, namespace: &str, template: &str, prefix: &
         let name = format!("{prefix}-{n}");
         let environment: PreviewEnvironment = serde_json::from_value(json!({
             "apiVersion": "previewd.dev/v1alpha1", "kind": "PreviewEnvironment",
-            "metadata": {"name": name},
+            "metadata": {"name": name, "labels": {"previewd.test/namespace": namespace}},
             "spec": {"template": template, "sleep": true, "source": {"repository": "org/web",
                      "branch": format!("feature-{n}"), "pullRequest": n,
                      "headSha": "ec26c3e57ca3a959ca5aad62de7213c562f8c821"}}
@@ -457,63 +457,90 @@ async fn a_client_wakes_no_more_than_its_share_and_all_clients_no_more_than_the_
 }
 
 /// The budget in all is every team's: a flood from many addresses on one team's hosts wakes
-/// that template's part of it (the budget divided by the templates with sleeping environments)
-/// and leaves the other team's visitors theirs. On the code before, the flood spent the whole
-/// budget on the first team's hosts and the second team's visitor woke nothing.
+/// that team's part of it (the budget divided by the teams, the namespaces, with sleeping
+/// environments) and leaves the other team's visitors theirs; a second template of the first
+/// team buys it no second part. On the code before, the flood spent the whole budget on the
+/// first team's hosts and the second team's visitor woke nothing.
 #[tokio::test]
 async fn a_flood_on_one_teams_hosts_leaves_the_other_teams_their_part_of_the_wakes() {
-    use previewd::gate::budget::WakeLimits;
-    use previewd::gate::server::{Clients, Gate};
-    in_namespace("gate-template-share", |client, ns| async move {
-        sleeping_of(&client, &ns, "web", "web", 6).await;
-        sleeping_of(&client, &ns, "api", "api", 2).await;
-        let (caches, _watches) =
-            previewd::cluster::caches::Caches::start(client.clone(), Some(&ns));
-        caches.wait_until_ready().await;
-        let tally = Arc::new(Tally::default());
-        let wakes = WakeLimits {
-            per_client: 10,
-            in_all: 4,
-            window: Duration::from_secs(600),
-        };
-        let clients = Clients {
-            wakes,
-            ..Clients::default()
-        };
-        let metrics = previewd::gate::metrics::GateMetrics::new();
-        let gate = Gate::new(
-            caches.environments.clone(),
-            tally.clone(),
-            metrics.clone(),
-            clients,
-        );
-        let address = support::gate::listen(gate).await;
-        let host = |prefix: &str, n: u32| format!("{prefix}-{n}.budget.example.com");
-        // Every web host, each from an address of its own.
-        let mut woken = 0;
-        for n in 1..=6 {
-            let flooder = format!("203.0.113.{n}");
-            let body = eventually("the host is known", Duration::from_secs(10), || async {
-                let (status, body) = get_for(address, &host("web", n), &flooder).await;
-                (status == 503).then_some(body)
-            })
-            .await;
-            woken += usize::from(body.contains("starting"));
-        }
-        assert_eq!(woken, 2, "the web template's part: 4 wakes in 2 parts");
-        let refused = metrics
-            .requests
-            .with_label_values(&["over_template_share"])
-            .get();
-        assert_eq!(refused, 4);
-        for n in 1..=2 {
-            let (_, body) = get_for(address, &host("api", n), "198.51.100.9").await;
-            assert!(
-                body.contains("starting"),
-                "the api team's visitor wakes: {body}"
-            );
-        }
-        assert_eq!(tally.0.load(Ordering::SeqCst), 4);
+    in_namespace("gate-team-web", |_, web| async move {
+        in_namespace("gate-team-api", |client, api| async move {
+            sleeping_of(&client, &web, "web", "web", 4).await;
+            sleeping_of(&client, &web, "web-two", "two", 2).await;
+            sleeping_of(&client, &api, "api", "api", 2).await;
+            flood_one_team(&client, &[&web, &api]).await;
+        })
+        .await;
     })
     .await;
+}
+
+/// Floods every host of the first team (of `namespaces`) from addresses of their own, then
+/// visits the second team's hosts.
+async fn flood_one_team(client: &Client, namespaces: &[&str]) {
+    use previewd::gate::budget::WakeLimits;
+    use previewd::gate::server::{Clients, Gate};
+    let (store, _watches) = environments_of(client, namespaces).await;
+    let tally = Arc::new(Tally::default());
+    let wakes = WakeLimits {
+        per_client: 10,
+        in_all: 4,
+        window: Duration::from_secs(600),
+    };
+    let clients = Clients {
+        wakes,
+        ..Clients::default()
+    };
+    let metrics = previewd::gate::metrics::GateMetrics::new();
+    let gate = Gate::new(store, tally.clone(), metrics.clone(), clients);
+    let address = support::gate::listen(gate).await;
+    let host = |prefix: &str, n: u32| format!("{prefix}-{n}.budget.example.com");
+    let first_team = (1..=4)
+        .map(|n| host("web", n))
+        .chain((1..=2).map(|n| host("two", n)));
+    let mut woken = 0;
+    for (n, first_team_host) in first_team.enumerate() {
+        let flooder = format!("203.0.113.{n}");
+        let body = eventually("the host is known", Duration::from_secs(10), || async {
+            let (status, body) = get_for(address, &first_team_host, &flooder).await;
+            (status == 503).then_some(body)
+        })
+        .await;
+        woken += usize::from(body.contains("starting"));
+    }
+    assert_eq!(woken, 2, "the first team's part: 4 wakes in 2 parts");
+    let refused = metrics.requests.with_label_values(&["over_team_share"]);
+    assert_eq!(refused.get(), 4);
+    for n in 1..=2 {
+        let (_, body) = get_for(address, &host("api", n), "198.51.100.9").await;
+        assert!(
+            body.contains("starting"),
+            "the other team's visitor wakes: {body}"
+        );
+    }
+    assert_eq!(tally.0.load(Ordering::SeqCst), 4);
+}
+
+/// The PreviewEnvironments of `namespaces`, as a watch of the real API server keeps them (one
+/// cache per namespace would give the gate only one).
+async fn environments_of(
+    client: &Client,
+    namespaces: &[&str],
+) -> (
+    kube::runtime::reflector::Store<PreviewEnvironment>,
+    tokio::task::JoinHandle<()>,
+) {
+    use futures::StreamExt;
+    use kube::runtime::{WatchStreamExt, reflector, watcher};
+    let (store, writer) = reflector::store();
+    let all: Api<PreviewEnvironment> = Api::all(client.clone());
+    let selector = format!("previewd.test/namespace in ({})", namespaces.join(","));
+    let watch = watcher(all, watcher::Config::default().labels(&selector));
+    let task = tokio::spawn(
+        reflector(writer, watch)
+            .applied_objects()
+            .for_each(|_| async {}),
+    );
+    store.wait_until_ready().await.unwrap();
+    (store, task)
 }

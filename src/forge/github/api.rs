@@ -13,7 +13,7 @@ use crate::forge::blobs::BlobCache;
 use crate::forge::blobs::ReadAt;
 use crate::forge::client::{CommentAuthor, DeploymentState, is_yaml};
 use crate::forge::comment::CommitState;
-use crate::forge::folders::{BlobSource, TreeFile, is_object_id, read_blobs, take_reads};
+use crate::forge::folders::{BlobSource, TreeFile, is_object_id, read_blobs, take_listing};
 use crate::forge::metrics::ForgeMetrics;
 use crate::forge::transport::{
     Backoff, FORGE_CONNECT_TIMEOUT, FORGE_TIMEOUT, ForgeApiError, error_summary,
@@ -624,8 +624,8 @@ impl GithubApi {
             repository,
             reader,
         };
-        take_reads(&self.blobs, at, 1, std::time::Instant::now())?;
         let query = if recursive { "?recursive=1" } else { "" };
+        take_listing(&self.blobs, at, &format!("{tree}{query}"))?;
         let path = format!("/repos/{repository}/git/trees/{tree}{query}");
         let answer = self
             .send("read_tree", Method::GET, &path, None, None)

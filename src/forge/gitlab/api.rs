@@ -28,7 +28,7 @@ use crate::forge::client::{
     DeploymentState, MAX_MANIFEST_FILE_BYTES, MAX_MANIFEST_FILES, check_manifest_count, is_yaml,
 };
 use crate::forge::comment::CommitState;
-use crate::forge::folders::{BlobSource, TreeFile, read_blobs, take_reads};
+use crate::forge::folders::{BlobSource, TreeFile, read_blobs, take_listing};
 use crate::forge::metrics::ForgeMetrics;
 use crate::forge::transport::{
     Backoff, FORGE_CONNECT_TIMEOUT, FORGE_TIMEOUT, ForgeApiError, error_summary, observe_rate_limit,
@@ -579,7 +579,7 @@ impl GitlabApi {
             repository: project,
             reader,
         };
-        take_reads(&self.blobs, at, 1, std::time::Instant::now())?;
+        take_listing(&self.blobs, at, &format!("{sha}:{path}:{recursive}"))?;
         let entries: Vec<TreeEntry> = self
             .list("read_tree", tree, Pagination::Limit(most))
             .await?;

@@ -35,11 +35,14 @@ pub enum ForgeAccess<'a> {
     Given(Arc<ForgeClient>),
 }
 
-/// Who reads the repository, for its share of the repository's reads: the environment.
-fn reader(environment: &PreviewEnvironment) -> String {
+/// Who reads the repository, for its share of the repository's reads: the environment, for
+/// one folder of its template (a template may read up to three: its manifests, its chart and
+/// its overlay, each up to 200 files; each has a share, so that the first commit's folders
+/// all fit).
+fn reader(environment: &PreviewEnvironment, path: &str) -> String {
     use kube::ResourceExt;
     let namespace = environment.namespace().unwrap_or_default();
-    format!("{namespace}/{}", environment.name_any())
+    format!("{namespace}/{}:{path}", environment.name_any())
 }
 
 impl RepositoryFiles<'_> {
@@ -55,7 +58,13 @@ impl RepositoryFiles<'_> {
         let repository = &template.spec.forge.repository;
         let head_sha = &environment.spec.source.head_sha;
         self.kept
-            .get(&client, repository, path, head_sha, &reader(environment))
+            .get(
+                &client,
+                repository,
+                path,
+                head_sha,
+                &reader(environment, path),
+            )
             .await
             .map_err(|e| repository_refusal(path, head_sha, e))
     }
@@ -72,7 +81,13 @@ impl RepositoryFiles<'_> {
         let repository = &template.spec.forge.repository;
         let head_sha = &environment.spec.source.head_sha;
         self.kept
-            .folder(&client, repository, path, head_sha, &reader(environment))
+            .folder(
+                &client,
+                repository,
+                path,
+                head_sha,
+                &reader(environment, path),
+            )
             .await
             .map_err(|e| repository_refusal(path, head_sha, e))
     }
