@@ -514,6 +514,43 @@ mod tests {
         );
     }
 
+    /// A client that keeps its connection busy with one quick request after another (each head
+    /// well within its time) is still cut off when the connection's lifetime is up, after the
+    /// answer in flight. Without the lifetime it would hold its connection for ever.
+    #[tokio::test]
+    async fn a_connection_kept_busy_is_closed_when_its_lifetime_is_up() {
+        let bounds = Bounds {
+            head_timeout: Duration::from_secs(30),
+            connection_lifetime: Duration::from_secs(1),
+            ..Bounds::default()
+        };
+        let (address, _, metrics) = gate_within(bounds).await;
+        let mut stream = tokio::net::TcpStream::connect(address).await.unwrap();
+        let started = Instant::now();
+        let request = "GET / HTTP/1.1\r\nHost: nobody.example.com\r\n\r\n";
+        let mut buffer = vec![0u8; 4096];
+        let closed_after = loop {
+            assert!(
+                started.elapsed() < Duration::from_secs(10),
+                "still open after 10 s"
+            );
+            if stream.write_all(request.as_bytes()).await.is_err() {
+                break started.elapsed();
+            }
+            match tokio::time::timeout(Duration::from_secs(5), stream.read(&mut buffer)).await {
+                Ok(Ok(0)) | Ok(Err(_)) => break started.elapsed(),
+                Ok(Ok(_)) => tokio::time::sleep(Duration::from_millis(100)).await,
+                Err(_) => panic!("no answer within 5 s"),
+            }
+        };
+        assert!(
+            closed_after >= Duration::from_millis(900),
+            "closed at {closed_after:?}, before its lifetime"
+        );
+        let answered = metrics.requests.with_label_values(&["unknown"]).get();
+        assert!(answered >= 5, "answered {answered} requests on it before");
+    }
+
     #[tokio::test]
     async fn an_oversized_head_is_refused() {
         let (address, _, _) = gate_within(Bounds::default()).await;
@@ -525,7 +562,7 @@ mod tests {
         let _ = stream.write_all(huge.as_bytes()).await;
         let answer = read_until_closed(&mut stream, Duration::from_secs(5))
             .await
-            .unwrap_or_default();
+            .expect("the connection is closed, not left hanging");
         assert!(
             answer.is_empty() || answer.starts_with("HTTP/1.1 431"),
             "{answer}"
