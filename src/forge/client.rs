@@ -12,27 +12,13 @@ use super::blobs::BlobCache;
 use super::comment::CommitState;
 use super::github::api::GithubApi;
 use super::gitlab::api::GitlabApi;
+use super::limits::check_manifest_total;
+use super::limits::check_total;
+pub use super::limits::{MAX_MANIFEST_BYTES, MAX_MANIFEST_FILE_BYTES, MAX_MANIFEST_FILES};
 use super::metrics::ForgeMetrics;
 pub use super::transport::{FORGE_TIMEOUT, ForgeApiError, MAX_RATE_LIMIT_WAIT};
+pub use super::vocabulary::{CommentAuthor, DeploymentState};
 use crate::model::crd::ForgeKind;
-
-/// The most manifest files previewd reads from one repository folder.
-pub const MAX_MANIFEST_FILES: usize = 200;
-/// The largest manifest file previewd reads (1 MiB).
-pub const MAX_MANIFEST_FILE_BYTES: usize = 1 << 20;
-/// The most manifest text previewd reads for one commit (4 MiB, the render output limit).
-pub const MAX_MANIFEST_BYTES: usize = 4 << 20;
-
-/// Who previewd is on the forge, to tell its own comments from copies: a comment anyone can
-/// start with previewd's marker, and previewd must never adopt (and edit, and point its record
-/// at) a comment a pull request's author wrote.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum CommentAuthor {
-    /// The user the token belongs to (`GET /user`, asked once per client).
-    Token,
-    /// A GitHub App: its comments carry `performed_via_github_app.id`.
-    GithubApp(u64),
-}
 
 /// A client for one forge API URL and token.
 pub enum ForgeClient {
@@ -49,22 +35,6 @@ impl ForgeClient {
             ForgeClient::Gitlab(api) => api.scope(),
         }
     }
-}
-
-/// A scope no other client has: a client built outside [`ForgeClients`] shares nothing.
-pub(crate) fn unshared_scope() -> String {
-    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    format!("unshared-{n}")
-}
-
-/// A GitHub deployment status word.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum DeploymentState {
-    InProgress,
-    Success,
-    Failure,
-    Inactive,
 }
 
 impl ForgeClient {
@@ -228,71 +198,6 @@ impl ForgeClient {
             }
         }
     }
-}
-
-/// Refuses a folder of more than [`MAX_MANIFEST_FILES`] manifests, before any is read.
-pub(crate) fn check_manifest_count(path: &str, count: usize) -> Result<(), ForgeApiError> {
-    if count > MAX_MANIFEST_FILES {
-        return Err(ForgeApiError::ManifestsTooLarge {
-            path: path.to_string(),
-            problem: format!(
-                "{count} manifest files, more than the limit of {MAX_MANIFEST_FILES}; none was read"
-            ),
-        });
-    }
-    Ok(())
-}
-
-/// Refuses a manifest file of more than [`MAX_MANIFEST_FILE_BYTES`] (`size` as the forge
-/// lists it, or as read).
-pub(crate) fn check_manifest_size(path: &str, size: u64) -> Result<(), ForgeApiError> {
-    if size > MAX_MANIFEST_FILE_BYTES as u64 {
-        return Err(ForgeApiError::ManifestsTooLarge {
-            path: path.to_string(),
-            problem: format!(
-                "{size} bytes, more than the limit of {MAX_MANIFEST_FILE_BYTES} per manifest file"
-            ),
-        });
-    }
-    Ok(())
-}
-
-/// Refuses, from a listing that gives each file's size (GitHub's), a file over
-/// [`MAX_MANIFEST_FILE_BYTES`] or files that add up to more than [`MAX_MANIFEST_BYTES`]: before
-/// anything is downloaded. Sizes are the forge's word, so they are added without overflow; the
-/// files read are checked again.
-pub(crate) fn check_listed_sizes(
-    path: &str,
-    listed: impl IntoIterator<Item = (String, u64)>,
-) -> Result<(), ForgeApiError> {
-    let mut total = 0u64;
-    for (name, size) in listed {
-        check_manifest_size(&name, size)?;
-        total = total.saturating_add(size);
-    }
-    check_total(path, usize::try_from(total).unwrap_or(usize::MAX))
-}
-
-/// Refuses manifests that add up to more than [`MAX_MANIFEST_BYTES`].
-fn check_manifest_total(path: &str, files: &[(String, String)]) -> Result<(), ForgeApiError> {
-    check_total(path, files.iter().map(|(_, text)| text.len()).sum())
-}
-
-pub(crate) fn check_total(path: &str, total: usize) -> Result<(), ForgeApiError> {
-    if total > MAX_MANIFEST_BYTES {
-        return Err(ForgeApiError::ManifestsTooLarge {
-            path: path.to_string(),
-            problem: format!(
-                "{total} bytes of manifests, more than the limit of {MAX_MANIFEST_BYTES}"
-            ),
-        });
-    }
-    Ok(())
-}
-
-/// Whether a repository file is a manifest previewd reads.
-pub(crate) fn is_yaml(name: &str) -> bool {
-    name.ends_with(".yaml") || name.ends_with(".yml")
 }
 
 type ClientKey = (ForgeKind, String, [u8; 32]);

@@ -13,7 +13,7 @@ use std::future::Future;
 use std::sync::Arc;
 
 use super::blobs::{BlobCache, BlobKey, ReadAt};
-use super::client::{check_listed_sizes, check_manifest_count, check_manifest_size, check_total};
+use super::limits::{check_listed_sizes, check_manifest_count, check_manifest_size, check_total};
 use super::metrics::ForgeMetrics;
 use super::transport::ForgeApiError;
 

@@ -15,12 +15,14 @@ pub(crate) mod comment;
 mod folders;
 pub mod github;
 pub mod gitlab;
+mod limits;
 pub mod metrics;
 pub mod report;
 pub mod report_plan;
 pub mod repository;
 pub mod template_client;
 mod transport;
+mod vocabulary;
 
 use chrono::{DateTime, Utc};
 use sha2::{Digest, Sha256};

@@ -1,5 +1,6 @@
 //! The layers of `src/` stay layers: every `crate::` path in a layer's files names only that
-//! layer or a layer below it, and the folders import each other without a circle. The order is
+//! layer or a layer below it, the folders import each other without a circle, and so do the
+//! files, across the whole crate. The order is
 //! the one `src/lib.rs` and `docs/architecture.md` describe; a new folder must be placed in it.
 //!
 //! Reads the source text (no build needed); comments are skipped, so a doc link may point
@@ -422,4 +423,215 @@ fn files_import_their_siblings_without_a_circle() {
         "files that import each other:\n{}",
         circles.join("\n")
     );
+}
+
+/// Every path named after `crate::` or `super::` (as many `super::` as written) in `code`,
+/// with groups expanded: `crate::a::{b::{c, d}, e}` gives `crate::a::b::c`, `crate::a::b::d`
+/// and `crate::a::e`. Each path as its segments, starting with `crate` or `super`.
+fn paths_in(code: &str) -> Vec<Vec<String>> {
+    let mut found = Vec::new();
+    for start in ["crate::", "super::"] {
+        for (at, _) in code.match_indices(start) {
+            let before = code[..at].chars().next_back();
+            if before.is_some_and(|c| c.is_alphanumeric() || c == '_' || c == ':') {
+                continue;
+            }
+            expand(&code[at..], Vec::new(), &mut found);
+        }
+    }
+    found
+}
+
+/// Expands the path at the start of `text` (after the segments in `prefix`) into `out`.
+fn expand(text: &str, mut prefix: Vec<String>, out: &mut Vec<Vec<String>>) {
+    let mut rest = text;
+    loop {
+        let name = leading_ident(rest);
+        if name.is_empty() {
+            break;
+        }
+        prefix.push(name.clone());
+        rest = &rest[name.len()..];
+        match rest.strip_prefix("::") {
+            Some(after) => rest = after,
+            None => break,
+        }
+        if let Some(group) = rest.strip_prefix('{') {
+            let mut depth = 0;
+            let mut item = String::new();
+            for c in group.chars() {
+                match c {
+                    '{' => depth += 1,
+                    '}' if depth == 0 => break,
+                    '}' => depth -= 1,
+                    ',' if depth == 0 => {
+                        expand(item.trim(), prefix.clone(), out);
+                        item.clear();
+                        continue;
+                    }
+                    _ => {}
+                }
+                item.push(c);
+            }
+            expand(item.trim(), prefix.clone(), out);
+            return;
+        }
+    }
+    out.push(prefix);
+}
+
+/// The source file a module path leads to: the deepest of its prefixes that is a file
+/// (`a/b.rs`) or a folder's `mod.rs`, as a path under src/ without `.rs`.
+fn file_of(src: &Path, segments: &[String]) -> Option<String> {
+    let mut deepest = None;
+    let mut dir = src.to_path_buf();
+    for segment in segments {
+        if dir.join(format!("{segment}.rs")).exists() {
+            deepest = Some(dir.join(segment));
+            break;
+        }
+        if dir.join(segment).join("mod.rs").exists() {
+            dir = dir.join(segment);
+            deepest = Some(dir.join("mod"));
+            continue;
+        }
+        break;
+    }
+    deepest.map(|path| {
+        path.strip_prefix(src)
+            .expect("under src")
+            .display()
+            .to_string()
+    })
+}
+
+/// File → files it imports, across the whole crate (test code left out, as for siblings).
+fn file_imports() -> BTreeMap<String, BTreeSet<String>> {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    source_files(&src, &mut files);
+    let mut graph: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for file in files {
+        let module = file
+            .strip_prefix(&src)
+            .expect("under src")
+            .with_extension("");
+        let own = module.display().to_string();
+        let stem = module.file_name().map(|n| n.to_string_lossy().to_string());
+        if matches!(stem.as_deref(), Some("tests" | "lib" | "main")) || own.starts_with("bin/") {
+            continue;
+        }
+        // The module path of this file: its folders, and its name unless it is a `mod.rs`.
+        let mut here: Vec<String> = module
+            .components()
+            .map(|c| c.as_os_str().to_string_lossy().to_string())
+            .collect();
+        if stem.as_deref() == Some("mod") {
+            here.pop();
+        }
+        let text = std::fs::read_to_string(&file).expect("read source");
+        let code = code_of(text.split("#[cfg(test)]").next().unwrap_or_default());
+        for path in paths_in(&code) {
+            let mut absolute = here.clone();
+            let mut rest = path.as_slice();
+            if rest.first().is_some_and(|s| s == "crate") {
+                absolute.clear();
+                rest = &rest[1..];
+            }
+            while rest.first().is_some_and(|s| s == "super") {
+                absolute.pop();
+                rest = &rest[1..];
+            }
+            absolute.extend(rest.iter().cloned());
+            if let Some(target) = file_of(&src, &absolute)
+                && target != own
+            {
+                graph.entry(own.clone()).or_default().insert(target);
+            }
+        }
+    }
+    graph
+}
+
+#[test]
+fn no_files_import_each_other_in_a_circle_anywhere_in_the_crate() {
+    let graph = file_imports();
+    assert!(
+        graph.len() > 60,
+        "only {} files import another: is the reader broken?",
+        graph.len()
+    );
+    let circles = circles_in(&graph);
+    assert!(
+        circles.is_empty(),
+        "files that import each other:\n{}",
+        circles.join("\n")
+    );
+}
+
+/// Every circle of `graph`, once each, as `a → b → … → a`.
+fn circles_in(graph: &BTreeMap<String, BTreeSet<String>>) -> Vec<String> {
+    fn path_back(
+        from: &str,
+        goal: &str,
+        graph: &BTreeMap<String, BTreeSet<String>>,
+        seen: &mut BTreeSet<String>,
+    ) -> Option<Vec<String>> {
+        for next in graph.get(from).into_iter().flatten() {
+            if next == goal {
+                return Some(vec![next.clone()]);
+            }
+            if seen.insert(next.clone())
+                && let Some(mut rest) = path_back(next, goal, graph, seen)
+            {
+                rest.insert(0, next.clone());
+                return Some(rest);
+            }
+        }
+        None
+    }
+    let mut circles: Vec<String> = Vec::new();
+    let mut in_a_circle: BTreeSet<String> = BTreeSet::new();
+    for file in graph.keys() {
+        if in_a_circle.contains(file) {
+            continue;
+        }
+        if let Some(path) = path_back(file, file, graph, &mut BTreeSet::new()) {
+            in_a_circle.extend(path.iter().cloned());
+            circles.push(format!("{file} → {}", path.join(" → ")));
+        }
+    }
+    circles
+}
+
+#[test]
+fn the_file_reader_expands_groups_and_climbs_super() {
+    let code = "use crate::forge::{client::{A, B}, github};\nuse super::super::model::crd::X;";
+    let paths: Vec<String> = paths_in(code).iter().map(|p| p.join("::")).collect();
+    assert_eq!(
+        paths,
+        [
+            "crate::forge::client::A",
+            "crate::forge::client::B",
+            "crate::forge::github",
+            "super::super::model::crd::X"
+        ]
+    );
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let to = |path: &[&str]| {
+        file_of(
+            &src,
+            &path.iter().map(|s| s.to_string()).collect::<Vec<_>>(),
+        )
+    };
+    assert_eq!(
+        to(&["forge", "client", "ForgeClient"]).as_deref(),
+        Some("forge/client")
+    );
+    assert_eq!(
+        to(&["forge", "github", "parse"]).as_deref(),
+        Some("forge/github/mod")
+    );
+    assert_eq!(to(&["forge", "EventKind"]).as_deref(), Some("forge/mod"));
+    assert_eq!(to(&["nothing"]), None);
 }

@@ -11,14 +11,15 @@ use serde_json::{Value, json};
 
 use crate::forge::blobs::BlobCache;
 use crate::forge::blobs::ReadAt;
-use crate::forge::client::{CommentAuthor, DeploymentState, is_yaml};
 use crate::forge::comment::CommitState;
 use crate::forge::folders::{BlobSource, TreeFile, is_object_id, read_blobs, take_listing};
+use crate::forge::limits::is_yaml;
 use crate::forge::metrics::ForgeMetrics;
 use crate::forge::transport::{
     Backoff, FORGE_CONNECT_TIMEOUT, FORGE_TIMEOUT, ForgeApiError, error_summary,
     observe_rate_limit, rate_limit_wait,
 };
+use crate::forge::vocabulary::{CommentAuthor, DeploymentState};
 
 /// The most pages of 100 previewd reads of one list (10,000 open PRs or branches); a longer
 /// list is an error rather than a partial answer.
@@ -170,7 +171,7 @@ impl GithubApi {
             own_login: tokio::sync::OnceCell::new(),
             origin: api_url.to_string(),
             blobs: Arc::default(),
-            scope: crate::forge::client::unshared_scope(),
+            scope: crate::forge::vocabulary::unshared_scope(),
         })
     }
 

@@ -24,15 +24,16 @@ use super::environments::{
 use super::tree::TreeAt;
 use crate::forge::blobs::BlobCache;
 use crate::forge::blobs::ReadAt;
-use crate::forge::client::{
-    DeploymentState, MAX_MANIFEST_FILE_BYTES, MAX_MANIFEST_FILES, check_manifest_count, is_yaml,
-};
 use crate::forge::comment::CommitState;
 use crate::forge::folders::{BlobSource, TreeFile, read_blobs, take_listing};
+use crate::forge::limits::{
+    MAX_MANIFEST_FILE_BYTES, MAX_MANIFEST_FILES, check_manifest_count, is_yaml,
+};
 use crate::forge::metrics::ForgeMetrics;
 use crate::forge::transport::{
     Backoff, FORGE_CONNECT_TIMEOUT, FORGE_TIMEOUT, ForgeApiError, error_summary, observe_rate_limit,
 };
+use crate::forge::vocabulary::DeploymentState;
 
 /// The transport under the gitlab crate's endpoints: previewd's own HTTP client, so that the
 /// token header is never sent on a redirect (the crate's own client follows redirects with
@@ -282,7 +283,7 @@ impl GitlabApi {
             metrics,
             own_user: tokio::sync::OnceCell::new(),
             blobs: Arc::default(),
-            scope: crate::forge::client::unshared_scope(),
+            scope: crate::forge::vocabulary::unshared_scope(),
         })
     }
 
