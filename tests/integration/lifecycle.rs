@@ -623,11 +623,11 @@ async fn comment_commands_from_writers_act_and_from_others_are_refused() {
             },
         )
         .await;
-        // Sleep remembers the replicas previewd's watch last saw. Once (a local CI run, the
-        // first with all these tests in one binary) sleep remembered 1 here; the likeliest cause
-        // is the watch trailing the API server on a loaded machine, which a person scaling by
-        // hand would not race. The wait makes the test deterministic and, should the watch
-        // never see the change, fails with that as the message.
+        // Sleep remembers the replicas previewd's watch last saw: the wait makes sure the watch
+        // saw the hand scale before sleep is asked for, and fails with that as the message if
+        // it never does. The one failure once seen here (sleep remembered 1) was not the watch
+        // but a reconcile working from a cached copy of the environment older than its own
+        // last status write, fixed in 83eeb86 (`reconcile/context.rs`, docs/lifecycle.md).
         let web_key = ObjectKey::of(&json!({"apiVersion": "apps/v1", "kind": "Deployment",
             "metadata": {"name": "web", "namespace": target}}));
         eventually(
