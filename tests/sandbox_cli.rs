@@ -567,6 +567,14 @@ spec:
         spec:
           containers: [{name: c, image: busybox}]
           volumes: [{name: root, hostPath: {path: /}}]
+    - name: net.yaml
+      template: |
+        apiVersion: v1
+        kind: Pod
+        metadata: {name: net}
+        spec:
+          hostNetwork: true
+          containers: [{name: c, image: busybox}]
 "#,
     )
     .unwrap();
@@ -578,6 +586,17 @@ spec:
     ]);
     assert_eq!(status.code(), Some(1), "{printed}");
     assert!(printed.contains("# refused: PolicyRejected: Pod/escape (from escape.yaml): spec.volumes[0] mounts hostPath"), "{printed}");
+    // Each refused object on a line of its own, with its own reason.
+    assert!(
+        printed.contains(
+            "\n# Pod/escape (from escape.yaml): refused: spec.volumes[0] mounts hostPath"
+        ),
+        "{printed}"
+    );
+    assert!(
+        printed.contains("\n# Pod/net (from net.yaml): refused: "),
+        "{printed}"
+    );
     assert!(
         !printed.contains("# wave"),
         "nothing is said to be applied: {printed}"

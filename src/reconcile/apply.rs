@@ -31,5 +31,6 @@ pub(super) fn refused(error: ApplyError) -> Refusal {
         message: format!("the API server refused {error}"),
         retry: Some(Box::new(ReconcileError::Apply(error))),
         quarantine: None,
+        violations: Vec::new(),
     }
 }

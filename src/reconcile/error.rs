@@ -90,6 +90,9 @@ pub struct Refusal {
     /// Set when the input exhausted a render worker or an engine: the commit is set aside
     /// (`super::quarantine`) with this record, which the pipeline completes.
     pub quarantine: Option<Box<crate::model::crd::Quarantine>>,
+    /// The objects the guard or the content policy refused, each with its reason (the message
+    /// joins them): `previewd render` says each object's verdict.
+    pub violations: Vec<crate::reconcile::plan::guard::Violation>,
 }
 
 /// The kinds of refusal, each written as its name: the `Ready` condition's reason, which
@@ -159,6 +162,7 @@ impl Refusal {
             message: message.into(),
             retry: None,
             quarantine: None,
+            violations: Vec::new(),
         }
     }
 }

@@ -77,6 +77,7 @@ async fn read_source(context: &Context, namespace: &str, name: &str) -> Result<S
                 namespace, name,
             )))),
             quarantine: None,
+            violations: Vec::new(),
         })),
         Err(kube::Error::Api(status)) if status.code == 403 => Err(Stop::Refused(Refusal {
             reason: RefusalReason::SecretUnavailable,
@@ -85,6 +86,7 @@ async fn read_source(context: &Context, namespace: &str, name: &str) -> Result<S
             ),
             retry: Some(Box::new(ReconcileError::Secrets(kube::Error::Api(status)))),
             quarantine: None,
+            violations: Vec::new(),
         })),
         Err(error) => Err(Stop::Failed(ReconcileError::Secrets(error))),
     }

@@ -77,6 +77,7 @@ pub(super) async fn check_served(plan: &Plan, context: &Context) -> Result<(), S
             ),
             retry: Some(Box::new(ReconcileError::Apply(failed))),
             quarantine: None,
+            violations: Vec::new(),
         }));
     }
     Ok(())

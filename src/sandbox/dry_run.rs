@@ -5,9 +5,10 @@
 //! sandbox's forge stand-in (`--checkout`, read at the environment's commit as previewd reads
 //! a forge), and Helm is the one the sandbox would run.
 //!
-//! Prints the objects in waves, as YAML, each with the policy's verdict; on a refusal, the
-//! reason and message the environment's condition (and the PR comment) would show, and exit
-//! status 1. What only a cluster can say (the kinds it serves, copied Secrets, which
+//! Prints the objects in waves, as YAML, each `allowed` (a plan exists only when the guard
+//! and the content policy allowed every object); on a refusal, the reason and message the
+//! environment's condition (and the PR comment) would show, then, when the guard or the
+//! content policy refused, one line per refused object with its own reason, and exit status 1. What only a cluster can say (the kinds it serves, copied Secrets, which
 //! environment holds a host, ConfigMap sources) is said to be skipped.
 
 use std::collections::BTreeMap;
@@ -104,6 +105,12 @@ pub async fn run(args: RenderArgs) -> Result<bool, SandboxError> {
         }
         Err(refusal) => {
             println!("# refused: {}: {}", refusal.reason, refusal.message);
+            for violation in &refusal.violations {
+                println!(
+                    "# {}/{} (from {}): refused: {}",
+                    violation.kind, violation.name, violation.manifest, violation.reason
+                );
+            }
             eprintln!(
                 "previewd render: refused ({}): {}",
                 refusal.reason, refusal.message
@@ -234,7 +241,8 @@ fn environment_of(
         .map_err(|e| SandboxError::Process(format!("the environment: {e}")))
 }
 
-/// The plan as YAML documents, wave by wave, each object with its verdict.
+/// The plan as YAML documents, wave by wave, each object with its verdict: `allowed`, since
+/// a plan is made only when every object passed the guard and the content policy.
 fn describe(plan: &Plan) -> String {
     let mut waves: BTreeMap<i32, Vec<&Value>> = BTreeMap::new();
     for object in &plan.objects {

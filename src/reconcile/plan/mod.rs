@@ -221,7 +221,10 @@ fn refuse_violations(reason: RefusalReason, violations: Vec<Violation>) -> Resul
         .map(ToString::to_string)
         .collect::<Vec<_>>()
         .join("; ");
-    Err(Refusal::new(reason, message))
+    Err(Refusal {
+        violations,
+        ..Refusal::new(reason, message)
+    })
 }
 
 /// A CustomResourceDefinition is cluster-wide: it would change the API for every tenant, and
