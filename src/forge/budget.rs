@@ -186,33 +186,33 @@ impl ContentBudget {
                     .max(LEAST_WAIT * 5),
             });
         }
-        let heavy = self.heavy(&state, party, requests, now);
-        let reserve = match urgency {
-            Urgency::Final if heavy => (
-                light_reserve(self.limits.per_minute),
-                light_reserve(self.limits.per_hour),
-            ),
-            Urgency::Final => (0, 0),
-            Urgency::Intermediate => (self.limits.per_minute / 4, self.limits.per_hour / 4),
-        };
+        self.send_or_wait(&mut state, party, (requests, ahead), urgency, now)
+    }
+
+    /// Past the pause, the shares and the line: sends `requests` now if the window has room
+    /// for them, the `ahead` in line and what must stay free for others; else says when, and
+    /// keeps a final report's place in line (a light spender's).
+    fn send_or_wait(
+        &self,
+        state: &mut BudgetState,
+        party: &Party,
+        (requests, ahead): (u32, u32),
+        urgency: Urgency,
+        now: Instant,
+    ) -> Result<Instant, NotNow> {
+        let key = party.environment;
+        let heavy = self.heavy(state, party, requests, now);
+        let reserve = self.reserve(urgency, heavy);
         let needed = ahead.saturating_add(requests);
-        let room = self.room(&state, now);
+        let room = self.room(state, now);
         if room.0 >= needed.saturating_add(reserve.0) && room.1 >= needed.saturating_add(reserve.1)
         {
             state.line.retain(|waiting| waiting.key != key);
-            let (environment, repository): (Arc<str>, Arc<str>) =
-                (party.environment.into(), party.repository.into());
-            for _ in 0..requests {
-                state.sent.push_back(Sent {
-                    at: now,
-                    environment: environment.clone(),
-                    repository: repository.clone(),
-                });
-            }
+            state.record_sent(party, requests, now);
             return Ok(now);
         }
         let turn = self.room_for(
-            &state,
+            state,
             (
                 needed.saturating_add(reserve.0),
                 needed.saturating_add(reserve.1),
@@ -229,6 +229,19 @@ impl ContentBudget {
         Err(NotNow {
             wait: turn.saturating_duration_since(now).max(LEAST_WAIT),
         })
+    }
+
+    /// What must stay free beside a report: an intermediate one leaves a quarter of each window
+    /// to final ones; a heavy spender's final one leaves the light spenders' last quarter.
+    fn reserve(&self, urgency: Urgency, heavy: bool) -> (u32, u32) {
+        match urgency {
+            Urgency::Final if heavy => (
+                light_reserve(self.limits.per_minute),
+                light_reserve(self.limits.per_hour),
+            ),
+            Urgency::Final => (0, 0),
+            Urgency::Intermediate => (self.limits.per_minute / 4, self.limits.per_hour / 4),
+        }
     }
 
     /// When `party`'s own shares have room for `requests` more, if they have none now: an
@@ -427,6 +440,19 @@ impl BudgetState {
             .take_while(|waiting| waiting.key != key)
             .map(|waiting| waiting.requests)
             .fold(0, u32::saturating_add)
+    }
+
+    /// `requests` sent for `party` at `now`.
+    fn record_sent(&mut self, party: &Party, requests: u32, now: Instant) {
+        let (environment, repository): (Arc<str>, Arc<str>) =
+            (party.environment.into(), party.repository.into());
+        for _ in 0..requests {
+            self.sent.push_back(Sent {
+                at: now,
+                environment: environment.clone(),
+                repository: repository.clone(),
+            });
+        }
     }
 
     fn wait_in_line(&mut self, key: &str, requests: u32, turn: Instant) {

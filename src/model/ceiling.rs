@@ -140,7 +140,31 @@ pub fn policy_beyond(
             policy.pod_security, ceiling.pod_security
         ));
     }
-    let lists: [(&str, &[String], &[String]); 10] = [
+    for (field, asked, allowed) in policy_lists(policy, ceiling) {
+        found.extend(beyond_list(&format!("policy.{field}"), asked, allowed));
+    }
+    if let Some(classes) = &ceiling.ingress_class_names {
+        found.extend(beyond_list(
+            "policy.ingressClassNames",
+            &policy.ingress_class_names,
+            classes,
+        ));
+    }
+    found.extend(switched_on_beyond(policy, ceiling));
+    found.extend(own_roles_named(&policy.allowed_cluster_roles, own_roles));
+    found.extend(hosts_beyond(
+        &policy.allowed_ingress_hosts,
+        &ceiling.ingress_hosts,
+    ));
+    found
+}
+
+/// Each allow-list of the policy beside the ceiling's list for it: (field, asked, allowed).
+fn policy_lists<'a>(
+    policy: &'a PolicySpec,
+    ceiling: &'a TemplateCeiling,
+) -> [(&'static str, &'a [String], &'a [String]); 10] {
+    [
         (
             "allowedServiceTypes",
             &policy.allowed_service_types,
@@ -191,17 +215,11 @@ pub fn policy_beyond(
             &policy.allowed_cluster_roles,
             &ceiling.cluster_roles,
         ),
-    ];
-    for (field, asked, allowed) in lists {
-        found.extend(beyond_list(&format!("policy.{field}"), asked, allowed));
-    }
-    if let Some(classes) = &ceiling.ingress_class_names {
-        found.extend(beyond_list(
-            "policy.ingressClassNames",
-            &policy.ingress_class_names,
-            classes,
-        ));
-    }
+    ]
+}
+
+/// The policy's switches that are on where the ceiling keeps them off.
+fn switched_on_beyond(policy: &PolicySpec, ceiling: &TemplateCeiling) -> Vec<String> {
     let switches = [
         (
             "policy.allowExternalIps",
@@ -224,19 +242,11 @@ pub fn policy_beyond(
             ceiling.min_available,
         ),
     ];
-    for (field, asked, allowed) in switches {
-        if asked && !allowed {
-            found.push(format!(
-                "{field} is on; the operator's ceiling keeps it off"
-            ));
-        }
-    }
-    found.extend(own_roles_named(&policy.allowed_cluster_roles, own_roles));
-    found.extend(hosts_beyond(
-        &policy.allowed_ingress_hosts,
-        &ceiling.ingress_hosts,
-    ));
-    found
+    switches
+        .into_iter()
+        .filter(|(_, asked, allowed)| *asked && !*allowed)
+        .map(|(field, _, _)| format!("{field} is on; the operator's ceiling keeps it off"))
+        .collect()
 }
 
 /// How strict a level is: a template may be as strict as it likes, never less than the ceiling.

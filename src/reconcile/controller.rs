@@ -234,6 +234,25 @@ async fn reconcile_in_span(
         }
     })
     .await;
+    let result = settle(result, &key, removed, &context);
+    let outcome = if result.is_ok() { "ok" } else { "error" };
+    context
+        .metrics
+        .reconcile_duration
+        .with_label_values(&[outcome])
+        .observe(started.elapsed().as_secs_f64());
+    result
+}
+
+/// What a reconcile through the finalizer came to: what is remembered of the environment is
+/// forgotten once it is gone, its backoff restarts on success, and a read that was merely
+/// stale (the watch had not brought the last write yet) is looked at again, not failed.
+fn settle(
+    result: Result<Action, kube::runtime::finalizer::Error<ReconcileError>>,
+    key: &ObjectRef<PreviewEnvironment>,
+    removed: Option<Arc<PreviewEnvironment>>,
+    context: &Context,
+) -> Result<Action, ReconcileError> {
     let result = match result {
         // The environment is gone: a reconcile of a cached copy that still showed the finalizer
         // ran the cleanup again, and another had already removed the finalizer, so the API
@@ -248,14 +267,14 @@ async fn reconcile_in_span(
         }
         other => other,
     };
-    let result = match result {
+    match result {
         Ok(action) => {
             // Backoff restarts only when a whole reconcile, forge report included, succeeded.
-            context.memory.failures.lock().remove(&key);
-            context.memory.held_back.lock().remove(&key);
+            context.memory.failures.lock().remove(key);
+            context.memory.held_back.lock().remove(key);
             if let Some(environment) = removed {
                 // The finalizer is gone (or was never ours): nothing more to remember.
-                context.memory.forget(&key);
+                context.memory.forget(key);
                 context.reporter.forget(&environment);
             }
             Ok(action)
@@ -266,8 +285,9 @@ async fn reconcile_in_span(
         ) if is_stale_read(&e) => {
             // The cache showed the environment without the finalizer (or with it), but the
             // server's copy has changed since (usually: the previous reconcile added it, or
-            // removed it, and the watch has not brought that yet). Nothing failed and nothing was done: look again once the watch
-            // has caught up, leaving any backoff count as it was.
+            // removed it, and the watch has not brought that yet). Nothing failed and nothing
+            // was done: look again once the watch has caught up, leaving any backoff count as
+            // it was.
             tracing::debug!(error = %e, "the environment changed since the cache read it; looking again");
             Ok(Action::requeue(STALE_READ_RETRY))
         }
@@ -276,14 +296,7 @@ async fn reconcile_in_span(
             | kube::runtime::finalizer::Error::CleanupFailed(e),
         ) => Err(e),
         Err(other) => Err(ReconcileError::Finalizer(Box::new(other))),
-    };
-    let outcome = if result.is_ok() { "ok" } else { "error" };
-    context
-        .metrics
-        .reconcile_duration
-        .with_label_values(&[outcome])
-        .observe(started.elapsed().as_secs_f64());
-    result
+    }
 }
 
 /// The environment as a reconcile must see it: at least as new as this process's last status

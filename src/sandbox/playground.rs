@@ -114,57 +114,8 @@ impl Playground {
             kubectl: String::new(),
             kubernetes_version: String::new(),
         };
-        let params = PatchParams::apply(FIELD_MANAGER).force();
-        let secrets: Api<k8s_openapi::api::core::v1::Secret> =
-            Api::namespaced(client.clone(), NAMESPACE);
-        let secret = json!({
-            "apiVersion": "v1", "kind": "Secret",
-            "metadata": {"name": SECRET_NAME},
-            "stringData": {
-                "github-webhook-secret": facts.github_webhook_secret,
-                "gitlab-webhook-token": facts.gitlab_webhook_token,
-                // The stand-in reads repositories for this token only; a real forge needs a
-                // real one (docs/forges.md).
-                "api-token": api_token,
-            }
-        });
-        secrets
-            .patch(SECRET_NAME, &params, &Patch::Apply(&secret))
-            .await?;
-        // The token the examples in templates/ name (`tokenSecretRef: forge-token`).
-        let example_token = json!({
-            "apiVersion": "v1", "kind": "Secret",
-            "metadata": {"name": EXAMPLES_TOKEN_SECRET},
-            "stringData": {"token": api_token},
-        });
-        secrets
-            .patch(
-                EXAMPLES_TOKEN_SECRET,
-                &params,
-                &Patch::Apply(&example_token),
-            )
-            .await?;
-        let templates: Api<PreviewTemplate> = Api::namespaced(client.clone(), NAMESPACE);
-        for (name, kind, repository, secret_key) in [
-            (
-                GITHUB_TEMPLATE,
-                "github",
-                GITHUB_REPOSITORY,
-                "github-webhook-secret",
-            ),
-            (
-                GITLAB_TEMPLATE,
-                "gitlab",
-                GITLAB_REPOSITORY,
-                "gitlab-webhook-token",
-            ),
-        ] {
-            let template =
-                example_template(name, kind, repository, secret_key, &facts.forge_api_url)?;
-            templates
-                .patch(name, &params, &Patch::Apply(&template))
-                .await?;
-        }
+        write_secrets(client, &facts, &api_token).await?;
+        apply_templates(client, &facts.forge_api_url).await?;
         let deliveries = data_dir.join("deliveries");
         std::fs::create_dir_all(&deliveries).map_err(|e| SandboxError::io(&deliveries, e))?;
         for (file, body) in DELIVERIES {
@@ -224,4 +175,70 @@ fn example_template(
         "webhookSecretRef": {"name": SECRET_NAME, "key": webhook_key},
     });
     Ok(template)
+}
+
+/// The sandbox's Secret (the webhook secret and token of its two templates, the forge token)
+/// and the token Secret the examples in templates/ name.
+async fn write_secrets(
+    client: &kube::Client,
+    facts: &Facts,
+    api_token: &str,
+) -> Result<(), SandboxError> {
+    let params = PatchParams::apply(FIELD_MANAGER).force();
+    let secrets: Api<k8s_openapi::api::core::v1::Secret> =
+        Api::namespaced(client.clone(), NAMESPACE);
+    let secret = json!({
+        "apiVersion": "v1", "kind": "Secret",
+        "metadata": {"name": SECRET_NAME},
+        "stringData": {
+            "github-webhook-secret": facts.github_webhook_secret,
+            "gitlab-webhook-token": facts.gitlab_webhook_token,
+            // The stand-in reads repositories for this token only; a real forge needs a
+            // real one (docs/forges.md).
+            "api-token": api_token,
+        }
+    });
+    secrets
+        .patch(SECRET_NAME, &params, &Patch::Apply(&secret))
+        .await?;
+    // The token the examples in templates/ name (`tokenSecretRef: forge-token`).
+    let example_token = json!({
+        "apiVersion": "v1", "kind": "Secret",
+        "metadata": {"name": EXAMPLES_TOKEN_SECRET},
+        "stringData": {"token": api_token},
+    });
+    secrets
+        .patch(
+            EXAMPLES_TOKEN_SECRET,
+            &params,
+            &Patch::Apply(&example_token),
+        )
+        .await?;
+    Ok(())
+}
+
+/// The sandbox's own two templates, one per forge, against the forge stand-in at `api_url`.
+async fn apply_templates(client: &kube::Client, api_url: &str) -> Result<(), SandboxError> {
+    let params = PatchParams::apply(FIELD_MANAGER).force();
+    let templates: Api<PreviewTemplate> = Api::namespaced(client.clone(), NAMESPACE);
+    for (name, kind, repository, secret_key) in [
+        (
+            GITHUB_TEMPLATE,
+            "github",
+            GITHUB_REPOSITORY,
+            "github-webhook-secret",
+        ),
+        (
+            GITLAB_TEMPLATE,
+            "gitlab",
+            GITLAB_REPOSITORY,
+            "gitlab-webhook-token",
+        ),
+    ] {
+        let template = example_template(name, kind, repository, secret_key, api_url)?;
+        templates
+            .patch(name, &params, &Patch::Apply(&template))
+            .await?;
+    }
+    Ok(())
 }

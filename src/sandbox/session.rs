@@ -31,19 +31,9 @@ pub async fn run(args: SandboxArgs) -> Result<(), SandboxError> {
         controller.engines.kubectl = sandbox.control_plane().binaries().kubectl.clone();
     }
     let client = sandbox.control_plane().client().await?;
-    let listener = crate::runtime::service::bind(args.listen).await?;
-    let webhook_base = format!(
-        "http://{}",
-        listener
-            .local_addr()
-            .map(|a| a.to_string())
-            .unwrap_or_default()
-    );
-    // The wake gate on a loopback port, reached through the sandbox's ingress.
-    let gate = crate::runtime::service::bind(([127, 0, 0, 1], 0).into()).await?;
-    let gate_address = gate
-        .local_addr()
-        .map_err(|e| SandboxError::Process(format!("the wake gate: {e}")))?;
+    let listeners = Listeners::bind(args.listen).await?;
+    let webhook_base = listeners.webhook_base.clone();
+    let gate_address = listeners.gate_address;
     controller.gate_answers = true;
     let mut playground = Playground::set_up(
         &client,
@@ -56,12 +46,7 @@ pub async fn run(args: SandboxArgs) -> Result<(), SandboxError> {
     let binaries = sandbox.control_plane().binaries();
     playground.facts.kubectl = binaries.kubectl.display().to_string();
     playground.facts.kubernetes_version = binaries.kubernetes.clone();
-    // Templates that name no API URL (the examples in templates/) talk to the stand-in.
-    let stand_in = playground.facts.forge_api_url.clone();
-    controller.forge_api_defaults = ApiDefaults {
-        github: Some(stand_in.clone()),
-        gitlab: Some(stand_in),
-    };
+    controller.forge_api_defaults = stand_in_defaults(&playground);
     let (stop, shutdown) = tokio::sync::watch::channel(false);
     let config = crate::runtime::service::ServiceConfig {
         client: client.clone(),
@@ -71,11 +56,12 @@ pub async fn run(args: SandboxArgs) -> Result<(), SandboxError> {
         // One previewd per sandbox: nobody to elect against.
         lease: None,
         shutdown_grace: std::time::Duration::from_secs(5),
-        gate: Some(gate),
+        gate: Some(listeners.gate),
         gate_clients: Default::default(),
         traffic: None,
     };
-    let service = tokio::spawn(crate::runtime::service::run(config, listener, shutdown));
+    let webhooks = listeners.webhooks;
+    let service = tokio::spawn(crate::runtime::service::run(config, webhooks, shutdown));
     wait_until_ready(&webhook_base).await?;
     let ingress = SandboxIngress::start(client.clone(), gate_address).await?;
     playground.facts.ingress_url = format!("http://{}", ingress.address);
@@ -87,10 +73,7 @@ pub async fn run(args: SandboxArgs) -> Result<(), SandboxError> {
         repositories: served,
     };
     print_facts(&playground, &sandbox, &served, started.elapsed(), args.demo);
-    if let Some(path) = &args.info_file {
-        let info = serde_json::to_string_pretty(&playground.facts).unwrap_or_default();
-        std::fs::write(path, format!("{info}\n")).map_err(|e| SandboxError::io(path, e))?;
-    }
+    write_info(&playground, args.info_file.as_deref())?;
     let outcome = if args.demo {
         play_demo(&client, &playground, helm.is_ok()).await
     } else {
@@ -106,6 +89,57 @@ pub async fn run(args: SandboxArgs) -> Result<(), SandboxError> {
     drop(playground);
     drop(sandbox);
     outcome
+}
+
+/// Templates that name no API URL (the examples in templates/) talk to the forge stand-in.
+fn stand_in_defaults(playground: &Playground) -> ApiDefaults {
+    let stand_in = playground.facts.forge_api_url.clone();
+    ApiDefaults {
+        github: Some(stand_in.clone()),
+        gitlab: Some(stand_in),
+    }
+}
+
+/// Writes the sandbox's facts (URLs, secrets, kubeconfig) as JSON to `path`, if asked
+/// (`--info-file`).
+fn write_info(playground: &Playground, path: Option<&std::path::Path>) -> Result<(), SandboxError> {
+    let Some(path) = path else {
+        return Ok(());
+    };
+    let info = serde_json::to_string_pretty(&playground.facts).unwrap_or_default();
+    std::fs::write(path, format!("{info}\n")).map_err(|e| SandboxError::io(path, e))
+}
+
+/// previewd's two listeners in the sandbox: the webhook server's, and the wake gate's on a
+/// loopback port, reached through the sandbox's ingress.
+struct Listeners {
+    webhooks: tokio::net::TcpListener,
+    webhook_base: String,
+    gate: tokio::net::TcpListener,
+    gate_address: std::net::SocketAddr,
+}
+
+impl Listeners {
+    async fn bind(listen: std::net::SocketAddr) -> Result<Self, SandboxError> {
+        let webhooks = crate::runtime::service::bind(listen).await?;
+        let webhook_base = format!(
+            "http://{}",
+            webhooks
+                .local_addr()
+                .map(|a| a.to_string())
+                .unwrap_or_default()
+        );
+        let gate = crate::runtime::service::bind(([127, 0, 0, 1], 0).into()).await?;
+        let gate_address = gate
+            .local_addr()
+            .map_err(|e| SandboxError::Process(format!("the wake gate: {e}")))?;
+        Ok(Self {
+            webhooks,
+            webhook_base,
+            gate,
+            gate_address,
+        })
+    }
 }
 
 /// What the sandbox serves besides the control plane, for its output.

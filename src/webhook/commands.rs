@@ -281,6 +281,10 @@ pub async fn handle(
     let Some(parsed) = parse(&comment.body) else {
         return Ok(Vec::new());
     };
+    let shown = match &parsed {
+        Ok(command) => command.to_string(),
+        Err(_) => "/preview".to_string(),
+    };
     let mut done = Vec::new();
     for template in templates {
         let targets = environments.iter().filter(|e| {
@@ -292,48 +296,17 @@ pub async fn handle(
         for environment in targets {
             let namespace = environment.namespace().unwrap_or_default();
             let name = environment.name_any();
-            let shown = match &parsed {
-                Ok(command) => command.to_string(),
-                Err(_) => "/preview".to_string(),
+            let asked = Asked {
+                event,
+                comment,
+                parsed: &parsed,
+                shown: &shown,
             };
-            let effect = match commenters
-                .write_access
-                .has_write_access(template, &comment.author, comment.author_id)
-                .await
-            {
-                Err(e) => {
-                    tracing::warn!(repository = %event.repository, user = %comment.author, error = %e, "could not ask the forge for write access; command refused");
-                    refusal(
-                        &shown,
-                        &comment.author,
-                        "refused: the forge could not be asked whether you may do this; try again in a minute",
-                    )
-                }
-                Ok(false) => {
-                    let uid = environment.uid().unwrap_or_default();
-                    if !commenters.refusals.may_answer(
-                        &uid,
-                        &comment.author,
-                        std::time::Instant::now(),
-                    ) {
-                        // Answered lately: the comment edit would spend what its final
-                        // reports need (`super::refusals`).
-                        tracing::info!(environment = %name, %namespace, user = %comment.author, command = %shown, "command from someone without write access refused, not answered again");
-                        done.push(format!(
-                            "refused {shown} on {namespace}/{name} (answered lately)"
-                        ));
-                        continue;
-                    }
-                    refusal(
-                        &shown,
-                        &comment.author,
-                        "refused: only people with write access to the repository may run commands",
-                    )
-                }
-                Ok(true) => match &parsed {
-                    Err(why) => refusal(&shown, &comment.author, &format!("not understood: {why}")),
-                    Ok(command) => effect(command, environment, template, &comment.author, now),
-                },
+            let Some(effect) = decide(commenters, asked, environment, template, now).await else {
+                done.push(format!(
+                    "refused {shown} on {namespace}/{name} (answered lately)"
+                ));
+                continue;
             };
             tracing::info!(environment = %name, %namespace, user = %comment.author, command = %shown, effect = ?effect, "comment command");
             match effect {
@@ -357,6 +330,73 @@ pub async fn handle(
         }
     }
     Ok(done)
+}
+
+/// A comment's command as asked: the delivery, the comment, what was parsed of it and how
+/// it is shown back.
+#[derive(Clone, Copy)]
+struct Asked<'a> {
+    event: &'a ForgeEvent,
+    comment: &'a Comment,
+    parsed: &'a Result<CommentCommand, String>,
+    shown: &'a str,
+}
+
+/// What the command comes to for `environment`: its effect, a refusal for someone without
+/// write access (or when the forge cannot say), or `None` when such a commenter was answered
+/// lately and is not answered again (the edit would spend what final reports need:
+/// `super::refusals`).
+async fn decide(
+    commenters: Commenters<'_>,
+    asked: Asked<'_>,
+    environment: &PreviewEnvironment,
+    template: &PreviewTemplate,
+    now: DateTime<Utc>,
+) -> Option<Effect> {
+    let Asked {
+        event,
+        comment,
+        parsed,
+        shown,
+    } = asked;
+    let access = commenters
+        .write_access
+        .has_write_access(template, &comment.author, comment.author_id)
+        .await;
+    match access {
+        Err(e) => {
+            tracing::warn!(repository = %event.repository, user = %comment.author, error = %e, "could not ask the forge for write access; command refused");
+            Some(refusal(
+                shown,
+                &comment.author,
+                "refused: the forge could not be asked whether you may do this; try again in a minute",
+            ))
+        }
+        Ok(false) => {
+            let uid = environment.uid().unwrap_or_default();
+            let now_here = std::time::Instant::now();
+            if !commenters
+                .refusals
+                .may_answer(&uid, &comment.author, now_here)
+            {
+                let (namespace, name) = (
+                    environment.namespace().unwrap_or_default(),
+                    environment.name_any(),
+                );
+                tracing::info!(environment = %name, %namespace, user = %comment.author, command = %shown, "command from someone without write access refused, not answered again");
+                return None;
+            }
+            Some(refusal(
+                shown,
+                &comment.author,
+                "refused: only people with write access to the repository may run commands",
+            ))
+        }
+        Ok(true) => Some(match parsed {
+            Err(why) => refusal(shown, &comment.author, &format!("not understood: {why}")),
+            Ok(command) => effect(command, environment, template, &comment.author, now),
+        }),
+    }
 }
 
 #[cfg(test)]

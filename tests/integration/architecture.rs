@@ -635,3 +635,81 @@ fn the_file_reader_expands_groups_and_climbs_super() {
     assert_eq!(to(&["forge", "EventKind"]).as_deref(), Some("forge/mod"));
     assert_eq!(to(&["nothing"]), None);
 }
+
+/// The most lines a function of `src/` (test code left out) may take, signature to closing
+/// brace: one screen, so that a function can be read whole.
+const MOST_LINES_PER_FUNCTION: usize = 80;
+
+/// (lines, file, function) of each function of `text` longer than `most` lines, found by
+/// indentation as rustfmt lays code out: from a line starting `fn` (after `pub`, `async`,
+/// `const`) to the first line back at its indentation that closes a brace.
+fn long_functions(file: &str, text: &str, most: usize) -> Vec<(usize, String, String)> {
+    let code = text.split("\n#[cfg(test)]").next().unwrap_or_default();
+    let lines: Vec<&str> = code.lines().collect();
+    let mut found = Vec::new();
+    let mut at = 0;
+    while at < lines.len() {
+        let line = lines[at];
+        let trimmed = line.trim_start();
+        let indent = line.len() - trimmed.len();
+        let words: Vec<&str> = trimmed
+            .split_whitespace()
+            .skip_while(|w| w.starts_with("pub") || *w == "async" || *w == "const")
+            .collect();
+        let is_fn = words.first() == Some(&"fn");
+        let opens = lines[at..]
+            .iter()
+            .position(|l| l.trim_end().ends_with('{') || l.trim_end().ends_with(';'));
+        match (is_fn, opens) {
+            (true, Some(offset)) if lines[at + offset].trim_end().ends_with('{') => {
+                let close = format!("{}}}", " ".repeat(indent));
+                let body_start = at + offset + 1;
+                let length = lines[body_start..]
+                    .iter()
+                    .position(|l| l.starts_with(&close))
+                    .map_or(0, |end| body_start + end - at + 1);
+                if length > most {
+                    let name = words
+                        .get(1)
+                        .map_or("", |w| w.split(['(', '<']).next().unwrap_or(""));
+                    found.push((length, file.to_string(), name.to_string()));
+                }
+                at = body_start;
+            }
+            _ => at += 1,
+        }
+    }
+    found
+}
+
+#[test]
+fn no_function_of_src_is_longer_than_a_screen() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    source_files(&src, &mut files);
+    let mut long = Vec::new();
+    for file in files {
+        let text = std::fs::read_to_string(&file).expect("read source");
+        let name = file
+            .strip_prefix(&src)
+            .expect("under src")
+            .display()
+            .to_string();
+        long.extend(long_functions(&name, &text, MOST_LINES_PER_FUNCTION));
+    }
+    assert!(
+        long.is_empty(),
+        "functions over {MOST_LINES_PER_FUNCTION} lines (split them by what each part does): {long:?}"
+    );
+}
+
+#[test]
+fn the_length_reader_measures_from_fn_to_its_closing_brace() {
+    let body = "    let x = 1;\n".repeat(5);
+    let text = format!("pub async fn long(a: u8) -> u8 {{\n{body}}}\n\nfn short() {{}}\n");
+    assert_eq!(
+        long_functions("f.rs", &text, 6),
+        [(7, "f.rs".to_string(), "long".to_string())]
+    );
+    assert!(long_functions("f.rs", &text, 7).is_empty());
+}

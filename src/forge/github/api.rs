@@ -3,6 +3,7 @@
 //! lists), each through one send path that applies the backoff, reads the rate-limit headers,
 //! counts the call, and uses conditional requests for lists (a `304` costs no rate limit).
 
+use http_body_util::combinators::BoxBody;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
@@ -74,6 +75,9 @@ where
         Err(e) => Err(e.to_string()),
     }
 }
+
+/// An answer as octocrab hands it over, before its body is read.
+type GithubResponse = http::Response<BoxBody<bytes::Bytes, octocrab::Error>>;
 
 /// One GitHub answer, past the shared checks.
 struct GithubAnswer {
@@ -251,12 +255,69 @@ impl GithubApi {
         if_none_match: Option<&str>,
     ) -> Result<GithubAnswer, ForgeApiError> {
         self.backoff.check(operation)?;
-        let count = |outcome: &str| {
-            self.metrics
-                .requests
-                .with_label_values(&["github", operation, outcome])
-                .inc();
+        let answer = self
+            .exchange(operation, method, path, body, if_none_match)
+            .await;
+        let outcome = match &answer {
+            Ok(answer) if answer.not_modified => "not_modified",
+            Ok(_) => "ok",
+            Err(ForgeApiError::RateLimited { .. }) => "rate_limited",
+            Err(_) => "error",
         };
+        self.metrics
+            .requests
+            .with_label_values(&["github", operation, outcome])
+            .inc();
+        answer
+    }
+
+    /// One request and its answer, read and judged: the rate limit observed, the body read
+    /// within its limits, the status turned into an error where it is one.
+    async fn exchange(
+        &self,
+        operation: &'static str,
+        method: Method,
+        path: &str,
+        body: Option<&Value>,
+        if_none_match: Option<&str>,
+    ) -> Result<GithubAnswer, ForgeApiError> {
+        let response = self
+            .dispatch(operation, method, path, body, if_none_match)
+            .await?;
+        let status = response.status();
+        let limited = ("github", self.budget.as_str());
+        if observe_rate_limit(
+            limited,
+            status,
+            response.headers(),
+            &self.metrics,
+            &self.backoff,
+        ) {
+            return Err(ForgeApiError::RateLimited {
+                operation,
+                wait: rate_limit_wait(response.headers()),
+            });
+        }
+        let etag = response
+            .headers()
+            .get(http::header::ETAG)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string);
+        let text = self.read_text(operation, response).await?;
+        self.judge(operation, status, text, etag)
+    }
+
+    /// Sends the request, within [`FORGE_TIMEOUT`] for the whole call: octocrab's timeouts are
+    /// per read, and a server that sends a byte every few seconds would hold the call (and a
+    /// reconcile) for ever.
+    async fn dispatch(
+        &self,
+        operation: &'static str,
+        method: Method,
+        path: &str,
+        body: Option<&Value>,
+        if_none_match: Option<&str>,
+    ) -> Result<GithubResponse, ForgeApiError> {
         let call = async {
             match method {
                 Method::POST => self.octocrab._post(path, body).await,
@@ -270,43 +331,23 @@ impl GithubApi {
                 }
             }
         };
-        // octocrab's timeouts are per read: a server that sends a byte every few seconds
-        // would hold the call (and a reconcile) for ever. The whole call has a bound.
-        let Ok(sent) = tokio::time::timeout(FORGE_TIMEOUT, call).await else {
-            self.backoff.failure();
-            count("error");
-            return Err(ForgeApiError::Transport {
-                operation,
-                message: format!("no answer within {} s", FORGE_TIMEOUT.as_secs()),
-            });
+        let sent = tokio::time::timeout(FORGE_TIMEOUT, call).await;
+        let message = match sent {
+            Ok(Ok(response)) => return Ok(response),
+            Ok(Err(e)) => e.to_string(),
+            Err(_) => format!("no answer within {} s", FORGE_TIMEOUT.as_secs()),
         };
-        let response = sent.map_err(|e| {
-            self.backoff.failure();
-            count("error");
-            ForgeApiError::Transport {
-                operation,
-                message: e.to_string(),
-            }
-        })?;
-        let status = response.status();
-        if observe_rate_limit(
-            ("github", &self.budget),
-            status,
-            response.headers(),
-            &self.metrics,
-            &self.backoff,
-        ) {
-            count("rate_limited");
-            return Err(ForgeApiError::RateLimited {
-                operation,
-                wait: rate_limit_wait(response.headers()),
-            });
-        }
-        let etag = response
-            .headers()
-            .get(http::header::ETAG)
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_string);
+        self.backoff.failure();
+        Err(ForgeApiError::Transport { operation, message })
+    }
+
+    /// The answer's body as text, at most [`answer_limit`] of it, whole within
+    /// [`ANSWER_READ_TIMEOUT`].
+    async fn read_text(
+        &self,
+        operation: &'static str,
+        response: GithubResponse,
+    ) -> Result<String, ForgeApiError> {
         let body = read_capped(response.into_body(), answer_limit(operation));
         let read = tokio::time::timeout(ANSWER_READ_TIMEOUT, body).await;
         let read = read.unwrap_or_else(|_| {
@@ -315,27 +356,30 @@ impl GithubApi {
                 "the forge's answer did not arrive whole within {seconds} s"
             ))
         });
-        let text = match read {
-            Ok(text) => text,
-            Err(message) => {
-                self.backoff.failure();
-                count("error");
-                return Err(ForgeApiError::Transport { operation, message });
-            }
-        };
+        read.map_err(|message| {
+            self.backoff.failure();
+            ForgeApiError::Transport { operation, message }
+        })
+    }
+
+    /// What an answer of `status` with `text` comes to: GitHub's secondary limit (a 403 with
+    /// only its message: wait at least a minute, as GitHub asks), an error, or the answer.
+    fn judge(
+        &self,
+        operation: &'static str,
+        status: StatusCode,
+        text: String,
+        etag: Option<String>,
+    ) -> Result<GithubAnswer, ForgeApiError> {
         if status == StatusCode::FORBIDDEN && is_secondary_limit(&text) {
-            // GitHub's secondary limits may answer 403 with only their message: wait at least
-            // a minute, as GitHub asks.
             let wait = std::time::Duration::from_secs(60);
             self.backoff.rate_limited(wait);
-            count("rate_limited");
             return Err(ForgeApiError::RateLimited { operation, wait });
         }
         if !status.is_success() && status != StatusCode::NOT_MODIFIED {
             if status.is_server_error() {
                 self.backoff.failure();
             }
-            count("error");
             return Err(ForgeApiError::Http {
                 operation,
                 status: status.as_u16(),
@@ -343,11 +387,6 @@ impl GithubApi {
             });
         }
         self.backoff.success();
-        count(if status == StatusCode::NOT_MODIFIED {
-            "not_modified"
-        } else {
-            "ok"
-        });
         Ok(GithubAnswer {
             not_modified: status == StatusCode::NOT_MODIFIED,
             etag,
