@@ -262,8 +262,10 @@ async fn wait_for(mut shutdown: tokio::sync::watch::Receiver<bool>) {
     let _ = shutdown.wait_for(|stop| *stop).await;
 }
 
-/// One term as leader: the controller, the sweep and the traffic recorder, until cancelled.
-async fn lead(
+/// One term as leader: the controller, the sweep every `sweep_interval` and the traffic
+/// recorder, until cancelled. What a replica runs while it holds the Lease; the tests of the
+/// sweep's and the recorder's loops run it as previewd does.
+pub async fn lead(
     client: kube::Client,
     config: ControllerConfig,
     metrics: Arc<Metrics>,

@@ -1330,14 +1330,14 @@ async fn a_sweep_removal_says_why_in_the_comment() {
             "The environment was removed: it was idle longer than the template allows.",
         )
         .await;
-        // A command on the PR now that it has no environment: ignored, nothing answered.
+        // A command on the PR now that it has no environment: ignored, nothing answered. Gone
+        // from the API server is not enough: the webhook server decides from its cache, so the
+        // wait is for that cache to drop it.
         eventually("the environment gone", Duration::from_secs(60), || async {
-            harness
-                .environments
-                .get_opt(&name)
-                .await
-                .ok()?
-                .is_none()
+            let cached = harness.context.caches.environments.state();
+            cached
+                .iter()
+                .all(|environment| environment.metadata.name.as_deref() != Some(name.as_str()))
                 .then_some(())
         })
         .await;
@@ -1349,9 +1349,10 @@ async fn a_sweep_removal_says_why_in_the_comment() {
                 &comment_on(2, "octocat", "/preview wake"),
             )
             .await;
-        // Answered without acting: no environment made, no comment answered in.
+        // Answered without acting on any environment (`unchanged`: nothing was patched for the
+        // controller to answer in later): no environment made, no comment answered in.
         assert_eq!(status, 202, "{answer}");
-        assert_ne!(answer["outcome"], "accepted", "{answer}");
+        assert_eq!(answer["outcome"], "unchanged", "{answer}");
         assert!(harness.environment_names().await.is_empty());
         let comments_after = sent(&forge, "POST", "/comments", "").await;
         let edits = sent(&forge, "PATCH", "", "/preview wake").await;
