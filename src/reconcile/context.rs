@@ -89,26 +89,26 @@ impl Context {
 #[derive(Default)]
 pub struct Memory {
     /// When each running seed Job (`namespace/job`) was first seen running.
-    pub seed_started: Locked<String, Instant>,
+    seed_started: Locked<String, Instant>,
     /// The Ready timings this process last wrote. The next reconcile can run before the cache
     /// shows that write; without this it would declare the same commit Ready a second time (a
     /// new `readyAt`, a second time-to-Ready observation).
-    pub ready_timings: Locked<EnvironmentRef, Timings>,
+    ready_timings: Locked<EnvironmentRef, Timings>,
     /// Failed reconciles in a row, for the backoff.
-    pub failures: Locked<EnvironmentRef, u32>,
+    failures: Locked<EnvironmentRef, u32>,
     /// Environments whose objects the API server refused, until their backoff ends or their
     /// inputs change ([`Memory::held_back_for`]).
-    pub held_back: Locked<EnvironmentRef, HeldBack>,
+    held_back: Locked<EnvironmentRef, HeldBack>,
     /// When each environment was last re-applied in full (`--reapply-interval`).
-    pub last_full_apply: Locked<EnvironmentRef, Instant>,
+    last_full_apply: Locked<EnvironmentRef, Instant>,
     /// When this process last wrote each environment's status after a reconcile
     /// ([`super::coalesce`]).
-    pub last_status_write: Locked<EnvironmentRef, Instant>,
+    last_status_write: Locked<EnvironmentRef, Instant>,
     /// The status writes the environment cache may not show yet ([`Memory::judge_cache`]).
-    pub unseen_writes: Locked<EnvironmentRef, UnseenWrite>,
+    unseen_writes: Locked<EnvironmentRef, UnseenWrite>,
     /// When each environment is reconciled again for a forge report waiting its turn in the
     /// content budget ([`super::write::write_status`]).
-    pub report_turns: Locked<EnvironmentRef, Instant>,
+    report_turns: Locked<EnvironmentRef, Instant>,
 }
 
 /// An environment waiting out its backoff after the API server refused one of its objects:
@@ -225,6 +225,79 @@ impl Memory {
         let entry = held.get(environment)?;
         let left = entry.until.checked_duration_since(Instant::now())?;
         (entry.inputs == inputs()).then_some(left)
+    }
+
+    /// A whole reconcile succeeded: the backoff starts again, and nothing is held back.
+    pub fn succeeded(&self, environment: &EnvironmentRef) {
+        self.failures.lock().remove(environment);
+        self.held_back.lock().remove(environment);
+    }
+
+    /// Holds the environment back until `until` unless its `inputs` change: the API server
+    /// refused one of its objects ([`Memory::held_back_for`]).
+    pub fn hold_back(&self, environment: EnvironmentRef, until: Instant, inputs: String) {
+        self.held_back
+            .lock()
+            .insert(environment, HeldBack { until, inputs });
+    }
+
+    /// When the environment was last re-applied in full (or its clock started).
+    pub fn last_full_apply(&self, environment: &EnvironmentRef) -> Option<Instant> {
+        self.last_full_apply.lock().get(environment).copied()
+    }
+
+    /// The environment was re-applied in full at `at` (or its clock starts there).
+    pub fn note_full_apply(&self, environment: &EnvironmentRef, at: Instant) {
+        self.last_full_apply.lock().insert(environment.clone(), at);
+    }
+
+    /// How long ago this process last wrote the environment's status after a reconcile.
+    pub fn since_status_write(&self, environment: &EnvironmentRef) -> Option<Duration> {
+        let last = self.last_status_write.lock().get(environment).copied();
+        last.map(|at| at.elapsed())
+    }
+
+    /// A reconcile is about to write a changed status now ([`super::coalesce`]).
+    pub fn note_status_write(&self, environment: &EnvironmentRef) {
+        self.last_status_write
+            .lock()
+            .insert(environment.clone(), Instant::now());
+    }
+
+    /// The Ready timings this process last wrote for the environment.
+    pub fn ready_timings(&self, environment: &EnvironmentRef) -> Option<Timings> {
+        self.ready_timings.lock().get(environment).cloned()
+    }
+
+    /// Remembers `timings` as written; whether this process had written the same commit's
+    /// Ready already (then it is not timed again).
+    pub fn timed_ready_before(&self, environment: &EnvironmentRef, timings: Timings) -> bool {
+        let mut remembered = self.ready_timings.lock();
+        let known = remembered
+            .get(environment)
+            .is_some_and(|t| t.sha == timings.sha);
+        remembered.insert(environment.clone(), timings);
+        known
+    }
+
+    /// Runs `f` on the record of when each running seed Job was first seen running.
+    pub fn with_seeds_started<R>(&self, f: impl FnOnce(&mut HashMap<String, Instant>) -> R) -> R {
+        f(&mut self.seed_started.lock())
+    }
+
+    /// Takes the environment's next reconcile for a forge report at `turn`, unless one is
+    /// already due between now and then: whether this one was taken.
+    pub fn take_report_turn(&self, environment: &EnvironmentRef, turn: Instant) -> bool {
+        let now = Instant::now();
+        let mut turns = self.report_turns.lock();
+        if turns
+            .get(environment)
+            .is_some_and(|at| *at > now && *at <= turn)
+        {
+            return false;
+        }
+        turns.insert(environment.clone(), turn);
+        true
     }
 
     /// Counts a failure; returns how long to wait before the next attempt: 2 s, doubling, at

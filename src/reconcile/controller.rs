@@ -17,7 +17,7 @@ use tracing::Instrument;
 use super::ControllerMetrics;
 use super::cleanup::cleanup;
 use super::config::ControllerConfig;
-use super::context::{CachedCopy, Context, HeldBack, Memory};
+use super::context::{CachedCopy, Context, Memory};
 use super::error::ReconcileError;
 use super::pipeline::reconcile_environment;
 use crate::cluster::applier::Applier;
@@ -270,8 +270,7 @@ fn settle(
     match result {
         Ok(action) => {
             // Backoff restarts only when a whole reconcile, forge report included, succeeded.
-            context.memory.failures.lock().remove(key);
-            context.memory.held_back.lock().remove(key);
+            context.memory.succeeded(key);
             if let Some(environment) = removed {
                 // The finalizer is gone (or was never ours): nothing more to remember.
                 context.memory.forget(key);
@@ -372,11 +371,7 @@ fn error_policy(
         // Only a change of the environment or its template can help before the next try.
         let inputs = context.inputs_of(&environment);
         let until = Instant::now() + delay;
-        context
-            .memory
-            .held_back
-            .lock()
-            .insert(key, HeldBack { until, inputs });
+        context.memory.hold_back(key, until, inputs);
     }
     tracing::warn!(environment = %environment.name_any(), attempt, error = %error, "reconcile failed; retrying in {delay:?}");
     Action::requeue(delay)

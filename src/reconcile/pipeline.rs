@@ -19,34 +19,28 @@
 
 use std::borrow::Cow;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use chrono::Utc;
 use kube::runtime::controller::Action;
 use kube::runtime::reflector::ObjectRef;
 
 use super::checks::{self, Admission, Held};
-use super::context::{Context, EnvironmentRef};
+use super::context::Context;
 use super::error::{ReconcileError, Refusal, RefusalReason, Stop};
-use super::hold::{displace, hold, start_queued};
-use super::metrics::Observations;
+use super::hold::{displace, hold};
 use super::plan::{Limits, Plan, host_claims, place_request, plan_rendered, templates_request};
 use super::renders::renderer::Renderer;
-use super::status::{
-    Placement, Progress, ReadyCondition, condition, held_status, progress_status, record_waking,
-    refused_status,
-};
+use super::status::{Progress, held_status, refused_status};
 use super::write::write_status;
 use super::{
-    access, apply, claim, coalesce, namespace, prune, quarantine, renders, resolve, secrets,
-    template_status, volumes, waves,
+    access, apply, claim, finish, namespace, prune, quarantine, renders, resolve, schedule,
+    secrets, template_status, volumes, waves,
 };
 use crate::cluster::observed::ObjectKey;
-use crate::model::crd::{
-    Phase, PreviewEnvironment, PreviewEnvironmentStatus, PreviewTemplate, WaitingCommit,
-};
+use crate::model::ceiling;
+use crate::model::crd::{Phase, PreviewEnvironment, PreviewTemplate, WaitingCommit};
 use crate::model::naming::environment_namespace;
-use crate::model::{ceiling, footprint};
 
 pub async fn reconcile_environment(
     environment: &PreviewEnvironment,
@@ -168,7 +162,7 @@ async fn deploy(
     let namespace_labels = namespace::namespace_labels(&template.spec, &plan.labels, uid);
     claim::claim_namespace(environment, namespace, &namespace_labels, context).await?;
     let key = ObjectRef::from_obj(environment);
-    let bypass_cache = reapply_due(context, &key);
+    let bypass_cache = schedule::reapply_due(context, &key);
     let progress = apply_steps(
         &mut plan,
         template,
@@ -179,13 +173,9 @@ async fn deploy(
     .await?;
     prune::prune(environment, &plan.objects, context).await?;
     if bypass_cache {
-        context
-            .memory
-            .last_full_apply
-            .lock()
-            .insert(key.clone(), Instant::now());
+        context.memory.note_full_apply(&key, Instant::now());
     }
-    Ok(finish(environment, context, &key, plan, progress, held).await?)
+    Ok(finish::finish(environment, context, &key, plan, progress, held).await?)
 }
 
 /// The apply steps, in order: the namespace (already claimed, with `namespace_labels`),
@@ -317,148 +307,6 @@ fn within_ceiling(template: &PreviewTemplate, limits: &Limits) -> Result<(), Ref
     ))
 }
 
-/// Writes where the environment got to, records its metrics, and says when to look again.
-async fn finish(
-    environment: &PreviewEnvironment,
-    context: &Context,
-    key: &EnvironmentRef,
-    plan: Plan,
-    progress: Progress,
-    held: Option<&Held>,
-) -> Result<Action, ReconcileError> {
-    let previous = environment.status.clone().unwrap_or_default();
-    let mut status = next_status(environment, context, key, &plan, progress);
-    status.waiting = held.map(|h| h.commit.clone());
-    // A render succeeded: what was set aside is behind, unless it is the head that waits for
-    // its checks while the deployed commit is reconciled (set aside still when they pass).
-    status.quarantine = previous
-        .quarantine
-        .clone()
-        .filter(|set_aside| held.is_some_and(|h| h.commit.sha == set_aside.commit));
-    let mut requeue = match status.phase {
-        Phase::Ready | Phase::Degraded | Phase::Sleeping => {
-            // A full re-apply falls due at its own time, not at the next resync after it.
-            let reapply = reapply_left(context, key).unwrap_or(Duration::MAX);
-            context.config.resync_interval.min(reapply)
-        }
-        // The watch store triggers us when objects change; this is only a safety net.
-        _ => Duration::from_secs(30).min(context.config.resync_interval),
-    };
-    if let Some(recheck) = held.and_then(|h| h.recheck) {
-        requeue = requeue.min(recheck);
-    }
-    let since_last_write = context
-        .memory
-        .last_status_write
-        .lock()
-        .get(key)
-        .map(Instant::elapsed);
-    if let Some(wait) = coalesce::write_can_wait(
-        environment.status.as_ref(),
-        &status,
-        since_last_write,
-        Utc::now(),
-    ) {
-        return Ok(Action::requeue(wait.min(requeue)));
-    }
-    if environment.status.as_ref() != Some(&status) {
-        context
-            .memory
-            .last_status_write
-            .lock()
-            .insert(key.clone(), Instant::now());
-    }
-    let fell_asleep = status.phase == Phase::Sleeping && previous.phase != Phase::Sleeping;
-    let mut observations = {
-        let mut seeds_started = context.memory.seed_started.lock();
-        Observations::between(&previous, &status, &mut seeds_started)
-    };
-    let ready_timings = status.timings.clone().filter(|t| t.ready_at.is_some());
-    let written = write_status(environment, context, status).await;
-    // The metrics go with the status write: a forge report that failed after it (retried
-    // with backoff) must not lose them, since the next reconcile sees the written status as
-    // the previous one and would not count the change again.
-    if !matches!(written, Err(ReconcileError::Status(_))) {
-        // A commit this process already declared Ready is not timed again (the cache had not
-        // caught up with that write).
-        let already_timed = ready_timings.is_some_and(|timings| {
-            let mut remembered = context.memory.ready_timings.lock();
-            let known = remembered.get(key).is_some_and(|t| t.sha == timings.sha);
-            remembered.insert(key.clone(), timings);
-            known
-        });
-        if already_timed {
-            observations.seconds_to_ready = None;
-        }
-        observations.record(&context.metrics);
-    }
-    written?;
-    if fell_asleep {
-        start_queued(environment, context);
-    }
-    Ok(Action::requeue(requeue))
-}
-
-/// The status step: progress, the environment's URL and the remembered timings into the status
-/// to write; a healthy environment that was asked to sleep is `Sleeping`.
-fn next_status(
-    environment: &PreviewEnvironment,
-    context: &Context,
-    key: &EnvironmentRef,
-    plan: &Plan,
-    progress: Progress,
-) -> PreviewEnvironmentStatus {
-    let now = Utc::now();
-    let remembered = context.memory.ready_timings.lock().get(key).cloned();
-    let placement = Placement {
-        namespace: &plan.namespace,
-        url: &plan.url,
-        host: &plan.host,
-        extra_hosts: &plan.extra_hosts,
-        routes: &plan.routes,
-    };
-    let mut status = progress_status(environment, progress, placement, remembered, now);
-    status.replicas_before_sleep = plan.replicas_before_sleep.clone();
-    record_waking(environment, &mut status, now);
-    if environment.spec.sleep && status.phase == Phase::Ready {
-        let previous = environment.status.clone().unwrap_or_default();
-        status.phase = Phase::Sleeping;
-        let gate = context.config.gate_answers && !plan.routes.is_empty();
-        let message = match gate {
-            true => {
-                "Asleep: every workload is scaled to zero. Open its URL, comment `/preview wake` or push a commit to wake it."
-            }
-            false => {
-                "Asleep: every workload is scaled to zero. Comment `/preview wake` or push a commit to wake it."
-            }
-        };
-        let asleep = ReadyCondition {
-            ok: false,
-            reason: "Sleeping",
-            message: message.into(),
-        };
-        status.conditions = vec![condition(&previous.conditions, &asleep, now)];
-        if gate {
-            // Its routes are withdrawn: the URL leads to the wake gate, which wakes it.
-            status.url = Some(plan.url.clone());
-        }
-    }
-    let previous = environment
-        .status
-        .as_ref()
-        .and_then(|s| s.footprint.as_ref());
-    let asleep = status.phase == Phase::Sleeping;
-    let name = format!(
-        "{}/{}",
-        key.namespace.as_deref().unwrap_or_default(),
-        key.name
-    );
-    let refresh = footprint::refresh_after(&name);
-    let record = footprint::account(previous, plan.requests, asleep, now, refresh);
-    status.footprint = Some(record);
-    status
-}
-
 /// Writes a refusal on the environment (`Degraded`, with what and where). A broken or unsafe
 /// template is not retried until it changes (or the slow resync); a refusal that carries an
 /// error is also retried with backoff.
@@ -485,69 +333,5 @@ async fn refuse(
     match refusal.retry {
         Some(error) => Err(*error),
         None => Ok(Action::requeue(context.config.resync_interval)),
-    }
-}
-
-/// Whether the slow periodic full re-apply is due: then the apply cache is bypassed. The clock
-/// of an environment starts at its first reconcile, set back by a spread that its name picks
-/// (up to one interval): a restarted previewd meets all environments at once, and their full
-/// re-applies must not all fall due together.
-fn reapply_due(context: &Context, key: &EnvironmentRef) -> bool {
-    let Some(interval) = context.config.reapply_interval else {
-        return false;
-    };
-    let mut last = context.memory.last_full_apply.lock();
-    match last.get(key) {
-        None => {
-            let started = Instant::now();
-            let spread = reapply_spread(key, interval);
-            last.insert(key.clone(), started.checked_sub(spread).unwrap_or(started));
-            false
-        }
-        Some(at) => at.elapsed() >= interval,
-    }
-}
-
-/// How long until the environment's next full re-apply (`None` without `--reapply-interval`,
-/// or before its first reconcile); at least a second, so a due re-apply that failed is not
-/// retried in a loop.
-fn reapply_left(context: &Context, key: &EnvironmentRef) -> Option<Duration> {
-    let interval = context.config.reapply_interval?;
-    let last = *context.memory.last_full_apply.lock().get(key)?;
-    let left = interval.saturating_sub(last.elapsed());
-    Some(left.max(Duration::from_secs(1)))
-}
-
-/// A fraction of `interval` that depends only on the environment's name: the same in every
-/// replica and every run, different between environments.
-fn reapply_spread(key: &EnvironmentRef, interval: Duration) -> Duration {
-    use std::hash::{Hash, Hasher};
-    let mut hasher = std::collections::hash_map::DefaultHasher::new();
-    key.hash(&mut hasher);
-    let fraction = (hasher.finish() % 1024) as f64 / 1024.0;
-    interval.mul_f64(fraction)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn full_reapplies_of_many_environments_are_spread_over_the_interval() {
-        let interval = Duration::from_secs(3600);
-        let spreads: Vec<Duration> = (0..200)
-            .map(|n| {
-                reapply_spread(
-                    &ObjectRef::new(&format!("pr-{n}")).within("previews"),
-                    interval,
-                )
-            })
-            .collect();
-        assert!(spreads.iter().all(|s| *s < interval));
-        let first_quarter = spreads.iter().filter(|s| **s < interval / 4).count();
-        assert!(
-            (25..=75).contains(&first_quarter),
-            "{first_quarter} of 200 fall in the first quarter"
-        );
     }
 }

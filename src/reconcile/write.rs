@@ -49,12 +49,8 @@ fn come_back_for_the_report(environment: &PreviewEnvironment, context: &Context,
     let key = ObjectRef::from_obj(environment);
     let now = Instant::now();
     let turn = now + wait.clamp(Duration::from_millis(200), MAX_RATE_LIMIT_WAIT);
-    {
-        let mut turns = context.memory.report_turns.lock();
-        if turns.get(&key).is_some_and(|at| *at > now && *at <= turn) {
-            return;
-        }
-        turns.insert(key.clone(), turn);
+    if !context.memory.take_report_turn(&key, turn) {
+        return;
     }
     tracing::debug!(environment = %environment.name_any(), "the forge report waits {wait:?} for its turn in the content budget");
     let trigger = context.reconcile_trigger.clone();
