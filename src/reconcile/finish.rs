@@ -12,7 +12,7 @@ use super::hold::start_queued;
 use super::metrics::Observations;
 use super::plan::Plan;
 use super::status::{
-    Placement, Progress, ReadyCondition, condition, progress_status, record_waking,
+    Placement, Progress, ProgressReason, ReadyCondition, condition, progress_status, record_waking,
 };
 use super::write::write_status;
 use super::{coalesce, schedule};
@@ -111,7 +111,7 @@ fn next_status(
         };
         let asleep = ReadyCondition {
             ok: false,
-            reason: "Sleeping",
+            reason: ProgressReason::Sleeping.as_str(),
             message: message.into(),
         };
         status.conditions = vec![condition(&previous.conditions, &asleep, now)];

@@ -19,6 +19,38 @@ use crate::model::crd::{
     Timings,
 };
 
+/// Why a reconcile that deployed left the `Ready` condition as it is (refusals have
+/// [`super::error::RefusalReason`], held commits `WaitingReason`): each written as its name,
+/// which alerts and `kubectl wait` may select on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ProgressReason {
+    /// Every object is healthy.
+    Ready,
+    /// A wave's object is on its way.
+    Deploying,
+    /// A wave's seed Job is running.
+    Seeding,
+    /// An object failed.
+    ObjectFailed,
+    /// A seed Job failed.
+    SeedFailed,
+    /// Healthy and asked to sleep: every workload scaled to zero.
+    Sleeping,
+}
+
+impl ProgressReason {
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            ProgressReason::Ready => "Ready",
+            ProgressReason::Deploying => "Deploying",
+            ProgressReason::Seeding => "Seeding",
+            ProgressReason::ObjectFailed => "ObjectFailed",
+            ProgressReason::SeedFailed => "SeedFailed",
+            ProgressReason::Sleeping => "Sleeping",
+        }
+    }
+}
+
 /// The `Ready` condition to write: whether it holds, why (CamelCase), and a sentence.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ReadyCondition {
@@ -44,7 +76,7 @@ impl Default for Progress {
             seeds: Vec::new(),
             condition: ReadyCondition {
                 ok: true,
-                reason: "Ready",
+                reason: ProgressReason::Ready.as_str(),
                 message: "every object is healthy".into(),
             },
         }
@@ -70,26 +102,26 @@ impl Progress {
             pairs().find(|(_, h)| matches!(h, Health::Failed(_)))
         {
             let (what, reason) = match object.seed {
-                Some(_) => ("seed Job", "SeedFailed"),
-                None => (object.kind(), "ObjectFailed"),
+                Some(_) => ("seed Job", ProgressReason::SeedFailed),
+                None => (object.kind(), ProgressReason::ObjectFailed),
             };
             self.phase = Phase::Degraded;
             self.condition = ReadyCondition {
                 ok: false,
-                reason,
+                reason: reason.as_str(),
                 message: format!("{what} {} failed: {message}", object.name()),
             };
         } else if let Some((object, Health::Progressing(why))) =
             pairs().find(|(_, h)| matches!(h, Health::Progressing(_)))
         {
             let (phase, reason) = match object.seed {
-                Some(_) => (Phase::Seeding, "Seeding"),
-                None => (Phase::Deploying, "Deploying"),
+                Some(_) => (Phase::Seeding, ProgressReason::Seeding),
+                None => (Phase::Deploying, ProgressReason::Deploying),
             };
             self.phase = phase;
             self.condition = ReadyCondition {
                 ok: false,
-                reason,
+                reason: reason.as_str(),
                 message: format!(
                     "waiting for wave {wave}: {} {} ({why})",
                     object.kind(),

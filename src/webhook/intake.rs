@@ -30,8 +30,39 @@ pub enum Decision {
     Delete {
         namespace: String,
         name: String,
-        reason: &'static str,
+        reason: DeletionReason,
     },
+}
+
+/// Why a delivery deletes an environment; written on it (`previewd.dev/deletion-reason`) as
+/// its sentence, which the PR comment repeats.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DeletionReason {
+    Merged,
+    Closed,
+    Draft,
+    RequiredLabelRemoved,
+    SkipLabel,
+    BranchDeleted,
+}
+
+impl DeletionReason {
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            DeletionReason::Merged => "the pull request was merged",
+            DeletionReason::Closed => "the pull request was closed",
+            DeletionReason::Draft => "the pull request is a draft",
+            DeletionReason::RequiredLabelRemoved => "the required label was removed",
+            DeletionReason::SkipLabel => "the pull request carries the skip label",
+            DeletionReason::BranchDeleted => "the branch was deleted",
+        }
+    }
+}
+
+impl std::fmt::Display for DeletionReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
 }
 
 /// What to do about `event`, for every template of its repository.
@@ -179,9 +210,9 @@ fn decide_for_template(
         } => {
             let name = naming::environment_name(&template.name_any(), branch, Some(*number));
             let reason = if *merged {
-                "the pull request was merged"
+                DeletionReason::Merged
             } else {
-                "the pull request was closed"
+                DeletionReason::Closed
             };
             // A close older than what the environment recorded (it was reopened, or pushed to,
             // since) is a replayed or late delivery: the request is open again.
@@ -208,7 +239,7 @@ fn decide_for_template(
     decisions.extend(found);
 }
 
-fn delete(template: &PreviewTemplate, name: String, reason: &'static str) -> Decision {
+fn delete(template: &PreviewTemplate, name: String, reason: DeletionReason) -> Decision {
     Decision::Delete {
         namespace: template.namespace().unwrap_or_default(),
         name,
@@ -232,17 +263,17 @@ fn change_request(
     let name = naming::environment_name(&template.name_any(), &change.branch, Some(change.number));
     let exists = existing.iter().any(|e| e.name_any() == name);
     if change.draft && !triggers.draft_pull_requests {
-        return exists.then(|| delete(template, name, "the pull request is a draft"));
+        return exists.then(|| delete(template, name, DeletionReason::Draft));
     }
     if let Some(label) = &triggers.required_label
         && !change.labels.iter().any(|l| l == label)
     {
-        return exists.then(|| delete(template, name, "the required label was removed"));
+        return exists.then(|| delete(template, name, DeletionReason::RequiredLabelRemoved));
     }
     if let Some(label) = &triggers.skip_label
         && change.labels.iter().any(|l| l == label)
     {
-        return exists.then(|| delete(template, name, "the pull request carries the skip label"));
+        return exists.then(|| delete(template, name, DeletionReason::SkipLabel));
     }
     // A fork PR runs only where the template allows it. With RequireApproval its environment
     // is created but waits (phase Pending, the PR comment says so) until a maintainer approves
@@ -335,18 +366,17 @@ fn branch_deleted(
     template: &PreviewTemplate,
     existing: &[&PreviewEnvironment],
 ) -> Vec<Decision> {
-    const REASON: &str = "the branch was deleted";
     let mut decisions: Vec<Decision> = existing
         .iter()
         .filter(|e| same_repository_branch(e, event, branch))
-        .map(|e| delete(template, e.name_any(), REASON))
+        .map(|e| delete(template, e.name_any(), DeletionReason::BranchDeleted))
         .collect();
     let branch_env = naming::environment_name(&template.name_any(), branch, None);
     let globs = &template.spec.triggers.branches;
     if !existing.iter().any(|e| e.name_any() == branch_env)
         && globs.iter().any(|glob| glob_matches(glob, branch))
     {
-        decisions.push(delete(template, branch_env, REASON));
+        decisions.push(delete(template, branch_env, DeletionReason::BranchDeleted));
     }
     decisions
 }
@@ -465,8 +495,14 @@ pub async fn execute(client: &Client, decisions: &[Decision]) -> Result<Vec<Appl
                 name,
                 reason,
             } => {
-                records::delete_with_reason(client, namespace, name, reason, FIELD_MANAGER_INTAKE)
-                    .await?;
+                records::delete_with_reason(
+                    client,
+                    namespace,
+                    name,
+                    reason.as_str(),
+                    FIELD_MANAGER_INTAKE,
+                )
+                .await?;
                 Applied::Written
             }
         };

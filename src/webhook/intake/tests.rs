@@ -104,7 +104,7 @@ fn closing_deletes_and_says_why() {
         panic!("expected one delete, got {decisions:?}");
     };
     assert!(name.starts_with("web-pr-2-"));
-    assert_eq!(*reason, "the pull request was closed");
+    assert_eq!(reason.as_str(), "the pull request was closed");
 }
 
 #[test]
@@ -359,7 +359,7 @@ fn branch_pushes_follow_the_globs_and_deletions_remove_them() {
         panic!("expected one delete, got {decisions:?}");
     };
     assert_eq!(
-        (namespace.as_str(), name.clone(), *reason),
+        (namespace.as_str(), name.clone(), reason.as_str()),
         ("previews", environment.name_any(), "the branch was deleted")
     );
 }
@@ -527,7 +527,7 @@ fn the_skip_label_removes_the_environment_and_creates_none() {
     assert!(matches!(
         decisions.as_slice(),
         [Decision::Delete {
-            reason: "the pull request carries the skip label",
+            reason: DeletionReason::SkipLabel,
             ..
         }]
     ));
