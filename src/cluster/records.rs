@@ -13,7 +13,8 @@ use kube::{Client, ResourceExt};
 use crate::model::crd::PreviewEnvironment;
 use crate::model::metadata::{
     ANNOTATION_DELETION_REASON, ANNOTATION_WOKEN_BY_REQUEST, FIELD_MANAGER_CHECKS,
-    FIELD_MANAGER_COMMANDS, FIELD_MANAGER_INTAKE, FIELD_MANAGER_SWEEP,
+    FIELD_MANAGER_COMMANDS, FIELD_MANAGER_GATE, FIELD_MANAGER_INTAKE, FIELD_MANAGER_SWEEP,
+    FIELD_MANAGER_TRAFFIC,
 };
 
 /// Wakes a sleeping environment (a new commit was pushed to it). Returns false if it is gone.
@@ -53,7 +54,7 @@ pub async fn wake_for_request(
         },
         "spec": {"sleep": false, "lastActivity": now},
     });
-    merge(client, namespace, name, FIELD_MANAGER_INTAKE, wake).await
+    merge(client, namespace, name, FIELD_MANAGER_GATE, wake).await
 }
 
 /// Puts an environment that runs only for a visitor to sleep, for one its author waits for
@@ -75,21 +76,16 @@ pub async fn put_visitor_to_sleep(
     }
 }
 
-/// Records that the environment was used at `now` (its host got requests): the idle timeout
-/// counts from here. Returns false if it is gone.
+/// Records that the environment was used at `now` (its host got requests), as
+/// `previewd-traffic`: the idle timeout counts from here. Returns false if it is gone.
 pub async fn note_activity(
     client: &Client,
     namespace: &str,
     name: &str,
     now: chrono::DateTime<chrono::Utc>,
 ) -> Result<bool, kube::Error> {
-    patch_spec(
-        client,
-        namespace,
-        name,
-        serde_json::json!({"lastActivity": now}),
-    )
-    .await
+    let body = serde_json::json!({"spec": {"lastActivity": now}});
+    merge(client, namespace, name, FIELD_MANAGER_TRAFFIC, body).await
 }
 
 /// Records CI results on the environment (`spec.checks`, merged), as `previewd-checks`.

@@ -64,6 +64,11 @@ pub const FIELD_MANAGER_COMMANDS: &str = "previewd-commands";
 pub const FIELD_MANAGER_CHECKS: &str = "previewd-checks";
 /// Field manager of the sweep's own writes (`spec.sleep`).
 pub const FIELD_MANAGER_SWEEP: &str = "previewd-sweep";
+/// Field manager of the wake gate's wakes (`spec.sleep`, `spec.lastActivity`, the woken-by
+/// annotation): who woke an environment shows in its `managedFields`.
+pub const FIELD_MANAGER_GATE: &str = "previewd-gate";
+/// Field manager of the traffic recorder's writes (`spec.lastActivity`).
+pub const FIELD_MANAGER_TRAFFIC: &str = "previewd-traffic";
 
 /// The labels previewd puts on every object of `environment`.
 pub fn environment_labels(
