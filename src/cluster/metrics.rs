@@ -6,7 +6,7 @@ use prometheus::core::Collector;
 use prometheus::{IntCounterVec, Opts, Registry};
 
 /// The write operations counted under `previewd_write_requests_total{operation}`.
-pub const WRITE_OPERATIONS: [&str; 13] = [
+pub const WRITE_OPERATIONS: [&str; 15] = [
     "apply",
     "create",
     "delete",
@@ -20,6 +20,8 @@ pub const WRITE_OPERATIONS: [&str; 13] = [
     "sleep",
     "gate_wake",
     "traffic",
+    "command",
+    "queue_displace",
 ];
 
 /// One layer's metrics: what it exports, and (given) how it registers them.

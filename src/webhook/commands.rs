@@ -259,6 +259,14 @@ fn deploy_now(
     )
 }
 
+/// Where a command's effects are written: the API client, through previewd's writer (counted
+/// as `command`, within its timeout), as `previewd-commands`.
+#[derive(Clone, Copy)]
+pub struct CommandWrites<'a> {
+    pub client: &'a Client,
+    pub writer: &'a crate::cluster::writer::Writer,
+}
+
 /// Who may give commands (asked of the forge), and which commenters without write access
 /// were answered lately.
 #[derive(Clone, Copy)]
@@ -270,7 +278,7 @@ pub struct Commenters<'a> {
 /// Acts on a comment: returns one line per environment changed (empty when the comment holds
 /// no command, or its pull request has no environment).
 pub async fn handle(
-    client: &Client,
+    writes: CommandWrites<'_>,
     commenters: Commenters<'_>,
     event: &ForgeEvent,
     comment: &Comment,
@@ -311,18 +319,19 @@ pub async fn handle(
             tracing::info!(environment = %name, %namespace, user = %comment.author, command = %shown, effect = ?effect, "comment command");
             match effect {
                 Effect::Delete(reason) => {
-                    records::delete_with_reason(
-                        client,
+                    let delete = records::delete_with_reason(
+                        writes.client,
                         &namespace,
                         &name,
                         &reason,
                         FIELD_MANAGER_COMMANDS,
-                    )
-                    .await?;
+                    );
+                    writes.writer.write("command", delete).await?;
                     done.push(format!("deleted {namespace}/{name} ({reason})"));
                 }
                 Effect::Patch(patch) => {
-                    if records::answer_command(client, &namespace, &name, patch).await? {
+                    let answer = records::answer_command(writes.client, &namespace, &name, patch);
+                    if writes.writer.write("command", answer).await? {
                         done.push(format!("answered {shown} on {namespace}/{name}"));
                     }
                 }

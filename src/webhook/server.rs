@@ -65,6 +65,8 @@ pub struct ServerState {
     /// Answers given lately to commenters without write access.
     refusals: super::refusals::RefusalAnswers,
     deliveries: DeliveryLog,
+    /// Writes commands make go through it (counted, within its timeout).
+    writer: crate::cluster::writer::Writer,
     /// Turns for deliveries being handled (body read, checked, written).
     in_flight: tokio::sync::Semaphore,
     /// Set when the controller of this replica stopped by itself: not ready any more.
@@ -125,7 +127,9 @@ impl ServerState {
         metrics: ServerMetrics,
         limits: DeliveryLimits,
     ) -> Arc<Self> {
+        let writer = crate::cluster::writer::Writer::new(metrics.writes.clone());
         Arc::new(Self {
+            writer,
             secrets: SecretReader::new(client.clone()),
             client,
             caches,
@@ -136,6 +140,7 @@ impl ServerState {
             write_access,
             refusals: Default::default(),
             deliveries: DeliveryLog::default(),
+
             in_flight: tokio::sync::Semaphore::new(MAX_DELIVERIES_IN_FLIGHT),
             controller_stopped: std::sync::atomic::AtomicBool::new(false),
             containment: std::sync::OnceLock::new(),
@@ -814,8 +819,12 @@ async fn act(
             write_access: &state.write_access,
             refusals: &state.refusals,
         };
+        let writes = super::commands::CommandWrites {
+            client: &state.client,
+            writer: &state.writer,
+        };
         let lines = super::commands::handle(
-            &state.client,
+            writes,
             commenters,
             event,
             comment,

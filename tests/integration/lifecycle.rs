@@ -525,6 +525,12 @@ async fn a_commenter_without_write_access_is_answered_once_however_often_they_co
             answer.contains("/preview sleep") && answer.contains("stranger"),
             "{answer}"
         );
+        // Every command write is counted with previewd's other writes: one answer so far.
+        let command_writes = || {
+            let writes = &harness.metrics.cluster.writes;
+            writes.with_label_values(&["command"]).get()
+        };
+        assert_eq!(command_writes(), 1);
         let (status, _) = harness
             .signed(
                 "issue_comment",
@@ -533,6 +539,7 @@ async fn a_commenter_without_write_access_is_answered_once_however_often_they_co
             )
             .await;
         assert_eq!(status, 202);
+        assert_eq!(command_writes(), 2);
         comment_says(
             &forge,
             &name,
