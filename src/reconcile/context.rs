@@ -286,9 +286,13 @@ impl Memory {
     }
 
     /// Takes the environment's next reconcile for a forge report at `turn`, unless one is
-    /// already due between now and then: whether this one was taken.
-    pub fn take_report_turn(&self, environment: &EnvironmentRef, turn: Instant) -> bool {
-        let now = Instant::now();
+    /// already due between `now` and then: whether this one was taken.
+    pub fn take_report_turn(
+        &self,
+        environment: &EnvironmentRef,
+        now: Instant,
+        turn: Instant,
+    ) -> bool {
         let mut turns = self.report_turns.lock();
         if turns
             .get(environment)

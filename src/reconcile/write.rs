@@ -49,7 +49,7 @@ fn come_back_for_the_report(environment: &PreviewEnvironment, context: &Context,
     let key = ObjectRef::from_obj(environment);
     let now = Instant::now();
     let turn = now + wait.clamp(Duration::from_millis(200), MAX_RATE_LIMIT_WAIT);
-    if !context.memory.take_report_turn(&key, turn) {
+    if !context.memory.take_report_turn(&key, now, turn) {
         return;
     }
     tracing::debug!(environment = %environment.name_any(), "the forge report waits {wait:?} for its turn in the content budget");

@@ -140,7 +140,6 @@ impl ServerState {
             write_access,
             refusals: Default::default(),
             deliveries: DeliveryLog::default(),
-
             in_flight: tokio::sync::Semaphore::new(MAX_DELIVERIES_IN_FLIGHT),
             controller_stopped: std::sync::atomic::AtomicBool::new(false),
             containment: std::sync::OnceLock::new(),

@@ -810,8 +810,22 @@ async fn the_sweep_runs_on_its_own_on_start_up_and_every_interval() {
         hourly.abort();
         let _ = hourly.await;
 
+        let sweeps_done = || {
+            let lines = logs.lines();
+            lines
+                .iter()
+                .filter(|line| line["fields"]["message"] == "sweep done")
+                .count()
+        };
+        let done_before = sweeps_done();
         let every_two_seconds = lead_with_sweeps_every(Duration::from_secs(2));
-        // Past its maxAge only 6 s after this leader's start-up sweep: a later one removes it.
+        eventually(
+            "the new leader's start-up sweep",
+            Duration::from_secs(30),
+            || async { (sweeps_done() > done_before).then_some(()) },
+        )
+        .await;
+        // Created after that start-up sweep: only a later one, every 2 s, can remove it.
         let second = created(&client, &ns, 3).await;
         eventually("a periodic sweep", Duration::from_secs(30), gone(second)).await;
         every_two_seconds.abort();
