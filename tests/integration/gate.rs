@@ -208,13 +208,7 @@ async fn woken_by_requests(
         "the request counts as activity"
     );
     // Who woke it shows in its record: the gate, under a field manager of its own.
-    let managers: Vec<&str> = ready
-        .metadata
-        .managed_fields
-        .iter()
-        .flatten()
-        .filter_map(|entry| entry.manager.as_deref())
-        .collect();
+    let managers = support::field_managers(&ready);
     assert!(managers.contains(&"previewd-gate"), "{managers:?}");
     let status = ready.status.unwrap();
     assert_eq!(status.waking_since, None);

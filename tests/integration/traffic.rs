@@ -163,13 +163,7 @@ async fn previewds_own_recorder_loop_records_traffic_every_interval() {
         )
         .await;
         let used = environments.get("used").await.unwrap();
-        let managers: Vec<&str> = used
-            .metadata
-            .managed_fields
-            .iter()
-            .flatten()
-            .filter_map(|entry| entry.manager.as_deref())
-            .collect();
+        let managers = support::field_managers(&used);
         assert!(
             managers.contains(&"previewd-traffic"),
             "the recorder writes as itself: {managers:?}"

@@ -546,6 +546,17 @@ where
     }
 }
 
+/// The field managers that have written `object` (its `managedFields`): who changed it.
+pub fn field_managers<K: kube::Resource>(object: &K) -> Vec<&str> {
+    object
+        .meta()
+        .managed_fields
+        .iter()
+        .flatten()
+        .filter_map(|entry| entry.manager.as_deref())
+        .collect()
+}
+
 /// The fixture folder shared by the project (`../shared/fixtures`).
 pub fn fixture(path: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
