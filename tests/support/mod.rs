@@ -366,17 +366,29 @@ pub async fn create_namespace(client: &Client, test_name: &str) -> String {
 }
 
 /// Pods cannot be created before the namespace's `default` service account exists (its
-/// tokens are projected at run time since Kubernetes 1.24).
+/// tokens are projected at run time since Kubernetes 1.24). The controller manager makes it,
+/// but after the API server was restarted (the chaos tests restart it) its watches can take
+/// longer than a test should wait to come back: then the test makes the account itself, as
+/// the controller would (an account already made meanwhile is as good).
 async fn wait_for_default_service_account(client: &Client, namespace: &str) {
     use k8s_openapi::api::core::v1::ServiceAccount;
     let accounts: Api<ServiceAccount> = Api::namespaced(client.clone(), namespace);
-    for _ in 0..150 {
+    for _ in 0..50 {
         if let Ok(Some(_)) = accounts.get_opt("default").await {
             return;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    panic!("namespace {namespace} got no default service account within 15 s");
+    let mut account = ServiceAccount::default();
+    account.metadata.name = Some("default".into());
+    match accounts
+        .create(&kube::api::PostParams::default(), &account)
+        .await
+    {
+        Ok(_) => {}
+        Err(kube::Error::Api(status)) if status.code == 409 => {}
+        Err(error) => panic!("namespace {namespace} has no default service account: {error}"),
+    }
 }
 
 /// Prints events, pods, deployments and jobs of a namespace (for failed tests).
