@@ -1,7 +1,8 @@
 //! One [`ForgeClient`] for either forge, with the few calls previewd makes (find, create and
 //! edit its comment, commit status, repository files, write access, the sweep's lists), and
-//! [`ForgeClients`], which keeps one client per forge URL and token. The calls themselves are
-//! in `github/api.rs` and `gitlab/api.rs`; what every call shares is in `transport.rs`.
+//! [`ForgeClients`], which keeps one client per forge URL and token. Each forge answers through
+//! its one seam ([`super::seam::ForgeApi`], listed in [`super::forges`]); what every call
+//! shares is in `transport.rs`.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -9,35 +10,32 @@ use std::sync::Arc;
 use sha2::{Digest, Sha256};
 
 use super::blobs::BlobCache;
-use super::comment::CommitState;
-use super::github::api::GithubApi;
-use super::gitlab::api::GitlabApi;
+use super::forges::forge;
 use super::limits::check_manifest_total;
 use super::limits::check_total;
 pub use super::limits::{MAX_MANIFEST_BYTES, MAX_MANIFEST_FILE_BYTES, MAX_MANIFEST_FILES};
 use super::metrics::ForgeMetrics;
+use super::seam::{Connect, ForgeApi, Listing};
 pub use super::transport::{FORGE_TIMEOUT, ForgeApiError, MAX_RATE_LIMIT_WAIT};
 pub use super::vocabulary::{CommentAuthor, DeploymentState};
-use crate::model::crd::ForgeKind;
+use super::vocabulary::{DeployUpdate, Retire, StatusUpdate};
+use crate::model::crd::{ForgeKind, ForgeReport, PreviewEnvironment};
 
-/// A client for one forge API URL and token.
-pub enum ForgeClient {
-    Github(GithubApi),
-    Gitlab(GitlabApi),
-}
+/// A client for one forge API URL and token: whichever forge, behind its one seam.
+pub struct ForgeClient(Box<dyn ForgeApi>);
 
 impl ForgeClient {
+    /// A client of any forge's API (tests, and forges built outside [`ForgeClients`]).
+    pub fn new(api: impl ForgeApi + 'static) -> Self {
+        Self(Box::new(api))
+    }
+
     /// Whose reads this client makes: the forge, API URL and token it was built for
     /// ([`ForgeClients`]), or a scope of its own. What it read is kept for that scope only.
     pub fn scope(&self) -> &str {
-        match self {
-            ForgeClient::Github(api) => api.scope(),
-            ForgeClient::Gitlab(api) => api.scope(),
-        }
+        self.0.scope()
     }
-}
 
-impl ForgeClient {
     /// The id of previewd's own comment on PR/MR `number` whose text starts with `marker`
     /// (a copy of the marker in anyone else's comment is not previewd's comment).
     pub async fn find_comment(
@@ -46,10 +44,7 @@ impl ForgeClient {
         number: u64,
         marker: &str,
     ) -> Result<Option<u64>, ForgeApiError> {
-        match self {
-            ForgeClient::Github(api) => api.find_comment(repository, number, marker).await,
-            ForgeClient::Gitlab(api) => api.find_comment(repository, number, marker).await,
-        }
+        self.0.find_comment(repository, number, marker).await
     }
 
     pub async fn create_comment(
@@ -58,10 +53,7 @@ impl ForgeClient {
         number: u64,
         body: &str,
     ) -> Result<u64, ForgeApiError> {
-        match self {
-            ForgeClient::Github(api) => api.create_comment(repository, number, body).await,
-            ForgeClient::Gitlab(api) => api.create_comment(repository, number, body).await,
-        }
+        self.0.create_comment(repository, number, body).await
     }
 
     pub async fn edit_comment(
@@ -71,10 +63,7 @@ impl ForgeClient {
         id: u64,
         body: &str,
     ) -> Result<(), ForgeApiError> {
-        match self {
-            ForgeClient::Github(api) => api.edit_comment(repository, id, body).await,
-            ForgeClient::Gitlab(api) => api.edit_comment(repository, number, id, body).await,
-        }
+        self.0.edit_comment(repository, number, id, body).await
     }
 
     /// The YAML files (`.yaml`, `.yml`) directly in folder `path` of the repository at commit
@@ -89,10 +78,8 @@ impl ForgeClient {
         sha: &str,
         reader: &str,
     ) -> Result<Vec<(String, String)>, ForgeApiError> {
-        let mut files = match self {
-            ForgeClient::Github(api) => api.read_manifests(repository, path, sha, reader).await?,
-            ForgeClient::Gitlab(api) => api.read_manifests(repository, path, sha, reader).await?,
-        };
+        let at = Listing::new(repository, path, sha, reader);
+        let mut files = self.0.read_manifests(at).await?;
         check_manifest_total(path, &files)?;
         files.sort();
         Ok(files)
@@ -108,10 +95,8 @@ impl ForgeClient {
         sha: &str,
         reader: &str,
     ) -> Result<Vec<(String, Vec<u8>)>, ForgeApiError> {
-        let mut files = match self {
-            ForgeClient::Github(api) => api.read_folder(repository, path, sha, reader).await?,
-            ForgeClient::Gitlab(api) => api.read_folder(repository, path, sha, reader).await?,
-        };
+        let at = Listing::new(repository, path, sha, reader);
+        let mut files = self.0.read_folder(at).await?;
         let total: usize = files.iter().map(|(_, bytes)| bytes.len()).sum();
         check_total(path, total)?;
         files.sort();
@@ -123,42 +108,12 @@ impl ForgeClient {
         &self,
         repository: &str,
     ) -> Result<HashSet<u64>, ForgeApiError> {
-        match self {
-            ForgeClient::Github(api) => {
-                let pages = api
-                    .list_all(
-                        "list_pull_requests",
-                        &format!("/repos/{repository}/pulls?state=open"),
-                        &["number"],
-                    )
-                    .await?;
-                Ok(pages
-                    .iter()
-                    .filter_map(|pr| pr["number"].as_u64())
-                    .collect())
-            }
-            ForgeClient::Gitlab(api) => api.open_merge_requests(repository).await,
-        }
+        self.0.open_requests(repository).await
     }
 
     /// Names of the branches of `repository` (one list call per page).
     pub async fn branches(&self, repository: &str) -> Result<HashSet<String>, ForgeApiError> {
-        match self {
-            ForgeClient::Github(api) => {
-                let pages = api
-                    .list_all(
-                        "list_branches",
-                        &format!("/repos/{repository}/branches"),
-                        &["name"],
-                    )
-                    .await?;
-                Ok(pages
-                    .iter()
-                    .filter_map(|b| b["name"].as_str().map(str::to_string))
-                    .collect())
-            }
-            ForgeClient::Gitlab(api) => api.branches(repository).await,
-        }
+        self.0.branches(repository).await
     }
 
     /// Whether `user` (GitLab: the user with id `user_id`) may write to `repository`: GitHub
@@ -169,34 +124,31 @@ impl ForgeClient {
         user: &str,
         user_id: Option<u64>,
     ) -> Result<bool, ForgeApiError> {
-        match self {
-            ForgeClient::Github(api) => api.write_access(repository, user).await,
-            ForgeClient::Gitlab(api) => match user_id {
-                Some(id) => api.write_access(repository, id).await,
-                None => Ok(false),
-            },
-        }
+        self.0.write_access(repository, user, user_id).await
     }
 
     pub async fn commit_status(
         &self,
         repository: &str,
-        sha: &str,
-        state: CommitState,
-        context: &str,
-        target_url: &str,
-        description: &str,
+        status: &StatusUpdate,
     ) -> Result<(), ForgeApiError> {
-        match self {
-            ForgeClient::Github(api) => {
-                api.commit_status(repository, sha, state, context, target_url, description)
-                    .await
-            }
-            ForgeClient::Gitlab(api) => {
-                api.commit_status(repository, sha, state, context, target_url, description)
-                    .await
-            }
-        }
+        self.0.commit_status(repository, status).await
+    }
+
+    /// The forge's record of the environment's head (a GitHub Deployment and its status; the
+    /// GitLab environment and its deployment), with the ids the forge gives back in `record`.
+    pub async fn deploy(
+        &self,
+        environment: &PreviewEnvironment,
+        update: &DeployUpdate,
+        record: &mut ForgeReport,
+    ) -> Result<(), ForgeApiError> {
+        self.0.deploy(environment, update, record).await
+    }
+
+    /// Ends the forge's record of a removed environment.
+    pub async fn retire(&self, repository: &str, retire: &Retire) -> Result<(), ForgeApiError> {
+        self.0.retire(repository, retire).await
     }
 }
 
@@ -206,19 +158,18 @@ type ClientKey = (ForgeKind, String, [u8; 32]);
 /// unless set. Only the sandbox sets it (to its forge stand-in), so that the example templates,
 /// written for GitHub, work there unchanged; a template's own `apiUrl` always wins.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct ApiDefaults {
-    pub github: Option<String>,
-    pub gitlab: Option<String>,
-}
+pub struct ApiDefaults(HashMap<ForgeKind, String>);
 
 impl ApiDefaults {
+    /// Templates of forge `kind` that name no API URL go to `url`.
+    pub fn with(mut self, kind: ForgeKind, url: String) -> Self {
+        self.0.insert(kind, url);
+        self
+    }
+
     /// The API URL of a template of forge `kind` whose own is `named`.
     pub fn resolve<'a>(&'a self, kind: ForgeKind, named: Option<&'a str>) -> Option<&'a str> {
-        let default = match kind {
-            ForgeKind::Github => self.github.as_deref(),
-            ForgeKind::Gitlab => self.gitlab.as_deref(),
-        };
-        named.or(default)
+        named.or(self.0.get(&kind).map(String::as_str))
     }
 }
 
@@ -280,23 +231,17 @@ impl ForgeClients {
         if let Some(api_url) = api_url {
             super::transport::check_api_url(api_url)?;
         }
-        let token = String::from_utf8_lossy(token).into_owned();
-        // Readings are kept per scope: the same forge, URL and token read the same content.
-        let scope = format!("{kind:?} {} {}", key.1, hex::encode(key.2));
-        let client = Arc::new(match kind {
-            ForgeKind::Github => {
-                let budget = budget.to_string();
-                let api = GithubApi::new(api_url, token, budget, self.metrics.clone())?;
-                let api = api
-                    .commenting_as(author)
-                    .keeping_blobs_in(self.blobs.clone());
-                ForgeClient::Github(api.scoped(scope))
-            }
-            ForgeKind::Gitlab => {
-                let api = GitlabApi::connect(api_url, token, self.metrics.clone()).await?;
-                ForgeClient::Gitlab(api.keeping_blobs_in(self.blobs.clone()).scoped(scope))
-            }
-        });
+        let connect = Connect {
+            api_url: api_url.map(str::to_string),
+            token: String::from_utf8_lossy(token).into_owned(),
+            budget: budget.to_string(),
+            author,
+            metrics: self.metrics.clone(),
+            blobs: self.blobs.clone(),
+            // Readings are kept per scope: the same forge, URL and token read the same content.
+            scope: format!("{kind:?} {} {}", key.1, hex::encode(key.2)),
+        };
+        let client = Arc::new(ForgeClient((forge(kind).connect)(connect).await?));
         if clients.len() >= MAX_CLIENTS {
             // Rotated tokens and edited URLs leave clients nobody asks for again; any one may
             // go (a client in use stays alive through its Arc, and is rebuilt when asked).

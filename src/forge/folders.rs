@@ -15,18 +15,8 @@ use std::sync::Arc;
 use super::blobs::{BlobCache, BlobKey, ReadAt};
 use super::limits::{check_listed_sizes, check_manifest_count, check_manifest_size, check_total};
 use super::metrics::ForgeMetrics;
+pub(crate) use super::seam::TreeFile;
 use super::transport::ForgeApiError;
-
-/// A file of the tree under the folder being read.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) struct TreeFile {
-    /// Relative to the folder read (or the file's name, when the path named one file).
-    pub path: String,
-    /// The forge's id of its content.
-    pub blob: String,
-    /// Its size as the listing gives it (GitHub's does; GitLab's tree gives none).
-    pub size: Option<u64>,
-}
 
 /// Whether `id` has the shape of a Git object id (40 hex digits for SHA-1, 64 for SHA-256).
 /// Ids come from the forge's answer and go into a URL path: nothing else is used.

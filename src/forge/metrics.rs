@@ -5,6 +5,7 @@ use prometheus::core::Collector;
 use prometheus::{HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts};
 
 use crate::cluster::metrics::MetricSet;
+use crate::model::crd::ForgeKind;
 
 #[derive(Clone)]
 pub struct ForgeMetrics {
@@ -57,7 +58,7 @@ impl ForgeMetrics {
         let metrics = Self::without_series();
         // Every series of the blob counter from the start: /metrics shows what the docs name
         // before the first repository read.
-        for forge in ["github", "gitlab"] {
+        for forge in ForgeKind::ALL.map(ForgeKind::as_str) {
             for outcome in ["read", "kept"] {
                 metrics.blobs.with_label_values(&[forge, outcome]);
             }

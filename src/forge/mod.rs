@@ -13,6 +13,7 @@ pub mod budget;
 pub mod client;
 pub(crate) mod comment;
 mod folders;
+pub mod forges;
 pub mod github;
 pub mod gitlab;
 mod limits;
@@ -20,6 +21,7 @@ pub mod metrics;
 pub mod report;
 pub mod report_plan;
 pub mod repository;
+pub mod seam;
 pub mod template_client;
 mod transport;
 mod vocabulary;
@@ -210,25 +212,6 @@ pub enum SignatureError {
     Mismatch,
 }
 
-/// The repository a delivery is about, read before verification only to find whose webhook
-/// secret applies. Nothing is acted on until the signature is checked.
-pub fn repository_of(forge: ForgeKind, body: &[u8]) -> Result<Option<String>, ParseError> {
-    let value: serde_json::Value =
-        serde_json::from_slice(body).map_err(|source| ParseError::Json {
-            event: "webhook".into(),
-            source,
-        })?;
-    let path: &[&str] = match forge {
-        ForgeKind::Github => &["repository", "full_name"],
-        ForgeKind::Gitlab => &["project", "path_with_namespace"],
-    };
-    let mut node = &value;
-    for key in path {
-        node = &node[*key];
-    }
-    Ok(node.as_str().map(str::to_string))
-}
-
 /// Equality of two secrets in time that does not depend on where they differ: both are hashed
 /// to 32 bytes first, so their lengths do not show either.
 pub fn secrets_equal(a: &[u8], b: &[u8]) -> bool {
@@ -259,22 +242,6 @@ mod tests {
         assert!(!secrets_equal(b"s3cret", b"s3creT"));
         assert!(!secrets_equal(b"s3cret", b"s3cret "));
         assert!(!secrets_equal(b"", b"x"));
-    }
-
-    #[test]
-    fn repository_is_found_where_each_forge_puts_it() {
-        let github = br#"{"repository": {"full_name": "Codertocat/Hello-World"}}"#;
-        let gitlab = br#"{"project": {"path_with_namespace": "group/sub/app"}}"#;
-        assert_eq!(
-            repository_of(ForgeKind::Github, github).unwrap().as_deref(),
-            Some("Codertocat/Hello-World")
-        );
-        assert_eq!(
-            repository_of(ForgeKind::Gitlab, gitlab).unwrap().as_deref(),
-            Some("group/sub/app")
-        );
-        assert_eq!(repository_of(ForgeKind::Github, b"{}").unwrap(), None);
-        assert!(repository_of(ForgeKind::Github, b"{not json").is_err());
     }
 
     #[test]

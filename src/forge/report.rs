@@ -18,12 +18,10 @@ use kube::ResourceExt;
 
 use super::admission::{Admissions, Asking};
 use super::budget::ContentLimits;
-use super::client::{DeploymentState, ForgeApiError, ForgeClient};
+use super::client::{ForgeApiError, ForgeClient};
 use super::comment;
-use super::gitlab::api::GitlabApi;
 use super::report_plan::{
-    CommentUpdate, DeployUpdate, PlannedPart, RemovalPlan, ReportPlan, Retire, StatusUpdate,
-    plan_removal, plan_report,
+    CommentUpdate, PlannedPart, RemovalPlan, ReportPlan, plan_removal, plan_report,
 };
 use super::template_client::{ForgeCallError, TemplateClients};
 use crate::model::crd::{
@@ -264,12 +262,12 @@ async fn send_plan(
         upsert_comment(client, repository, update, record).await?;
     }
     if let Some(update) = &plan.waiting {
-        commit_status(client, repository, update).await?;
+        client.commit_status(repository, update).await?;
         record.waiting_status_sha = Some(update.sha.clone());
     }
     if let Some(update) = &plan.deploy {
-        deploy(client, environment, update, record).await?;
-        commit_status(client, repository, &update.status).await?;
+        client.deploy(environment, update, record).await?;
+        client.commit_status(repository, &update.status).await?;
         record.status_sha = Some(update.status.sha.clone());
     }
     Ok(())
@@ -286,143 +284,10 @@ async fn send_removal_plan(
     if let Some(update) = &plan.comment {
         upsert_comment(client, repository, update, record).await?;
     }
-    match (client, &plan.retire) {
-        (ForgeClient::Github(github), Some(Retire::GithubDeployment(id))) => {
-            let inactive = DeploymentState::Inactive;
-            github
-                .deployment_status(repository, *id, inactive, "")
-                .await
-        }
-        (ForgeClient::Gitlab(gitlab), Some(Retire::GitlabEnvironment(id))) => {
-            gitlab.stop_environment(repository, *id).await
-        }
-        _ => Ok(()),
+    match &plan.retire {
+        Some(retire) => client.retire(repository, retire).await,
+        None => Ok(()),
     }
-}
-
-/// The head's deployment: a GitHub Deployment per head commit with a status per change; the
-/// GitLab environment and its deployment (see [`report_gitlab_deployment`]).
-async fn deploy(
-    client: &ForgeClient,
-    environment: &PreviewEnvironment,
-    update: &DeployUpdate,
-    record: &mut ForgeReport,
-) -> Result<(), ForgeApiError> {
-    let source = &environment.spec.source;
-    match client {
-        ForgeClient::Github(github) => {
-            if record.deployment_sha.as_deref() != Some(source.head_sha.as_str()) {
-                let deployment = github
-                    .create_deployment(
-                        &source.repository,
-                        &source.head_sha,
-                        &environment.name_any(),
-                    )
-                    .await?;
-                record.deployment_id = Some(deployment);
-                record.deployment_sha = Some(source.head_sha.clone());
-            }
-            if let Some(deployment) = record.deployment_id {
-                let (state, url) = (update.deployment_state, &update.status.url);
-                github
-                    .deployment_status(&source.repository, deployment, state, url)
-                    .await?;
-            }
-            Ok(())
-        }
-        ForgeClient::Gitlab(gitlab) => {
-            let deploy = GitlabDeploy {
-                environment,
-                url: &update.status.url,
-                state: update.deployment_state,
-            };
-            report_gitlab_deployment(gitlab, &deploy, record).await
-        }
-    }
-}
-
-async fn commit_status(
-    client: &ForgeClient,
-    repository: &str,
-    update: &StatusUpdate,
-) -> Result<(), ForgeApiError> {
-    client
-        .commit_status(
-            repository,
-            &update.commit,
-            update.state,
-            &update.context,
-            &update.url,
-            &update.description,
-        )
-        .await
-}
-
-/// The GitLab environment of a preview environment: `preview/<namespace>/<name>`. GitLab folds
-/// the environments under `preview/` into one folder of its Environments page; the namespace
-/// keeps two teams' templates of the same name for one project (each in its own namespace)
-/// from sharing, and stopping, each other's GitLab environment.
-pub fn gitlab_environment_name(environment: &PreviewEnvironment) -> String {
-    let namespace = environment.namespace().unwrap_or_default();
-    format!("preview/{namespace}/{}", environment.name_any())
-}
-
-/// What a GitLab deployment report says: which environment, its URL, the deployment's state.
-struct GitlabDeploy<'a> {
-    environment: &'a PreviewEnvironment,
-    url: &'a str,
-    state: DeploymentState,
-}
-
-/// Registers the environment in GitLab (once; its external URL when it changes) and keeps one
-/// deployment per head commit, so the merge request widget shows *View app*. A new deployment
-/// starts as `running` and then goes to `success` or `failed`; GitLab allows no way back to
-/// `running`, so a later `InProgress` is not sent to a deployment that finished.
-async fn report_gitlab_deployment(
-    gitlab: &GitlabApi,
-    deploy: &GitlabDeploy<'_>,
-    record: &mut ForgeReport,
-) -> Result<(), ForgeApiError> {
-    let source = &deploy.environment.spec.source;
-    let project = &source.repository;
-    let name = gitlab_environment_name(deploy.environment);
-    let url = deploy.url;
-    match record.environment_id {
-        None => {
-            record.environment_id = Some(gitlab.environment(project, &name, url).await?);
-            record.environment_url = Some(url.to_string());
-        }
-        Some(id) if !url.is_empty() && record.environment_url.as_deref() != Some(url) => {
-            gitlab.environment_url(project, id, url).await?;
-            record.environment_url = Some(url.to_string());
-        }
-        Some(_) => {}
-    }
-    let state = format!("{:?}", deploy.state);
-    if record.deployment_sha.as_deref() != Some(source.head_sha.as_str()) {
-        let id = gitlab
-            .create_deployment(
-                project,
-                &name,
-                &source.head_sha,
-                &source.branch,
-                deploy.state,
-            )
-            .await?;
-        record.deployment_id = Some(id);
-        record.deployment_sha = Some(source.head_sha.clone());
-        record.deployment_state = Some(state);
-        return Ok(());
-    }
-    let finished = deploy.state != DeploymentState::InProgress;
-    if let Some(id) = record.deployment_id
-        && finished
-        && record.deployment_state.as_deref() != Some(state.as_str())
-    {
-        gitlab.deployment_status(project, id, deploy.state).await?;
-        record.deployment_state = Some(state);
-    }
-    Ok(())
 }
 
 /// Edits the environment's comment (found by id, else by marker) or creates it.

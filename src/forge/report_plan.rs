@@ -8,8 +8,10 @@
 use kube::ResourceExt;
 use sha2::{Digest, Sha256};
 
-use super::client::DeploymentState;
 use super::comment::{self, CommentInput, CommentState, CommitState};
+use super::forges;
+use super::vocabulary::DeploymentState;
+pub use super::vocabulary::{DeployUpdate, Retire, StatusUpdate};
 use crate::model::crd::{
     ForgeKind, ForgeReport, Phase, PreviewEnvironment, PreviewEnvironmentStatus, PreviewTemplate,
     WaitingCommit,
@@ -38,40 +40,11 @@ pub struct CommentUpdate {
     pub sha: String,
 }
 
-/// A commit status, and the hash that records it was sent.
-#[derive(Debug, PartialEq)]
-pub struct StatusUpdate {
-    pub commit: String,
-    pub state: CommitState,
-    /// `previewd/<template>`.
-    pub context: String,
-    pub url: String,
-    pub description: String,
-    /// What goes into the record once it is sent.
-    pub sha: String,
-}
-
-/// The head's deployment (a new one for a new head) and its commit status.
-#[derive(Debug, PartialEq)]
-pub struct DeployUpdate {
-    pub status: StatusUpdate,
-    pub deployment_state: DeploymentState,
-}
-
 /// What to send when the environment is gone.
 #[derive(Debug, Default, PartialEq)]
 pub struct RemovalPlan {
     pub comment: Option<CommentUpdate>,
     pub retire: Option<Retire>,
-}
-
-/// How the forge's own record of the environment ends.
-#[derive(Debug, PartialEq)]
-pub enum Retire {
-    /// A GitHub deployment status `inactive`.
-    GithubDeployment(u64),
-    /// A GitLab environment stopped.
-    GitlabEnvironment(u64),
 }
 
 /// One part of a plan as the content budget counts it ([`super::budget`]): which part, the
@@ -99,7 +72,7 @@ impl ReportPlan {
             });
         }
         if let Some(update) = &self.deploy {
-            let mut requests = deploy_requests(forge, update, record, head);
+            let mut requests = (forges::forge(forge).deploy_requests)(update, record, head);
             requests.push("commit_status");
             parts.push(PlannedPart {
                 part: "deploy",
@@ -115,16 +88,11 @@ impl RemovalPlan {
     /// The parts of this plan, as [`ReportPlan::parts`] counts them.
     pub fn parts(&self) -> Vec<PlannedPart> {
         let mut parts: Vec<PlannedPart> = self.comment.iter().map(comment_part).collect();
-        let retire = match &self.retire {
-            Some(Retire::GithubDeployment(_)) => Some("deployment_status"),
-            Some(Retire::GitlabEnvironment(_)) => Some("environment"),
-            None => None,
-        };
-        if let Some(request) = retire {
+        if let Some(retire) = &self.retire {
             parts.push(PlannedPart {
                 part: "retire",
                 sha: String::new(),
-                requests: vec![request],
+                requests: vec![retire.request],
             });
         }
         parts
@@ -137,41 +105,6 @@ fn comment_part(update: &CommentUpdate) -> PlannedPart {
         sha: update.sha.clone(),
         requests: vec!["comment"],
     }
-}
-
-/// What sending `update` asks of the forge before the commit status, as
-/// [`super::report`] sends it: GitHub, a deployment per new head and a status of it; GitLab,
-/// the environment when it is new or its URL changed, then a deployment per new head or its
-/// finished state once.
-fn deploy_requests(
-    forge: ForgeKind,
-    update: &DeployUpdate,
-    record: &ForgeReport,
-    head: &str,
-) -> Vec<&'static str> {
-    let new_head = record.deployment_sha.as_deref() != Some(head);
-    let mut requests = Vec::new();
-    match forge {
-        ForgeKind::Github => {
-            if new_head {
-                requests.push("deployment");
-            }
-            requests.push("deployment_status");
-        }
-        ForgeKind::Gitlab => {
-            let url = update.status.url.as_str();
-            let new_url = !url.is_empty() && record.environment_url.as_deref() != Some(url);
-            if record.environment_id.is_none() || new_url {
-                requests.push("environment");
-            }
-            let state = format!("{:?}", update.deployment_state);
-            let finished = update.deployment_state != DeploymentState::InProgress;
-            if new_head || (finished && record.deployment_state.as_deref() != Some(&state)) {
-                requests.push("deployment");
-            }
-        }
-    }
-    requests
 }
 
 /// What a report of `status` sends, given what `record` says was sent.
@@ -238,10 +171,7 @@ pub fn plan_removal(
             prices: None,
         })
     });
-    let retire = match template.spec.forge.kind {
-        ForgeKind::Github => record.deployment_id.map(Retire::GithubDeployment),
-        ForgeKind::Gitlab => record.environment_id.map(Retire::GitlabEnvironment),
-    };
+    let retire = (forges::forge(template.spec.forge.kind).retire)(record);
     RemovalPlan { comment, retire }
 }
 
@@ -536,14 +466,26 @@ mod tests {
         );
         let comment = github.comment.expect("the comment says so");
         assert!(comment.text.contains("destroyed") && comment.text.contains("merged"));
-        assert_eq!(github.retire, Some(Retire::GithubDeployment(77)));
+        assert_eq!(
+            github.retire,
+            Some(Retire {
+                id: 77,
+                request: "deployment_status"
+            })
+        );
         let gitlab = plan_removal(
             &environment,
             &template(ForgeKind::Gitlab),
             "merged",
             &record,
         );
-        assert_eq!(gitlab.retire, Some(Retire::GitlabEnvironment(9)));
+        assert_eq!(
+            gitlab.retire,
+            Some(Retire {
+                id: 9,
+                request: "environment"
+            })
+        );
 
         let branch = plan_removal(
             &self::environment(None),

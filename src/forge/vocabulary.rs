@@ -1,6 +1,9 @@
 //! What every forge's client speaks of, whichever forge it talks to: who previewd is on the
-//! forge, a deployment's state, a client's scope. The forge-neutral [`super::client`] and each
+//! forge, a deployment's state, a client's scope, and the reports the reporter plans
+//! ([`super::report_plan`]) and each forge sends. The forge-neutral [`super::client`] and each
 //! forge's API import it; it imports neither.
+
+use super::comment::CommitState;
 
 /// Who previewd is on the forge, to tell its own comments from copies: a comment anyone can
 /// start with previewd's marker, and previewd must never adopt (and edit, and point its record
@@ -27,4 +30,32 @@ pub enum DeploymentState {
     Success,
     Failure,
     Inactive,
+}
+
+/// A commit status, and the hash that records it was sent.
+#[derive(Debug, PartialEq)]
+pub struct StatusUpdate {
+    pub commit: String,
+    pub state: CommitState,
+    /// `previewd/<template>`.
+    pub context: String,
+    pub url: String,
+    pub description: String,
+    /// What goes into the record once it is sent.
+    pub sha: String,
+}
+
+/// The head's deployment (a new one for a new head) and its commit status.
+#[derive(Debug, PartialEq)]
+pub struct DeployUpdate {
+    pub status: StatusUpdate,
+    pub deployment_state: DeploymentState,
+}
+
+/// How the forge's own record of a removed environment ends: the id of what ends (a GitHub
+/// deployment, a GitLab environment) and the one request ending it costs.
+#[derive(Debug, PartialEq)]
+pub struct Retire {
+    pub id: u64,
+    pub request: &'static str,
 }

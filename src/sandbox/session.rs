@@ -9,6 +9,7 @@ use super::ingress::SandboxIngress;
 use super::playground::{self, Playground};
 use super::{Sandbox, SandboxError, StderrProgress, demo, helm, provision};
 use crate::forge::client::ApiDefaults;
+use crate::model::crd::ForgeKind;
 
 /// `previewd sandbox`: starts the control plane, previewd and the playground; plays the demo
 /// or waits for Ctrl-C; stops everything it started.
@@ -94,10 +95,11 @@ pub async fn run(args: SandboxArgs) -> Result<(), SandboxError> {
 /// Templates that name no API URL (the examples in templates/) talk to the forge stand-in.
 fn stand_in_defaults(playground: &Playground) -> ApiDefaults {
     let stand_in = playground.facts.forge_api_url.clone();
-    ApiDefaults {
-        github: Some(stand_in.clone()),
-        gitlab: Some(stand_in),
-    }
+    ForgeKind::ALL
+        .into_iter()
+        .fold(ApiDefaults::default(), |defaults, kind| {
+            defaults.with(kind, stand_in.clone())
+        })
 }
 
 /// Writes the sandbox's facts (URLs, secrets, kubeconfig) as JSON to `path`, if asked

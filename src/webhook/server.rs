@@ -1,4 +1,4 @@
-//! The HTTP server: `POST /webhooks/github`, `POST /webhooks/gitlab`, `/metrics`, `/healthz`,
+//! The HTTP server: `POST /webhooks/<forge>` (each forge's path, [`forges`]), `/metrics`, `/healthz`,
 //! `/readyz`.
 //!
 //! A delivery is answered as soon as its environments are written (one API call each); the
@@ -42,7 +42,7 @@ use crate::cluster::metrics::ClusterMetrics;
 use crate::cluster::records::Applied;
 use crate::cluster::secrets::{SecretError, SecretReader};
 use crate::forge::access::WriteAccess;
-use crate::forge::{self, EventKind, ForgeEvent, github, gitlab};
+use crate::forge::{EventKind, ForgeEvent, forges};
 use crate::model::clients::{ClientShares, client_address, default_trusted_proxies};
 use crate::model::crd::{ForgeKind, PreviewTemplate};
 use crate::webhook::deliveries::DeliveryLog;
@@ -160,9 +160,15 @@ impl ServerState {
 
 /// The router, for `serve` and for tests.
 pub fn router(state: Arc<ServerState>) -> Router {
-    Router::new()
-        .route("/webhooks/github", post(github_webhook))
-        .route("/webhooks/gitlab", post(gitlab_webhook))
+    let mut router = Router::new();
+    for forge in forges::all() {
+        let kind = forge.kind;
+        let deliveries = move |State(state): State<Arc<ServerState>>, request: Request| async move {
+            handle(&state, kind, request).await
+        };
+        router = router.route(forge.webhook.path, post(deliveries));
+    }
+    router
         .route("/metrics", get(metrics))
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(readyz))
@@ -222,14 +228,6 @@ async fn metrics(State(state): State<Arc<ServerState>>) -> Response {
     ([("content-type", "text/plain; version=0.0.4")], text).into_response()
 }
 
-async fn github_webhook(State(state): State<Arc<ServerState>>, request: Request) -> Response {
-    handle(&state, ForgeKind::Github, request).await
-}
-
-async fn gitlab_webhook(State(state): State<Arc<ServerState>>, request: Request) -> Response {
-    handle(&state, ForgeKind::Gitlab, request).await
-}
-
 /// What a delivery came to: the HTTP answer and the metric outcome.
 struct DeliveryAnswer {
     status: StatusCode,
@@ -287,14 +285,11 @@ impl DeliveryAnswer {
 async fn handle(state: &ServerState, forge: ForgeKind, request: Request) -> Response {
     let started = std::time::Instant::now();
     let headers = request.headers().clone();
-    let (event_header, delivery_header) = match forge {
-        ForgeKind::Github => (github::EVENT_HEADER, github::DELIVERY_HEADER),
-        ForgeKind::Gitlab => (gitlab::EVENT_HEADER, gitlab::DELIVERY_HEADER),
-    };
-    let event_type = header(&headers, event_header)
+    let webhook = &forges::forge(forge).webhook;
+    let event_type = header(&headers, webhook.event_header)
         .unwrap_or_default()
         .to_string();
-    let delivery = header(&headers, delivery_header).map(str::to_string);
+    let delivery = header(&headers, webhook.delivery_header).map(str::to_string);
     let client = client_of(state, &request);
     let forge_label = forge.as_str();
     // One span per delivery: every line logged while handling it (intake, forge calls) carries
@@ -323,7 +318,11 @@ async fn handle(state: &ServerState, forge: ForgeKind, request: Request) -> Resp
         .metrics
         .webhook
         .deliveries
-        .with_label_values(&[forge_label, event_label(forge, &event_type), answer.outcome])
+        .with_label_values(&[
+            forge_label,
+            (webhook.event_label)(&event_type),
+            answer.outcome,
+        ])
         .inc();
     state
         .metrics
@@ -351,23 +350,6 @@ async fn handle(state: &ServerState, forge: ForgeKind, request: Request) -> Resp
         );
     }
     (answer.status, axum::Json(answer.body)).into_response()
-}
-
-/// The event type as a metric label: one of a fixed set (the header is the sender's text).
-fn event_label(forge: ForgeKind, event_type: &str) -> &'static str {
-    match (forge, event_type) {
-        (ForgeKind::Github, "pull_request") => "pull_request",
-        (ForgeKind::Github, "push") | (ForgeKind::Gitlab, "Push Hook") => "push",
-        (ForgeKind::Github, "delete") => "delete",
-        (ForgeKind::Github, "issue_comment") => "comment",
-        (ForgeKind::Github, "ping") => "ping",
-        (ForgeKind::Github, "check_run" | "check_suite" | "status")
-        | (ForgeKind::Gitlab, "Pipeline Hook" | "Job Hook") => "check",
-        (ForgeKind::Gitlab, "Merge Request Hook") => "pull_request",
-        (ForgeKind::Gitlab, "Note Hook") => "comment",
-        (ForgeKind::Gitlab, "Tag Push Hook") => "tag_push",
-        _ => "other",
-    }
 }
 
 fn header<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
@@ -440,7 +422,9 @@ async fn checked_event(
     if event_type.is_empty() {
         return Err(malformed("no event type header".into()));
     }
-    let repository = forge::repository_of(forge, &body)
+    let webhook = &forges::forge(forge).webhook;
+    let repository = webhook
+        .repository_of(&body)
         .map_err(|e| malformed(e.to_string()))?
         .unwrap_or_default();
     tracing::Span::current().record("repository", repository.as_str());
@@ -449,11 +433,7 @@ async fn checked_event(
         return Err(unserved(state, forge, headers, &body, &repository).await);
     }
     let templates = verify(state, forge, headers, &body, &templates).await?;
-    let event = match forge {
-        ForgeKind::Github => github::parse(event_type, &body),
-        ForgeKind::Gitlab => gitlab::parse(event_type, &body),
-    }
-    .map_err(|e| malformed(e.to_string()))?;
+    let event = (webhook.parse)(event_type, &body).map_err(|e| malformed(e.to_string()))?;
     match &event.kind {
         EventKind::Ignored(reason) => Err(DeliveryAnswer::new(
             StatusCode::ACCEPTED,
@@ -751,24 +731,19 @@ async fn check_signatures(
     body: &axum::body::Bytes,
     secrets: Vec<(Arc<PreviewTemplate>, Vec<u8>)>,
 ) -> (Vec<Arc<PreviewTemplate>>, Option<String>) {
-    let signature = match forge {
-        ForgeKind::Github => header(headers, github::SIGNATURE_HEADER),
-        ForgeKind::Gitlab => header(headers, gitlab::TOKEN_HEADER),
-    }
-    .map(str::to_string);
-    let hashed = match forge {
-        ForgeKind::Github => body.len().saturating_mul(secrets.len()),
-        ForgeKind::Gitlab => 0,
+    let webhook = &forges::forge(forge).webhook;
+    let signature = header(headers, webhook.signature_header).map(str::to_string);
+    let hashed = match webhook.hashes_body {
+        true => body.len().saturating_mul(secrets.len()),
+        false => 0,
     };
+    let verify = webhook.verify;
     let body = body.clone();
     let check = move || {
         let mut verified = Vec::new();
         let mut refused = None;
         for (template, secret) in secrets {
-            let checked = match forge {
-                ForgeKind::Github => github::verify(&secret, &body, signature.as_deref()),
-                ForgeKind::Gitlab => gitlab::verify(&secret, signature.as_deref()),
-            };
+            let checked = verify(&secret, &body, signature.as_deref());
             match checked {
                 Ok(()) => verified.push(template),
                 Err(e) => refused = Some(e.to_string()),
@@ -909,8 +884,11 @@ mod tests {
         };
         let body = axum::body::Bytes::from(vec![b'x'; 2 << 20]);
         let mut headers = HeaderMap::new();
-        let signature = github::sign(b"secret-15", &body);
-        headers.insert(github::SIGNATURE_HEADER, signature.parse().unwrap());
+        let signature = crate::forge::github::sign(b"secret-15", &body);
+        headers.insert(
+            crate::forge::github::SIGNATURE_HEADER,
+            signature.parse().unwrap(),
+        );
         let template = Arc::new(PreviewTemplate::new("t", Default::default()));
         let secrets = (0..16)
             .map(|n| (template.clone(), format!("secret-{n}").into_bytes()))

@@ -74,8 +74,8 @@ proptest! {
     ) {
         let _ = github::parse(event, &body);
         let _ = gitlab::parse(event, &body);
-        let _ = previewd::forge::repository_of(ForgeKind::Github, &body);
-        let _ = previewd::forge::repository_of(ForgeKind::Gitlab, &body);
+        let _ = previewd::forge::forges::forge(ForgeKind::Github).webhook.repository_of(&body);
+        let _ = previewd::forge::forges::forge(ForgeKind::Gitlab).webhook.repository_of(&body);
     }
 
     #[test]
@@ -91,7 +91,7 @@ proptest! {
         *slot = replacement;
         let body = delivery.to_string().into_bytes();
         let _ = github::parse("pull_request", &body);
-        let _ = previewd::forge::repository_of(ForgeKind::Github, &body);
+        let _ = previewd::forge::forges::forge(ForgeKind::Github).webhook.repository_of(&body);
     }
 
     #[test]

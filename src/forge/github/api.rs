@@ -14,8 +14,8 @@ use crate::forge::blobs::BlobCache;
 use crate::forge::blobs::ReadAt;
 use crate::forge::comment::CommitState;
 use crate::forge::folders::{BlobSource, TreeFile, is_object_id, read_blobs, take_listing};
-use crate::forge::limits::is_yaml;
 use crate::forge::metrics::ForgeMetrics;
+use crate::forge::seam::AtPath;
 use crate::forge::transport::{
     Backoff, FORGE_CONNECT_TIMEOUT, FORGE_TIMEOUT, ForgeApiError, error_summary,
     observe_rate_limit, rate_limit_wait,
@@ -531,56 +531,8 @@ impl GithubApi {
             .map(|_| ())
     }
 
-    /// The YAML files directly in folder `path` at commit `sha` (or the one file `path`
-    /// names), as (file name, text): one tree listing, then one read per file whose blob is
-    /// not kept ([`crate::forge::folders`]).
-    pub(crate) async fn read_manifests(
-        &self,
-        repository: &str,
-        path: &str,
-        sha: &str,
-        reader: &str,
-    ) -> Result<Vec<(String, String)>, ForgeApiError> {
-        let root = path.trim_matches('/');
-        // One level is all that is read: a huge subfolder beside the manifests costs nothing.
-        let files = match self.tree_at(repository, reader, root, sha, false).await? {
-            AtPath::Folder(files) => files
-                .into_iter()
-                .filter(|file| !file.path.contains('/') && is_yaml(&file.path))
-                .collect(),
-            AtPath::File(file) => [file].into_iter().filter(|f| is_yaml(&f.path)).collect(),
-            AtPath::Missing => {
-                return Err(ForgeApiError::NotInRepository {
-                    path: root.to_string(),
-                });
-            }
-        };
-        let read = self.read_blobs(repository, reader, root, files).await?;
-        Ok(read
-            .into_iter()
-            .map(|(name, bytes)| (name, String::from_utf8_lossy(&bytes).into_owned()))
-            .collect())
-    }
-
-    /// Every file under folder `path` at commit `sha`, as (path relative to the folder, bytes):
-    /// one tree listing, then one read per file whose blob is not kept. Counts and sizes are
-    /// checked from the listing before any file is read.
-    pub(crate) async fn read_folder(
-        &self,
-        repository: &str,
-        path: &str,
-        sha: &str,
-        reader: &str,
-    ) -> Result<Vec<(String, Vec<u8>)>, ForgeApiError> {
-        let root = path.trim_matches('/');
-        match self.tree_at(repository, reader, root, sha, true).await? {
-            AtPath::Folder(files) => self.read_blobs(repository, reader, root, files).await,
-            AtPath::File(_) | AtPath::Missing => Err(not_a_folder(root)),
-        }
-    }
-
     /// `files` of `repository`, from the blob cache or by `GET …/git/blobs/{id}`.
-    async fn read_blobs(
+    pub(super) async fn read_blobs(
         &self,
         repository: &str,
         reader: &str,
@@ -612,7 +564,7 @@ impl GithubApi {
     /// a recursive listing off past 100,000 entries or 7 MB (`truncated`); then the folder's
     /// own tree is found one level at a time and listed alone (with every level below it when
     /// `below`).
-    async fn tree_at(
+    pub(super) async fn tree_at(
         &self,
         repository: &str,
         reader: &str,
@@ -752,15 +704,6 @@ impl GithubApi {
     }
 }
 
-/// What a commit's tree holds at a path.
-enum AtPath {
-    /// A folder: every regular file under it, paths relative to it.
-    Folder(Vec<TreeFile>),
-    /// One regular file, by its name.
-    File(TreeFile),
-    Missing,
-}
-
 impl AtPath {
     /// What `listing` (a tree answer; paths relative to the tree listed) holds at `root` (`""`:
     /// the listed tree itself). Links and submodules are left out: previewd reads files only.
@@ -823,12 +766,6 @@ fn decode_base64_bytes(file: &Value) -> Option<Vec<u8>> {
         .ok()
 }
 
-fn not_a_folder(path: &str) -> ForgeApiError {
-    ForgeApiError::NotAFolder {
-        path: path.to_string(),
-    }
-}
-
 /// The items of a list answer with only `fields` (an answer that is not a list has none).
 fn reduced(answer: &Value, fields: &[&str]) -> Vec<Value> {
     let items = answer.as_array().map(Vec::as_slice).unwrap_or_default();
@@ -846,6 +783,7 @@ fn reduced(answer: &Value, fields: &[&str]) -> Vec<Value> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::forge::seam::{ForgeApi, Listing};
 
     /// A GitHub API that answers every POST with `201 {"id": 1}`, and a client of it.
     async fn accepting_github() -> (wiremock::MockServer, GithubApi) {
@@ -1040,7 +978,7 @@ mod tests {
             .await;
 
         let files = api
-            .read_folder("o/r", "deploy/chart", &commit, "test/pr-1")
+            .read_folder(Listing::new("o/r", "deploy/chart", &commit, "test/pr-1"))
             .await
             .unwrap();
 
@@ -1073,12 +1011,12 @@ mod tests {
         // The first commit: a listing and the file; each later one: its listing alone.
         for n in 1..=249 {
             let read = api
-                .read_manifests("o/r", "deploy", &commit(n), "team/busy")
+                .read_manifests(Listing::new("o/r", "deploy", &commit(n), "team/busy"))
                 .await;
             assert!(read.is_ok(), "commit {n}: {read:?}");
         }
         let refused = api
-            .read_manifests("o/r", "deploy", &commit(250), "team/busy")
+            .read_manifests(Listing::new("o/r", "deploy", &commit(250), "team/busy"))
             .await;
         assert!(
             matches!(refused, Err(ForgeApiError::ReadShare { reads: 1, .. })),
@@ -1091,7 +1029,7 @@ mod tests {
             "249 listings and one file, nothing for the refused commit"
         );
         let other = api
-            .read_manifests("o/r", "deploy", &commit(251), "team/quiet")
+            .read_manifests(Listing::new("o/r", "deploy", &commit(251), "team/quiet"))
             .await;
         assert!(other.is_ok(), "{other:?}");
     }
@@ -1110,13 +1048,15 @@ mod tests {
             .await;
         let sha = "c".repeat(40);
         let folder = api
-            .read_folder("o/r", "deploy/chart", &sha, "test/pr-1")
+            .read_folder(Listing::new("o/r", "deploy/chart", &sha, "test/pr-1"))
             .await;
         assert!(
             matches!(folder, Err(ForgeApiError::Transport { .. })),
             "{folder:?}"
         );
-        let manifests = api.read_manifests("o/r", "deploy", &sha, "test/pr-1").await;
+        let manifests = api
+            .read_manifests(Listing::new("o/r", "deploy", &sha, "test/pr-1"))
+            .await;
         assert!(
             matches!(manifests, Err(ForgeApiError::Transport { .. })),
             "{manifests:?}"
@@ -1176,7 +1116,12 @@ mod tests {
             .mount(&server)
             .await;
         let read = api
-            .read_folder("o/r", "deploy/chart", &"c".repeat(40), "test/pr-1")
+            .read_folder(Listing::new(
+                "o/r",
+                "deploy/chart",
+                &"c".repeat(40),
+                "test/pr-1",
+            ))
             .await;
         let Err(ForgeApiError::Transport { message, .. }) = read else {
             panic!("not refused: {read:?}");
@@ -1207,7 +1152,7 @@ mod tests {
                 .await;
         }
         let read = api
-            .read_manifests("o/r", "deploy", &"c".repeat(40), "test/pr-1")
+            .read_manifests(Listing::new("o/r", "deploy", &"c".repeat(40), "test/pr-1"))
             .await;
         let Err(ForgeApiError::Transport { message, .. }) = read else {
             panic!("the blob was not refused: {read:?}");

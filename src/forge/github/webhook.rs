@@ -5,6 +5,8 @@ use hmac::{Hmac, Mac};
 use serde::Deserialize;
 use sha2::Sha256;
 
+use crate::forge::seam::WebhookDescriptor;
+
 use crate::forge::{
     ChangeRequest, CheckResult, CheckState, Comment, EventKind, ForgeEvent, ForgeKind, ParseError,
     Push, PushedCommit, SignatureError, branch_of_ref, from_json, is_null_sha, pushed_files,
@@ -13,6 +15,32 @@ use crate::forge::{
 pub const SIGNATURE_HEADER: &str = "x-hub-signature-256";
 pub const EVENT_HEADER: &str = "x-github-event";
 pub const DELIVERY_HEADER: &str = "x-github-delivery";
+
+/// How previewd receives GitHub's deliveries.
+pub const WEBHOOK: WebhookDescriptor = WebhookDescriptor {
+    path: "/webhooks/github",
+    event_header: EVENT_HEADER,
+    delivery_header: DELIVERY_HEADER,
+    signature_header: SIGNATURE_HEADER,
+    hashes_body: true,
+    verify,
+    parse,
+    repository_field: &["repository", "full_name"],
+    event_label,
+};
+
+/// The event header as a metric label: one of a fixed set.
+fn event_label(event_type: &str) -> &'static str {
+    match event_type {
+        "pull_request" => "pull_request",
+        "push" => "push",
+        "delete" => "delete",
+        "issue_comment" => "comment",
+        "ping" => "ping",
+        "check_run" | "check_suite" | "status" => "check",
+        _ => "other",
+    }
+}
 
 /// Checks `X-Hub-Signature-256: sha256=<hex HMAC-SHA256 of the body>` in constant time.
 pub fn verify(secret: &[u8], body: &[u8], header: Option<&str>) -> Result<(), SignatureError> {

@@ -26,10 +26,9 @@ use crate::forge::blobs::BlobCache;
 use crate::forge::blobs::ReadAt;
 use crate::forge::comment::CommitState;
 use crate::forge::folders::{BlobSource, TreeFile, read_blobs, take_listing};
-use crate::forge::limits::{
-    MAX_MANIFEST_FILE_BYTES, MAX_MANIFEST_FILES, check_manifest_count, is_yaml,
-};
+use crate::forge::limits::{MAX_MANIFEST_FILE_BYTES, MAX_MANIFEST_FILES, check_manifest_count};
 use crate::forge::metrics::ForgeMetrics;
+use crate::forge::seam::{AtPath, Depth, Listing};
 use crate::forge::transport::{
     Backoff, FORGE_CONNECT_TIMEOUT, FORGE_TIMEOUT, ForgeApiError, error_summary, observe_rate_limit,
 };
@@ -479,74 +478,39 @@ impl GitlabApi {
             .await
     }
 
-    /// The YAML files directly in folder `path` at `sha` (or the one file `path` names), as
-    /// (file name, text): one tree listing, then one read per file whose blob is not kept.
-    pub(crate) async fn read_manifests(
+    /// What `at.sha` holds at `at.path`. GitLab lists a file's path as an empty folder: one
+    /// level down, an empty listing is looked for as a file in its parent folder (a
+    /// template's manifests may name one file; a chart or overlay is always a folder).
+    pub(super) async fn at_path(
         &self,
-        project: &str,
-        path: &str,
-        sha: &str,
-        reader: &str,
-    ) -> Result<Vec<(String, String)>, ForgeApiError> {
-        let root = path.trim_matches('/');
-        let entries = self.tree(project, reader, root, sha, false).await?;
-        let files: Vec<TreeFile> = if entries.is_empty() {
-            // No folder there: `path` may name one file, listed in its parent folder.
-            let (parent, name) = root.rsplit_once('/').unwrap_or(("", root));
-            let siblings = self.tree(project, reader, parent, sha, false).await?;
-            let file = siblings.into_iter().find(|e| e.name == name && e.is_file());
-            let Some(file) = file else {
-                return Err(ForgeApiError::NotInRepository {
-                    path: root.to_string(),
-                });
-            };
-            vec![file.named(name.to_string())]
-        } else {
-            entries
+        at: Listing<'_>,
+        depth: Depth,
+    ) -> Result<AtPath, ForgeApiError> {
+        let (project, reader, root, sha) = (at.repository, at.reader, at.path, at.sha);
+        let recursive = depth == Depth::Every;
+        let entries = self.tree(project, reader, root, sha, recursive).await?;
+        if !entries.is_empty() {
+            let files = entries
                 .into_iter()
                 .filter(|e| e.is_file())
                 .map(|e| {
-                    let name = e.name.clone();
-                    e.named(name)
+                    let relative = e.path.strip_prefix(root).unwrap_or(&e.path);
+                    let relative = relative.trim_start_matches('/').to_string();
+                    e.named(relative)
                 })
-                .collect()
-        };
-        let manifests = files.into_iter().filter(|f| is_yaml(&f.path)).collect();
-        let read = self.read_blobs(project, reader, root, manifests).await?;
-        Ok(read
-            .into_iter()
-            .map(|(name, bytes)| (name, String::from_utf8_lossy(&bytes).into_owned()))
-            .collect())
-    }
-
-    /// Every file under folder `path` at commit `sha`, as (path relative to the folder, bytes):
-    /// one recursive tree listing, then one read per file whose blob is not kept. GitLab's
-    /// tree gives no sizes: the count is checked from the listing, each file as it is read
-    /// (never more than the per-file limit of it), and the total as files are read.
-    pub(crate) async fn read_folder(
-        &self,
-        project: &str,
-        path: &str,
-        sha: &str,
-        reader: &str,
-    ) -> Result<Vec<(String, Vec<u8>)>, ForgeApiError> {
-        let root = path.trim_matches('/');
-        let entries = self.tree(project, reader, root, sha, true).await?;
-        if entries.is_empty() {
-            return Err(ForgeApiError::NotAFolder {
-                path: root.to_string(),
-            });
+                .collect();
+            return Ok(AtPath::Folder(files));
         }
-        let files = entries
-            .into_iter()
-            .filter(|e| e.is_file())
-            .map(|e| {
-                let relative = e.path.strip_prefix(root).unwrap_or(&e.path);
-                let relative = relative.trim_start_matches('/').to_string();
-                e.named(relative)
-            })
-            .collect();
-        self.read_blobs(project, reader, root, files).await
+        if recursive {
+            return Ok(AtPath::Missing);
+        }
+        let (parent, name) = root.rsplit_once('/').unwrap_or(("", root));
+        let siblings = self.tree(project, reader, parent, sha, false).await?;
+        let file = siblings.into_iter().find(|e| e.name == name && e.is_file());
+        Ok(match file {
+            Some(file) => AtPath::File(file.named(name.to_string())),
+            None => AtPath::Missing,
+        })
     }
 
     /// The entries of folder `path` at commit `sha` (every level below it when `recursive`).
@@ -603,7 +567,7 @@ impl GitlabApi {
 
     /// `files` of `project`, from the blob cache or by `GET …/repository/blobs/{id}/raw`, of
     /// which no more than the per-file limit is read.
-    async fn read_blobs(
+    pub(super) async fn read_blobs(
         &self,
         project: &str,
         reader: &str,
@@ -888,6 +852,7 @@ impl TreeEntry {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::forge::seam::{ForgeApi, Listing};
 
     #[tokio::test]
     async fn a_commit_status_carries_the_environment_url_as_target_url() {
@@ -981,7 +946,7 @@ mod tests {
             let api = GitlabApi::connect(Some(uri.as_str()), "glpat-test".into(), metrics);
             let api = api.await.unwrap();
             let sha = "ec26c3e57ca3a959ca5aad62de7213c562f8c821";
-            api.read_manifests("group/app", "deploy", sha, "test/pr-1")
+            api.read_manifests(Listing::new("group/app", "deploy", sha, "test/pr-1"))
                 .await
                 .unwrap_err()
         };
@@ -1024,7 +989,7 @@ mod tests {
         let api = GitlabApi::connect(Some(&uri), "glpat-test".into(), Default::default());
         let api = api.await.unwrap();
         let read = api
-            .read_manifests("group/app", "deploy", "c0ffee", "test/pr-1")
+            .read_manifests(Listing::new("group/app", "deploy", "c0ffee", "test/pr-1"))
             .await;
         let Err(ForgeApiError::ManifestsTooLarge { problem, .. }) = read else {
             panic!("not refused: {read:?}");

@@ -2,6 +2,8 @@
 
 use serde::Deserialize;
 
+use crate::forge::seam::WebhookDescriptor;
+
 use crate::forge::{
     ChangeRequest, CheckResult, CheckState, Comment, EventKind, ForgeEvent, ForgeKind, ParseError,
     Push, PushedCommit, SignatureError, branch_of_ref, from_json, is_null_sha, pushed_files,
@@ -11,6 +13,32 @@ use crate::forge::{
 pub const TOKEN_HEADER: &str = "x-gitlab-token";
 pub const EVENT_HEADER: &str = "x-gitlab-event";
 pub const DELIVERY_HEADER: &str = "x-gitlab-event-uuid";
+
+/// How previewd receives GitLab's deliveries. The token is the secret itself: nothing of the
+/// body is hashed.
+pub const WEBHOOK: WebhookDescriptor = WebhookDescriptor {
+    path: "/webhooks/gitlab",
+    event_header: EVENT_HEADER,
+    delivery_header: DELIVERY_HEADER,
+    signature_header: TOKEN_HEADER,
+    hashes_body: false,
+    verify: |secret, _body, header| verify(secret, header),
+    parse,
+    repository_field: &["project", "path_with_namespace"],
+    event_label,
+};
+
+/// The event header as a metric label: one of a fixed set.
+fn event_label(event_type: &str) -> &'static str {
+    match event_type {
+        "Merge Request Hook" => "pull_request",
+        "Push Hook" => "push",
+        "Note Hook" => "comment",
+        "Pipeline Hook" | "Job Hook" => "check",
+        "Tag Push Hook" => "tag_push",
+        _ => "other",
+    }
+}
 
 /// GitLab sends the webhook secret itself; it is compared in constant time.
 pub fn verify(secret: &[u8], header: Option<&str>) -> Result<(), SignatureError> {

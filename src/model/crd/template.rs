@@ -217,6 +217,9 @@ pub enum ForgeKind {
 }
 
 impl ForgeKind {
+    /// Every forge previewd speaks to (`forge::forges` has what each is).
+    pub const ALL: [ForgeKind; 2] = [ForgeKind::Github, ForgeKind::Gitlab];
+
     /// As the spec writes it (`github`, `gitlab`): the `forge` label of the metrics and logs.
     pub fn as_str(self) -> &'static str {
         match self {

@@ -26,8 +26,8 @@ fuzz_target!(|data: &[u8]| {
     let event = EVENTS[selector as usize % EVENTS.len()];
     let _ = github::parse(event, body);
     let _ = gitlab::parse(event, body);
-    let _ = previewd::forge::repository_of(ForgeKind::Github, body);
-    let _ = previewd::forge::repository_of(ForgeKind::Gitlab, body);
+    let _ = previewd::forge::forges::forge(ForgeKind::Github).webhook.repository_of(body);
+    let _ = previewd::forge::forges::forge(ForgeKind::Gitlab).webhook.repository_of(body);
 
     let secret = b"fuzz-secret";
     let claimed = String::from_utf8_lossy(&body[..body.len().min(80)]).into_owned();
