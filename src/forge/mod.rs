@@ -222,6 +222,15 @@ pub fn secrets_equal(a: &[u8], b: &[u8]) -> bool {
         == 0
 }
 
+/// A CI result as an event; one without a name or commit (`what`: the forge's word for it)
+/// is ignored, never recorded under an empty key.
+fn check_result(what: &str, check: CheckResult) -> EventKind {
+    if check.name.is_empty() || check.sha.is_empty() {
+        return EventKind::Ignored(format!("{what} without a name or commit"));
+    }
+    EventKind::Check(check)
+}
+
 /// A commit id of all zeros: the "after" of a branch deletion.
 fn is_null_sha(sha: &str) -> bool {
     !sha.is_empty() && sha.bytes().all(|b| b == b'0')

@@ -9,7 +9,8 @@ use crate::forge::seam::WebhookDescriptor;
 
 use crate::forge::{
     ChangeRequest, CheckResult, CheckState, Comment, EventKind, ForgeEvent, ForgeKind, ParseError,
-    Push, PushedCommit, SignatureError, branch_of_ref, from_json, is_null_sha, pushed_files,
+    Push, PushedCommit, SignatureError, branch_of_ref, check_result, from_json, is_null_sha,
+    pushed_files,
 };
 
 pub const SIGNATURE_HEADER: &str = "x-hub-signature-256";
@@ -323,10 +324,7 @@ pub fn parse(event_type: &str, body: &[u8]) -> Result<ForgeEvent, ParseError> {
 }
 
 fn check(sha: String, name: String, state: CheckState) -> EventKind {
-    if name.is_empty() || sha.is_empty() {
-        return EventKind::Ignored("a check without a name or commit".into());
-    }
-    EventKind::Check(CheckResult { sha, name, state })
+    check_result("a check", CheckResult { sha, name, state })
 }
 
 /// A check run's or suite's state: pending until `completed`, then by its conclusion.

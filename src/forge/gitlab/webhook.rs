@@ -6,8 +6,8 @@ use crate::forge::seam::WebhookDescriptor;
 
 use crate::forge::{
     ChangeRequest, CheckResult, CheckState, Comment, EventKind, ForgeEvent, ForgeKind, ParseError,
-    Push, PushedCommit, SignatureError, branch_of_ref, from_json, is_null_sha, pushed_files,
-    secrets_equal,
+    Push, PushedCommit, SignatureError, branch_of_ref, check_result, from_json, is_null_sha,
+    pushed_files, secrets_equal,
 };
 
 pub const TOKEN_HEADER: &str = "x-gitlab-token";
@@ -263,10 +263,7 @@ pub fn parse(event_type: &str, body: &[u8]) -> Result<ForgeEvent, ParseError> {
 }
 
 fn check(sha: String, name: String, state: CheckState) -> EventKind {
-    if name.is_empty() || sha.is_empty() {
-        return EventKind::Ignored("a pipeline or job without a name or commit".into());
-    }
-    EventKind::Check(CheckResult { sha, name, state })
+    check_result("a pipeline or job", CheckResult { sha, name, state })
 }
 
 /// A pipeline's or job's status in previewd's three states. `skipped` passes (as GitLab's
