@@ -26,4 +26,4 @@ pub(crate) mod recall;
 pub mod records;
 pub mod secrets;
 pub mod storage_classes;
-pub(crate) mod writer;
+pub mod writer;

@@ -3,6 +3,11 @@
 //! recorder alike (the reconciler only writes their status). Each under its own field
 //! manager, with one meaning for a 404: the environment is gone.
 //!
+//! Every write goes through [`Records`], which sends it through previewd's [`Writer`]: counted
+//! once on `previewd_write_requests_total` under its purpose's operation, bounded by the
+//! writer's timeout, under its purpose's field manager. No other path writes a record's spec or
+//! metadata.
+//!
 //! Each write is ordered and explained: an apply never replaces a newer source with an older
 //! one (deliveries arrive out of order), and a deletion first writes its reason on the record
 //! so that the PR comment can say why the environment went.
@@ -10,6 +15,7 @@
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use kube::{Client, ResourceExt};
 
+use super::writer::Writer;
 use crate::model::crd::PreviewEnvironment;
 use crate::model::metadata::{
     ANNOTATION_DELETION_REASON, ANNOTATION_WOKEN_BY_REQUEST, FIELD_MANAGER_CHECKS,
@@ -17,8 +23,164 @@ use crate::model::metadata::{
     FIELD_MANAGER_TRAFFIC,
 };
 
+/// Who deletes an environment with its reason: the field manager of the reason's write and
+/// the operation the deletion is counted under.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Deleter {
+    /// A delivery (merged, closed, branch deleted): `intake_delete`, as `previewd-intake`.
+    Intake,
+    /// A comment command (`/preview destroy`): `command`, as `previewd-commands`.
+    Command,
+}
+
+impl Deleter {
+    fn operation(self) -> &'static str {
+        match self {
+            Deleter::Intake => "intake_delete",
+            Deleter::Command => "command",
+        }
+    }
+
+    fn field_manager(self) -> &'static str {
+        match self {
+            Deleter::Intake => FIELD_MANAGER_INTAKE,
+            Deleter::Command => FIELD_MANAGER_COMMANDS,
+        }
+    }
+}
+
+/// previewd's one way to write a `PreviewEnvironment`'s spec and metadata: each method is one
+/// purpose, with its own field manager and its own operation on the writer's counters.
+#[derive(Clone, Copy)]
+pub struct Records<'a> {
+    client: &'a Client,
+    writer: &'a Writer,
+}
+
+impl<'a> Records<'a> {
+    pub fn new(client: &'a Client, writer: &'a Writer) -> Self {
+        Self { client, writer }
+    }
+
+    /// The intake's apply of a delivered change, in order ([`Applied`]); each apply request
+    /// is counted as `intake_apply` (a conflict tried again is a second request).
+    pub async fn apply_in_order(
+        &self,
+        wanted: &PreviewEnvironment,
+    ) -> Result<Applied, kube::Error> {
+        apply_in_order(self.client, self.writer, wanted).await
+    }
+
+    /// A push wakes a sleeping environment (`intake_wake`, as `previewd-intake`).
+    pub async fn wake(&self, namespace: &str, name: &str) -> Result<bool, kube::Error> {
+        let wake = wake(self.client, namespace, name);
+        self.writer.write("intake_wake", wake).await
+    }
+
+    /// A request at the wake gate wakes it (`gate_wake`, as `previewd-gate`); see
+    /// [`wake_for_request`].
+    pub async fn wake_for_request(
+        &self,
+        namespace: &str,
+        name: &str,
+        seen: &Seen<'_>,
+        now: chrono::DateTime<chrono::Utc>,
+    ) -> Result<bool, kube::Error> {
+        let wake = wake_for_request(self.client, namespace, name, seen, now);
+        self.writer.write("gate_wake", wake).await
+    }
+
+    /// The queue puts a visitor's environment to sleep for an author's (`queue_displace`, as
+    /// `previewd-sweep`); false if it changed since `seen` or is gone.
+    pub async fn put_visitor_to_sleep(
+        &self,
+        namespace: &str,
+        name: &str,
+        seen: &Seen<'_>,
+    ) -> Result<bool, kube::Error> {
+        let sleep = put_visitor_to_sleep(self.client, namespace, name, seen);
+        self.writer.write("queue_displace", sleep).await
+    }
+
+    /// The traffic recorder notes activity (`traffic`, as `previewd-traffic`).
+    pub async fn note_activity(
+        &self,
+        namespace: &str,
+        name: &str,
+        now: chrono::DateTime<chrono::Utc>,
+    ) -> Result<bool, kube::Error> {
+        let note = note_activity(self.client, namespace, name, now);
+        self.writer.write("traffic", note).await
+    }
+
+    /// A CI result is recorded (`intake_check`, as `previewd-checks`).
+    pub async fn record_checks(
+        &self,
+        namespace: &str,
+        name: &str,
+        checks: &serde_json::Value,
+    ) -> Result<bool, kube::Error> {
+        let record = record_checks(self.client, namespace, name, checks);
+        self.writer.write("intake_check", record).await
+    }
+
+    /// A comment command's effect and answer (`command`, as `previewd-commands`).
+    pub async fn answer_command(
+        &self,
+        namespace: &str,
+        name: &str,
+        patch: serde_json::Value,
+    ) -> Result<bool, kube::Error> {
+        let answer = answer_command(self.client, namespace, name, patch);
+        self.writer.write("command", answer).await
+    }
+
+    /// The sweep puts an idle environment to sleep (`sleep`, as `previewd-sweep`).
+    pub async fn put_to_sleep(&self, namespace: &str, name: &str) -> Result<bool, kube::Error> {
+        let sleep = put_to_sleep(self.client, namespace, name);
+        self.writer.write("sleep", sleep).await
+    }
+
+    /// Deletes an environment after writing why on it, counted once (the reason's patch and
+    /// the delete are one write of `by`'s operation). False if it was already gone.
+    pub async fn delete_with_reason(
+        &self,
+        namespace: &str,
+        name: &str,
+        reason: &str,
+        by: Deleter,
+    ) -> Result<bool, kube::Error> {
+        let manager = by.field_manager();
+        let delete = delete_with_reason(self.client, namespace, name, reason, manager);
+        self.writer.write(by.operation(), delete).await
+    }
+
+    /// The sweep deletes an environment as judged from a cached copy (`delete`, as
+    /// `previewd-sweep`); see [`delete_as_judged`].
+    pub async fn delete_as_judged(
+        &self,
+        judged: &PreviewEnvironment,
+        reason: &str,
+    ) -> Result<bool, kube::Error> {
+        let delete = delete_as_judged(self.client, judged, reason);
+        self.writer.write("delete", delete).await
+    }
+
+    /// The step of [`Records::delete_as_judged`] after its read (see
+    /// [`delete_unless_changed`]).
+    pub async fn delete_unless_changed(
+        &self,
+        judged: &PreviewEnvironment,
+        read: PreviewEnvironment,
+        reason: &str,
+    ) -> Result<bool, kube::Error> {
+        let delete = delete_unless_changed(self.client, judged, read, reason);
+        self.writer.write("delete", delete).await
+    }
+}
+
 /// Wakes a sleeping environment (a new commit was pushed to it). Returns false if it is gone.
-pub async fn wake(client: &Client, namespace: &str, name: &str) -> Result<bool, kube::Error> {
+async fn wake(client: &Client, namespace: &str, name: &str) -> Result<bool, kube::Error> {
     let woke = patch_spec(client, namespace, name, serde_json::json!({"sleep": false})).await?;
     if woke {
         tracing::info!(environment = %name, %namespace, "a push wakes the environment");
@@ -40,7 +202,7 @@ pub struct Seen<'a> {
 /// its slot to an environment its author waits for. Only if it is still as `seen` (a writer's
 /// command or a push since must not be turned into a visitor's wake): a conflict is an error,
 /// and the gate tries again with what its cache then holds. Returns false if it is gone.
-pub async fn wake_for_request(
+async fn wake_for_request(
     client: &Client,
     namespace: &str,
     name: &str,
@@ -60,7 +222,7 @@ pub async fn wake_for_request(
 /// Puts an environment that runs only for a visitor to sleep, for one its author waits for
 /// (`reconcile::queue`), as `previewd-sweep`; only if it is still as `seen` (no push, command
 /// or other change since the queue decided). Returns false if it changed or is gone.
-pub async fn put_visitor_to_sleep(
+async fn put_visitor_to_sleep(
     client: &Client,
     namespace: &str,
     name: &str,
@@ -78,7 +240,7 @@ pub async fn put_visitor_to_sleep(
 
 /// Records that the environment was used at `now` (its host got requests), as
 /// `previewd-traffic`: the idle timeout counts from here. Returns false if it is gone.
-pub async fn note_activity(
+async fn note_activity(
     client: &Client,
     namespace: &str,
     name: &str,
@@ -90,7 +252,7 @@ pub async fn note_activity(
 
 /// Records CI results on the environment (`spec.checks`, merged), as `previewd-checks`.
 /// Returns false if the environment is gone.
-pub async fn record_checks(
+async fn record_checks(
     client: &Client,
     namespace: &str,
     name: &str,
@@ -102,7 +264,7 @@ pub async fn record_checks(
 
 /// Writes a comment command's effect and answer (`patch`: spec fields and the answer's
 /// annotation), as `previewd-commands`. Returns false if the environment is gone.
-pub async fn answer_command(
+async fn answer_command(
     client: &Client,
     namespace: &str,
     name: &str,
@@ -113,11 +275,7 @@ pub async fn answer_command(
 
 /// Puts an idle environment to sleep (the sweep, for `idleAction: Sleep`), as
 /// `previewd-sweep`. Returns false if the environment is gone.
-pub async fn put_to_sleep(
-    client: &Client,
-    namespace: &str,
-    name: &str,
-) -> Result<bool, kube::Error> {
+async fn put_to_sleep(client: &Client, namespace: &str, name: &str) -> Result<bool, kube::Error> {
     let body = serde_json::json!({"spec": {"sleep": true}});
     merge(client, namespace, name, FIELD_MANAGER_SWEEP, body).await
 }
@@ -181,8 +339,9 @@ pub enum Applied {
 /// Server-side applies `wanted` unless the environment, read fresh, already holds a newer
 /// source or is being removed. The write carries the resourceVersion that was read, so a
 /// concurrent write (another replica) makes it a 409 and the comparison is made again.
-pub async fn apply_in_order(
+async fn apply_in_order(
     client: &Client,
+    writer: &Writer,
     wanted: &PreviewEnvironment,
 ) -> Result<Applied, kube::Error> {
     let namespace = wanted.namespace().unwrap_or_default();
@@ -222,14 +381,10 @@ pub async fn apply_in_order(
                 }
             }
         }
-        match api
-            .patch(
-                &name,
-                &PatchParams::apply(FIELD_MANAGER_INTAKE).force(),
-                &Patch::Apply(&body),
-            )
-            .await
-        {
+        let params = PatchParams::apply(FIELD_MANAGER_INTAKE).force();
+        let patch = Patch::Apply(&body);
+        let apply = api.patch(&name, &params, &patch);
+        match writer.write("intake_apply", apply).await {
             Ok(_) => return Ok(Applied::Written),
             Err(kube::Error::Api(status)) if status.code == 409 && attempt < ATTEMPTS => continue,
             Err(e) => return Err(e),
@@ -242,7 +397,7 @@ pub async fn apply_in_order(
 /// Deletes an environment after writing why on it (annotation
 /// [`ANNOTATION_DELETION_REASON`]), so the PR comment can say it. Returns false if it was
 /// already gone.
-pub async fn delete_with_reason(
+async fn delete_with_reason(
     client: &Client,
     namespace: &str,
     name: &str,
@@ -276,7 +431,7 @@ pub async fn delete_with_reason(
 /// since the copy that was judged (its `generation` moved: someone extended it, woke it, pushed).
 /// Status writes do not count. `Ok(false)` says it was not deleted; the next sweep judges it
 /// afresh. One read per deletion, which the sweep rarely makes.
-pub async fn delete_as_judged(
+async fn delete_as_judged(
     client: &Client,
     judged: &PreviewEnvironment,
     reason: &str,
@@ -298,7 +453,7 @@ pub async fn delete_as_judged(
 /// times at most (status writes also move the version, without changing the verdict). Not
 /// deleted after all, it loses the reason written for it. A conflict on every try leaves it to
 /// the next sweep.
-pub async fn delete_unless_changed(
+async fn delete_unless_changed(
     client: &Client,
     judged: &PreviewEnvironment,
     mut read: PreviewEnvironment,

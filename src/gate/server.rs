@@ -98,8 +98,8 @@ impl Waker for ClusterWaker {
     ) -> Pin<Box<dyn Future<Output = Result<(), String>> + Send + 'a>> {
         Box::pin(async move {
             let now = chrono::Utc::now();
-            let request = records::wake_for_request(&self.client, namespace, name, seen, now);
-            match self.writer.write("gate_wake", request).await {
+            let records = records::Records::new(&self.client, &self.writer);
+            match records.wake_for_request(namespace, name, seen, now).await {
                 Ok(_) => Ok(()),
                 Err(error) => Err(error.to_string()),
             }

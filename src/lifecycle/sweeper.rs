@@ -21,7 +21,7 @@ use kube::{Client, ResourceExt};
 
 use crate::cluster::caches::Caches;
 use crate::cluster::metrics::ClusterMetrics;
-use crate::cluster::records::{self, delete_as_judged};
+use crate::cluster::records::Records;
 use crate::cluster::writer::Writer;
 use crate::forge::template_client::TemplateClients;
 use crate::lifecycle::metrics::SweepMetrics;
@@ -194,12 +194,15 @@ impl Sweeper {
         reason: Reason,
     ) -> Result<bool, kube::Error> {
         let namespace = environment.namespace().unwrap_or_default();
-        let deleted = delete_as_judged(&self.client, environment, reason.sentence()).await?;
+        let writer = self.writer();
+        let records = Records::new(&self.client, &writer);
+        let deleted = records
+            .delete_as_judged(environment, reason.sentence())
+            .await?;
         // Logged and counted once the deletion happened: the verdict may have been on a copy
         // that changed since (delete_as_judged says so itself).
         if deleted {
             tracing::info!(environment = %environment.name_any(), %namespace, reason = reason.label(), "sweep deleted environment: {}", reason.sentence());
-            self.writes.write("delete");
             self.metrics
                 .deletions
                 .with_label_values(&[reason.label()])
@@ -214,8 +217,11 @@ impl Sweeper {
         let namespace = environment.namespace().unwrap_or_default();
         tracing::info!(environment = %environment.name_any(), %namespace, "sweep puts idle environment to sleep");
         let name = environment.name_any();
-        let sleep = records::put_to_sleep(&self.client, &namespace, &name);
-        if self.writer().write("sleep", sleep).await? {
+        let writer = self.writer();
+        if Records::new(&self.client, &writer)
+            .put_to_sleep(&namespace, &name)
+            .await?
+        {
             self.metrics.sleeps.inc();
         }
         Ok(())

@@ -20,7 +20,7 @@ use kube::Client;
 
 use crate::cluster::caches::Caches;
 use crate::cluster::metrics::ClusterMetrics;
-use crate::cluster::records;
+use crate::cluster::records::Records;
 use crate::cluster::writer::Writer;
 use crate::lifecycle::metrics::TrafficMetrics;
 use crate::model::crd::{Phase, PreviewEnvironment, PreviewTemplate};
@@ -249,9 +249,9 @@ impl TrafficRecorder {
         }
         self.metrics.asked("active");
         let writer = Writer::new(self.writes.clone());
-        let write =
-            records::note_activity(&self.client, &candidate.namespace, &candidate.name, now);
-        match writer.write("traffic", write).await {
+        let records = Records::new(&self.client, &writer);
+        let (namespace, name) = (&candidate.namespace, &candidate.name);
+        match records.note_activity(namespace, name, now).await {
             Ok(_) => Outcome::Active,
             Err(error) => Outcome::Failed(error.to_string()),
         }

@@ -188,9 +188,11 @@ pub async fn displace(
             .as_deref()
             .unwrap_or_default(),
     };
-    let sleep =
-        crate::cluster::records::put_visitor_to_sleep(&context.client, &namespace, name, &seen);
-    if !context.writer.write("queue_displace", sleep).await? {
+    let records = crate::cluster::records::Records::new(&context.client, &context.writer);
+    if !records
+        .put_visitor_to_sleep(&namespace, name, &seen)
+        .await?
+    {
         // It changed since the queue decided (a push, a command): the next look decides anew.
         return Ok(());
     }

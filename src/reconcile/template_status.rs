@@ -12,6 +12,7 @@ use serde_json::json;
 use super::context::Context;
 use super::error::ReconcileError;
 use crate::model::crd::{Condition, PreviewTemplate};
+use crate::model::metadata::FIELD_MANAGER_RECONCILE;
 
 pub const CONDITION: &str = "WithinCeiling";
 
@@ -49,13 +50,16 @@ pub async fn say_ceiling(
         context.client.clone(),
         &template.namespace().unwrap_or_default(),
     );
-    let patch = json!({"status": {"conditions": [condition]}});
-    templates
-        .patch_status(
-            &template.name_any(),
-            &PatchParams::default(),
-            &Patch::Merge(patch),
-        )
+    let patch = Patch::Merge(json!({"status": {"conditions": [condition]}}));
+    let params = PatchParams {
+        field_manager: Some(FIELD_MANAGER_RECONCILE.into()),
+        ..Default::default()
+    };
+    let name = template.name_any();
+    let write = templates.patch_status(&name, &params, &patch);
+    context
+        .writer
+        .write("status", write)
         .await
         .map(|_| ())
         .map_err(ReconcileError::Status)

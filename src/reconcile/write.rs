@@ -15,6 +15,7 @@ use super::error::ReconcileError;
 use super::status::merge_patch;
 use crate::forge::client::MAX_RATE_LIMIT_WAIT;
 use crate::model::crd::{Phase, PreviewEnvironment, PreviewEnvironmentStatus};
+use crate::model::metadata::FIELD_MANAGER_RECONCILE;
 
 /// Reports `status` to the forge, then writes it if it differs from what the object holds.
 pub async fn write_status(
@@ -80,7 +81,10 @@ pub async fn write_status_only(
         &serde_json::to_value(&status).unwrap_or_default(),
     ) });
     let name = environment.name_any();
-    let params = PatchParams::default();
+    let params = PatchParams {
+        field_manager: Some(FIELD_MANAGER_RECONCILE.into()),
+        ..Default::default()
+    };
     let patch = Patch::Merge(patch);
     let written = context
         .writer

@@ -12,10 +12,10 @@
 
 use std::sync::Arc;
 
-use kube::{Client, ResourceExt};
+use kube::ResourceExt;
 use serde_json::{Map, Value, json};
 
-use crate::cluster::records;
+use crate::cluster::records::Records;
 use crate::forge::CheckResult;
 use crate::model::crd::{CheckRecord, PreviewEnvironment, PreviewTemplate};
 
@@ -99,10 +99,17 @@ fn patch_for(environment: &PreviewEnvironment, check: &CheckResult) -> Option<Ch
 
 /// Writes the patches; returns one line per environment written. An environment deleted in
 /// the meantime is skipped.
-pub async fn record(client: &Client, patches: &[CheckPatch]) -> Result<Vec<String>, kube::Error> {
+pub async fn record(
+    records: Records<'_>,
+    patches: &[CheckPatch],
+) -> Result<Vec<String>, kube::Error> {
     let mut done = Vec::new();
     for write in patches {
-        if records::record_checks(client, &write.namespace, &write.name, &write.checks).await? {
+        let (namespace, name) = (&write.namespace, &write.name);
+        if records
+            .record_checks(namespace, name, &write.checks)
+            .await?
+        {
             done.push(format!(
                 "recorded the check on {}/{}",
                 write.namespace, write.name

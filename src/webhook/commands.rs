@@ -10,18 +10,17 @@
 use std::sync::Arc;
 
 use chrono::{DateTime, TimeDelta, Utc};
-use kube::{Client, ResourceExt};
+use kube::ResourceExt;
 use serde_json::{Value, json};
 
 use super::refusals::RefusalAnswers;
-use crate::cluster::records;
+use crate::cluster::records::{Deleter, Records};
 use crate::forge::access::WriteAccess;
 use crate::forge::{Comment, ForgeEvent};
 use crate::model::crd::{ForkPolicy, PreviewEnvironment, PreviewTemplate};
 use crate::model::durations::parse_duration;
 use crate::model::metadata::{
-    ANNOTATION_LAST_COMMAND, ANNOTATION_WOKEN_BY_REQUEST, CommandReply, FIELD_MANAGER_COMMANDS,
-    quote_user_text,
+    ANNOTATION_LAST_COMMAND, ANNOTATION_WOKEN_BY_REQUEST, CommandReply, quote_user_text,
 };
 
 /// The longest `/preview extend` accepted.
@@ -259,14 +258,6 @@ fn deploy_now(
     )
 }
 
-/// Where a command's effects are written: the API client, through previewd's writer (counted
-/// as `command`, within its timeout), as `previewd-commands`.
-#[derive(Clone, Copy)]
-pub struct CommandWrites<'a> {
-    pub client: &'a Client,
-    pub writer: &'a crate::cluster::writer::Writer,
-}
-
 /// Who may give commands (asked of the forge), and which commenters without write access
 /// were answered lately.
 #[derive(Clone, Copy)]
@@ -278,7 +269,7 @@ pub struct Commenters<'a> {
 /// Acts on a comment: returns one line per environment changed (empty when the comment holds
 /// no command, or its pull request has no environment).
 pub async fn handle(
-    writes: CommandWrites<'_>,
+    records: Records<'_>,
     commenters: Commenters<'_>,
     event: &ForgeEvent,
     comment: &Comment,
@@ -319,19 +310,14 @@ pub async fn handle(
             tracing::info!(environment = %name, %namespace, user = %comment.author, command = %shown, effect = ?effect, "comment command");
             match effect {
                 Effect::Delete(reason) => {
-                    let delete = records::delete_with_reason(
-                        writes.client,
-                        &namespace,
-                        &name,
-                        &reason,
-                        FIELD_MANAGER_COMMANDS,
-                    );
-                    writes.writer.write("command", delete).await?;
+                    let by = Deleter::Command;
+                    records
+                        .delete_with_reason(&namespace, &name, &reason, by)
+                        .await?;
                     done.push(format!("deleted {namespace}/{name} ({reason})"));
                 }
                 Effect::Patch(patch) => {
-                    let answer = records::answer_command(writes.client, &namespace, &name, patch);
-                    if writes.writer.write("command", answer).await? {
+                    if records.answer_command(&namespace, &name, patch).await? {
                         done.push(format!("answered {shown} on {namespace}/{name}"));
                     }
                 }

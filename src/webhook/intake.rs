@@ -9,14 +9,14 @@
 use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
-use kube::{Client, ResourceExt};
+use kube::ResourceExt;
 
-use crate::cluster::records::{self, Applied};
+use crate::cluster::records::{Applied, Deleter, Records};
 use crate::forge::{ChangeRequest, EventKind, ForgeEvent, Push};
 use crate::model::crd::{
     ForkPolicy, PreviewEnvironment, PreviewEnvironmentSpec, PreviewTemplate, SkippedCommit, Source,
 };
-use crate::model::metadata::{FIELD_MANAGER_INTAKE, LABEL_PULL_REQUEST, LABEL_TEMPLATE};
+use crate::model::metadata::{LABEL_PULL_REQUEST, LABEL_TEMPLATE};
 use crate::model::naming;
 
 /// One write the intake makes.
@@ -481,13 +481,16 @@ pub fn glob_matches(glob: &str, text: &str) -> bool {
 /// an apply found older than the environment's current source, or meeting an environment
 /// being removed, is not written; a delete of an environment that is already gone is not an
 /// error.
-pub async fn execute(client: &Client, decisions: &[Decision]) -> Result<Vec<Applied>, kube::Error> {
+pub async fn execute(
+    records: Records<'_>,
+    decisions: &[Decision],
+) -> Result<Vec<Applied>, kube::Error> {
     let mut written = Vec::with_capacity(decisions.len());
     for decision in decisions {
         let wrote = match decision {
-            Decision::Apply(environment) => records::apply_in_order(client, environment).await?,
+            Decision::Apply(environment) => records.apply_in_order(environment).await?,
             Decision::Wake { namespace, name } => {
-                records::wake(client, namespace, name).await?;
+                records.wake(namespace, name).await?;
                 Applied::Written
             }
             Decision::Delete {
@@ -495,14 +498,10 @@ pub async fn execute(client: &Client, decisions: &[Decision]) -> Result<Vec<Appl
                 name,
                 reason,
             } => {
-                records::delete_with_reason(
-                    client,
-                    namespace,
-                    name,
-                    reason.as_str(),
-                    FIELD_MANAGER_INTAKE,
-                )
-                .await?;
+                let by = Deleter::Intake;
+                records
+                    .delete_with_reason(namespace, name, reason.as_str(), by)
+                    .await?;
                 Applied::Written
             }
         };

@@ -39,7 +39,7 @@ use tracing::Instrument;
 
 use crate::cluster::caches::Caches;
 use crate::cluster::metrics::ClusterMetrics;
-use crate::cluster::records::Applied;
+use crate::cluster::records::{Applied, Records};
 use crate::cluster::secrets::{SecretError, SecretReader};
 use crate::forge::access::WriteAccess;
 use crate::forge::{EventKind, ForgeEvent, forges};
@@ -788,17 +788,14 @@ async fn act(
     templates: &[Arc<PreviewTemplate>],
 ) -> Result<Acted, kube::Error> {
     let environments = state.caches.environments.state();
+    let records = Records::new(&state.client, &state.writer);
     if let EventKind::Comment(comment) = &event.kind {
         let commenters = super::commands::Commenters {
             write_access: &state.write_access,
             refusals: &state.refusals,
         };
-        let writes = super::commands::CommandWrites {
-            client: &state.client,
-            writer: &state.writer,
-        };
         let lines = super::commands::handle(
-            writes,
+            records,
             commenters,
             event,
             comment,
@@ -811,23 +808,11 @@ async fn act(
     }
     if let EventKind::Check(check) = &event.kind {
         let patches = super::checks::patches(check, templates, &environments);
-        let done = super::checks::record(&state.client, &patches).await?;
-        for _ in &done {
-            state.metrics.writes.write("intake_check");
-        }
+        let done = super::checks::record(records, &patches).await?;
         return Ok(done.into());
     }
     let decisions = intake::decide(event, templates, &environments, chrono::Utc::now());
-    let written = intake::execute(&state.client, &decisions).await?;
-    let wrote = |applied: &&Applied| **applied == Applied::Written;
-    for (decision, _) in decisions.iter().zip(&written).filter(|(_, w)| wrote(w)) {
-        let operation = match decision {
-            Decision::Apply(_) => "intake_apply",
-            Decision::Wake { .. } => "intake_wake",
-            Decision::Delete { .. } => "intake_delete",
-        };
-        state.metrics.writes.write(operation);
-    }
+    let written = intake::execute(records, &decisions).await?;
     let redeliver = written.contains(&Applied::BeingRemoved);
     let lines = decisions
         .iter()

@@ -284,6 +284,10 @@ async fn a_new_pull_request_takes_the_slot_of_an_environment_only_a_visit_woke()
         let head = "31".repeat(20);
         // The gate's own write, at the version it saw (tried again, as the gate does, when the
         // controller wrote the status in between).
+        let writer = previewd::cluster::writer::Writer::new(
+            previewd::cluster::metrics::ClusterMetrics::new(),
+        );
+        let records = previewd::cluster::records::Records::new(&client, &writer);
         let wake = || async {
             for _ in 0..20 {
                 let current = harness.environments.get(&old).await.unwrap();
@@ -293,9 +297,7 @@ async fn a_new_pull_request_takes_the_slot_of_an_environment_only_a_visit_woke()
                     resource_version: &version,
                 };
                 let now = chrono::Utc::now();
-                match previewd::cluster::records::wake_for_request(&client, &ns, &old, &seen, now)
-                    .await
-                {
+                match records.wake_for_request(&ns, &old, &seen, now).await {
                     Ok(_) => return,
                     Err(kube::Error::Api(status)) if status.code == 409 => continue,
                     Err(other) => panic!("{other}"),
@@ -309,14 +311,9 @@ async fn a_new_pull_request_takes_the_slot_of_an_environment_only_a_visit_woke()
             head: &head,
             resource_version: "1",
         };
-        let refused = previewd::cluster::records::wake_for_request(
-            &client,
-            &ns,
-            &old,
-            &stale,
-            chrono::Utc::now(),
-        )
-        .await;
+        let refused = records
+            .wake_for_request(&ns, &old, &stale, chrono::Utc::now())
+            .await;
         assert!(
             matches!(refused, Err(kube::Error::Api(ref s)) if s.code == 409),
             "{refused:?}"

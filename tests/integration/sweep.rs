@@ -693,7 +693,8 @@ async fn a_verdict_on_a_version_that_changed_since_deletes_nothing() {
         .await
         .unwrap();
 
-        let deleted = records::delete_as_judged(&client, &judged, "idle for 72 h")
+        let deleted = records(&client)
+            .delete_as_judged(&judged, "idle for 72 h")
             .await
             .unwrap();
         assert!(!deleted, "judged before the extension: not deleted");
@@ -719,7 +720,8 @@ async fn a_verdict_on_a_version_that_changed_since_deletes_nothing() {
         )
         .await
         .unwrap();
-        let deleted = records::delete_unless_changed(&client, &current, read, "idle for 72 h")
+        let deleted = records(&client)
+            .delete_unless_changed(&current, read, "idle for 72 h")
             .await
             .unwrap();
         assert!(!deleted, "changed inside the window: not deleted");
@@ -732,7 +734,8 @@ async fn a_verdict_on_a_version_that_changed_since_deletes_nothing() {
         );
 
         assert!(
-            records::delete_as_judged(&client, &current, "idle for 72 h")
+            records(&client)
+                .delete_as_judged(&current, "idle for 72 h")
                 .await
                 .unwrap()
         );
@@ -752,10 +755,10 @@ async fn a_verdict_on_a_version_that_changed_since_deletes_nothing() {
             again.metadata.generation, judged.metadata.generation,
             "the same generation"
         );
-        let deleted =
-            records::delete_as_judged(&client, &judged, "the pull request is no longer open")
-                .await
-                .unwrap();
+        let deleted = records(&client)
+            .delete_as_judged(&judged, "the pull request is no longer open")
+            .await
+            .unwrap();
         assert!(!deleted, "another object of the same name");
         let kept = api.get("app-pr-8").await.unwrap();
         assert!(kept.metadata.deletion_timestamp.is_none());
@@ -846,4 +849,13 @@ async fn the_sweep_runs_on_its_own_on_start_up_and_every_interval() {
         assert_eq!(logged.len(), 2, "{logged:?}");
     })
     .await;
+}
+
+/// previewd's record writer over `client` (its own counters: these tests count nothing).
+fn records(client: &kube::Client) -> records::Records<'_> {
+    static WRITER: std::sync::LazyLock<previewd::cluster::writer::Writer> =
+        std::sync::LazyLock::new(|| {
+            previewd::cluster::writer::Writer::new(previewd::cluster::metrics::ClusterMetrics::new())
+        });
+    records::Records::new(client, &WRITER)
 }

@@ -182,6 +182,15 @@ async fn github_pull_request_opened_synchronized_closed() {
         assert!(value(r#"previewd_apply_requests_total{outcome="sent"}"#) >= 2.0);
         assert!(value(r#"previewd_forge_requests_total{forge="github",operation="create_comment",outcome="ok"}"#) == 1.0);
         assert_eq!(value(r#"previewd_forge_rate_limit_remaining{budget="token",forge="github"}"#), 4990.0);
+        // The intake's writes go through previewd's writer: each is counted once, with how it
+        // ended, under the intake's operations (two applies: opened, synchronize; one delete).
+        // An apply refused by a status write in between (409) is sent again: a second request.
+        for (operation, written) in [("intake_apply", 2.0), ("intake_delete", 1.0)] {
+            let requests = format!(r#"previewd_write_requests_total{{operation="{operation}"}}"#);
+            let ok = format!(r#"previewd_write_results_total{{operation="{operation}",result="ok"}}"#);
+            assert!(value(&requests) >= written, "{operation}");
+            assert_eq!(value(&ok), written, "{operation}: ended ok, through the writer");
+        }
         assert!(!text.contains(&name), "no environment name in any label");
         assert!(!shows_a_secret(&text), "no secret in any metric");
         let calls = forge.received_requests().await.unwrap_or_default();
@@ -1268,8 +1277,14 @@ async fn a_newer_write_between_the_intakes_read_and_its_write_is_not_overwritten
     // read again, and the second commit, now older, is not applied. Without the precondition
     // the second commit overwrites the third.
     in_namespace("intake-precondition", |client, ns| async move {
-        use previewd::cluster::records::{Applied, apply_in_order};
+        use previewd::cluster::records::{Applied, Records};
+        use previewd::cluster::writer::Writer;
         use previewd::model::crd::PreviewEnvironment;
+        let writer = Writer::new(previewd::cluster::metrics::ClusterMetrics::new());
+        let writer = &writer;
+        let apply_in_order = |client, wanted: PreviewEnvironment| async move {
+            Records::new(client, writer).apply_in_order(&wanted).await
+        };
         let at = |sha: char, changed_at: &str| -> PreviewEnvironment {
             serde_json::from_value(json!({
                 "apiVersion": "previewd.dev/v1alpha1", "kind": "PreviewEnvironment",
@@ -1280,7 +1295,7 @@ async fn a_newer_write_between_the_intakes_read_and_its_write_is_not_overwritten
             .unwrap()
         };
         let environments: Api<PreviewEnvironment> = Api::namespaced(client.clone(), &ns);
-        let first = apply_in_order(&client, &at('1', "2026-11-26T10:00:00Z")).await;
+        let first = apply_in_order(&client, at('1', "2026-11-26T10:00:00Z")).await;
         assert_eq!(first.unwrap(), Applied::Written);
         // Another replica's write of the third commit, right after this intake's first read of
         // the environment is answered (before the intake sees the answer).
@@ -1310,7 +1325,7 @@ async fn a_newer_write_between_the_intakes_read_and_its_write_is_not_overwritten
             .with_layer(&other_replica)
             .build();
 
-        let second = apply_in_order(&interleaving, &at('2', "2026-11-26T10:02:00Z")).await;
+        let second = apply_in_order(&interleaving, at('2', "2026-11-26T10:02:00Z")).await;
 
         assert_eq!(second.unwrap(), Applied::Older);
         let now = environments.get("pr-7").await.unwrap();
