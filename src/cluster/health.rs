@@ -4,6 +4,7 @@
 use serde_json::Value;
 
 use crate::model::kinds::group_of;
+use crate::model::pod_kinds::{Readiness, pod_kind};
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Health {
@@ -37,14 +38,19 @@ impl Health {
 pub fn of_object(object: &Value) -> Health {
     let kind = object["kind"].as_str().unwrap_or_default();
     let group = group_of(object["apiVersion"].as_str().unwrap_or_default());
+    if let Some(runs_pods) = pod_kind(group, kind) {
+        return match runs_pods.readiness {
+            Readiness::Deployment => deployment(object),
+            Readiness::StatefulSet => stateful_set(object),
+            Readiness::DaemonSet => daemon_set(object),
+            Readiness::Job => job(object),
+            Readiness::Pod => pod(object),
+            Readiness::Conditions => by_conditions(object),
+        };
+    }
     match (group, kind) {
-        ("apps", "Deployment") => deployment(object),
-        ("apps", "StatefulSet") => stateful_set(object),
-        ("apps", "DaemonSet") => daemon_set(object),
-        ("batch", "Job") => job(object),
         ("", "PersistentVolumeClaim") => claim(object),
         ("", "Service") => service(object),
-        ("", "Pod") => pod(object),
         ("gateway.networking.k8s.io", "HTTPRoute" | "GRPCRoute") => gateway_route(object),
         _ => by_conditions(object),
     }

@@ -13,21 +13,21 @@ use std::collections::BTreeMap;
 
 use serde_json::Value;
 
+use crate::model::kinds::group_of;
+use crate::model::pod_kinds::{Sleep, pod_kind};
 use crate::reconcile::plan::render::RenderedObject;
 
 /// Pod-template annotation that `/preview deploy` changes, so every workload rolls out anew.
 pub const ANNOTATION_REDEPLOY: &str = "previewd.dev/redeploy";
 
-/// `Deployment/web` for everything built in that runs pods by a replica count: an `apps/v1`
-/// Deployment, StatefulSet or ReplicaSet, a `v1` ReplicationController; `None` for anything
-/// else.
+/// `Deployment/web` for everything built in that runs pods by a replica count (the kinds whose
+/// sleep is [`Sleep::Replicas`], at their version: an `apps/v1` Deployment, StatefulSet or
+/// ReplicaSet, a `v1` ReplicationController); `None` for anything else.
 pub fn workload_key(object: &Value) -> Option<String> {
     let kind = object["kind"].as_str()?;
-    let is_workload = match object["apiVersion"].as_str() {
-        Some("apps/v1") => matches!(kind, "Deployment" | "StatefulSet" | "ReplicaSet"),
-        Some("v1") => kind == "ReplicationController",
-        _ => false,
-    } && object["spec"].is_object();
+    let api_version = object["apiVersion"].as_str()?;
+    let is_workload =
+        sleep_of(api_version, kind, true) == Some(Sleep::Replicas) && object["spec"].is_object();
     is_workload.then(|| {
         format!(
             "{kind}/{}",
@@ -53,7 +53,7 @@ pub fn prepare(
 ) -> BTreeMap<String, i32> {
     let mut remember = BTreeMap::new();
     for rendered in objects.iter_mut() {
-        if sleeping && is_cron_job(&rendered.object) {
+        if sleeping && is_suspended_asleep(&rendered.object) {
             // Suspended while asleep; on waking the manifest no longer sets the field, so the
             // template's own value (or the default, not suspended) comes back.
             rendered.object["spec"]["suspend"] = Value::Bool(true);
@@ -111,12 +111,17 @@ fn mark_redeploy(object: &mut Value, token: &str) {
     }
 }
 
-fn is_cron_job(object: &Value) -> bool {
-    object["kind"] == "CronJob"
-        && object["apiVersion"]
-            .as_str()
-            .is_some_and(|v| v.starts_with("batch/"))
-        && object["spec"].is_object()
+/// A kind whose sleep suspends it (a CronJob), of any version of its group.
+fn is_suspended_asleep(object: &Value) -> bool {
+    let kind = object["kind"].as_str().unwrap_or_default();
+    let api_version = object["apiVersion"].as_str().unwrap_or_default();
+    sleep_of(api_version, kind, false) == Some(Sleep::Suspend) && object["spec"].is_object()
+}
+
+/// How sleep holds `kind` at `api_version` (`exact`: only at the version the table names).
+fn sleep_of(api_version: &str, kind: &str, exact: bool) -> Option<Sleep> {
+    let listed = pod_kind(group_of(api_version), kind)?;
+    (!exact || listed.api_version == api_version).then_some(listed.sleep)
 }
 
 #[cfg(test)]

@@ -19,6 +19,7 @@ use serde_json::Value;
 
 use super::Violation;
 use super::pods;
+use crate::model::pod_kinds::{Sleep, pod_kind_named};
 use crate::reconcile::plan::render::RenderedObject;
 
 /// The finalizers `object` or its pod template carries: one sentence each.
@@ -69,11 +70,12 @@ pub fn grace_period(spec: &Value, path: &str, max_seconds: u64) -> Vec<String> {
     )]
 }
 
-/// Budgets whose selector may match pods of a Job, a CronJob or a bare Pod of the render.
+/// Budgets whose selector may match pods sleep does not scale (a Job, a CronJob, a bare Pod of
+/// the render: the kinds whose sleep is not [`Sleep::Replicas`]).
 pub fn budgets_over_unscalable(objects: &[RenderedObject]) -> Vec<Violation> {
     let unscalable: Vec<(&RenderedObject, &Value)> = objects
         .iter()
-        .filter(|o| matches!(o.kind(), "Job" | "CronJob" | "Pod"))
+        .filter(|o| pod_kind_named(o.kind()).is_some_and(|k| k.sleep != Sleep::Replicas))
         .filter_map(|o| {
             let (metadata, _, _) = pods::pod_template(o.kind(), &o.object)?;
             Some((o, &metadata["labels"]))

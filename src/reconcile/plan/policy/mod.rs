@@ -55,6 +55,7 @@ use super::render::RenderedObject;
 use crate::model::crd::{PodSecurityLevel, PolicySpec};
 use crate::model::grants::OperatorPolicy;
 use crate::model::kinds::{TemplateKinds, group_of};
+use crate::model::pod_kinds::pod_kind;
 
 /// What an object is judged against besides the template's policy: where the environment
 /// lives and what the operator allows every template.
@@ -139,9 +140,7 @@ fn judge(object: &RenderedObject, policy: &PolicySpec, scope: &Scope) -> Vec<Str
         ("apps", "DaemonSet") => vec![
             "a DaemonSet runs a pod on every node of the cluster, other teams' included: use a Deployment".into(),
         ],
-        ("", kind @ ("Pod" | "ReplicationController"))
-        | ("apps", kind @ ("Deployment" | "StatefulSet" | "ReplicaSet"))
-        | ("batch", kind @ ("Job" | "CronJob")) => {
+        (group, kind) if pod_kind(group, kind).is_some() => {
             let max_grace = scope.operator.max_grace_seconds();
             pod_template(kind, value, policy, max_grace)
         }

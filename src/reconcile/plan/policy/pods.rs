@@ -7,6 +7,7 @@
 use serde_json::Value;
 
 use crate::model::crd::PodSecurityLevel;
+use crate::model::pod_kinds::pod_kind_named;
 
 /// Capabilities the baseline level allows to add.
 const BASELINE_CAPABILITIES: &[&str] = &[
@@ -61,28 +62,16 @@ pub const RESTRICTED_VOLUMES: &[&str] = &[
 ];
 
 /// The pod template inside an object of `kind`: its metadata, its spec and the spec's path.
-/// Every built-in kind that carries one.
+/// Every built-in kind that carries one ([`POD_KINDS`](crate::model::pod_kinds::POD_KINDS)).
 pub fn pod_template<'a>(
     kind: &str,
     object: &'a Value,
 ) -> Option<(&'a Value, &'a Value, &'static str)> {
-    let (template, path) = match kind {
-        "Pod" => (object, "spec"),
-        "Deployment"
-        | "StatefulSet"
-        | "DaemonSet"
-        | "ReplicaSet"
-        | "ReplicationController"
-        | "Job" => (&object["spec"]["template"], "spec.template.spec"),
-        "CronJob" => (
-            &object["spec"]["jobTemplate"]["spec"]["template"],
-            "spec.jobTemplate.spec.template.spec",
-        ),
-        _ => return None,
-    };
+    let kind = pod_kind_named(kind)?;
+    let template = kind.template.iter().fold(object, |at, key| &at[*key]);
     let spec = &template["spec"];
     spec.is_object()
-        .then_some((&template["metadata"], spec, path))
+        .then_some((&template["metadata"], spec, kind.spec_path))
 }
 
 /// What `spec` (at `path`) breaks of `level`: one sentence per rule, naming the field.
