@@ -15,7 +15,7 @@ use super::claim::{Ownership, ownership};
 use super::context::Context;
 use super::error::ReconcileError;
 use super::hold::start_queued;
-use super::status::held_status;
+use super::status::{ReadyReason, held_status};
 use super::write::{publish, write_status, write_status_only};
 use crate::forge::client::MAX_RATE_LIMIT_WAIT;
 use crate::forge::template_client::ForgeCallError;
@@ -88,7 +88,7 @@ async fn say_what_holds(
         .status
         .as_ref()
         .and_then(|s| s.conditions.iter().find(|c| c.type_ == "Ready"));
-    let said_before = ready.filter(|c| c.reason == NAMESPACE_HELD);
+    let said_before = ready.filter(|c| c.reason == ReadyReason::NamespaceHeld.as_str());
     if said_before.is_some_and(|c| c.message == message) {
         return;
     }
@@ -96,7 +96,7 @@ async fn say_what_holds(
     let held = held_status(
         environment,
         Phase::Terminating,
-        NAMESPACE_HELD,
+        ReadyReason::NamespaceHeld,
         &message,
         None,
         now,
@@ -112,14 +112,11 @@ async fn say_what_holds(
         context,
         environment,
         EventType::Warning,
-        NAMESPACE_HELD,
+        ReadyReason::NamespaceHeld.as_str(),
         message,
     )
     .await;
 }
-
-/// The `Ready` reason of a removed environment whose namespace something holds.
-pub const NAMESPACE_HELD: &str = "NamespaceHeld";
 
 /// What the namespace's conditions say holds it (Kubernetes' namespace controller writes them).
 /// The same words while nothing changes (no clock in them: each new message is a status write
@@ -229,7 +226,7 @@ async fn delete_namespace(
     let mut terminating = held_status(
         environment,
         Phase::Terminating,
-        "Deleting",
+        ReadyReason::Deleting,
         &reason,
         None,
         Utc::now(),

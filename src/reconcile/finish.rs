@@ -111,7 +111,7 @@ fn next_status(
         };
         let asleep = ReadyCondition {
             ok: false,
-            reason: ProgressReason::Sleeping.as_str(),
+            reason: ProgressReason::Sleeping.into(),
             message: message.into(),
         };
         status.conditions = vec![condition(&previous.conditions, &asleep, now)];

@@ -14,7 +14,7 @@ use kube::runtime::reflector::ObjectRef;
 use super::context::Context;
 use super::error::RefusalReason;
 use super::queue::{self, Admission};
-use super::status::held_status;
+use super::status::{ReadyReason, held_status};
 use crate::model::crd::{
     ForkPolicy, Phase, PreviewEnvironment, PreviewEnvironmentStatus, PreviewTemplate,
     WaitingCommit, WaitingReason,
@@ -64,7 +64,14 @@ pub fn hold(
                     "The template runs at most {cap} environments at once; this one starts when one of them is removed or goes to sleep."
                 ),
             };
-            let mut status = held_status(environment, Phase::Queued, "Queued", &message, None, now);
+            let mut status = held_status(
+                environment,
+                Phase::Queued,
+                ReadyReason::Queued,
+                &message,
+                None,
+                now,
+            );
             status.queue_position = Some(position);
             // The slot is normally handed over at once (see `start_queued`); this is the net.
             let requeue = Duration::from_secs(30).min(resync);
@@ -100,7 +107,7 @@ fn awaiting_approval(
     let mut status = held_status(
         environment,
         Phase::Pending,
-        reason.as_str(),
+        reason.into(),
         &message,
         None,
         now,

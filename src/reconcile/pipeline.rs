@@ -103,7 +103,7 @@ async fn hold_first_commit(
     let mut status = held_status(
         environment,
         phase,
-        commit.reason.as_str(),
+        commit.reason.into(),
         &commit.message,
         None,
         Utc::now(),
@@ -319,7 +319,7 @@ async fn refuse(
 ) -> Result<Action, ReconcileError> {
     let mut status = refused_status(
         environment,
-        refusal.reason.as_str(),
+        refusal.reason,
         &refusal.message,
         namespace,
         Utc::now(),

@@ -11,12 +11,13 @@
 use chrono::{DateTime, Utc};
 use serde_json::Value;
 
+use super::error::RefusalReason;
 use super::plan::render::RenderedObject;
 use super::plan::routes::Route;
 use crate::cluster::health::Health;
 use crate::model::crd::{
     Condition, Phase, PreviewEnvironment, PreviewEnvironmentStatus, ResourceStatus, SeedStatus,
-    Timings,
+    Timings, WaitingReason,
 };
 
 /// Why a reconcile that deployed left the `Ready` condition as it is (refusals have
@@ -51,11 +52,58 @@ impl ProgressReason {
     }
 }
 
-/// The `Ready` condition to write: whether it holds, why (CamelCase), and a sentence.
+/// Every reason the `Ready` condition gives, as alerts, dashboards and `kubectl wait` select
+/// on it (renaming one is a breaking change): how a deploying reconcile got on, why the
+/// template's render was refused, why a commit waits, or what holds the environment.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReadyReason {
+    Progress(ProgressReason),
+    Refused(RefusalReason),
+    Waiting(WaitingReason),
+    /// The template's cap is reached: it waits for a slot.
+    Queued,
+    /// Being removed; something in its namespace holds the deletion (a finalizer).
+    NamespaceHeld,
+    /// Being removed.
+    Deleting,
+}
+
+impl ReadyReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ReadyReason::Progress(reason) => reason.as_str(),
+            ReadyReason::Refused(reason) => reason.as_str(),
+            ReadyReason::Waiting(reason) => reason.as_str(),
+            ReadyReason::Queued => "Queued",
+            ReadyReason::NamespaceHeld => "NamespaceHeld",
+            ReadyReason::Deleting => "Deleting",
+        }
+    }
+}
+
+impl From<ProgressReason> for ReadyReason {
+    fn from(reason: ProgressReason) -> Self {
+        ReadyReason::Progress(reason)
+    }
+}
+
+impl From<RefusalReason> for ReadyReason {
+    fn from(reason: RefusalReason) -> Self {
+        ReadyReason::Refused(reason)
+    }
+}
+
+impl From<WaitingReason> for ReadyReason {
+    fn from(reason: WaitingReason) -> Self {
+        ReadyReason::Waiting(reason)
+    }
+}
+
+/// The `Ready` condition to write: whether it holds, why, and a sentence.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ReadyCondition {
     pub ok: bool,
-    pub reason: &'static str,
+    pub reason: ReadyReason,
     pub message: String,
 }
 
@@ -76,7 +124,7 @@ impl Default for Progress {
             seeds: Vec::new(),
             condition: ReadyCondition {
                 ok: true,
-                reason: ProgressReason::Ready.as_str(),
+                reason: ProgressReason::Ready.into(),
                 message: "every object is healthy".into(),
             },
         }
@@ -108,7 +156,7 @@ impl Progress {
             self.phase = Phase::Degraded;
             self.condition = ReadyCondition {
                 ok: false,
-                reason: reason.as_str(),
+                reason: reason.into(),
                 message: format!("{what} {} failed: {message}", object.name()),
             };
         } else if let Some((object, Health::Progressing(why))) =
@@ -121,7 +169,7 @@ impl Progress {
             self.phase = phase;
             self.condition = ReadyCondition {
                 ok: false,
-                reason: reason.as_str(),
+                reason: reason.into(),
                 message: format!(
                     "waiting for wave {wave}: {} {} ({why})",
                     object.kind(),
@@ -158,7 +206,7 @@ impl Progress {
 /// The previous status, `Degraded`, with a `Ready=False` condition saying why.
 pub fn refused_status(
     environment: &PreviewEnvironment,
-    reason: &'static str,
+    reason: RefusalReason,
     message: &str,
     namespace: Option<&str>,
     now: DateTime<Utc>,
@@ -166,7 +214,7 @@ pub fn refused_status(
     held_status(
         environment,
         Phase::Degraded,
-        reason,
+        reason.into(),
         message,
         namespace,
         now,
@@ -178,7 +226,7 @@ pub fn refused_status(
 pub fn held_status(
     environment: &PreviewEnvironment,
     phase: Phase,
-    reason: &'static str,
+    reason: ReadyReason,
     message: &str,
     namespace: Option<&str>,
     now: DateTime<Utc>,
@@ -334,7 +382,7 @@ pub fn condition(previous: &[Condition], ready: &ReadyCondition, now: DateTime<U
     Condition {
         type_: "Ready".into(),
         status: status.into(),
-        reason: ready.reason.into(),
+        reason: ready.reason.as_str().into(),
         message: ready.message.clone(),
         last_transition_time: since,
     }

@@ -38,7 +38,7 @@ fn a_failed_seed_degrades_the_environment_and_later_waves_wait() {
         &[Health::Progressing("waiting for wave 0".into())],
     );
     assert_eq!(progress.phase, Phase::Degraded);
-    assert_eq!(progress.condition.reason, "SeedFailed");
+    assert_eq!(progress.condition.reason.as_str(), "SeedFailed");
     assert_eq!(
         progress.condition.message,
         "seed Job seed-db-1a2b3c failed: BackoffLimitExceeded"
@@ -137,7 +137,7 @@ fn a_refusal_keeps_the_previous_status_and_says_why() {
     ));
     let refused = refused_status(
         &environment,
-        "GuardRejected",
+        crate::reconcile::error::RefusalReason::GuardRejected,
         "ClusterRoleBinding/x (from web.yaml): cluster-scoped",
         Some("preview-x"),
         at("2026-11-22T10:05:00Z"),
@@ -232,7 +232,7 @@ fn an_environment_woken_into_the_queue_is_still_waking_and_its_wake_is_timed_onc
     let queued = held_status(
         &woken,
         Phase::Queued,
-        "Queued",
+        ReadyReason::Queued,
         "waiting for a slot",
         None,
         at("2026-11-26T10:00:05Z"),
@@ -256,7 +256,7 @@ fn an_environment_woken_into_the_queue_is_still_waking_and_its_wake_is_timed_onc
     let asleep = held_status(
         &woken,
         Phase::Sleeping,
-        "Sleeping",
+        ProgressReason::Sleeping.into(),
         "asleep",
         None,
         at("2026-11-26T11:00:00Z"),
