@@ -10,6 +10,9 @@
 //! * [`engines`]: the third-party renderers previewd runs as programs (`helm template`), each
 //!   with a time and output limit and a cache of what it printed.
 //! * [`forge`]: GitHub and GitLab: webhook parsing, API calls, the PR comment and statuses.
+//! * [`plan`]: the pure step from a template and its render to the exact objects to apply (the
+//!   guard, the content policy, sleep and routes), which the reconciler, `previewd render` and
+//!   the sandbox's checks share.
 //! * [`webhook`]: the HTTP server, verification, delivery dedupe, intake and comment commands.
 //! * [`lifecycle`]: the sweep (which environments go, and why) and its loop.
 //! * [`gate`]: the wake gate, which answers for sleeping environments' hosts and wakes them.
@@ -27,6 +30,7 @@ pub mod forge;
 pub mod gate;
 pub mod lifecycle;
 pub mod model;
+pub mod plan;
 pub mod reconcile;
 pub mod runtime;
 pub mod sandbox;

@@ -104,7 +104,7 @@ fn render_worker() -> ExitCode {
             eprintln!("previewd render-worker: reading a request: {e}");
             return ExitCode::FAILURE;
         }
-        let answer = previewd::reconcile::plan::request::serve(&request);
+        let answer = previewd::plan::request::serve(&request);
         let Ok(answer_length) = u32::try_from(answer.len()) else {
             eprintln!(
                 "previewd render-worker: an answer of {} bytes",

@@ -7,7 +7,7 @@
 //! nothing. A published chart is downloaded once per version.
 //!
 //! The engines return text; parsing it into objects, mapping Helm hooks to waves and checking
-//! them is the plan step's work (`reconcile::plan`).
+//! them is the plan step's work (`plan`).
 
 pub mod cache;
 pub mod contain;

@@ -1,6 +1,6 @@
 //! The wake gate: an HTTP listener (`--gate-listen`) that answers for the hosts of sleeping
 //! environments. The operator routes the URL domain's wildcard to it; an asleep environment's
-//! own routes are withdrawn (`reconcile::plan::asleep_routes`), so its requests land here. The
+//! own routes are withdrawn (`plan::asleep_routes`), so its requests land here. The
 //! gate wakes it (one write, at most once per [`turns::WAKE_INTERVAL`]) and answers with a
 //! waiting page until the environment's routes are back and take the host again.
 //!

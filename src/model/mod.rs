@@ -16,3 +16,4 @@ pub mod pod_kinds;
 pub mod quantity;
 pub mod quota;
 pub mod rbac;
+pub mod refusal;

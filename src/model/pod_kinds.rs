@@ -1,6 +1,6 @@
 //! The built-in kinds that run pods, listed once: where each keeps its pod template (what the
 //! content policy judges), how an environment's sleep holds its pods, and how its health is
-//! told. The content policy (`reconcile/plan/policy`), sleep (`reconcile/plan/workloads.rs`)
+//! told. The content policy (`plan/policy`), sleep (`plan/workloads.rs`)
 //! and health (`cluster/health.rs`) read this table; a kind added here is judged, slept and
 //! watched alike, and one missing here is none of these (the policy refuses what it has no
 //! rules for).

@@ -9,12 +9,7 @@ use crate::model::footprint::Prices;
 use crate::model::grants::OperatorPolicy;
 use crate::model::kinds::TemplateKinds;
 
-/// The default of `--max-objects-per-environment`: the 35-object Online Boutique fits 14 times.
-pub const DEFAULT_MAX_OBJECTS: usize = 500;
-
-/// The most bytes (as JSON) an environment's objects may take together by default: what the
-/// quota does not count (Roles, ServiceAccounts, NetworkPolicies, annotations) is held to it.
-pub const DEFAULT_MAX_BYTES: usize = 8 << 20;
+pub use crate::plan::{DEFAULT_MAX_BYTES, DEFAULT_MAX_OBJECTS};
 
 /// How long a namespace terminates before previewd says what holds it: Kubernetes removes an
 /// ordinary environment's objects in seconds; minutes mean a finalizer or a stuck controller.

@@ -10,9 +10,9 @@ use std::sync::Arc;
 
 use super::error::Refusal;
 use super::pipeline::render_and_plan;
-use super::plan::{Limits, Plan};
 use crate::model::crd::{PreviewEnvironment, PreviewTemplate};
 use crate::model::naming::environment_namespace;
+use crate::plan::{Limits, Plan};
 
 pub use super::renders::renderer::{ForgeAccess, Renderer, RepositoryFiles};
 

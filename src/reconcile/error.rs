@@ -92,68 +92,10 @@ pub struct Refusal {
     pub quarantine: Option<Box<crate::model::crd::Quarantine>>,
     /// The objects the guard or the content policy refused, each with its reason (the message
     /// joins them): `previewd render` says each object's verdict.
-    pub violations: Vec<crate::reconcile::plan::guard::Violation>,
+    pub violations: Vec<crate::plan::guard::Violation>,
 }
 
-/// The kinds of refusal, each written as its name: the `Ready` condition's reason, which
-/// alerts, dashboards and `kubectl wait` may select on: renaming one is a breaking change.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum RefusalReason {
-    TemplateNotFound,
-    /// The template asks for more than the operator's ceiling (`model::ceiling`).
-    TemplateBeyondCeiling,
-    /// The templates could not be rendered (a template error, a bad value, an engine failure).
-    RenderFailed,
-    /// The render asks for something templates may not create (`plan/guard.rs`).
-    GuardRejected,
-    /// An object breaks the content policy (`plan/policy/`).
-    PolicyRejected,
-    CRDsNotInstalled,
-    TooManyObjects,
-    /// Another environment holds the URL host.
-    HostTaken,
-    ChartInvalid,
-    /// The chart repository could not be reached (retried).
-    ChartUnavailable,
-    ManifestsUnavailable,
-    ManifestsTooLarge,
-    SecretNotShared,
-    SecretUnavailable,
-    NamespaceConflict,
-    KindNotServed,
-    /// The API server refused an object (retried).
-    ApplyRefused,
-}
-
-impl RefusalReason {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            RefusalReason::TemplateNotFound => "TemplateNotFound",
-            RefusalReason::TemplateBeyondCeiling => "TemplateBeyondCeiling",
-            RefusalReason::RenderFailed => "RenderFailed",
-            RefusalReason::GuardRejected => "GuardRejected",
-            RefusalReason::PolicyRejected => "PolicyRejected",
-            RefusalReason::CRDsNotInstalled => "CRDsNotInstalled",
-            RefusalReason::TooManyObjects => "TooManyObjects",
-            RefusalReason::HostTaken => "HostTaken",
-            RefusalReason::ChartInvalid => "ChartInvalid",
-            RefusalReason::ChartUnavailable => "ChartUnavailable",
-            RefusalReason::ManifestsUnavailable => "ManifestsUnavailable",
-            RefusalReason::ManifestsTooLarge => "ManifestsTooLarge",
-            RefusalReason::SecretNotShared => "SecretNotShared",
-            RefusalReason::SecretUnavailable => "SecretUnavailable",
-            RefusalReason::NamespaceConflict => "NamespaceConflict",
-            RefusalReason::KindNotServed => "KindNotServed",
-            RefusalReason::ApplyRefused => "ApplyRefused",
-        }
-    }
-}
-
-impl std::fmt::Display for RefusalReason {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
+pub use crate::model::refusal::RefusalReason;
 
 impl Refusal {
     pub fn new(reason: RefusalReason, message: impl Into<String>) -> Self {
@@ -163,6 +105,16 @@ impl Refusal {
             retry: None,
             quarantine: None,
             violations: Vec::new(),
+        }
+    }
+}
+
+/// A refusal of the plan (`crate::plan`): what the render or its objects may not be.
+impl From<crate::plan::Refused> for Refusal {
+    fn from(refused: crate::plan::Refused) -> Self {
+        Refusal {
+            violations: refused.violations,
+            ..Refusal::new(refused.reason, refused.message)
         }
     }
 }

@@ -10,7 +10,6 @@ use super::context::{Context, EnvironmentRef};
 use super::error::ReconcileError;
 use super::hold::start_queued;
 use super::metrics::Observations;
-use super::plan::Plan;
 use super::status::{
     Placement, Progress, ProgressReason, ReadyCondition, condition, progress_status, record_waking,
 };
@@ -18,6 +17,7 @@ use super::write::write_status;
 use super::{coalesce, schedule};
 use crate::model::crd::{Phase, PreviewEnvironment, PreviewEnvironmentStatus};
 use crate::model::footprint;
+use crate::plan::Plan;
 
 /// Writes where the environment got to, records its metrics, and says when to look again.
 pub(super) async fn finish(

@@ -24,7 +24,6 @@ mod hold;
 pub mod metrics;
 mod namespace;
 mod pipeline;
-pub mod plan;
 mod prune;
 mod quarantine;
 mod queue;
@@ -34,8 +33,6 @@ mod schedule;
 mod secrets;
 pub mod status;
 mod template_status;
-#[cfg(test)]
-mod test_support;
 mod volumes;
 mod waves;
 mod write;

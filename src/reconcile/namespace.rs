@@ -107,6 +107,17 @@ fn default_dns_peer() -> Value {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn previewds_own_names_are_reserved_by_the_content_policy() {
+        let access = crate::reconcile::access::ACCESS_BINDING_NAME;
+        for name in [QUOTA_NAME, LIMITS_NAME, NETWORK_POLICY_NAME, access] {
+            assert!(
+                name.starts_with(crate::plan::policy::RESERVED_PREFIX),
+                "{name}"
+            );
+        }
+    }
     use super::*;
     use crate::model::crd::{LimitRangeSpec, PodSecurityLevel};
 

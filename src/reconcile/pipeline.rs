@@ -29,7 +29,6 @@ use super::checks::{self, Admission, Held};
 use super::context::Context;
 use super::error::{ReconcileError, Refusal, RefusalReason, Stop};
 use super::hold::{displace, hold};
-use super::plan::{Limits, Plan, host_claims, place_request, plan_rendered, templates_request};
 use super::renders::renderer::Renderer;
 use super::status::{Progress, held_status, refused_status};
 use super::write::write_status;
@@ -41,6 +40,7 @@ use crate::cluster::observed::ObjectKey;
 use crate::model::ceiling;
 use crate::model::crd::{Phase, PreviewEnvironment, PreviewTemplate, WaitingCommit};
 use crate::model::naming::environment_namespace;
+use crate::plan::{Limits, Plan, host_claims, place_request, plan_rendered, templates_request};
 
 pub async fn reconcile_environment(
     environment: &PreviewEnvironment,
@@ -255,13 +255,13 @@ pub(super) async fn render_and_plan(
     let mut rendered = renders::isolated::render(request, template, renderer)
         .await?
         .templates()
-        .map_err(super::plan::render_failed)?;
+        .map_err(crate::plan::render_failed)?;
     for engine_output in from_engines {
         let request = place_request(environment, template, engine_output, namespace);
         let placed = renders::isolated::render(request, template, renderer).await?;
         rendered
             .objects
-            .extend(placed.placed().map_err(super::plan::render_failed)?);
+            .extend(placed.placed().map_err(crate::plan::render_failed)?);
     }
     let (environment, template) = (environment.clone(), template.clone());
     let namespace = namespace.to_string();
@@ -276,12 +276,13 @@ pub(super) async fn render_and_plan(
         )
     })
     .await;
-    planned.unwrap_or_else(|stopped| {
-        Err(Refusal::new(
+    match planned {
+        Ok(plan) => Ok(plan?),
+        Err(stopped) => Err(Refusal::new(
             RefusalReason::RenderFailed,
             format!("rendering stopped unexpectedly, a bug in previewd: {stopped}"),
-        ))
-    })
+        )),
+    }
 }
 
 /// Refuses a template that asks for more than the operator's ceiling, every field named, before

@@ -9,9 +9,9 @@ use kube::ResourceExt;
 
 use super::context::Context;
 use super::error::ReconcileError;
-use super::plan::render::RenderedObject;
 use crate::cluster::observed::ObjectKey;
 use crate::model::crd::{PreviewEnvironment, PreviewEnvironmentStatus};
+use crate::plan::render::RenderedObject;
 
 pub async fn prune(
     environment: &PreviewEnvironment,

@@ -24,10 +24,10 @@ use serde_json::{Value, json};
 
 use super::context::Context;
 use super::error::{ReconcileError, Refusal, RefusalReason, Stop};
-use super::plan::Plan;
-use super::plan::render::RenderedObject;
 use crate::cluster::observed::ObjectKey;
 use crate::model::crd::{CopiedSecret, GeneratedSecret, PreviewTemplate};
+use crate::plan::Plan;
+use crate::plan::render::RenderedObject;
 
 /// On a source Secret: the namespaces (comma-separated, or `*`) whose templates may copy it.
 pub const COPY_ANNOTATION: &str = "previewd.dev/copy-to-templates-in";

@@ -12,13 +12,13 @@ use chrono::{DateTime, Utc};
 use serde_json::Value;
 
 use super::error::RefusalReason;
-use super::plan::render::RenderedObject;
-use super::plan::routes::Route;
 use crate::cluster::health::Health;
 use crate::model::crd::{
     Condition, Phase, PreviewEnvironment, PreviewEnvironmentStatus, ResourceStatus, SeedStatus,
     Timings, WaitingReason,
 };
+use crate::plan::render::RenderedObject;
+use crate::plan::routes::Route;
 
 /// Why a reconcile that deployed left the `Ready` condition as it is (refusals have
 /// [`super::error::RefusalReason`], held commits `WaitingReason`): each written as its name,
@@ -284,7 +284,7 @@ pub struct Placement<'a> {
     pub host: &'a str,
     /// The other Ingress hosts it now holds.
     pub extra_hosts: &'a [String],
-    /// The objects that route the URL's host ([`crate::reconcile::plan::routes`]).
+    /// The objects that route the URL's host ([`crate::plan::routes`]).
     pub routes: &'a [Route],
 }
 

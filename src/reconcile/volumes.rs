@@ -2,13 +2,13 @@
 //! (`reclaimPolicy: Retain`) is refused, since every environment removed would leave its
 //! volume and disk behind. The classes are the cluster's, read when a plan has claims
 //! ([`crate::cluster::storage_classes`]); which claims ask for which class is pure
-//! ([`super::plan::policy::claims`]). The operator may let such claims through
+//! ([`crate::plan::policy::claims`]). The operator may let such claims through
 //! (`--allow-retained-volumes`) where volumes are cleaned up by other means.
 
 use super::context::Context;
 use super::error::{ReconcileError, Refusal, RefusalReason, Stop};
-use super::plan::Plan;
-use super::plan::policy::claims;
+use crate::plan::Plan;
+use crate::plan::policy::claims;
 
 pub(super) async fn refuse_retained(plan: &Plan, context: &Context) -> Result<(), Stop> {
     if context.config.operator_policy.allow_retained_volumes {

@@ -12,12 +12,12 @@ use serde_json::Value;
 use super::apply::{apply, refused};
 use super::context::Context;
 use super::error::{ReconcileError, Refusal, RefusalReason, Stop};
-use super::plan::Plan;
-use super::plan::render::RenderedObject;
 use super::status::Progress;
 use crate::cluster::applier::{ApplyError, is_not_served};
 use crate::cluster::health::Health;
 use crate::cluster::observed::ObjectKey;
+use crate::plan::Plan;
+use crate::plan::render::RenderedObject;
 
 /// Applies wave after wave; stops applying at the first wave that is not healthy yet (later
 /// waves are still listed, as waiting).

@@ -30,9 +30,9 @@ use crate::forge::client::{ForgeClient, ForgeClients, TOKEN_BUDGET};
 use crate::forge::metrics::ForgeMetrics;
 use crate::forge::repository::RepositoryManifests;
 use crate::model::crd::{PreviewEnvironment, PreviewTemplate};
+use crate::plan::{Limits, Plan};
 use crate::reconcile::DEFAULT_MAX_OBJECTS;
 use crate::reconcile::dry_run::{self, ForgeAccess, Renderer, RepositoryFiles};
-use crate::reconcile::plan::{Limits, Plan};
 
 #[derive(Debug, Args)]
 pub struct RenderArgs {

@@ -124,8 +124,8 @@ fn keep_inside_the_cluster(object: &mut serde_json::Value) {
 mod tests {
     use super::*;
     use crate::model::crd::{PreviewEnvironment, PreviewTemplate};
-    use crate::reconcile::plan::render::{RenderedObject, render};
-    use crate::reconcile::plan::values::render_context;
+    use crate::plan::render::{RenderedObject, render};
+    use crate::plan::values::render_context;
 
     fn repository_file(path: &str) -> String {
         let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(path);
@@ -204,14 +204,13 @@ mod tests {
         // The example deploys under the default content policy (baseline pods, ClusterIP).
         let template: PreviewTemplate =
             serde_yaml_ng::from_str(&online_boutique_template(&release).unwrap()).unwrap();
-        let scope = crate::reconcile::plan::policy::Scope {
+        let scope = crate::plan::policy::Scope {
             namespace: "boutique-test",
             url_host: "feature-cart-badge--66586fee6e9f39aa.boutique.preview.example.com",
             operator: &Default::default(),
             kinds: &Default::default(),
         };
-        let violations =
-            crate::reconcile::plan::policy::check(&objects, &template.spec.policy, &scope);
+        let violations = crate::plan::policy::check(&objects, &template.spec.policy, &scope);
         assert_eq!(violations, Vec::new());
     }
 

@@ -106,16 +106,14 @@ fn boutique_objects(namespace: &str) -> Vec<Value> {
     let environment: PreviewEnvironment =
         serde_yaml_ng::from_str(&read("environment.yaml")).unwrap();
     let context =
-        previewd::reconcile::plan::values::render_context(&environment, &template.spec, namespace)
-            .unwrap();
+        previewd::plan::values::render_context(&environment, &template.spec, namespace).unwrap();
     let labels: BTreeMap<String, String> =
         previewd::model::metadata::environment_labels(&environment, &template);
     // The release's 35 objects (the template's first manifest), as every earlier run of this
     // benchmark measured; the example's Ingress (its second manifest) is left out.
     let release = &template.spec.manifests.inline[..1];
-    let objects =
-        previewd::reconcile::plan::render::render(release, &template.spec.seeds, &context, &labels)
-            .expect("the example renders");
+    let objects = previewd::plan::render::render(release, &template.spec.seeds, &context, &labels)
+        .expect("the example renders");
     objects.into_iter().map(|o| o.object).collect()
 }
 

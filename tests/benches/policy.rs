@@ -14,8 +14,8 @@ use std::time::Instant;
 use previewd::model::crd::PolicySpec;
 use previewd::model::grants::OperatorPolicy;
 use previewd::model::kinds::TemplateKinds;
-use previewd::reconcile::plan::policy::{Scope, check};
-use previewd::reconcile::plan::render::RenderedObject;
+use previewd::plan::policy::{Scope, check};
+use previewd::plan::render::RenderedObject;
 use serde_json::{Value, json};
 
 const ROUNDS: usize = 5;

@@ -37,8 +37,8 @@ use previewd::engines::kustomize::KustomizeRender;
 use previewd::engines::{EngineConfig, EngineError, Engines, Rendered};
 use previewd::forge::metrics::ForgeMetrics;
 use previewd::model::crd::{InlineManifest, PreviewEnvironment, PreviewTemplate};
-use previewd::reconcile::plan::request::{RenderJob, RenderRequest, decode};
-use previewd::reconcile::plan::{place_request, templates_request};
+use previewd::plan::request::{RenderJob, RenderRequest, decode};
+use previewd::plan::{place_request, templates_request};
 use serde_json::{Value, json};
 
 const ROUNDS: usize = 5;

@@ -16,6 +16,7 @@ const LAYERS: &[(&str, u8)] = &[
     ("cluster", 1),
     ("engines", 1),
     ("forge", 2),
+    ("plan", 2),
     ("webhook", 3),
     ("lifecycle", 3),
     ("gate", 3),
@@ -237,10 +238,9 @@ fn folders_import_each_other_without_a_circle() {
 
 #[test]
 fn the_sibling_reader_follows_super_and_crate_paths_and_nested_groups() {
-    let code =
-        "use super::{a::{b, c}, d};\nuse crate::reconcile::plan::e::f;\nlet x = super::super::g;";
+    let code = "use super::{a::{b, c}, d};\nuse crate::plan::e::f;\nlet x = super::super::g;";
     let mut found = modules_after(code, "super::");
-    found.extend(modules_after(code, "crate::reconcile::plan::"));
+    found.extend(modules_after(code, "crate::plan::"));
     assert_eq!(found, ["a", "d", "super", "e"]);
 }
 

@@ -144,7 +144,7 @@ proptest! {
             name: "app.yaml".into(),
             template: "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: app\ndata:\n  branch: \"{{ branch }}\"\n".into(),
         };
-        let context = previewd::reconcile::plan::render::RenderContext {
+        let context = previewd::plan::render::RenderContext {
             name: "app-pr-1".into(),
             branch: branch.clone(),
             slug: naming::slug(&branch),
@@ -158,9 +158,9 @@ proptest! {
             url: "https://x.example.com".into(),
             values: Default::default(),
         };
-        if let Ok(objects) = previewd::reconcile::plan::render::render(&[manifest], &[], &context, &Default::default()) {
+        if let Ok(objects) = previewd::plan::render::render(&[manifest], &[], &context, &Default::default()) {
             // Whatever the branch injected, the guard sees every object and its namespace.
-            let violations = previewd::reconcile::plan::guard::check(&objects, "preview-x", &Default::default());
+            let violations = previewd::plan::guard::check(&objects, "preview-x", &Default::default());
             for object in &objects {
                 let allowed = object.object["metadata"]["namespace"] == "preview-x";
                 prop_assert!(allowed || !violations.is_empty());

@@ -150,7 +150,7 @@ fn kustomize_env(folder: &Path) -> Vec<(&'static str, String)> {
 
 /// What [`check_references`] reads of a folder: the path of every file, the text of its
 /// kustomizations, and the overlay's folder in it. previewd checks it in a render worker
-/// (`reconcile::plan::request`), where the kustomizations, YAML from a pull request, are
+/// (`plan::request`), where the kustomizations, YAML from a pull request, are
 /// parsed under the worker's memory limit.
 #[derive(Clone, Debug, serde::Deserialize, serde::Serialize)]
 pub struct OverlayOutline {

@@ -2,7 +2,7 @@ use chrono::TimeZone;
 
 use super::*;
 use crate::model::crd::{CheckRecord, Timings};
-use crate::reconcile::test_support::{WEB_ENVIRONMENT, WEB_TEMPLATE, environment, template};
+use crate::plan::test_support::{WEB_ENVIRONMENT, WEB_TEMPLATE, environment, template};
 
 const HEAD: &str = "ec26c3e57ca3a959ca5aad62de7213c562f8c821";
 const OLD: &str = "0000000000000000000000000000000000000001";

@@ -10,11 +10,11 @@ use super::renderer::Renderer;
 use super::{engine_refusal, turn_owner};
 use crate::engines::EngineError;
 use crate::model::crd::{PreviewEnvironment, PreviewTemplate};
+use crate::plan::render::holds_templates;
+use crate::plan::render_failed;
+use crate::plan::request::{self, RenderJob, RenderOutput, RenderRequest};
+use crate::plan::values::facts;
 use crate::reconcile::error::Refusal;
-use crate::reconcile::plan::render::holds_templates;
-use crate::reconcile::plan::render_failed;
-use crate::reconcile::plan::request::{self, RenderJob, RenderOutput, RenderRequest};
-use crate::reconcile::plan::values::facts;
 
 /// Renders `request` for `template` in a child process (or takes what a child answered for
 /// the same request before).
@@ -40,7 +40,7 @@ pub async fn render(
         .with_label_values(&["templates", outcome])
         .inc();
     let answer = answered.map_err(|error| engine_refusal("rendering the templates", error))?;
-    request::decode(answer.text.as_bytes()).map_err(render_failed)
+    Ok(request::decode(answer.text.as_bytes()).map_err(render_failed)?)
 }
 
 /// Every template string of `value` rendered with `environment`'s facts; a field's name is
@@ -60,8 +60,6 @@ pub async fn render_strings(
         url: template.spec.url.clone(),
         job: RenderJob::Strings(value),
     };
-    render(request, template, renderer)
-        .await?
-        .strings()
-        .map_err(render_failed)
+    let rendered = render(request, template, renderer).await?;
+    Ok(rendered.strings().map_err(render_failed)?)
 }

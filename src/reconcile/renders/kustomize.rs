@@ -9,10 +9,10 @@ use super::renderer::Renderer;
 use super::{counted, isolated, turn_owner};
 use crate::engines::kustomize::{self, KustomizeRender};
 use crate::model::crd::{InlineManifest, KustomizeSource, PreviewEnvironment, PreviewTemplate};
+use crate::plan::render_failed;
+use crate::plan::request::{RenderJob, RenderRequest};
+use crate::plan::values::facts;
 use crate::reconcile::error::{Refusal, RefusalReason};
-use crate::reconcile::plan::render_failed;
-use crate::reconcile::plan::request::{RenderJob, RenderRequest};
-use crate::reconcile::plan::values::facts;
 
 /// The overlay's objects as one manifest named after it; none when the template has no
 /// overlay.

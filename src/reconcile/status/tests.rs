@@ -4,8 +4,8 @@ use chrono::{DateTime, Utc};
 use serde_json::json;
 
 use super::*;
-use crate::reconcile::plan::render::RenderedObject;
-use crate::reconcile::test_support::{WEB_ENVIRONMENT, environment};
+use crate::plan::render::RenderedObject;
+use crate::plan::test_support::{WEB_ENVIRONMENT, environment};
 
 fn at(text: &str) -> DateTime<Utc> {
     text.parse().expect("a time")

@@ -19,7 +19,7 @@ fuzz_target!(|data: &[u8]| {
         name: "app.yaml".into(),
         template: "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: app\n  labels: {slug: \"{{ slug }}\"}\ndata:\n  branch: \"{{ branch }}\"\n".into(),
     };
-    let context = previewd::reconcile::plan::render::RenderContext {
+    let context = previewd::plan::render::RenderContext {
         name: environment.clone(),
         branch: branch.to_string(),
         slug: naming::slug(branch),
@@ -33,8 +33,8 @@ fuzz_target!(|data: &[u8]| {
         url: "https://x.example.com".into(),
         values: Default::default(),
     };
-    if let Ok(objects) = previewd::reconcile::plan::render::render(&[manifest], &[], &context, &Default::default()) {
-        let violations = previewd::reconcile::plan::guard::check(&objects, &target);
+    if let Ok(objects) = previewd::plan::render::render(&[manifest], &[], &context, &Default::default()) {
+        let violations = previewd::plan::guard::check(&objects, &target);
         for object in &objects {
             let inside = object.object["metadata"]["namespace"] == target.as_str();
             assert!(inside || !violations.is_empty());

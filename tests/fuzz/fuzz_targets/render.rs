@@ -7,7 +7,7 @@
 
 use libfuzzer_sys::fuzz_target;
 use previewd::model::crd::{InlineManifest, PolicySpec};
-use previewd::reconcile::plan::{guard, policy, render};
+use previewd::plan::{guard, policy, render};
 
 const NAMESPACE: &str = "preview-app-0123456789abcdef";
 

@@ -15,8 +15,8 @@ use crate::model::ceiling::{TemplateCeiling, policy_beyond};
 use crate::model::crd::{InlineManifest, PolicySpec};
 use crate::model::grants::{OperatorPolicy, RoleGrants};
 use crate::model::kinds::TemplateKinds;
-use crate::reconcile::plan::hooks;
-use crate::reconcile::plan::render::RenderedObject;
+use crate::plan::hooks;
+use crate::plan::render::RenderedObject;
 
 #[derive(Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]

@@ -418,7 +418,7 @@ mod tests {
         let error = render_string("wide.yaml", wide, &big).unwrap_err();
         assert!(error.message.contains("more than the limit"), "{error}");
         // The example, rendered whole as one template, fits easily.
-        let example = include_str!("../../../templates/online-boutique/template.yaml");
+        let example = include_str!("../../templates/online-boutique/template.yaml");
         assert!(render_string("example", example, &context(None)).is_ok());
     }
 

@@ -15,7 +15,7 @@ use serde_json::Value;
 
 use crate::model::kinds::group_of;
 use crate::model::pod_kinds::{Sleep, pod_kind};
-use crate::reconcile::plan::render::RenderedObject;
+use crate::plan::render::RenderedObject;
 
 /// Pod-template annotation that `/preview deploy` changes, so every workload rolls out anew.
 pub const ANNOTATION_REDEPLOY: &str = "previewd.dev/redeploy";

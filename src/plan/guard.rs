@@ -4,7 +4,7 @@
 //! checked when the plan's kinds are discovered, before anything is applied.)
 
 use crate::model::kinds::{TemplateKinds, group_of};
-use crate::reconcile::plan::render::RenderedObject;
+use crate::plan::render::RenderedObject;
 
 /// Why an object was refused.
 #[derive(Clone, Debug, PartialEq, thiserror::Error)]

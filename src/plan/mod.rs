@@ -1,5 +1,5 @@
 //! The plan step (pure, no client required): the template, the environment and its manifests
-//! become the exact objects to apply, or a [`Refusal`] that says what and where. Nothing is
+//! become the exact objects to apply, or a [`Refused`] that says what and where. Nothing is
 //! applied unless the whole plan passes, so a broken or unsafe template leaves the previous
 //! commit running.
 //!
@@ -18,16 +18,45 @@ pub mod routes;
 pub mod values;
 pub mod workloads;
 
+#[cfg(test)]
+pub(crate) mod test_support;
+
 use std::collections::BTreeMap;
 
 use serde_json::Value;
 
-use super::error::{Refusal, RefusalReason};
 use crate::model::crd::{InlineManifest, PreviewEnvironment, PreviewTemplate};
 use crate::model::grants::OperatorPolicy;
 use crate::model::kinds::TemplateKinds;
 use crate::model::metadata::environment_labels;
+pub use crate::model::refusal::RefusalReason;
 use guard::Violation;
+
+/// The default of `--max-objects-per-environment`: the 35-object Online Boutique fits 14 times.
+pub const DEFAULT_MAX_OBJECTS: usize = 500;
+
+/// The most bytes (as JSON) an environment's objects may take together by default: what the
+/// quota does not count (Roles, ServiceAccounts, NetworkPolicies, annotations) is held to it.
+pub const DEFAULT_MAX_BYTES: usize = 8 << 20;
+
+/// Why a plan cannot be made: the `Ready` reason, a message naming the object, file or rule,
+/// and (for the guard and the content policy) each refused object with its reason.
+#[derive(Debug)]
+pub struct Refused {
+    pub reason: RefusalReason,
+    pub message: String,
+    pub violations: Vec<Violation>,
+}
+
+impl Refused {
+    pub fn new(reason: RefusalReason, message: impl Into<String>) -> Self {
+        Self {
+            reason,
+            message: message.into(),
+            violations: Vec::new(),
+        }
+    }
+}
 use render::RenderedObject;
 use request::{RenderJob, RenderRequest, RenderedTemplates};
 
@@ -84,7 +113,7 @@ pub fn plan(
     namespace: &str,
     limits: &Limits,
     live_replicas: impl Fn(&Value) -> Option<i32>,
-) -> Result<Plan, Refusal> {
+) -> Result<Plan, Refused> {
     let request = templates_request(
         environment,
         template,
@@ -146,8 +175,8 @@ pub fn place_request(
 }
 
 /// A broken template is not retried until it changes (or the slow resync).
-pub fn render_failed(error: render::RenderError) -> Refusal {
-    Refusal::new(RefusalReason::RenderFailed, error.to_string())
+pub fn render_failed(error: render::RenderError) -> Refused {
+    Refused::new(RefusalReason::RenderFailed, error.to_string())
 }
 
 /// Plans `environment` from its rendered templates (with what its engines printed, placed):
@@ -159,7 +188,7 @@ pub fn plan_rendered(
     namespace: &str,
     limits: &Limits,
     live_replicas: impl Fn(&Value) -> Option<i32>,
-) -> Result<Plan, Refusal> {
+) -> Result<Plan, Refused> {
     let labels = environment_labels(environment, template);
     let RenderedTemplates {
         url,
@@ -212,7 +241,7 @@ pub fn plan_rendered(
 }
 
 /// Any violation refuses the whole render, with every violation in the message.
-fn refuse_violations(reason: RefusalReason, violations: Vec<Violation>) -> Result<(), Refusal> {
+fn refuse_violations(reason: RefusalReason, violations: Vec<Violation>) -> Result<(), Refused> {
     if violations.is_empty() {
         return Ok(());
     }
@@ -221,16 +250,16 @@ fn refuse_violations(reason: RefusalReason, violations: Vec<Violation>) -> Resul
         .map(ToString::to_string)
         .collect::<Vec<_>>()
         .join("; ");
-    Err(Refusal {
+    Err(Refused {
         violations,
-        ..Refusal::new(reason, message)
+        ..Refused::new(reason, message)
     })
 }
 
 /// A CustomResourceDefinition is cluster-wide: it would change the API for every tenant, and
 /// outlive the environment. Charts that carry one (in `crds/` or a template) are refused with
 /// what to do instead, rather than having it dropped silently as `helm template` would.
-fn refuse_crds(objects: &[RenderedObject]) -> Result<(), Refusal> {
+fn refuse_crds(objects: &[RenderedObject]) -> Result<(), Refused> {
     let crds: Vec<String> = objects
         .iter()
         .filter(|o| o.kind() == "CustomResourceDefinition")
@@ -239,7 +268,7 @@ fn refuse_crds(objects: &[RenderedObject]) -> Result<(), Refusal> {
     if crds.is_empty() {
         return Ok(());
     }
-    Err(Refusal::new(
+    Err(Refused::new(
         RefusalReason::CRDsNotInstalled,
         format!(
             "the manifests contain CustomResourceDefinition {}: previewd never installs CRDs, which are cluster-wide; ask the cluster's operator to install them and allow their kinds (templateKinds), and leave them out of the preview (for a chart: skip its crds/ folder with a value, or move the CRDs to a chart of their own); nothing was applied",
@@ -249,9 +278,9 @@ fn refuse_crds(objects: &[RenderedObject]) -> Result<(), Refusal> {
 }
 
 /// A runaway loop in a template, or a hostile one, must not flood the API server.
-fn check_object_limit(count: usize, max_objects: usize) -> Result<(), Refusal> {
+fn check_object_limit(count: usize, max_objects: usize) -> Result<(), Refused> {
     if count > max_objects {
-        return Err(Refusal::new(
+        return Err(Refused::new(
             RefusalReason::TooManyObjects,
             format!(
                 "the template renders {count} objects, more than the limit of {max_objects} per environment (--max-objects-per-environment); nothing was applied"
@@ -262,13 +291,13 @@ fn check_object_limit(count: usize, max_objects: usize) -> Result<(), Refusal> {
 }
 
 /// Refuses objects that take more than `max_bytes` together (as JSON).
-fn check_byte_limit(objects: &[RenderedObject], max_bytes: usize) -> Result<(), Refusal> {
+fn check_byte_limit(objects: &[RenderedObject], max_bytes: usize) -> Result<(), Refused> {
     let bytes = objects
         .iter()
         .map(|o| serde_json::to_vec(&o.object).map_or(0, |b| b.len()))
         .fold(0usize, usize::saturating_add);
     if bytes > max_bytes {
-        return Err(Refusal::new(
+        return Err(Refused::new(
             RefusalReason::TooManyObjects,
             format!(
                 "the template's objects take {bytes} bytes, more than the limit of {max_bytes} per environment (--max-bytes-per-environment); nothing was applied"

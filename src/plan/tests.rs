@@ -3,9 +3,9 @@
 use serde_json::Value;
 
 use super::{Limits, Manifests, Plan, plan};
+use super::{RefusalReason, Refused};
 use crate::model::crd::PreviewEnvironment;
-use crate::reconcile::error::{Refusal, RefusalReason};
-use crate::reconcile::test_support::{WEB_ENVIRONMENT, WEB_TEMPLATE, environment, template};
+use crate::plan::test_support::{WEB_ENVIRONMENT, WEB_TEMPLATE, environment, template};
 
 const NAMESPACE: &str = "preview-team-a-web-pr-2-abc123";
 
@@ -15,7 +15,7 @@ fn plan_web(
     max_objects: usize,
     adjust: impl FnOnce(&mut PreviewEnvironment),
     live_replicas: impl Fn(&Value) -> Option<i32>,
-) -> Result<Plan, Refusal> {
+) -> Result<Plan, Refused> {
     let template = template(template_yaml);
     let mut environment = environment(WEB_ENVIRONMENT);
     adjust(&mut environment);
@@ -30,7 +30,7 @@ fn plan_web(
         NAMESPACE,
         &Limits {
             max_objects,
-            max_bytes: crate::reconcile::DEFAULT_MAX_BYTES,
+            max_bytes: super::DEFAULT_MAX_BYTES,
             kinds: Default::default(),
             operator: Default::default(),
             gate_answers: false,

@@ -1,4 +1,4 @@
-//! Small fixtures for the reconciler's pure steps: objects written as YAML, the way a user
+//! Small fixtures for the plan's and the reconciler's pure steps: objects written as YAML, the way a user
 //! would write them, parsed into previewd's types. No API server.
 
 use crate::model::crd::{PreviewEnvironment, PreviewTemplate};

@@ -12,7 +12,7 @@ use serde_json::Value;
 use super::Violation;
 use super::pods;
 use crate::model::crd::PolicySpec;
-use crate::reconcile::plan::render::RenderedObject;
+use crate::plan::render::RenderedObject;
 
 const HOW_TO_ALLOW: &str = "let the claim be provisioned from a storage class, or set the template's policy.allowExistingVolumes";
 

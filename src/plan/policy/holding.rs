@@ -20,7 +20,7 @@ use serde_json::Value;
 use super::Violation;
 use super::pods;
 use crate::model::pod_kinds::{Sleep, pod_kind_named};
-use crate::reconcile::plan::render::RenderedObject;
+use crate::plan::render::RenderedObject;
 
 /// The finalizers `object` or its pod template carries: one sentence each.
 pub fn finalizers(kind: &str, object: &Value) -> Vec<String> {
