@@ -4,9 +4,10 @@
 //! manager, with one meaning for a 404: the environment is gone.
 //!
 //! Every write goes through [`Records`], which sends it through previewd's [`Writer`]: counted
-//! once on `previewd_write_requests_total` under its purpose's operation, bounded by the
-//! writer's timeout, under its purpose's field manager. No other path writes a record's spec or
-//! metadata.
+//! on `previewd_write_requests_total` under its purpose's operation, bounded by the writer's
+//! timeout, under its purpose's field manager. The one other write of a record's metadata is
+//! the reconciler's finalizer, which kube's finalizer helper adds and removes (counted as
+//! `finalizer` by the controller).
 //!
 //! Each write is ordered and explained: an apply never replaces a newer source with an older
 //! one (deliveries arrive out of order), and a deletion first writes its reason on the record
@@ -155,15 +156,15 @@ impl<'a> Records<'a> {
         self.writer.write(by.operation(), delete).await
     }
 
-    /// The sweep deletes an environment as judged from a cached copy (`delete`, as
-    /// `previewd-sweep`); see [`delete_as_judged`].
+    /// The sweep deletes an environment as judged from a cached copy (as `previewd-sweep`;
+    /// each of its write requests, the reason, the delete and a reason taken back, is a
+    /// `delete` within the writer's timeout); see [`delete_as_judged`].
     pub async fn delete_as_judged(
         &self,
         judged: &PreviewEnvironment,
         reason: &str,
     ) -> Result<bool, kube::Error> {
-        let delete = delete_as_judged(self.client, judged, reason);
-        self.writer.write("delete", delete).await
+        delete_as_judged(self.client, self.writer, judged, reason).await
     }
 
     /// The step of [`Records::delete_as_judged`] after its read (see
@@ -174,8 +175,7 @@ impl<'a> Records<'a> {
         read: PreviewEnvironment,
         reason: &str,
     ) -> Result<bool, kube::Error> {
-        let delete = delete_unless_changed(self.client, judged, read, reason);
-        self.writer.write("delete", delete).await
+        delete_unless_changed(self.client, self.writer, judged, read, reason).await
     }
 }
 
@@ -433,6 +433,7 @@ async fn delete_with_reason(
 /// afresh. One read per deletion, which the sweep rarely makes.
 async fn delete_as_judged(
     client: &Client,
+    writer: &Writer,
     judged: &PreviewEnvironment,
     reason: &str,
 ) -> Result<bool, kube::Error> {
@@ -441,7 +442,7 @@ async fn delete_as_judged(
     let Some(read) = api.get_opt(&judged.name_any()).await? else {
         return Ok(false);
     };
-    delete_unless_changed(client, judged, read, reason).await
+    delete_unless_changed(client, writer, judged, read, reason).await
 }
 
 /// The step of [`delete_as_judged`] after its read: `read` is the environment as last read.
@@ -455,6 +456,7 @@ async fn delete_as_judged(
 /// the next sweep.
 async fn delete_unless_changed(
     client: &Client,
+    writer: &Writer,
     judged: &PreviewEnvironment,
     mut read: PreviewEnvironment,
     reason: &str,
@@ -471,11 +473,11 @@ async fn delete_unless_changed(
         if changed {
             tracing::info!(environment = %name, %namespace, reason, "not deleted: the environment changed since it was judged");
             if reason_written && read.metadata.uid == judged.metadata.uid {
-                forget_reason(&api, &name).await?;
+                forget_reason(writer, &api, &name).await?;
             }
             return Ok(false);
         }
-        match delete_at_version(&api, &name, &read, reason, &mut reason_written).await {
+        match delete_at_version(writer, &api, &name, &read, reason, &mut reason_written).await {
             Ok(deleted) => {
                 if deleted {
                     tracing::info!(environment = %name, %namespace, reason, "deleting environment");
@@ -492,7 +494,7 @@ async fn delete_unless_changed(
         }
     }
     if reason_written {
-        forget_reason(&api, &name).await?;
+        forget_reason(writer, &api, &name).await?;
     }
     Ok(false)
 }
@@ -500,6 +502,7 @@ async fn delete_unless_changed(
 /// Writes the reason and deletes, each only on the version of `read` (then on the version the
 /// reason's write made) and its UID. A conflict is returned as the API server's 409.
 async fn delete_at_version(
+    writer: &Writer,
     api: &Api<PreviewEnvironment>,
     name: &str,
     read: &PreviewEnvironment,
@@ -513,7 +516,11 @@ async fn delete_at_version(
         field_manager: Some(FIELD_MANAGER_SWEEP.into()),
         ..Default::default()
     };
-    let written = match api.patch(name, &params, &Patch::Merge(why)).await {
+    let patch = Patch::Merge(why);
+    let written = match writer
+        .write("delete", api.patch(name, &params, &patch))
+        .await
+    {
         Ok(written) => written,
         Err(kube::Error::Api(status)) if status.code == 404 => return Ok(false),
         Err(e) => return Err(e),
@@ -526,7 +533,7 @@ async fn delete_at_version(
         }),
         ..Default::default()
     };
-    match api.delete(name, &params).await {
+    match writer.write("delete", api.delete(name, &params)).await {
         Ok(_) => Ok(true),
         Err(kube::Error::Api(status)) if status.code == 404 => Ok(false),
         Err(e) => Err(e),
@@ -535,14 +542,22 @@ async fn delete_at_version(
 
 /// Takes back a deletion reason written for a deletion that was then not made, so that a
 /// later removal for another reason is not said with this one.
-async fn forget_reason(api: &Api<PreviewEnvironment>, name: &str) -> Result<(), kube::Error> {
+async fn forget_reason(
+    writer: &Writer,
+    api: &Api<PreviewEnvironment>,
+    name: &str,
+) -> Result<(), kube::Error> {
     let forget =
         serde_json::json!({"metadata": {"annotations": {ANNOTATION_DELETION_REASON: null}}});
     let params = PatchParams {
         field_manager: Some(FIELD_MANAGER_SWEEP.into()),
         ..Default::default()
     };
-    match api.patch(name, &params, &Patch::Merge(forget)).await {
+    let patch = Patch::Merge(forget);
+    match writer
+        .write("delete", api.patch(name, &params, &patch))
+        .await
+    {
         Ok(_) => Ok(()),
         Err(kube::Error::Api(status)) if status.code == 404 => Ok(()),
         Err(e) => Err(e),

@@ -25,11 +25,6 @@ use crate::model::crd::{ForgeKind, ForgeReport, PreviewEnvironment};
 pub struct ForgeClient(Box<dyn ForgeApi>);
 
 impl ForgeClient {
-    /// A client of any forge's API (tests, and forges built outside [`ForgeClients`]).
-    pub fn new(api: impl ForgeApi + 'static) -> Self {
-        Self(Box::new(api))
-    }
-
     /// Whose reads this client makes: the forge, API URL and token it was built for
     /// ([`ForgeClients`]), or a scope of its own. What it read is kept for that scope only.
     pub fn scope(&self) -> &str {

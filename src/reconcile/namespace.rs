@@ -107,6 +107,8 @@ fn default_dns_peer() -> Value {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+    use crate::model::crd::{LimitRangeSpec, PodSecurityLevel};
 
     #[test]
     fn previewds_own_names_are_reserved_by_the_content_policy() {
@@ -118,8 +120,6 @@ mod tests {
             );
         }
     }
-    use super::*;
-    use crate::model::crd::{LimitRangeSpec, PodSecurityLevel};
 
     #[test]
     fn the_namespace_carries_the_pod_security_level_of_the_templates_policy() {

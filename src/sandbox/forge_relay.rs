@@ -40,10 +40,7 @@ impl KnownState {
     /// Learns from one delivery of `forge` (`event_type` is its event header). A delivery
     /// previewd's parser refuses teaches nothing (previewd answers it 400 anyway).
     pub fn learn(&mut self, forge: ForgeKind, event_type: &str, body: &[u8]) {
-        let parsed = match forge {
-            ForgeKind::Github => crate::forge::github::parse(event_type, body),
-            ForgeKind::Gitlab => crate::forge::gitlab::parse(event_type, body),
-        };
+        let parsed = (crate::forge::forges::forge(forge).webhook.parse)(event_type, body);
         if let Ok(event) = parsed {
             self.apply(&event);
         }
@@ -138,10 +135,7 @@ pub fn query_parameter(query: Option<&str>, name: &str) -> Option<String> {
 
 /// The event header of a delivery from `forge`.
 pub fn event_type(forge: ForgeKind, headers: &HeaderMap) -> String {
-    let name = match forge {
-        ForgeKind::Github => "x-github-event",
-        ForgeKind::Gitlab => "x-gitlab-event",
-    };
+    let name = crate::forge::forges::forge(forge).webhook.event_header;
     headers
         .get(name)
         .and_then(|v| v.to_str().ok())

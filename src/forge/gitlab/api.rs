@@ -494,8 +494,15 @@ impl GitlabApi {
                 .into_iter()
                 .filter(|e| e.is_file())
                 .map(|e| {
-                    let relative = e.path.strip_prefix(root).unwrap_or(&e.path);
-                    let relative = relative.trim_start_matches('/').to_string();
+                    // One level: a file's own name, whatever spelling of the folder GitLab
+                    // resolved (`./deploy`, `deploy//app`); below it, the path under the folder.
+                    let relative = match recursive {
+                        false => e.name.clone(),
+                        true => {
+                            let below = e.path.strip_prefix(root).unwrap_or(&e.path);
+                            below.trim_start_matches('/').to_string()
+                        }
+                    };
                     e.named(relative)
                 })
                 .collect();
@@ -908,6 +915,44 @@ mod tests {
     /// no sizes. previewd stops reading a file past the per-file limit and says so, never
     /// holding it whole (before, every GitLab answer was read to its end): a file of 16 MiB
     /// and one of 2 MiB are both refused as too large.
+    /// A folder named another way than GitLab answers with (`./deploy`): its files are read by
+    /// their own names, as before the listing was shared; naming them by the path under the
+    /// folder as asked left every file out of the manifests.
+    #[tokio::test]
+    async fn a_folder_spelled_another_way_is_read_by_its_files_names() {
+        use wiremock::matchers::{method, path_regex};
+        use wiremock::{Mock, ResponseTemplate};
+        crate::install_crypto_provider();
+        let server = wiremock::MockServer::start().await;
+        let blob = "a1e8f8d745cc87e3a9248358d9352bb7f9a0aeba";
+        let tree = serde_json::json!([
+            {"id": blob, "name": "app.yaml", "type": "blob", "path": "deploy/app.yaml", "mode": "100644"}
+        ]);
+        Mock::given(method("GET"))
+            .and(path_regex("/repository/tree$"))
+            .respond_with(ResponseTemplate::new(200).set_body_json(tree))
+            .mount(&server)
+            .await;
+        Mock::given(method("GET"))
+            .and(path_regex(format!("/repository/blobs/{blob}/raw$")))
+            .respond_with(ResponseTemplate::new(200).set_body_string("kind: ConfigMap\n"))
+            .mount(&server)
+            .await;
+        let metrics = ForgeMetrics::default();
+        let uri = server.uri();
+        let api = GitlabApi::connect(Some(&uri), "glpat-test".into(), metrics);
+        let api = api.await.unwrap();
+        let sha = "ec26c3e57ca3a959ca5aad62de7213c562f8c821";
+        let read = api
+            .read_manifests(Listing::new("group/app", "./deploy", sha, "test/pr-1"))
+            .await
+            .unwrap();
+        assert_eq!(
+            read,
+            vec![("app.yaml".to_string(), "kind: ConfigMap\n".to_string())]
+        );
+    }
+
     #[tokio::test]
     async fn a_huge_file_on_gitlab_is_refused_while_it_streams_not_held_whole() {
         use wiremock::matchers::{method, path_regex};
