@@ -600,13 +600,14 @@ fn changed_outside(
     owners: &HashMap<String, u64>,
     bench_namespace: &str,
     touched: &HashSet<u64>,
+    budget: ContentBudget,
 ) -> Vec<String> {
     // With previewd's own content budget, reports drain for minutes after the environments
     // were opened, and each one sent is recorded in its environment's status: a
     // PreviewEnvironment's version moves then. Its writes are counted apart (status writes, no
-    // more than the reports sent; any other write of it is still waste by the API server's
-    // count); the objects in its namespace are still compared here.
-    let records_reports = content_budget() == ContentBudget::Default;
+    // more than the content-creating requests sent; any other write of it is still waste by
+    // the API server's count); the objects in its namespace are still compared here.
+    let records_reports = budget == ContentBudget::Default;
     let owner = |(kind, namespace, name): &(String, String, String)| -> Option<u64> {
         if kind == "PreviewEnvironment" && namespace == bench_namespace {
             owners.get(name).copied()
@@ -977,6 +978,7 @@ async fn benchmark() {
             &owner_map,
             &namespace,
             &HashSet::new(),
+            budget,
         );
         let (forge_in_quiet, _) = forge_requests_since(&forge, forge_before_quiet, 1).await;
         println!("  {size} environments, quiet {quiet_seconds} s: {forge_in_quiet} forge requests");
@@ -1070,6 +1072,7 @@ async fn benchmark() {
             &owner_map,
             &namespace,
             &touched,
+            budget,
         );
         let mut latencies: Vec<Duration> = {
             let seen = seen.lock().unwrap();
