@@ -39,23 +39,26 @@ where
 {
     let count = deliveries.len();
     let started = Instant::now();
-    let results: Vec<Answered> = futures::stream::iter(deliveries)
-        .map(|(id, body)| send(id, body))
+    let results: Vec<(String, Answered)> = futures::stream::iter(deliveries)
+        .map(|(id, body)| {
+            let answered = send(id.clone(), body);
+            async move { (id, answered.await) }
+        })
         .buffer_unordered(IN_FLIGHT)
         .collect()
         .await;
     let elapsed = started.elapsed();
-    let unexpected: Vec<&Answered> = results
+    let unexpected: Vec<&(String, Answered)> = results
         .iter()
-        .filter(|(status, _, said)| *status != 202 || said != outcome)
+        .filter(|(_, (status, _, said))| *status != 202 || said != outcome)
         .collect();
     assert!(
         unexpected.is_empty(),
-        "{what}: {} of {count} not answered 202 {outcome}, e.g. {:?}",
+        "{what}: {} of {count} not answered 202 {outcome}: {:?}",
         unexpected.len(),
-        unexpected.first()
+        unexpected.iter().take(10).collect::<Vec<_>>()
     );
-    let mut latencies: Vec<Duration> = results.iter().map(|(_, l, _)| *l).collect();
+    let mut latencies: Vec<Duration> = results.iter().map(|(_, (_, l, _))| *l).collect();
     latencies.sort();
     let percentile =
         |p: f64| latencies[((latencies.len() as f64 * p) as usize).min(latencies.len() - 1)];
@@ -153,10 +156,22 @@ async fn benchmark() {
             series.resource == "previewenvironments" && series.subresource.is_empty()
         })
     };
-    // Warm-up: connections, caches, the environment's creation.
-    for i in 0..20 {
+    // Warm-up: connections, caches, the environment's creation. It ends once the intake's
+    // view (the controller's watch of PreviewEnvironments) holds the environment the first
+    // delivery wrote, which a redelivery answered `unchanged` shows. Until then a redelivery
+    // is applied again, as it should be: on a loaded machine the watch event can come after
+    // the twentieth warm-up delivery (CI once measured 27 redeliveries applied that way).
+    let warm_until = Instant::now() + Duration::from_secs(60);
+    for i in 0.. {
         let (status, _, outcome) = send(format!("warm-{i}"), same_commit.clone()).await;
         assert_eq!(status, 202, "{outcome}");
+        if i >= 20 && outcome == "unchanged" {
+            break;
+        }
+        assert!(
+            Instant::now() < warm_until,
+            "the intake never saw the environment its first delivery wrote: {i} warm-up deliveries, the last answered {outcome}"
+        );
     }
     println!(
         "Webhooks: signed pull_request.synchronize deliveries ({:.1} KB each) on loopback, {IN_FLIGHT} in flight, real apiserver, controller running:",
