@@ -6,7 +6,7 @@ use prometheus::core::Collector;
 use prometheus::{IntCounterVec, Opts, Registry};
 
 /// The write operations counted under `previewd_write_requests_total{operation}`.
-pub const WRITE_OPERATIONS: [&str; 15] = [
+pub const WRITE_OPERATIONS: [&str; 18] = [
     "apply",
     "create",
     "delete",
@@ -22,6 +22,9 @@ pub const WRITE_OPERATIONS: [&str; 15] = [
     "traffic",
     "command",
     "queue_displace",
+    "placement",
+    "target_record",
+    "cluster_status",
 ];
 
 /// One layer's metrics: what it exports, and (given) how it registers them.

@@ -10,6 +10,7 @@
 //! * [`records`]: creating, waking and deleting `PreviewEnvironment`s (with a reason);
 //! * [`secrets`]: reading the Secrets templates name, cached briefly;
 //! * [`storage_classes`]: which storage classes keep their volumes, read when a plan has claims;
+//! * [`target_client`]: a client for a registered target cluster, from inline credentials only;
 //! * [`client`]: building clients, each with a bound on the API requests it has in flight;
 //! * [`errors`]: API errors in words for conditions and comments;
 //! * [`metrics`]: applies and write requests, counted whichever layer writes;
@@ -26,4 +27,5 @@ pub(crate) mod recall;
 pub mod records;
 pub mod secrets;
 pub mod storage_classes;
+pub mod target_client;
 pub mod writer;

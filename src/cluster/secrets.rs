@@ -14,6 +14,23 @@ use crate::model::crd::SecretKeyRef;
 /// How long a read secret is trusted before it is read again.
 pub const SECRET_TTL: Duration = Duration::from_secs(30);
 
+/// The type a registered cluster's kubeconfig Secret must have. A Secret of this type is
+/// only ever read as a cluster's credential: never as a template's token or webhook secret,
+/// never copied into an environment, wherever it lives and whatever names it.
+pub const CLUSTER_CREDENTIAL_TYPE: &str = "previewd.dev/cluster-kubeconfig";
+
+/// Whether `secret` is a registered cluster's credential.
+pub fn is_cluster_credential(secret: &Secret) -> bool {
+    secret.type_.as_deref() == Some(CLUSTER_CREDENTIAL_TYPE)
+}
+
+/// What a reader reads: the Secrets templates name, or clusters' credentials; never both.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Readable {
+    TemplateSecrets,
+    ClusterCredentials,
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum SecretError {
     #[error("Secret {namespace}/{name} not found")]
@@ -24,6 +41,14 @@ pub enum SecretError {
         name: String,
         key: String,
     },
+    #[error(
+        "Secret {namespace}/{name} is a registered cluster's credential (type {CLUSTER_CREDENTIAL_TYPE}): templates never read it"
+    )]
+    ClusterCredential { namespace: String, name: String },
+    #[error(
+        "Secret {namespace}/{name} is not of type {CLUSTER_CREDENTIAL_TYPE}: a registered cluster's kubeconfig must be"
+    )]
+    NotAClusterCredential { namespace: String, name: String },
     #[error("reading Secret {namespace}/{name}: {source}")]
     Api {
         namespace: String,
@@ -38,6 +63,7 @@ type SecretKey = (String, String, String);
 pub struct SecretReader {
     client: Client,
     cache: Mutex<Values>,
+    readable: Readable,
 }
 
 /// The values read, each with when it was read.
@@ -61,10 +87,22 @@ impl Values {
 }
 
 impl SecretReader {
+    /// A reader of the Secrets templates name (tokens, webhook secrets); it refuses clusters'
+    /// credentials.
     pub fn new(client: Client) -> Self {
         Self {
             client,
             cache: Mutex::new(Values::default()),
+            readable: Readable::TemplateSecrets,
+        }
+    }
+
+    /// A reader of registered clusters' kubeconfigs; it reads only Secrets of type
+    /// [`CLUSTER_CREDENTIAL_TYPE`].
+    pub fn for_cluster_credentials(client: Client) -> Self {
+        Self {
+            readable: Readable::ClusterCredentials,
+            ..Self::new(client)
         }
     }
 
@@ -100,6 +138,7 @@ impl SecretReader {
                 namespace: namespace.into(),
                 name: reference.name.clone(),
             })?;
+        self.may_read(&secret, namespace, &reference.name)?;
         let value = secret
             .data
             .and_then(|mut data| data.remove(&reference.key))
@@ -118,9 +157,55 @@ impl SecretReader {
     }
 }
 
+impl SecretReader {
+    /// Refuses a cluster's credential to a template reader, and anything else to a
+    /// credential reader.
+    fn may_read(&self, secret: &Secret, namespace: &str, name: &str) -> Result<(), SecretError> {
+        let (namespace, name) = (namespace.to_string(), name.to_string());
+        match (self.readable, is_cluster_credential(secret)) {
+            (Readable::TemplateSecrets, true) => {
+                Err(SecretError::ClusterCredential { namespace, name })
+            }
+            (Readable::ClusterCredentials, false) => {
+                Err(SecretError::NotAClusterCredential { namespace, name })
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn a_clusters_credential_is_read_only_as_one() {
+        crate::install_crypto_provider();
+        let config = kube::Config::new("http://127.0.0.1:9".parse().unwrap());
+        let client = Client::try_from(config).unwrap();
+        let (templates, clusters) = (
+            SecretReader::new(client.clone()),
+            SecretReader::for_cluster_credentials(client),
+        );
+        let credential = Secret {
+            type_: Some(CLUSTER_CREDENTIAL_TYPE.into()),
+            ..Default::default()
+        };
+        let token = Secret {
+            type_: Some("Opaque".into()),
+            ..Default::default()
+        };
+        assert!(matches!(
+            templates.may_read(&credential, "previewd", "eu"),
+            Err(SecretError::ClusterCredential { .. })
+        ));
+        assert!(templates.may_read(&token, "previewd", "token").is_ok());
+        assert!(clusters.may_read(&credential, "previewd", "eu").is_ok());
+        assert!(matches!(
+            clusters.may_read(&token, "previewd", "token"),
+            Err(SecretError::NotAClusterCredential { .. })
+        ));
+    }
 
     fn key(name: &str) -> SecretKey {
         ("previews".into(), name.into(), "token".into())

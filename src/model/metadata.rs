@@ -52,6 +52,16 @@ pub const ANNOTATION_DELETION_REASON: &str = "previewd.dev/deletion-reason";
 /// Annotation holding previewd's reply to the last comment command (JSON, [`CommandReply`]).
 pub const ANNOTATION_LAST_COMMAND: &str = "previewd.dev/last-command";
 
+/// Annotation on a `PreviewEnvironment` whose template places it: the `PreviewCluster` it was
+/// placed on. Written once, with the environment's resourceVersion as precondition, so that two
+/// replicas never place it twice; kept for the environment's life.
+pub const ANNOTATION_CLUSTER: &str = "previewd.dev/cluster";
+/// Labels on the records previewd writes into a target cluster: the namespace and name of the
+/// environment (or template) they stand for in the hub, and the hub environment's uid.
+pub const LABEL_HUB_NAMESPACE: &str = "previewd.dev/hub-namespace";
+pub const LABEL_HUB_NAME: &str = "previewd.dev/hub-name";
+pub const LABEL_HUB_UID: &str = "previewd.dev/hub-uid";
+
 /// Field manager of the reconciler's server-side applies (the environment's objects).
 pub const FIELD_MANAGER_RECONCILE: &str = "previewd";
 /// Field manager of the webhook intake's applies of `PreviewEnvironment`s: the controller's
@@ -69,6 +79,9 @@ pub const FIELD_MANAGER_SWEEP: &str = "previewd-sweep";
 pub const FIELD_MANAGER_GATE: &str = "previewd-gate";
 /// Field manager of the traffic recorder's writes (`spec.lastActivity`).
 pub const FIELD_MANAGER_TRAFFIC: &str = "previewd-traffic";
+/// Field manager of the placement (the cluster annotation) and of the records written into
+/// target clusters.
+pub const FIELD_MANAGER_PLACEMENT: &str = "previewd-placement";
 
 /// The labels previewd puts on every object of `environment`.
 pub fn environment_labels(

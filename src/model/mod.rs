@@ -12,6 +12,7 @@ pub mod grants;
 pub mod kinds;
 pub mod metadata;
 pub mod naming;
+pub mod placement;
 pub mod pod_kinds;
 pub mod quantity;
 pub mod quota;

@@ -124,6 +124,17 @@ pub fn environment_namespace(
     )
 }
 
+/// Name of the record, in a target cluster's namespace, of the hub's object `name` (an
+/// environment or a template) in `hub_namespace`: the hash tells apart the same name from two
+/// hub namespaces placed into one target namespace.
+pub fn record_name(kind: &str, hub_namespace: &str, name: &str) -> String {
+    label(
+        &[hub_namespace, name],
+        &["record", kind, hub_namespace, name],
+        MAX_LABEL,
+    )
+}
+
 /// Whether `name` is a valid DNS-1123 label.
 pub fn is_dns1123_label(name: &str) -> bool {
     !name.is_empty()

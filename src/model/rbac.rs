@@ -152,6 +152,13 @@ rules:
   - apiGroups: [previewd.dev]
     resources: [previewenvironments/finalizers]
     verbs: [update]
+  # Registered clusters (placement): read them, and write what their looks saw.
+  - apiGroups: [previewd.dev]
+    resources: [previewclusters]
+    verbs: [get, list, watch]
+  - apiGroups: [previewd.dev]
+    resources: [previewclusters/status]
+    verbs: [get, patch]
   # Environment namespaces: previewd creates them, and never labels or deletes one that it
   # did not create for the environment (its UID label; the code checks, RBAC cannot).
   - apiGroups: [""]

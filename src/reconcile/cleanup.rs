@@ -33,6 +33,10 @@ pub async fn cleanup(
     environment: &PreviewEnvironment,
     context: &Context,
 ) -> Result<Action, ReconcileError> {
+    if let Some(cluster) = super::remote::placed_on(environment) {
+        super::remote::remove_from_cluster(environment, cluster, context).await?;
+        return tell_forge_it_is_gone(environment, context).await;
+    }
     let Some(namespace) = namespace_of(environment, context) else {
         return Ok(Action::await_change());
     };
@@ -150,6 +154,20 @@ async fn release(
     context: &Context,
     namespace: &str,
 ) -> Result<Action, ReconcileError> {
+    let action = tell_forge_it_is_gone(environment, context).await?;
+    // The reconciler's and the reporter's memory of the environment are dropped once the
+    // finalizer is gone (the controller does it): if removing it fails, the next look must
+    // still know what the forge was told.
+    context.applier.forget_namespace(namespace);
+    Ok(action)
+}
+
+/// The environment is gone from where it ran: the forge hears it (or cannot hear soon), then
+/// the finalizer may be released.
+async fn tell_forge_it_is_gone(
+    environment: &PreviewEnvironment,
+    context: &Context,
+) -> Result<Action, ReconcileError> {
     if let Err(e) = tell_forge_again(environment, context).await {
         let deleted_at = environment.metadata.deletion_timestamp.as_ref();
         let deleted_at = deleted_at.and_then(|t| DateTime::from_timestamp(t.0.as_second(), 0));
@@ -167,10 +185,6 @@ async fn release(
         }
         note_forge_failure(environment, context, &e);
     }
-    // The reconciler's and the reporter's memory of the environment are dropped once the
-    // finalizer is gone (the controller does it): if removing it fails, the next look must
-    // still know what the forge was told.
-    context.applier.forget_namespace(namespace);
     Ok(Action::await_change())
 }
 

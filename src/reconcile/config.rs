@@ -68,6 +68,8 @@ pub struct ControllerConfig {
     /// The content-creating requests previewd sends per GitHub App installation or token, or
     /// GitLab token (`--forge-content-per-minute`, `--forge-content-per-hour`).
     pub content_limits: ContentLimits,
+    /// Placing environments on registered clusters (`PreviewCluster`s).
+    pub placement: PlacementConfig,
 }
 
 /// Who previewd is, and which ClusterRole gives it its rights in an environment namespace.
@@ -97,6 +99,30 @@ impl Default for ControllerConfig {
             gate_answers: false,
             prices: None,
             content_limits: ContentLimits::default(),
+            placement: Default::default(),
+        }
+    }
+}
+
+/// How placement runs (`--cluster-credentials-namespace` and its timings).
+#[derive(Clone, Debug)]
+pub struct PlacementConfig {
+    /// previewd's own namespace, where the clusters' kubeconfig Secrets are. `None`: placement
+    /// is off, and a template with a `placement` says so.
+    pub credentials_namespace: Option<String>,
+    /// How often each registered cluster is looked at (its API server asked one small list).
+    pub look_interval: Duration,
+    /// How long a cluster may fail to answer before it is said to be unreachable (no new
+    /// environments, the comment says so). Its environments are never removed for it.
+    pub unreachable_grace: Duration,
+}
+
+impl Default for PlacementConfig {
+    fn default() -> Self {
+        Self {
+            credentials_namespace: None,
+            look_interval: Duration::from_secs(10),
+            unreachable_grace: Duration::from_secs(30),
         }
     }
 }

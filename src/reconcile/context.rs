@@ -44,6 +44,8 @@ pub struct Context {
     pub engines: Engines,
     /// Which storage classes keep their volumes (read when a plan has claims).
     pub storage_classes: crate::cluster::storage_classes::StorageClasses,
+    /// The registered clusters environments are placed on, and the connections to them.
+    pub hub: super::remote::hub::Hub,
     /// Asks for a reconcile of an environment: used to start queued environments as soon as a
     /// slot frees up.
     pub(super) reconcile_trigger: tokio::sync::mpsc::UnboundedSender<EnvironmentRef>,

@@ -20,6 +20,8 @@ use super::config::ControllerConfig;
 use super::context::{CachedCopy, Context, Memory};
 use super::error::ReconcileError;
 use super::pipeline::reconcile_environment;
+use super::remote::hub::Hub;
+use super::remote::look_after_clusters;
 use crate::cluster::applier::Applier;
 use crate::cluster::caches::{Caches, Readiness, without_managed_fields};
 use crate::cluster::observed::ObservedStore;
@@ -90,6 +92,8 @@ pub async fn run(
     if let Some(out) = context_out {
         let _ = out.send(context.clone());
     }
+    // Ends with the controller's runtime; returns at once when placement is off.
+    tokio::spawn(look_after_clusters(context.clone()));
     controller
         // A template change re-renders every environment made from it.
         .watches_stream(template_stream, move |template: PreviewTemplate| {
@@ -156,6 +160,7 @@ fn build_context(parts: Parts) -> Context {
             .with_content_limits(config.content_limits),
         ),
         storage_classes: StorageClasses::new(client.clone()),
+        hub: Hub::start(client.clone(), config.placement.clone(), trigger.clone()),
         client,
         config,
         metrics: metrics.reconcile,
@@ -362,6 +367,8 @@ fn error_policy(
         .inc();
     match error {
         ReconcileError::NamespaceTerminating(_) => return Action::requeue(Duration::from_secs(1)),
+        // Its status says it; the look at the cluster reconciles it again once it answers.
+        ReconcileError::RemovalOnCluster(_) => return Action::requeue(Duration::from_secs(2)),
         ReconcileError::ForgeNotTold(e) => return retry_telling_the_forge(&environment, e),
         _ => {}
     }

@@ -37,6 +37,10 @@ pub enum ReconcileError {
     Cleanup(#[source] kube::Error),
     #[error("namespace {0} is still terminating")]
     NamespaceTerminating(String),
+    /// Removal waits on the registered cluster the environment runs on: its record there is
+    /// being removed, or the cluster does not answer.
+    #[error("{0}")]
+    RemovalOnCluster(String),
     #[error("finalizer: {0}")]
     Finalizer(#[source] Box<kube::runtime::finalizer::Error<ReconcileError>>),
     /// A manifest engine (Helm) could not be run (missing, or no room for its folder), or a
@@ -46,6 +50,17 @@ pub enum ReconcileError {
     /// The status was written; only the report to the forge failed (retried with backoff).
     #[error("reporting to the forge: {0}")]
     Forge(#[source] ForgeCallError),
+    /// The environment's placement could not be written (its cluster annotation).
+    #[error("placing the environment: {}", in_words(.0))]
+    Placement(#[source] kube::Error),
+    /// A record could not be written into, or removed from, the cluster the environment runs
+    /// on (that cluster's API server; retried with backoff, the environment kept as it is).
+    #[error("cluster {cluster}: {}", in_words(.error))]
+    Target {
+        cluster: String,
+        #[source]
+        error: kube::Error,
+    },
     /// The namespace is gone but the forge has not heard yet: the record waits (for a while,
     /// see `cleanup::FORGE_PATIENCE_AFTER_DELETION`) and tries again when the forge allows.
     #[error("telling the forge the environment is gone: {0}")]
@@ -68,10 +83,15 @@ impl ReconcileError {
             | ReconcileError::GrantNotInForce(_)
             | ReconcileError::Secrets(_)
             | ReconcileError::StorageClasses(_)
-            | ReconcileError::Engine(_) => "apply",
+            | ReconcileError::Engine(_)
+            | ReconcileError::Target { .. } => "apply",
             ReconcileError::Prune(_) => "prune",
-            ReconcileError::Status(_) | ReconcileError::Read(_) => "status",
-            ReconcileError::Cleanup(_) | ReconcileError::NamespaceTerminating(_) => "cleanup",
+            ReconcileError::Status(_) | ReconcileError::Read(_) | ReconcileError::Placement(_) => {
+                "status"
+            }
+            ReconcileError::Cleanup(_)
+            | ReconcileError::NamespaceTerminating(_)
+            | ReconcileError::RemovalOnCluster(_) => "cleanup",
             ReconcileError::Finalizer(_) => "finalizer",
             ReconcileError::Forge(_) | ReconcileError::ForgeNotTold(_) => "forge",
         }

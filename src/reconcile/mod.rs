@@ -27,6 +27,7 @@ mod pipeline;
 mod prune;
 mod quarantine;
 mod queue;
+pub mod remote;
 mod renders;
 mod resolve;
 mod schedule;

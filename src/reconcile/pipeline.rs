@@ -33,7 +33,7 @@ use super::renders::renderer::Renderer;
 use super::status::{Progress, held_status, refused_status};
 use super::write::write_status;
 use super::{
-    access, apply, claim, finish, namespace, prune, quarantine, renders, resolve, schedule,
+    access, apply, claim, finish, namespace, prune, quarantine, remote, renders, resolve, schedule,
     secrets, template_status, volumes, waves,
 };
 use crate::cluster::observed::ObjectKey;
@@ -58,6 +58,13 @@ pub async fn reconcile_environment(
         }
         write_status(environment, context, hold.status).await?;
         return Ok(Action::requeue(hold.requeue));
+    }
+    // Placed on a registered cluster, or to be: its previewd deploys it there.
+    if let Some(cluster) = remote::placed_on(environment) {
+        return remote::run_on_cluster(environment, &template, cluster, context).await;
+    }
+    if let Some(placement) = remote::to_place(environment, &template) {
+        return remote::place(environment, placement, context).await;
     }
     let (target, held) = match checks::admission(environment, &template, Utc::now()) {
         Admission::Open => (Cow::Borrowed(environment), None),

@@ -104,15 +104,17 @@ fn not_found(namespace: &str, name: &str) -> kube::Error {
 }
 
 /// Whether the Secret's owner lets templates of `template_namespace` copy it.
+/// A registered cluster's credential is never shared, whatever its annotations say.
 fn shared_with(source: &Secret, template_namespace: &str) -> bool {
-    source
-        .annotations()
-        .get(COPY_ANNOTATION)
-        .is_some_and(|list| {
-            list.split(',')
-                .map(str::trim)
-                .any(|entry| entry == "*" || entry == template_namespace)
-        })
+    !crate::cluster::secrets::is_cluster_credential(source)
+        && source
+            .annotations()
+            .get(COPY_ANNOTATION)
+            .is_some_and(|list| {
+                list.split(',')
+                    .map(str::trim)
+                    .any(|entry| entry == "*" || entry == template_namespace)
+            })
 }
 
 /// The copy: the source's type and data, the environment's labels, nothing else of the source's
@@ -301,6 +303,9 @@ mod tests {
         assert!(shared_with(&source(Some("*")), "team-a"));
         assert!(!shared_with(&source(Some("team-b")), "team-a"));
         assert!(!shared_with(&source(Some("team-a-evil")), "team-a"));
+        let mut credential = source(Some("*"));
+        credential.type_ = Some(crate::cluster::secrets::CLUSTER_CREDENTIAL_TYPE.into());
+        assert!(!shared_with(&credential, "team-a"));
     }
 
     #[test]

@@ -60,8 +60,14 @@ pub enum ReadyReason {
     Progress(ProgressReason),
     Refused(RefusalReason),
     Waiting(WaitingReason),
-    /// The template's cap is reached: it waits for a slot.
+    /// The template's cap is reached, or every cluster it may be placed on is full or does
+    /// not answer: it waits for a slot.
     Queued,
+    /// Its template places it, and no registered cluster can take it (none selected, or
+    /// placement is off): it waits for one.
+    NotPlaced,
+    /// It runs on a registered cluster whose previewd is removing it.
+    RemovedOnCluster,
     /// Being removed; something in its namespace holds the deletion (a finalizer).
     NamespaceHeld,
     /// Being removed.
@@ -75,6 +81,8 @@ impl ReadyReason {
             ReadyReason::Refused(reason) => reason.as_str(),
             ReadyReason::Waiting(reason) => reason.as_str(),
             ReadyReason::Queued => "Queued",
+            ReadyReason::NotPlaced => "NotPlaced",
+            ReadyReason::RemovedOnCluster => "RemovedOnCluster",
             ReadyReason::NamespaceHeld => "NamespaceHeld",
             ReadyReason::Deleting => "Deleting",
         }
@@ -314,6 +322,8 @@ pub fn progress_status(
     let timings = timings(environment, &previous, remembered, ready, now);
     PreviewEnvironmentStatus {
         phase: progress.phase,
+        // Deployed here: in the cluster previewd runs in.
+        cluster: None,
         namespace: Some(placement.namespace.to_string()),
         url: routed_url(&placement, &progress.resources),
         host: Some(placement.host.to_string()),

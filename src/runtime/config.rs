@@ -159,6 +159,17 @@ pub struct ControllerArgs {
     /// The same, in any hour. GitHub allows 500.
     #[arg(long, env = "PREVIEWD_FORGE_CONTENT_PER_HOUR", default_value_t = ContentLimits::default().per_hour, value_parser = parse_content_limit)]
     pub forge_content_per_hour: u32,
+    /// previewd's own namespace, where the kubeconfig Secrets of registered clusters
+    /// (`PreviewCluster`) are. Unset: placement on registered clusters is off.
+    #[arg(long, env = "PREVIEWD_CLUSTER_CREDENTIALS_NAMESPACE")]
+    pub cluster_credentials_namespace: Option<String>,
+    /// How often each registered cluster is looked at.
+    #[arg(long, env = "PREVIEWD_CLUSTER_LOOK_INTERVAL", default_value = "10s", value_parser = parse_duration)]
+    pub cluster_look_interval: std::time::Duration,
+    /// How long a registered cluster may fail to answer before it is said unreachable (no
+    /// new environments; its own are kept).
+    #[arg(long, env = "PREVIEWD_CLUSTER_UNREACHABLE_GRACE", default_value = "30s", value_parser = parse_duration)]
+    pub cluster_unreachable_grace: std::time::Duration,
 }
 
 impl ControllerArgs {
@@ -287,6 +298,11 @@ impl ControllerArgs {
             content_limits: ContentLimits {
                 per_minute: self.forge_content_per_minute,
                 per_hour: self.forge_content_per_hour,
+            },
+            placement: crate::reconcile::remote::PlacementConfig {
+                credentials_namespace: self.cluster_credentials_namespace.clone(),
+                look_interval: self.cluster_look_interval,
+                unreachable_grace: self.cluster_unreachable_grace,
             },
         }
     }

@@ -15,6 +15,7 @@ mod support;
 mod architecture;
 mod ceiling;
 mod chart;
+mod clusters;
 mod containment;
 mod content_policy;
 mod control_plane;

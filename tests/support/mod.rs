@@ -45,25 +45,48 @@ enum ClusterRequest {
 
 /// SIGKILLs the sandbox's kube-apiserver (etcd keeps the data). Panics on an external cluster.
 pub async fn kill_apiserver() {
-    let (tx, rx) = tokio::sync::oneshot::channel();
-    control().send(ClusterRequest::KillApiserver(tx)).unwrap();
-    rx.await.expect("the sandbox thread answered");
+    shared().kill_apiserver().await
 }
 
 /// Starts the killed kube-apiserver again; returns once it is ready.
 pub async fn start_apiserver() {
-    let (tx, rx) = tokio::sync::oneshot::channel();
-    control().send(ClusterRequest::StartApiserver(tx)).unwrap();
-    rx.await
-        .expect("the sandbox thread answered")
-        .unwrap_or_else(|e| panic!("the apiserver did not come back: {e}"));
+    shared().start_apiserver().await
 }
 
-fn control() -> &'static tokio::sync::mpsc::UnboundedSender<ClusterRequest> {
-    shared()
-        .control
-        .as_ref()
-        .expect("fault tests need the sandbox (PREVIEWD_TEST_KUBECONFIG is set)")
+impl SharedCluster {
+    /// SIGKILLs this sandbox's kube-apiserver (etcd keeps the data).
+    pub async fn kill_apiserver(&self) {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        self.control()
+            .send(ClusterRequest::KillApiserver(tx))
+            .unwrap();
+        rx.await.expect("the sandbox thread answered");
+    }
+
+    /// Starts this sandbox's killed kube-apiserver again; returns once it is ready.
+    pub async fn start_apiserver(&self) {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        self.control()
+            .send(ClusterRequest::StartApiserver(tx))
+            .unwrap();
+        rx.await
+            .expect("the sandbox thread answered")
+            .unwrap_or_else(|e| panic!("the apiserver did not come back: {e}"));
+    }
+
+    /// A client for this cluster, bound to the calling test's runtime.
+    pub async fn client(&self) -> Client {
+        let kubeconfig = Kubeconfig::read_from(&self.kubeconfig_path).expect("read the kubeconfig");
+        previewd::cluster::client::from_kubeconfig(kubeconfig)
+            .await
+            .expect("test client")
+    }
+
+    fn control(&self) -> &tokio::sync::mpsc::UnboundedSender<ClusterRequest> {
+        self.control
+            .as_ref()
+            .expect("fault tests need the sandbox (PREVIEWD_TEST_KUBECONFIG is set)")
+    }
 }
 
 /// Where the built control plane and engines are cached: `PREVIEWD_CACHE_DIR` as `previewd
@@ -97,70 +120,86 @@ pub fn shared() -> &'static SharedCluster {
                 control: None,
             };
         }
-        let (tx, rx) = std::sync::mpsc::channel();
-        let (control, mut requests) = tokio::sync::mpsc::unbounded_channel();
-        std::thread::Builder::new()
-            .name("test-sandbox".into())
-            .spawn(move || {
-                let runtime = tokio::runtime::Builder::new_multi_thread()
-                    .worker_threads(2)
-                    .enable_all()
-                    .build()
-                    .expect("sandbox runtime");
-                runtime.block_on(async move {
-                    let options = SandboxOptions {
-                        cache_dir: cache_dir(),
-                        nodes: NodeSimulatorConfig {
-                            nodes: SIMULATED_NODES.load(std::sync::atomic::Ordering::Relaxed),
-                            ..NodeSimulatorConfig::default()
-                        },
-                    };
-                    match Sandbox::start(options, Arc::new(StderrProgress)).await {
-                        Ok(mut sandbox) => {
-                            let pid = sandbox
-                                .control_plane_mut()
-                                .process_mut("kube-apiserver")
-                                .and_then(|p| p.pid());
-                            let _ = tx.send(Ok((sandbox.kubeconfig_path().to_path_buf(), pid)));
-                            // The sender lives in a static: this loop runs until the process ends.
-                            while let Some(request) = requests.recv().await {
-                                let plane = sandbox.control_plane_mut();
-                                match request {
-                                    ClusterRequest::KillApiserver(done) => {
-                                        if let Some(p) = plane.process_mut("kube-apiserver") {
-                                            p.kill();
-                                        }
-                                        let _ = done.send(());
+        start_sandbox(SIMULATED_NODES.load(std::sync::atomic::Ordering::Relaxed))
+    })
+}
+
+/// A second control plane of its own (started on first use, for the tests that place
+/// environments on two clusters); never an external cluster.
+pub fn second() -> &'static SharedCluster {
+    static SECOND: OnceLock<SharedCluster> = OnceLock::new();
+    SECOND.get_or_init(|| {
+        previewd::install_crypto_provider();
+        start_sandbox(1)
+    })
+}
+
+/// Starts a sandbox with `nodes` simulated nodes on a thread of its own, which keeps it
+/// running (and answers its fault requests) until the process ends.
+fn start_sandbox(nodes: usize) -> SharedCluster {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let (control, mut requests) = tokio::sync::mpsc::unbounded_channel();
+    std::thread::Builder::new()
+        .name("test-sandbox".into())
+        .spawn(move || {
+            let runtime = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()
+                .expect("sandbox runtime");
+            runtime.block_on(async move {
+                let options = SandboxOptions {
+                    cache_dir: cache_dir(),
+                    nodes: NodeSimulatorConfig {
+                        nodes,
+                        ..NodeSimulatorConfig::default()
+                    },
+                };
+                match Sandbox::start(options, Arc::new(StderrProgress)).await {
+                    Ok(mut sandbox) => {
+                        let pid = sandbox
+                            .control_plane_mut()
+                            .process_mut("kube-apiserver")
+                            .and_then(|p| p.pid());
+                        let _ = tx.send(Ok((sandbox.kubeconfig_path().to_path_buf(), pid)));
+                        // The sender lives in a static: this loop runs until the process ends.
+                        while let Some(request) = requests.recv().await {
+                            let plane = sandbox.control_plane_mut();
+                            match request {
+                                ClusterRequest::KillApiserver(done) => {
+                                    if let Some(p) = plane.process_mut("kube-apiserver") {
+                                        p.kill();
                                     }
-                                    ClusterRequest::StartApiserver(done) => {
-                                        let result = plane
-                                            .start_again("kube-apiserver")
-                                            .await
-                                            .map_err(|e| e.to_string());
-                                        let _ = done.send(result);
-                                    }
+                                    let _ = done.send(());
+                                }
+                                ClusterRequest::StartApiserver(done) => {
+                                    let result = plane
+                                        .start_again("kube-apiserver")
+                                        .await
+                                        .map_err(|e| e.to_string());
+                                    let _ = done.send(result);
                                 }
                             }
-                            drop(sandbox);
                         }
-                        Err(e) => {
-                            let _ = tx.send(Err(e.to_string()));
-                        }
+                        drop(sandbox);
                     }
-                });
-            })
-            .expect("spawn the sandbox thread");
-        let (kubeconfig_path, apiserver_pid) = rx
-            .recv()
-            .expect("sandbox thread answered")
-            .unwrap_or_else(|e| panic!("the test control plane did not start: {e}"));
-        SharedCluster {
-            kubeconfig_path,
-            apiserver_pid,
-            simulated_nodes: true,
-            control: Some(control),
-        }
-    })
+                    Err(e) => {
+                        let _ = tx.send(Err(e.to_string()));
+                    }
+                }
+            });
+        })
+        .expect("spawn the sandbox thread");
+    let (kubeconfig_path, apiserver_pid) = rx
+        .recv()
+        .expect("sandbox thread answered")
+        .unwrap_or_else(|e| panic!("the test control plane did not start: {e}"));
+    SharedCluster {
+        kubeconfig_path,
+        apiserver_pid,
+        simulated_nodes: true,
+        control: Some(control),
+    }
 }
 
 /// A client for the shared cluster, bound to the calling test's runtime.

@@ -188,6 +188,10 @@ impl Phase {
 pub struct PreviewEnvironmentStatus {
     #[serde(default)]
     pub phase: Phase,
+    /// The registered cluster it runs on (its template has a `placement`), and whether that
+    /// cluster answers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster: Option<ClusterOfEnvironment>,
     /// The namespace the environment runs in.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub namespace: Option<String>,
@@ -475,4 +479,19 @@ pub struct Timings {
     /// Seconds from request to Ready.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub seconds_to_ready: Option<f64>,
+}
+
+/// The cluster an environment was placed on, as its status says.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct ClusterOfEnvironment {
+    /// The `PreviewCluster`'s name.
+    pub name: String,
+    /// Whether its API server answers; while it does not, the environment is kept as it was
+    /// last seen, and the rest of this status is that last sight.
+    #[serde(default)]
+    pub reachable: bool,
+    /// Since when it has not answered.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unreachable_since: Option<DateTime<Utc>>,
 }

@@ -1,9 +1,11 @@
-//! The two custom resources of group `previewd.dev`, version `v1alpha1`.
+//! The custom resources of group `previewd.dev`, version `v1alpha1`.
 //!
 //! * [`PreviewTemplate`]: one per repository, written by a platform engineer. It says which forge
 //!   events create environments and what an environment consists of.
 //! * [`PreviewEnvironment`]: one per branch or pull request, written by previewd's webhook intake
 //!   (or by hand). It is the durable record of what should run; its status says what does run.
+//! * [`PreviewCluster`]: a target cluster environments can be placed on, registered by the
+//!   operator.
 //!
 //! The schemas are structural: free-form values only under
 //! `x-kubernetes-preserve-unknown-fields`. Every supported API server (1.34 and newer) also
@@ -13,13 +15,15 @@
 //! The labels, annotations, finalizer and field managers these resources carry are in
 //! [`super::metadata`].
 
+mod cluster;
 mod environment;
 mod template;
 
+pub use cluster::*;
 pub use environment::*;
 pub use template::*;
 
-/// The API group of both resources.
+/// The API group of the resources.
 pub const GROUP: &str = "previewd.dev";
 pub(crate) fn default_true() -> bool {
     true
@@ -41,12 +45,16 @@ pub(crate) fn free_form_list(_: &mut schemars::SchemaGenerator) -> schemars::Sch
     })
 }
 
-/// Both CRDs, in a stable order, as `crdgen` writes them.
+/// The CRDs, in a stable order, as `crdgen` writes them.
 pub fn all_crds()
 -> Vec<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition>
 {
     use kube::CustomResourceExt;
-    vec![PreviewTemplate::crd(), PreviewEnvironment::crd()]
+    vec![
+        PreviewTemplate::crd(),
+        PreviewEnvironment::crd(),
+        PreviewCluster::crd(),
+    ]
 }
 
 /// The CRDs as one multi-document YAML file: the exact content of `crds/previewd.dev.yaml`.

@@ -56,6 +56,21 @@ pub struct PreviewTemplateSpec {
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     #[schemars(schema_with = "free_form_object")]
     pub values: BTreeMap<String, serde_json::Value>,
+    /// Where environments run: absent, in the cluster previewd runs in; present, on one of the
+    /// registered `PreviewCluster`s it selects, chosen when the environment is created and kept
+    /// for its life.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub placement: Option<Placement>,
+}
+
+/// Which registered clusters a template's environments may run on.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct Placement {
+    /// The clusters whose labels hold all of these (an empty map selects every cluster that
+    /// admits the template's namespace).
+    #[serde(default)]
+    pub cluster_selector: BTreeMap<String, String>,
 }
 
 /// Secrets for each environment, applied with its first wave.

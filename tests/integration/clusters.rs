@@ -1,0 +1,301 @@
+//! Environments placed on registered clusters, with two real control planes: the shared one
+//! (which is also the hub's) and a second sandbox of this test's own. A previewd runs on each
+//! as the agent, watching only its records' namespace; the hub reaches each with a kubeconfig
+//! that may touch nothing but previewd's records in that namespace.
+
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Namespace, Secret};
+use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
+use kube::api::{Api, DeleteParams, PostParams};
+use kube::{Client, ResourceExt};
+use previewd::cluster::records::{Deleter, Records};
+use previewd::cluster::secrets::CLUSTER_CREDENTIAL_TYPE;
+use previewd::cluster::writer::Writer;
+use previewd::model::crd::{Phase, PreviewCluster, PreviewEnvironment, PreviewTemplate};
+use previewd::model::metadata::ANNOTATION_CLUSTER;
+use previewd::reconcile::remote::PlacementConfig;
+use serde_json::json;
+
+use crate::support::{self, eventually};
+
+const WAIT: Duration = Duration::from_secs(90);
+
+/// The hub's identity on a target: it may only read and write previewd's records in `ns`.
+async fn records_access(client: &Client, ns: &str, user: &str) {
+    let role: Role = serde_json::from_value(json!({
+        "metadata": {"name": "previewd-hub"},
+        "rules": [{"apiGroups": ["previewd.dev"],
+                   "resources": ["previewtemplates", "previewenvironments"],
+                   "verbs": ["get", "list", "watch", "create", "patch", "delete"]}]
+    }))
+    .unwrap();
+    Api::<Role>::namespaced(client.clone(), ns)
+        .create(&PostParams::default(), &role)
+        .await
+        .unwrap();
+    let binding: RoleBinding = serde_json::from_value(json!({
+        "metadata": {"name": "previewd-hub"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "previewd-hub"},
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}]
+    }))
+    .unwrap();
+    Api::<RoleBinding>::namespaced(client.clone(), ns)
+        .create(&PostParams::default(), &binding)
+        .await
+        .unwrap();
+}
+
+/// A kubeconfig for the sandbox at `admin_kubeconfig`, acting as `user` (its admin token,
+/// impersonating), inline as a registered cluster's must be.
+fn acting_as(admin_kubeconfig: &std::path::Path, user: &str) -> String {
+    let admin = std::fs::read_to_string(admin_kubeconfig).unwrap();
+    let mut kubeconfig: serde_json::Value = serde_yaml_ng::from_str(&admin).unwrap();
+    for entry in kubeconfig["users"].as_array_mut().unwrap() {
+        entry["user"]["as"] = json!(user);
+    }
+    serde_yaml_ng::to_string(&kubeconfig).unwrap()
+}
+
+/// Registers a cluster: its kubeconfig Secret in the hub's namespace and its `PreviewCluster`.
+async fn register(
+    hub: &Client,
+    ns: &str,
+    name: &str,
+    kubeconfig: String,
+    records: &str,
+    capacity: u32,
+) {
+    let secret: Secret = serde_json::from_value(json!({
+        "metadata": {"name": name}, "type": CLUSTER_CREDENTIAL_TYPE,
+        "stringData": {"kubeconfig": kubeconfig}
+    }))
+    .unwrap();
+    Api::<Secret>::namespaced(hub.clone(), ns)
+        .create(&PostParams::default(), &secret)
+        .await
+        .unwrap();
+    let cluster: PreviewCluster = serde_json::from_value(json!({
+        "apiVersion": "previewd.dev/v1alpha1", "kind": "PreviewCluster",
+        "metadata": {"name": name, "labels": {"previewd.dev/test": ns}},
+        "spec": {"kubeconfigSecretRef": {"name": name, "key": "kubeconfig"},
+                 "namespace": records, "capacity": capacity, "templateNamespaces": [ns]}
+    }))
+    .unwrap();
+    Api::<PreviewCluster>::all(hub.clone())
+        .create(&PostParams::default(), &cluster)
+        .await
+        .unwrap();
+}
+
+async fn create_environment(hub: &Client, ns: &str, number: u64) {
+    let environment: PreviewEnvironment = serde_json::from_value(json!({
+        "apiVersion": "previewd.dev/v1alpha1", "kind": "PreviewEnvironment",
+        "metadata": {"name": format!("app-pr-{number}")},
+        "spec": {"template": "app", "source": {"repository": "Codertocat/Hello-World",
+                 "branch": format!("change-{number}"), "pullRequest": number,
+                 "headSha": format!("{number:040x}")}}
+    }))
+    .unwrap();
+    Api::<PreviewEnvironment>::namespaced(hub.clone(), ns)
+        .create(&PostParams::default(), &environment)
+        .await
+        .unwrap();
+}
+
+/// Waits until `check` holds for the hub's environment `name`; returns it.
+async fn environment_when(
+    environments: &Api<PreviewEnvironment>,
+    name: &str,
+    what: &str,
+    check: impl Fn(&PreviewEnvironment) -> bool,
+) -> PreviewEnvironment {
+    eventually(what, WAIT, || async {
+        environments
+            .get_opt(name)
+            .await
+            .ok()
+            .flatten()
+            .filter(|e| check(e))
+    })
+    .await
+}
+
+fn placed_on(environment: &PreviewEnvironment) -> Option<&str> {
+    environment
+        .annotations()
+        .get(ANNOTATION_CLUSTER)
+        .map(String::as_str)
+}
+
+fn ready_on(environment: &PreviewEnvironment, cluster: &str) -> bool {
+    let status = environment.status.clone().unwrap_or_default();
+    status.phase == Phase::Ready
+        && status
+            .cluster
+            .is_some_and(|c| c.name == cluster && c.reachable)
+}
+
+async fn cluster_reachable(hub: &Client, name: &str, reachable: bool) {
+    let clusters: Api<PreviewCluster> = Api::all(hub.clone());
+    eventually(
+        &format!("cluster {name} reachable: {reachable}"),
+        WAIT,
+        || async {
+            let cluster = clusters.get_opt(name).await.ok().flatten()?;
+            (cluster.status?.reachable == reachable).then_some(())
+        },
+    )
+    .await
+}
+
+#[tokio::test]
+async fn environments_are_placed_by_room_kept_while_their_cluster_is_away_and_removed_where_they_run()
+ {
+    support::in_namespace("clusters-hub", |hub, ns| async move {
+        // Cluster A: a namespace of the shared control plane; cluster B: a second one.
+        let records_a = support::create_namespace(&hub, "clusters-records-a").await;
+        let second = support::second();
+        let remote = second.client().await;
+        let records_b = support::create_namespace(&remote, "clusters-records-b").await;
+        let user = format!("previewd-hub-{ns}");
+        records_access(&hub, &records_a, &user).await;
+        records_access(&remote, &records_b, &user).await;
+        let (a, b) = (format!("{ns}-a"), format!("{ns}-b"));
+        let shared_kubeconfig = &support::shared().kubeconfig_path;
+        register(&hub, &ns, &a, acting_as(shared_kubeconfig, &user), &records_a, 1).await;
+        register(&hub, &ns, &b, acting_as(&second.kubeconfig_path, &user), &records_b, 3).await;
+        let template: PreviewTemplate = serde_json::from_value(json!({
+            "apiVersion": "previewd.dev/v1alpha1", "kind": "PreviewTemplate",
+            "metadata": {"name": "app"},
+            "spec": {"forge": {"kind": "github", "repository": "Codertocat/Hello-World"},
+                     "placement": {"clusterSelector": {"previewd.dev/test": ns}},
+                     "manifests": {"inline": [{"name": "app.yaml", "template":
+                        "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: app\ndata:\n  sha: \"{{ sha }}\"\n"}]}}
+        }))
+        .unwrap();
+        Api::<PreviewTemplate>::namespaced(hub.clone(), &ns)
+            .create(&PostParams::default(), &template)
+            .await
+            .unwrap();
+
+        // The agents: previewd on each cluster, watching its records' namespace only.
+        let _agent_a = support::start_controller(&hub, &records_a).await;
+        let _agent_b = support::start_controller(&remote, &records_b).await;
+        let config = previewd::reconcile::ControllerConfig {
+            namespace: Some(ns.clone()),
+            placement: PlacementConfig {
+                credentials_namespace: Some(ns.clone()),
+                look_interval: Duration::from_secs(1),
+                unreachable_grace: Duration::from_secs(2),
+            },
+            ..Default::default()
+        };
+        let _hub = support::start_controller_with(&hub, config).await;
+        cluster_reachable(&hub, &a, true).await;
+        cluster_reachable(&hub, &b, true).await;
+
+        // By room: B (3) takes the first two, then A and B have one each: a tie goes by name.
+        let environments: Api<PreviewEnvironment> = Api::namespaced(hub.clone(), &ns);
+        let mut placements = Vec::new();
+        for number in 1..=3 {
+            create_environment(&hub, &ns, number).await;
+            let name = format!("app-pr-{number}");
+            let placed = environment_when(&environments, &name, "placed and Ready", |e| {
+                placed_on(e).is_some_and(|cluster| ready_on(e, cluster))
+            })
+            .await;
+            placements.push(placed_on(&placed).unwrap().to_string());
+        }
+        assert_eq!(placements, [b.clone(), b.clone(), a.clone()]);
+        // Each ran where it was placed: the record there, deployed by that cluster's previewd.
+        let on_b = Api::<PreviewEnvironment>::namespaced(remote.clone(), &records_b)
+            .list(&Default::default())
+            .await
+            .unwrap();
+        assert_eq!(on_b.items.len(), 2, "two records on B");
+        for record in &on_b.items {
+            let namespace = record.status.clone().unwrap().namespace.unwrap();
+            let configmaps = Api::<k8s_openapi::api::core::v1::ConfigMap>::namespaced(
+                remote.clone(),
+                &namespace,
+            );
+            assert!(configmaps.get_opt("app").await.unwrap().is_some());
+        }
+        // A second placement of a placed environment (another replica, a stale copy) is a
+        // conflict, not a second cluster.
+        let first = environments.get("app-pr-1").await.unwrap();
+        let writer = Writer::new(previewd::cluster::metrics::ClusterMetrics::default());
+        let records = Records::new(&hub, &writer);
+        let stale = first.resource_version().unwrap().parse::<u64>().unwrap() - 1;
+        let replaced = records
+            .place(&ns, "app-pr-1", &stale.to_string(), &a)
+            .await
+            .unwrap();
+        assert!(!replaced);
+        assert_eq!(placed_on(&environments.get("app-pr-1").await.unwrap()), Some(b.as_str()));
+
+        // B taken away: its environments stay, say so, and the next one waits (A is full,
+        // and B, with room, does not answer).
+        second.kill_apiserver().await;
+        cluster_reachable(&hub, &b, false).await;
+        for name in ["app-pr-1", "app-pr-2"] {
+            let kept = environment_when(&environments, name, "kept, its cluster silent", |e| {
+                e.status
+                    .as_ref()
+                    .and_then(|s| s.cluster.as_ref())
+                    .is_some_and(|c| !c.reachable && c.unreachable_since.is_some())
+            })
+            .await;
+            assert!(kept.metadata.deletion_timestamp.is_none());
+            assert_eq!(kept.status.unwrap().phase, Phase::Ready, "its last sight");
+        }
+        create_environment(&hub, &ns, 4).await;
+        let waiting = environment_when(&environments, "app-pr-4", "queued", |e| {
+            e.status.as_ref().is_some_and(|s| s.phase == Phase::Queued)
+        })
+        .await;
+        assert_eq!(placed_on(&waiting), None);
+        assert_eq!(waiting.status.unwrap().queue_position, Some(1));
+
+        // B back: the waiting one goes there.
+        second.start_apiserver().await;
+        cluster_reachable(&hub, &b, true).await;
+        environment_when(&environments, "app-pr-4", "placed on B and Ready", |e| {
+            placed_on(e) == Some(b.as_str()) && ready_on(e, &b)
+        })
+        .await;
+
+        // Merged: the intake deletes the environment; the removal reaches B (its record and
+        // its namespace there go) before the hub's record goes.
+        let removed_record = on_b
+            .items
+            .iter()
+            .find(|r| r.labels().get("previewd.dev/hub-name").map(String::as_str) == Some("app-pr-1"))
+            .unwrap()
+            .clone();
+        let removed_namespace = removed_record.status.clone().unwrap().namespace.unwrap();
+        records
+            .delete_with_reason(&ns, "app-pr-1", "merged", Deleter::Intake)
+            .await
+            .unwrap();
+        eventually("the hub's record gone", WAIT, || async {
+            environments.get_opt("app-pr-1").await.unwrap().is_none().then_some(())
+        })
+        .await;
+        let on_b = Api::<PreviewEnvironment>::namespaced(remote.clone(), &records_b);
+        assert!(on_b.get_opt(&removed_record.name_any()).await.unwrap().is_none());
+        let namespaces: Api<Namespace> = Api::all(remote.clone());
+        assert!(
+            namespaces.get_opt(&removed_namespace).await.unwrap().is_none(),
+            "its namespace on B is gone before the hub forgets it"
+        );
+
+        for cluster in [&a, &b] {
+            let _ = Api::<PreviewCluster>::all(hub.clone())
+                .delete(cluster, &DeleteParams::default())
+                .await;
+        }
+    })
+    .await;
+}
