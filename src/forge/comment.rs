@@ -71,6 +71,7 @@ fn render_live(
     input: &CommentInput<'_>,
 ) {
     render_headline(out, status, short_sha);
+    render_cluster(out, status);
     render_waiting(out, status);
     render_why(out, status);
     render_objects(out, status);
@@ -133,6 +134,33 @@ fn render_headline(out: &mut String, status: &PreviewEnvironmentStatus, short_sh
         }
         (None, _) => {
             let _ = writeln!(out, "Commit `{short_sha}`\n");
+        }
+    }
+}
+
+/// The registered cluster the environment runs on, and whether it answers (its name is the
+/// operator's `PreviewCluster`'s, a DNS name).
+fn render_cluster(out: &mut String, status: &PreviewEnvironmentStatus) {
+    let Some(cluster) = &status.cluster else {
+        return;
+    };
+    let name = &cluster.name;
+    match (cluster.reachable, cluster.unreachable_since) {
+        (true, _) => {
+            let _ = writeln!(
+                out,
+                "Runs on cluster `{name}`.
+"
+            );
+        }
+        (false, since) => {
+            let since = since
+                .map(|t| format!(" since {}", t.format("%Y-%m-%d %H:%M UTC")))
+                .unwrap_or_default();
+            let _ = writeln!(
+                out,
+                "Runs on cluster `{name}`, which has not answered{since}: shown as last seen; nothing is removed meanwhile.\n"
+            );
         }
     }
 }
@@ -491,6 +519,29 @@ mod tests {
             1,
             "said once: {text}"
         );
+    }
+
+    #[test]
+    fn an_environment_on_a_registered_cluster_names_it_and_says_when_it_does_not_answer() {
+        let mut running = status(Phase::Ready);
+        running.cluster = Some(crate::model::crd::ClusterOfEnvironment {
+            name: "eu-1".into(),
+            reachable: true,
+            unreachable_since: None,
+        });
+        let text = render(&input(CommentState::Live(&running)));
+        assert!(text.contains("Runs on cluster `eu-1`."), "{text}");
+        running.cluster = Some(crate::model::crd::ClusterOfEnvironment {
+            name: "eu-1".into(),
+            reachable: false,
+            unreachable_since: chrono::DateTime::from_timestamp(1_800_000_000, 0),
+        });
+        let text = render(&input(CommentState::Live(&running)));
+        assert!(
+            text.contains("`eu-1`, which has not answered since 2027-01-15 08:00 UTC: shown as last seen; nothing is removed meanwhile."),
+            "{text}"
+        );
+        assert!(text.contains("### Preview environment: ready"), "{text}");
     }
 
     #[test]

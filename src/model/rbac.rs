@@ -56,6 +56,17 @@ pub fn cluster_object_rules() -> Vec<Value> {
     rules
 }
 
+/// What a hub may do on a registered (target) cluster, in the one namespace of previewd's
+/// records there: the records themselves, nothing else (no Secrets, no namespaces, no
+/// application kinds: the target's own previewd deploys them with its own rights).
+pub fn hub_record_rules() -> Vec<Value> {
+    vec![json!({
+        "apiGroups": [crate::model::crd::GROUP],
+        "resources": ["previewtemplates", "previewenvironments"],
+        "verbs": ["get", "list", "watch", "create", "patch", "delete"],
+    })]
+}
+
 /// What the environment role grants on the guard rails inside one environment namespace.
 pub fn environment_rules() -> Vec<Value> {
     rules(&GUARD_RAIL_KINDS.iter().collect::<Vec<_>>(), WRITE)
@@ -118,6 +129,7 @@ pub fn chart_rbac_yaml() -> String {
             &rules_yaml(&cluster_object_rules()),
         )
         .replace("@ENVIRONMENT_RULES@", &rules_yaml(&environment_rules()))
+        .replace("@HUB_RECORD_RULES@", &rules_yaml(&hub_record_rules()))
 }
 
 /// The chart file around the generated rules: names, bindings and Helm values.
@@ -280,6 +292,63 @@ subjects:
   - kind: ServiceAccount
     name: {{ $account }}
     namespace: {{ $.Release.Namespace }}
+{{- end }}
+{{- /* Placement: the registered clusters' kubeconfigs, in previewd's own namespace. */}}
+{{- if .Values.placement.enabled }}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: Role
+metadata:
+  name: {{ $fullname }}-cluster-credentials
+  namespace: {{ .Release.Namespace }}
+  labels:
+    {{- include "previewd.labels" . | nindent 4 }}
+rules:
+  - apiGroups: [""]
+    resources: [secrets]
+    verbs: [get]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: RoleBinding
+metadata:
+  name: {{ $fullname }}-cluster-credentials
+  namespace: {{ .Release.Namespace }}
+  labels:
+    {{- include "previewd.labels" . | nindent 4 }}
+roleRef:
+  apiGroup: rbac.authorization.k8s.io
+  kind: Role
+  name: {{ $fullname }}-cluster-credentials
+subjects:
+  - kind: ServiceAccount
+    name: {{ $account }}
+    namespace: {{ .Release.Namespace }}
+{{- end }}
+{{- /* On a registered cluster: the hub writes previewd's records here, and nothing else. */}}
+{{- with .Values.hubAccess.subjects }}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: Role
+metadata:
+  name: {{ $fullname }}-hub-records
+  namespace: {{ $.Values.watchNamespace | default $.Release.Namespace }}
+  labels:
+    {{- include "previewd.labels" $ | nindent 4 }}
+rules:
+@HUB_RECORD_RULES@---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: RoleBinding
+metadata:
+  name: {{ $fullname }}-hub-records
+  namespace: {{ $.Values.watchNamespace | default $.Release.Namespace }}
+  labels:
+    {{- include "previewd.labels" $ | nindent 4 }}
+roleRef:
+  apiGroup: rbac.authorization.k8s.io
+  kind: Role
+  name: {{ $fullname }}-hub-records
+subjects:
+  {{- toYaml . | nindent 2 }}
 {{- end }}
 {{- end }}
 "#;

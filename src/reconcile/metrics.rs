@@ -33,6 +33,12 @@ pub struct ReconcileMetrics {
     /// 1 for each wall the kernel keeps around the engines (`files`: Landlock, `network`:
     /// seccomp), 0 for one it does not (`engines::contain`).
     pub engine_containment: IntGaugeVec,
+    /// Per registered cluster (`cluster`): 1 while it answers, 0 once it has not for the
+    /// grace period (`PreviewCluster` status `reachable`).
+    pub cluster_reachable: IntGaugeVec,
+    /// Per registered cluster: environments placed on it, and its capacity.
+    pub cluster_environments: IntGaugeVec,
+    pub cluster_capacity: IntGaugeVec,
 }
 
 impl Default for ReconcileMetrics {
@@ -57,6 +63,9 @@ impl MetricSet for ReconcileMetrics {
             Box::new(self.engine_renders.clone()),
             Box::new(self.engine_containment.clone()),
             Box::new(self.namespace_holds.clone()),
+            Box::new(self.cluster_reachable.clone()),
+            Box::new(self.cluster_environments.clone()),
+            Box::new(self.cluster_capacity.clone()),
         ]
     }
 }
@@ -155,6 +164,43 @@ impl ReconcileMetrics {
             )
             .expect("valid metric"),
             engine_containment: engine_containment(),
+            cluster_reachable: cluster_gauge(
+                "previewd_cluster_reachable",
+                "Per registered cluster: 1 while its API server answers, 0 once it has not for the grace period (it then gets no new environments; its own are kept)",
+            ),
+            cluster_environments: cluster_gauge(
+                "previewd_cluster_environments",
+                "Environments placed on each registered cluster",
+            ),
+            cluster_capacity: cluster_gauge(
+                "previewd_cluster_capacity",
+                "Environments each registered cluster takes at most",
+            ),
+        }
+    }
+}
+
+fn cluster_gauge(name: &str, help: &str) -> IntGaugeVec {
+    IntGaugeVec::new(Opts::new(name, help), &["cluster"]).expect("valid metric")
+}
+
+impl ReconcileMetrics {
+    /// Sets the gauges of registered cluster `name` from what its last look saw.
+    pub fn see_cluster(&self, name: &str, reachable: bool, placed: u32, capacity: u32) {
+        let gauge = |vec: &IntGaugeVec, value: i64| vec.with_label_values(&[name]).set(value);
+        gauge(&self.cluster_reachable, i64::from(reachable));
+        gauge(&self.cluster_environments, i64::from(placed));
+        gauge(&self.cluster_capacity, i64::from(capacity));
+    }
+
+    /// Drops the series of a cluster no longer registered.
+    pub fn forget_cluster(&self, name: &str) {
+        for vec in [
+            &self.cluster_reachable,
+            &self.cluster_environments,
+            &self.cluster_capacity,
+        ] {
+            let _ = vec.remove_label_values(&[name]);
         }
     }
 }

@@ -34,6 +34,7 @@ fn everything_on() -> Value {
                      "httpRoute": {"enabled": true, "parentRefs": [{"name": "previews", "namespace": "gateway-system"}]}},
         "watchNamespace": "apps",
         "rbac": {"bindableClusterRoles": ["view"], "secretNamespaces": ["apps", "team-b"]},
+        "placement": {"enabled": true, "lookInterval": "5s", "unreachableGrace": "1m"},
     })
 }
 
@@ -84,6 +85,10 @@ fn bad_values() -> Vec<(&'static str, Value)> {
         (
             "forge_content_below_one_report",
             json!({"forgeContent": {"perMinute": 4}}),
+        ),
+        (
+            "hub_access_for_a_node",
+            json!({"hubAccess": {"subjects": [{"kind": "Node", "name": "worker-1"}]}}),
         ),
         (
             "traffic_query_without_the_host",
@@ -368,6 +373,8 @@ async fn the_chart_lints_renders_applies_and_its_rbac_carries_a_lifecycle() {
             "prices": {"perCoreHour": "0.04", "perGibHour": "0.005"},
             // The content budget, smaller than the default.
             "forgeContent": {"perMinute": 40, "perHour": 300},
+            // As on a registered cluster: a hub may write previewd's records here.
+            "hubAccess": {"subjects": [{"kind": "User", "name": "previewd-hub", "apiGroup": "rbac.authorization.k8s.io"}]},
         });
         for (case, values) in [("defaults", None), ("everything on", Some(everything_on()))] {
             let said = lint(&ns, values.as_ref());
@@ -406,6 +413,13 @@ async fn the_chart_lints_renders_applies_and_its_rbac_carries_a_lifecycle() {
                 "the chart renders a {kind}: {kinds:?}"
             );
         }
+        // The hub's access: previewd's records in the watched namespace, nothing else.
+        let hub_role = rendered
+            .iter()
+            .find(|o| o["kind"] == "Role" && o["metadata"]["name"] == format!("{release}-previewd-hub-records"))
+            .expect("the hub's Role");
+        assert_eq!(hub_role["metadata"]["namespace"], json!(ns));
+        assert_eq!(hub_role["rules"], json!(previewd::model::rbac::hub_record_rules()));
         assert_egress_stays_out_of_private_ranges(&rendered);
         assert_the_api_ports_open_to_every_address_when_no_address_is_known(&ns);
         assert_gate_routed(&rendered, &release);

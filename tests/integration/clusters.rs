@@ -23,11 +23,10 @@ const WAIT: Duration = Duration::from_secs(90);
 
 /// The hub's identity on a target: it may only read and write previewd's records in `ns`.
 async fn records_access(client: &Client, ns: &str, user: &str) {
+    // The rules the chart's hubAccess gives, generated from the same function.
     let role: Role = serde_json::from_value(json!({
         "metadata": {"name": "previewd-hub"},
-        "rules": [{"apiGroups": ["previewd.dev"],
-                   "resources": ["previewtemplates", "previewenvironments"],
-                   "verbs": ["get", "list", "watch", "create", "patch", "delete"]}]
+        "rules": previewd::model::rbac::hub_record_rules(),
     }))
     .unwrap();
     Api::<Role>::namespaced(client.clone(), ns)
@@ -191,7 +190,11 @@ async fn environments_are_placed_by_room_kept_while_their_cluster_is_away_and_re
             },
             ..Default::default()
         };
-        let _hub = support::start_controller_with(&hub, config).await;
+        let running_hub = support::start_controller_with(&hub, config).await;
+        let gauge = |name: &str, cluster: &str| {
+            let series = format!("{name}{{cluster=\"{cluster}\"}}");
+            support::webhooks::metric_value(&running_hub.metrics.render(), &series)
+        };
         cluster_reachable(&hub, &a, true).await;
         cluster_reachable(&hub, &b, true).await;
 
@@ -239,6 +242,9 @@ async fn environments_are_placed_by_room_kept_while_their_cluster_is_away_and_re
         // and B, with room, does not answer).
         second.kill_apiserver().await;
         cluster_reachable(&hub, &b, false).await;
+        assert_eq!(gauge("previewd_cluster_reachable", &b), Some(0.0));
+        assert_eq!(gauge("previewd_cluster_reachable", &a), Some(1.0));
+        assert_eq!(gauge("previewd_cluster_environments", &b), Some(2.0));
         for name in ["app-pr-1", "app-pr-2"] {
             let kept = environment_when(&environments, name, "kept, its cluster silent", |e| {
                 e.status
@@ -261,6 +267,7 @@ async fn environments_are_placed_by_room_kept_while_their_cluster_is_away_and_re
         // B back: the waiting one goes there.
         second.start_apiserver().await;
         cluster_reachable(&hub, &b, true).await;
+        assert_eq!(gauge("previewd_cluster_reachable", &b), Some(1.0));
         environment_when(&environments, "app-pr-4", "placed on B and Ready", |e| {
             placed_on(e) == Some(b.as_str()) && ready_on(e, &b)
         })

@@ -35,35 +35,61 @@ pub async fn look_after_clusters(context: Arc<Context>) {
         return;
     };
     let secrets = SecretReader::for_cluster_credentials(context.client.clone());
-    let mut failing_since: HashMap<String, DateTime<Utc>> = HashMap::new();
+    let mut memory = Looked::default();
     loop {
-        let clusters = context.hub.clusters.state();
-        let names: Vec<String> = clusters.iter().map(|c| c.name_any()).collect();
-        context.hub.drop_targets_except(&names);
-        failing_since.retain(|name, _| names.contains(name));
-        for cluster in clusters {
-            let look = look_at(&cluster, &context.hub, &secrets, &credentials).await;
-            let name = cluster.name_any();
-            let since = match &look {
-                Ok(()) => {
-                    failing_since.remove(&name);
-                    None
-                }
-                Err(_) => Some(*failing_since.entry(name).or_insert_with(Utc::now)),
-            };
-            let placed = placed_on(&context, &cluster.name_any());
-            let grace = context.hub.config.unreachable_grace;
-            let seen = next_status(
-                cluster.status.as_ref(),
-                &look,
-                placed,
-                since,
-                grace,
-                Utc::now(),
-            );
-            say(&context, &cluster, seen).await;
-        }
+        look_at_all(&context, &secrets, &credentials, &mut memory).await;
         tokio::time::sleep(context.hub.config.look_interval).await;
+    }
+}
+
+/// What the looks remember between rounds: since when each failing cluster has failed, and
+/// which clusters have metric series.
+#[derive(Default)]
+struct Looked {
+    failing_since: HashMap<String, DateTime<Utc>>,
+    with_series: Vec<String>,
+}
+
+/// One round: every registered cluster looked at, its status and gauges set; connections and
+/// series of clusters no longer registered dropped.
+async fn look_at_all(
+    context: &Context,
+    secrets: &SecretReader,
+    credentials: &str,
+    memory: &mut Looked,
+) {
+    let clusters = context.hub.clusters.state();
+    let names: Vec<String> = clusters.iter().map(|c| c.name_any()).collect();
+    context.hub.drop_targets_except(&names);
+    memory.failing_since.retain(|name, _| names.contains(name));
+    for gone in memory.with_series.iter().filter(|n| !names.contains(n)) {
+        context.metrics.forget_cluster(gone);
+    }
+    memory.with_series = names;
+    for cluster in clusters {
+        let look = look_at(&cluster, &context.hub, secrets, credentials).await;
+        let name = cluster.name_any();
+        let since = match &look {
+            Ok(()) => {
+                memory.failing_since.remove(&name);
+                None
+            }
+            Err(_) => Some(
+                *memory
+                    .failing_since
+                    .entry(name.clone())
+                    .or_insert_with(Utc::now),
+            ),
+        };
+        let placed = placed_on(context, &name);
+        let grace = context.hub.config.unreachable_grace;
+        let previous = cluster.status.as_ref();
+        let seen = next_status(previous, &look, placed, since, grace, Utc::now());
+        let capacity = cluster.spec.capacity;
+        context
+            .metrics
+            .see_cluster(&name, seen.reachable, placed, capacity);
+        say(context, &cluster, seen).await;
     }
 }
 
