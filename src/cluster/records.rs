@@ -19,9 +19,9 @@ use kube::{Client, ResourceExt};
 use super::writer::Writer;
 use crate::model::crd::PreviewEnvironment;
 use crate::model::metadata::{
-    ANNOTATION_CLUSTER, ANNOTATION_DELETION_REASON, ANNOTATION_WOKEN_BY_REQUEST,
-    FIELD_MANAGER_CHECKS, FIELD_MANAGER_COMMANDS, FIELD_MANAGER_GATE, FIELD_MANAGER_INTAKE,
-    FIELD_MANAGER_PLACEMENT, FIELD_MANAGER_SWEEP, FIELD_MANAGER_TRAFFIC,
+    ANNOTATION_DELETION_REASON, ANNOTATION_WOKEN_BY_REQUEST, FIELD_MANAGER_CHECKS,
+    FIELD_MANAGER_COMMANDS, FIELD_MANAGER_GATE, FIELD_MANAGER_INTAKE, FIELD_MANAGER_SWEEP,
+    FIELD_MANAGER_TRAFFIC,
 };
 
 /// Who deletes an environment with its reason: the field manager of the reason's write and
@@ -140,31 +140,6 @@ impl<'a> Records<'a> {
     pub async fn put_to_sleep(&self, namespace: &str, name: &str) -> Result<bool, kube::Error> {
         let sleep = put_to_sleep(self.client, namespace, name);
         self.writer.write("sleep", sleep).await
-    }
-
-    /// Records the registered cluster an environment was placed on (the
-    /// `previewd.dev/cluster` annotation, as `previewd-placement`, counted as `placement`),
-    /// only if it is still as `seen` (its `resourceVersion`): another replica that placed it
-    /// first makes this a conflict, and the environment is placed once. Returns false if it
-    /// changed or is gone: decide again from what the cache then holds.
-    pub async fn place(
-        &self,
-        namespace: &str,
-        name: &str,
-        resource_version: &str,
-        cluster: &str,
-    ) -> Result<bool, kube::Error> {
-        let body = serde_json::json!({
-            "metadata": {
-                "resourceVersion": resource_version,
-                "annotations": {ANNOTATION_CLUSTER: cluster},
-            },
-        });
-        let place = merge(self.client, namespace, name, FIELD_MANAGER_PLACEMENT, body);
-        match self.writer.write("placement", place).await {
-            Err(kube::Error::Api(status)) if status.code == 409 => Ok(false),
-            other => other,
-        }
     }
 
     /// Deletes an environment after writing why on it, counted once (the reason's patch and

@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use kube::runtime::reflector::Store;
 
 use crate::model::crd::{Phase, PreviewEnvironment};
+use crate::model::metadata::is_hub_record;
 
 /// How stale the snapshot may be: a host starts to be answered at most this long after its
 /// environment fell asleep (its routes are withdrawn only after that, by the reconcile).
@@ -170,7 +171,14 @@ impl HostIndex {
         let Ok(_turn) = self.rebuilding.try_lock() else {
             return current;
         };
-        let hosts = holders(self.environments.state().iter().map(|e| &**e));
+        // A hub's records wake through their hub (a push, `/preview wake`), not here.
+        let environments = self.environments.state();
+        let hosts = holders(
+            environments
+                .iter()
+                .map(|e| &**e)
+                .filter(|e| !is_hub_record(e)),
+        );
         let rebuilt = Arc::new(Snapshot {
             built: Instant::now(),
             teams_asleep: teams_asleep(&hosts),

@@ -24,6 +24,7 @@ use crate::cluster::records::Records;
 use crate::cluster::writer::Writer;
 use crate::lifecycle::metrics::TrafficMetrics;
 use crate::model::crd::{Phase, PreviewEnvironment, PreviewTemplate};
+use crate::model::metadata::is_hub_record;
 
 /// The placeholder a traffic query must hold.
 pub const HOST_PLACEHOLDER: &str = "{{ host }}";
@@ -198,7 +199,11 @@ impl TrafficRecorder {
                 .template(e.metadata.namespace.as_deref()?, &e.spec.template)
         };
         let asked = candidates(
-            environments.iter().map(|e| &**e),
+            // A hub's records: their traffic is the hub's environment's to record.
+            environments
+                .iter()
+                .map(|e| &**e)
+                .filter(|e| !is_hub_record(e)),
             template_of,
             self.source.interval,
             now,

@@ -52,15 +52,19 @@ pub const ANNOTATION_DELETION_REASON: &str = "previewd.dev/deletion-reason";
 /// Annotation holding previewd's reply to the last comment command (JSON, [`CommandReply`]).
 pub const ANNOTATION_LAST_COMMAND: &str = "previewd.dev/last-command";
 
-/// Annotation on a `PreviewEnvironment` whose template places it: the `PreviewCluster` it was
-/// placed on. Written once, with the environment's resourceVersion as precondition, so that two
-/// replicas never place it twice; kept for the environment's life.
-pub const ANNOTATION_CLUSTER: &str = "previewd.dev/cluster";
 /// Labels on the records previewd writes into a target cluster: the namespace and name of the
 /// environment (or template) they stand for in the hub, and the hub environment's uid.
 pub const LABEL_HUB_NAMESPACE: &str = "previewd.dev/hub-namespace";
 pub const LABEL_HUB_NAME: &str = "previewd.dev/hub-name";
 pub const LABEL_HUB_UID: &str = "previewd.dev/hub-uid";
+
+/// Whether `environment` is a record a hub wrote (it carries [`LABEL_HUB_NAMESPACE`]): its
+/// life is the hub's to decide. The previewd of the cluster it runs on deploys it, and neither
+/// sweeps it (idle, closed, too old), records its traffic nor wakes it on a request: the hub
+/// does those on its own environment, whose spec the record follows.
+pub fn is_hub_record(environment: &PreviewEnvironment) -> bool {
+    environment.labels().contains_key(LABEL_HUB_NAMESPACE)
+}
 
 /// Field manager of the reconciler's server-side applies (the environment's objects).
 pub const FIELD_MANAGER_RECONCILE: &str = "previewd";
@@ -79,8 +83,8 @@ pub const FIELD_MANAGER_SWEEP: &str = "previewd-sweep";
 pub const FIELD_MANAGER_GATE: &str = "previewd-gate";
 /// Field manager of the traffic recorder's writes (`spec.lastActivity`).
 pub const FIELD_MANAGER_TRAFFIC: &str = "previewd-traffic";
-/// Field manager of the placement (the cluster annotation) and of the records written into
-/// target clusters.
+/// Field manager of the placement (`status.cluster`, written once with the environment's
+/// resourceVersion as precondition) and of the records written into target clusters.
 pub const FIELD_MANAGER_PLACEMENT: &str = "previewd-placement";
 
 /// The labels previewd puts on every object of `environment`.

@@ -92,9 +92,14 @@ pub async fn run(
     if let Some(out) = context_out {
         let _ = out.send(context.clone());
     }
-    // Ends with the controller's runtime; returns at once when placement is off.
-    tokio::spawn(look_after_clusters(context.clone()));
-    controller
+    // The looks at registered clusters run as long as the controller, in the same future: a
+    // term as leader that ends takes them with it (returns at once when placement is off).
+    let looks = look_after_clusters(context.clone());
+    let looks = async move {
+        looks.await;
+        std::future::pending::<()>().await
+    };
+    let reconciles = controller
         // A template change re-renders every environment made from it.
         .watches_stream(template_stream, move |template: PreviewTemplate| {
             let name = template.name_any();
@@ -113,8 +118,11 @@ pub async fn run(
             if let Err(e) = result {
                 tracing::debug!(error = %e, "reconcile failed");
             }
-        })
-        .await;
+        });
+    tokio::select! {
+        _ = reconciles => {}
+        _ = looks => {}
+    }
 }
 
 /// What the context is built from.

@@ -64,7 +64,7 @@ pub async fn reconcile_environment(
         return remote::run_on_cluster(environment, &template, cluster, context).await;
     }
     if let Some(placement) = remote::to_place(environment, &template) {
-        return remote::place(environment, placement, context).await;
+        return remote::place(environment, &template, placement, context).await;
     }
     let (target, held) = match checks::admission(environment, &template, Utc::now()) {
         Admission::Open => (Cow::Borrowed(environment), None),

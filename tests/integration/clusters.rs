@@ -7,14 +7,13 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Namespace, Secret};
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
-use kube::api::{Api, DeleteParams, PostParams};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use previewd::cluster::records::{Deleter, Records};
 use previewd::cluster::secrets::CLUSTER_CREDENTIAL_TYPE;
 use previewd::cluster::writer::Writer;
 use previewd::model::crd::{Phase, PreviewCluster, PreviewEnvironment, PreviewTemplate};
-use previewd::model::metadata::ANNOTATION_CLUSTER;
-use previewd::reconcile::remote::PlacementConfig;
+use previewd::reconcile::remote::{PlacementConfig, record_placement};
 use serde_json::json;
 
 use crate::support::{self, eventually};
@@ -121,10 +120,21 @@ async fn environment_when(
 }
 
 fn placed_on(environment: &PreviewEnvironment) -> Option<&str> {
-    environment
-        .annotations()
-        .get(ANNOTATION_CLUSTER)
-        .map(String::as_str)
+    previewd::reconcile::remote::placed_on(environment)
+}
+
+/// The record on a target that stands for the hub's environment `name`.
+async fn record_of(records: &Api<PreviewEnvironment>, name: &str) -> Option<PreviewEnvironment> {
+    let list = records.list(&Default::default()).await.unwrap();
+    list.items
+        .into_iter()
+        .find(|r| r.labels().get("previewd.dev/hub-name").map(String::as_str) == Some(name))
+}
+
+fn ready_message(environment: &PreviewEnvironment) -> String {
+    let status = environment.status.clone().unwrap_or_default();
+    let ready = status.conditions.into_iter().find(|c| c.type_ == "Ready");
+    ready.map(|c| c.message).unwrap_or_default()
 }
 
 fn ready_on(environment: &PreviewEnvironment, cluster: &str) -> bool {
@@ -225,18 +235,28 @@ async fn environments_are_placed_by_room_kept_while_their_cluster_is_away_and_re
             );
             assert!(configmaps.get_opt("app").await.unwrap().is_some());
         }
+        // At rest: the looks go on (one a second), and the hub writes nothing.
+        let writes = || {
+            let text = running_hub.metrics.render();
+            text.lines()
+                .filter(|l| l.starts_with("previewd_write_requests_total{"))
+                .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+                .sum::<f64>()
+        };
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let before = writes();
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        assert_eq!(writes(), before, "{}", running_hub.metrics.render());
+
         // A second placement of a placed environment (another replica, a stale copy) is a
         // conflict, not a second cluster.
-        let first = environments.get("app-pr-1").await.unwrap();
         let writer = Writer::new(previewd::cluster::metrics::ClusterMetrics::default());
-        let records = Records::new(&hub, &writer);
-        let stale = first.resource_version().unwrap().parse::<u64>().unwrap() - 1;
-        let replaced = records
-            .place(&ns, "app-pr-1", &stale.to_string(), &a)
+        let replaced = record_placement(&hub, &writer, &ns, "app-pr-1", "1", &a)
             .await
             .unwrap();
         assert!(!replaced);
         assert_eq!(placed_on(&environments.get("app-pr-1").await.unwrap()), Some(b.as_str()));
+        let records = Records::new(&hub, &writer);
 
         // B taken away: its environments stay, say so, and the next one waits (A is full,
         // and B, with room, does not answer).
@@ -264,7 +284,20 @@ async fn environments_are_placed_by_room_kept_while_their_cluster_is_away_and_re
         assert_eq!(placed_on(&waiting), None);
         assert_eq!(waiting.status.unwrap().queue_position, Some(1));
 
-        // B back: the waiting one goes there.
+        // Merged while B is away: the removal waits for B, and the hub keeps the record.
+        records
+            .delete_with_reason(&ns, "app-pr-2", "merged", Deleter::Intake)
+            .await
+            .unwrap();
+        environment_when(&environments, "app-pr-2", "its removal waiting for B", |e| {
+            ready_message(e).contains("Removal waits for cluster")
+        })
+        .await;
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        assert!(environments.get_opt("app-pr-2").await.unwrap().is_some());
+
+        // B back: the waiting one goes there (the one being removed still holds its place),
+        // and the removal reaches B.
         second.start_apiserver().await;
         cluster_reachable(&hub, &b, true).await;
         assert_eq!(gauge("previewd_cluster_reachable", &b), Some(1.0));
@@ -272,31 +305,47 @@ async fn environments_are_placed_by_room_kept_while_their_cluster_is_away_and_re
             placed_on(e) == Some(b.as_str()) && ready_on(e, &b)
         })
         .await;
+        let on_b = Api::<PreviewEnvironment>::namespaced(remote.clone(), &records_b);
+        eventually("app-pr-2 gone from the hub and from B", WAIT, || async {
+            let hub_gone = environments.get_opt("app-pr-2").await.unwrap().is_none();
+            (hub_gone && record_of(&on_b, "app-pr-2").await.is_none()).then_some(())
+        })
+        .await;
 
-        // Merged: the intake deletes the environment; the removal reaches B (its record and
-        // its namespace there go) before the hub's record goes.
-        let removed_record = on_b
-            .items
-            .iter()
-            .find(|r| r.labels().get("previewd.dev/hub-name").map(String::as_str) == Some("app-pr-1"))
-            .unwrap()
-            .clone();
-        let removed_namespace = removed_record.status.clone().unwrap().namespace.unwrap();
+        // Merged: the removal reaches B before the hub's record goes. Its namespace on B is
+        // held (a finalizer of the test's) so that the order shows.
+        let removed = record_of(&on_b, "app-pr-1").await.expect("app-pr-1's record on B");
+        let removed_namespace = removed.status.clone().unwrap().namespace.unwrap();
+        let namespaces: Api<Namespace> = Api::all(remote.clone());
+        let hold = json!({"metadata": {"finalizers": ["previewd.dev/test-hold"]}});
+        namespaces
+            .patch(&removed_namespace, &PatchParams::default(), &Patch::Merge(&hold))
+            .await
+            .unwrap();
         records
             .delete_with_reason(&ns, "app-pr-1", "merged", Deleter::Intake)
+            .await
+            .unwrap();
+        environment_when(&environments, "app-pr-1", "being removed on B", |e| {
+            ready_message(e).contains("Being removed on cluster")
+        })
+        .await;
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        assert!(
+            environments.get_opt("app-pr-1").await.unwrap().is_some(),
+            "the hub keeps its record while B's namespace is still there"
+        );
+        let release = json!({"metadata": {"finalizers": null}});
+        namespaces
+            .patch(&removed_namespace, &PatchParams::default(), &Patch::Merge(&release))
             .await
             .unwrap();
         eventually("the hub's record gone", WAIT, || async {
             environments.get_opt("app-pr-1").await.unwrap().is_none().then_some(())
         })
         .await;
-        let on_b = Api::<PreviewEnvironment>::namespaced(remote.clone(), &records_b);
-        assert!(on_b.get_opt(&removed_record.name_any()).await.unwrap().is_none());
-        let namespaces: Api<Namespace> = Api::all(remote.clone());
-        assert!(
-            namespaces.get_opt(&removed_namespace).await.unwrap().is_none(),
-            "its namespace on B is gone before the hub forgets it"
-        );
+        assert!(record_of(&on_b, "app-pr-1").await.is_none());
+        assert!(namespaces.get_opt(&removed_namespace).await.unwrap().is_none());
 
         for cluster in [&a, &b] {
             let _ = Api::<PreviewCluster>::all(hub.clone())

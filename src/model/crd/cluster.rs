@@ -35,7 +35,9 @@ pub struct PreviewClusterSpec {
     /// (docs/installing.md, "Registering a cluster").
     pub kubeconfig_secret_ref: SecretKeyRef,
     /// The namespace on the target where previewd writes its records and the target's previewd
-    /// watches.
+    /// watches. It cannot change (the API server refuses it): records written into the old one
+    /// would be left running there. Register the cluster again under another name instead.
+    #[schemars(extend("x-kubernetes-validations" = [{"rule": "self == oldSelf", "message": "namespace cannot change: register the cluster again under another name"}]))]
     pub namespace: String,
     /// Environments at most on this cluster.
     pub capacity: u32,

@@ -122,6 +122,7 @@ pub struct Hub {
     /// Placements decided one at a time, so that two environments never take the last slot.
     pub(super) placing: tokio::sync::Mutex<Placed>,
     pub(super) trigger: tokio::sync::mpsc::UnboundedSender<ObjectRef<PreviewEnvironment>>,
+    _watch: Watches,
 }
 
 /// Placements this process wrote, by environment: counted with the cache's until the cache
@@ -130,24 +131,26 @@ pub struct Hub {
 pub struct Placed(pub(super) HashMap<ObjectRef<PreviewEnvironment>, (String, std::time::Instant)>);
 
 impl Hub {
-    /// The hub, watching `PreviewCluster`s with `client` when placement is on (the watch runs
-    /// until the returned guard is dropped).
+    /// The hub, watching `PreviewCluster`s with `client` when placement is on (until it is
+    /// dropped).
     pub fn start(
         client: Client,
         config: PlacementConfig,
         trigger: tokio::sync::mpsc::UnboundedSender<ObjectRef<PreviewEnvironment>>,
     ) -> Self {
         let (clusters, writer) = reflector::store();
+        let mut watches = Vec::new();
         if config.credentials_namespace.is_some() {
             let watch = reflector(writer, watcher(Api::all(client), Default::default()))
                 .default_backoff()
                 .for_each(|_| async {});
-            // The watch lives as long as the process (the controller's context does).
-            tokio::spawn(watch);
+            // Stops when the hub is dropped, with the controller's context.
+            watches.push(tokio::spawn(watch));
         }
         Self {
             config,
             clusters,
+            _watch: Watches(watches),
             targets: Mutex::new(HashMap::new()),
             placing: tokio::sync::Mutex::new(Placed::default()),
             trigger,

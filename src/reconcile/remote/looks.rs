@@ -22,7 +22,6 @@ use super::hub::{Hub, Target};
 use crate::cluster::secrets::SecretReader;
 use crate::cluster::target_client::target_client;
 use crate::model::crd::{PreviewCluster, PreviewClusterStatus, PreviewEnvironment};
-use crate::model::metadata::ANNOTATION_CLUSTER;
 use crate::reconcile::context::Context;
 
 /// How long one look may wait for a cluster's answer.
@@ -147,7 +146,7 @@ fn placed_on(context: &Context, name: &str) -> u32 {
         .environments
         .state()
         .iter()
-        .filter(|e| e.annotations().get(ANNOTATION_CLUSTER).map(String::as_str) == Some(name))
+        .filter(|e| super::placed_on(e) == Some(name))
         .count();
     u32::try_from(placed).unwrap_or(u32::MAX)
 }
@@ -210,7 +209,7 @@ async fn say(context: &Context, cluster: &PreviewCluster, seen: PreviewClusterSt
     }
     if was_reachable != seen.reachable {
         for environment in context.caches.environments.state() {
-            if environment.annotations().get(ANNOTATION_CLUSTER) == Some(&name) {
+            if super::placed_on(&environment) == Some(name.as_str()) {
                 let _ = context.hub.trigger.send(ObjectRef::from_obj(&*environment));
             }
         }

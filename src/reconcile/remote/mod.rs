@@ -16,7 +16,7 @@ mod looks;
 mod place;
 mod records;
 
-use kube::api::{DeleteParams, Patch, PatchParams};
+use kube::api::{DeleteParams, Patch, PatchParams, Preconditions};
 use kube::runtime::controller::Action;
 use kube::{Api, Resource, ResourceExt};
 use serde::Serialize;
@@ -25,7 +25,7 @@ use serde::de::DeserializeOwned;
 pub use super::config::PlacementConfig;
 pub use hub::Target;
 pub use looks::look_after_clusters;
-pub use place::{place, to_place};
+pub use place::{place, record_placement, to_place};
 pub use records::Reach;
 
 use super::context::Context;
@@ -33,26 +33,75 @@ use super::error::ReconcileError;
 use super::status::{ReadyReason, held_status};
 use super::write::write_status;
 use crate::model::crd::{Phase, PreviewEnvironment, PreviewTemplate};
-use crate::model::metadata::{ANNOTATION_CLUSTER, FIELD_MANAGER_PLACEMENT};
+use crate::model::metadata::{FIELD_MANAGER_PLACEMENT, LABEL_HUB_UID};
 use records::{already_says, environment_record, mirrored_status, template_record};
 
-/// The registered cluster `environment` was placed on, if any.
+/// The registered cluster `environment` was placed on, if any: its `status.cluster`, which
+/// only previewd writes (and never clears while the environment lives).
 pub fn placed_on(environment: &PreviewEnvironment) -> Option<&str> {
-    environment
-        .annotations()
-        .get(ANNOTATION_CLUSTER)
-        .map(String::as_str)
+    let status = environment.status.as_ref()?;
+    status.cluster.as_ref().map(|c| c.name.as_str())
 }
 
-/// Whether cluster `name` answers, as its status says (a cluster unregistered, or never seen
-/// answering, does not).
-fn reach_of(context: &Context, name: &str) -> Reach {
-    let status = context.hub.cluster(name).and_then(|c| c.status.clone());
-    match status {
-        Some(status) if status.reachable => Reach::Answers,
-        Some(status) => Reach::Silent(status.since.unwrap_or_else(chrono::Utc::now)),
-        None => Reach::Silent(chrono::Utc::now()),
+/// What the hub knows of cluster `name` for `environment`.
+enum Seen {
+    /// It answers, and is connected.
+    Answers(std::sync::Arc<Target>),
+    /// It does not answer (or is no longer registered) since then: the environment's own
+    /// `unreachableSince` when it said so before, so that its status stays the same at rest.
+    Silent(chrono::DateTime<chrono::Utc>),
+    /// Registered and answering, not connected in this process yet (a restart, a new term):
+    /// nothing new to say until the next look connects.
+    NotYetConnected,
+}
+
+fn seen(context: &Context, name: &str, environment: &PreviewEnvironment) -> Seen {
+    let said_since = environment
+        .status
+        .as_ref()
+        .and_then(|s| s.cluster.as_ref())
+        .and_then(|c| c.unreachable_since);
+    let silent = |since: Option<chrono::DateTime<chrono::Utc>>| {
+        Seen::Silent(said_since.or(since).unwrap_or_else(chrono::Utc::now))
+    };
+    let Some(cluster) = context.hub.cluster(name) else {
+        return silent(None);
+    };
+    match (cluster.status.as_ref(), context.hub.target(name)) {
+        (Some(status), Some(target)) if status.reachable => Seen::Answers(target),
+        (Some(status), None) if status.reachable => Seen::NotYetConnected,
+        (Some(status), _) => silent(status.since),
+        (None, _) => Seen::NotYetConnected,
     }
+}
+
+/// Why `environment` may not run on `cluster` as its template asks, if it may not: the
+/// cluster does not admit its namespace (a status written by hand names a cluster its template
+/// could not have chosen), or the template copies Secrets (on the target every hub namespace's
+/// templates share one namespace, so an owner's sharing with a namespace would no longer tell
+/// teams apart).
+pub fn refused_on(
+    context: &Context,
+    cluster: &str,
+    environment: &PreviewEnvironment,
+    template: &PreviewTemplate,
+) -> Option<String> {
+    let namespace = environment.namespace().unwrap_or_default();
+    if let Some(registered) = context.hub.cluster(cluster)
+        && !registered.spec.admits(&namespace)
+    {
+        return Some(format!(
+            "Cluster {cluster} does not admit environments of namespace {namespace}; nothing is written there."
+        ));
+    }
+    refused_template(template)
+}
+
+/// Why no environment of `template` may be placed, if none may (see [`refused_on`]).
+pub fn refused_template(template: &PreviewTemplate) -> Option<String> {
+    (!template.spec.secrets.copy.is_empty()).then(|| {
+        "The template copies Secrets (secrets.copy), which environments placed on registered clusters cannot: generate them (secrets.generate) or have them on the cluster.".to_string()
+    })
 }
 
 /// Keeps the environment's records on `cluster` as the hub's say, and its status as the
@@ -64,15 +113,27 @@ pub async fn run_on_cluster(
     cluster: &str,
     context: &Context,
 ) -> Result<Action, ReconcileError> {
-    let target = context.hub.target(cluster);
-    let (Reach::Answers, Some(target)) = (reach_of(context, cluster), target) else {
-        let silent = match reach_of(context, cluster) {
-            Reach::Answers => Reach::Silent(chrono::Utc::now()),
-            silent => silent,
-        };
-        let status = mirrored_status(environment, None, cluster, silent);
+    let look_again = Action::requeue(context.hub.config.look_interval);
+    if let Some(refusal) = refused_on(context, cluster, environment, template) {
+        let status = held_status(
+            environment,
+            Phase::Degraded,
+            ReadyReason::NotPlaced,
+            &refusal,
+            None,
+            chrono::Utc::now(),
+        );
         write_status(environment, context, status).await?;
-        return Ok(Action::requeue(context.hub.config.look_interval));
+        return Ok(look_again);
+    }
+    let target = match seen(context, cluster, environment) {
+        Seen::Answers(target) => target,
+        Seen::NotYetConnected => return Ok(look_again),
+        Seen::Silent(since) => {
+            let status = mirrored_status(environment, None, cluster, Reach::Silent(since), false);
+            write_status(environment, context, status).await?;
+            return Ok(look_again);
+        }
     };
     let template_record = template_record(template, &target.namespace);
     let live_template = target.template(&template_record.name_any());
@@ -83,14 +144,52 @@ pub async fn run_on_cluster(
     }
     let record = environment_record(environment, &template_record, &target.namespace);
     let live = target.environment(&record.name_any());
-    if !already_says(live.as_deref(), &record, |e| {
+    if let Some(other) = live.as_deref().filter(|l| !stands_for(l, environment)) {
+        // The name is another environment's: one of the same name removed and made again,
+        // whose record is still going, or another hub's. This one waits.
+        let message = format!(
+            "Record {}/{} on cluster {cluster} stands for another environment (uid {}); this one is written once it is gone.",
+            target.namespace,
+            other.name_any(),
+            other
+                .labels()
+                .get(LABEL_HUB_UID)
+                .map(String::as_str)
+                .unwrap_or("unknown")
+        );
+        let status = held_status(
+            environment,
+            Phase::Pending,
+            ReadyReason::NotPlaced,
+            &message,
+            None,
+            chrono::Utc::now(),
+        );
+        write_status(environment, context, status).await?;
+        return Ok(look_again);
+    }
+    let current = already_says(live.as_deref(), &record, |e| {
         serde_json::to_value(&e.spec).unwrap_or_default()
-    }) {
+    });
+    if !current {
         write_record(&target, cluster, &record, context).await?;
     }
-    let status = mirrored_status(environment, live.as_deref(), cluster, Reach::Answers);
+    let status = mirrored_status(
+        environment,
+        live.as_deref(),
+        cluster,
+        Reach::Answers,
+        current,
+    );
     write_status(environment, context, status).await?;
     Ok(Action::requeue(context.config.resync_interval))
+}
+
+/// Whether `record` stands for `environment` (its hub uid label; a record without one is not
+/// previewd's).
+fn stands_for(record: &PreviewEnvironment, environment: &PreviewEnvironment) -> bool {
+    let uid = environment.uid().unwrap_or_default();
+    record.labels().get(LABEL_HUB_UID) == Some(&uid)
 }
 
 /// One server-side apply of a record on the target, as `previewd-placement`.
@@ -133,41 +232,55 @@ pub async fn remove_from_cluster(
     cluster: &str,
     context: &Context,
 ) -> Result<(), ReconcileError> {
-    let target = context.hub.target(cluster);
-    let (Reach::Answers, Some(target)) = (reach_of(context, cluster), target) else {
-        let message = format!(
-            "Removal waits for cluster {cluster} to answer: the environment is removed there first."
-        );
-        say_removing(environment, context, &message).await?;
-        return Err(ReconcileError::RemovalOnCluster(message));
+    let target = match seen(context, cluster, environment) {
+        Seen::Answers(target) => target,
+        Seen::Silent(_) | Seen::NotYetConnected => {
+            let message = format!(
+                "Removal waits for cluster {cluster} to answer: the environment is removed there first."
+            );
+            say_removing(environment, context, &message).await?;
+            return Err(ReconcileError::RemovalOnCluster(message));
+        }
     };
     let hub_namespace = environment.namespace().unwrap_or_default();
     let name =
         crate::model::naming::record_name("environment", &hub_namespace, &environment.name_any());
+    let live = target.environment(&name);
+    if live.as_deref().is_some_and(|l| !stands_for(l, environment)) {
+        // Not this environment's record (another's of the same name): nothing of it is there.
+        return Ok(());
+    }
     let message = format!("Being removed on cluster {cluster}.");
-    if target
-        .environment(&name)
-        .is_some_and(|live| live.metadata.deletion_timestamp.is_some())
+    if live
+        .as_deref()
+        .is_some_and(|l| l.metadata.deletion_timestamp.is_some())
     {
         // Deleted already: its previewd is removing it.
         say_removing(environment, context, &message).await?;
         return Err(ReconcileError::RemovalOnCluster(message));
     }
     let api: Api<PreviewEnvironment> = Api::namespaced(target.client.clone(), &target.namespace);
-    let params = DeleteParams::background();
+    // Only the record the cache showed, if it showed one: never a newer one of the same name.
+    let params = DeleteParams {
+        preconditions: live
+            .as_deref()
+            .and_then(|l| l.uid())
+            .map(|uid| Preconditions {
+                uid: Some(uid),
+                resource_version: None,
+            }),
+        ..DeleteParams::background()
+    };
     let delete = api.delete(&name, &params);
-    let gone = match context.writer.write("target_record", delete).await {
-        Err(kube::Error::Api(status)) if status.code == 404 => true,
+    match context.writer.write("target_record", delete).await {
+        Err(kube::Error::Api(status)) if status.code == 404 => return Ok(()),
         Err(error) => {
             return Err(ReconcileError::Target {
                 cluster: cluster.to_string(),
                 error,
             });
         }
-        Ok(_) => false,
-    };
-    if gone {
-        return Ok(());
+        Ok(_) => {}
     }
     say_removing(environment, context, &message).await?;
     Err(ReconcileError::RemovalOnCluster(message))

@@ -1,6 +1,7 @@
 //! Placing a new environment: the cluster with the most room among those its template selects
-//! (`model::placement`), written into the API as the environment's `previewd.dev/cluster`
-//! annotation with its resourceVersion as precondition. Decisions are taken one at a time in
+//! (`model::placement`), written into the API as the environment's `status.cluster` with its
+//! resourceVersion as precondition. The status subresource, not the spec or an annotation:
+//! teams write their environments' spec and metadata, only previewd writes their status. Decisions are taken one at a time in
 //! this process, and counted with the placements its cache does not show yet, so that two
 //! environments never take one last slot; two replicas cannot both place one environment (the
 //! second write meets a conflict).
@@ -13,9 +14,12 @@ use kube::ResourceExt;
 use kube::runtime::controller::Action;
 use kube::runtime::reflector::ObjectRef;
 
-use crate::cluster::records::Records;
+use kube::Api;
+use kube::api::{Patch, PatchParams};
+
+use crate::cluster::writer::Writer;
 use crate::model::crd::{Phase, Placement, PreviewEnvironment, PreviewTemplate};
-use crate::model::metadata::ANNOTATION_CLUSTER;
+use crate::model::metadata::FIELD_MANAGER_PLACEMENT;
 use crate::model::placement::{Candidate, Choice, choose};
 use crate::reconcile::context::Context;
 use crate::reconcile::error::ReconcileError;
@@ -29,9 +33,21 @@ const WAITING_RECHECK: Duration = Duration::from_secs(5);
 
 pub async fn place(
     environment: &PreviewEnvironment,
+    template: &PreviewTemplate,
     placement: &Placement,
     context: &Context,
 ) -> Result<Action, ReconcileError> {
+    if let Some(refusal) = super::refused_template(template) {
+        return wait(
+            environment,
+            context,
+            Phase::Degraded,
+            ReadyReason::NotPlaced,
+            &refusal,
+            None,
+        )
+        .await;
+    }
     if context.hub.config.credentials_namespace.is_none() {
         let message = "The template places its environments on registered clusters, and this previewd runs without --cluster-credentials-namespace: placement is off.";
         return wait(
@@ -60,17 +76,17 @@ pub async fn place(
     let ahead = waiting_before(environment, placement, &environments, context);
     match choose(placement, &namespace, &candidates, ahead) {
         Choice::On(cluster) => {
-            let records = Records::new(&context.client, &context.writer);
             let version = environment.resource_version().unwrap_or_default();
             let name = environment.name_any();
-            let written = records.place(&namespace, &name, &version, &cluster).await;
-            if written.map_err(ReconcileError::Placement)? {
+            let (client, writer) = (&context.client, &context.writer);
+            let written = record_placement(client, writer, &namespace, &name, &version, &cluster);
+            if written.await.map_err(ReconcileError::Placement)? {
                 tracing::info!(%cluster, "placed the environment");
                 placed
                     .0
                     .insert(ObjectRef::from_obj(environment), (cluster, Instant::now()));
             }
-            // The annotation's watch event reconciles it on its cluster; this is the net.
+            // The status's watch event reconciles it on its cluster; this is the net.
             Ok(Action::requeue(Duration::from_secs(1)))
         }
         Choice::Full { selected } => {
@@ -106,6 +122,38 @@ pub async fn place(
     }
 }
 
+/// Records that environment `name` was placed on `cluster` (its `status.cluster`, as
+/// `previewd-placement`, counted as `placement`), only if it is still at `resource_version`:
+/// another replica that placed it first makes this a conflict, so it is placed once. Returns
+/// false if it changed or is gone: decide again from what the cache then holds.
+pub async fn record_placement(
+    client: &kube::Client,
+    writer: &Writer,
+    namespace: &str,
+    name: &str,
+    resource_version: &str,
+    cluster: &str,
+) -> Result<bool, kube::Error> {
+    let api: Api<PreviewEnvironment> = Api::namespaced(client.clone(), namespace);
+    let body = serde_json::json!({
+        "metadata": {"resourceVersion": resource_version},
+        "status": {"cluster": {"name": cluster, "reachable": true}},
+    });
+    let params = PatchParams {
+        field_manager: Some(FIELD_MANAGER_PLACEMENT.into()),
+        ..Default::default()
+    };
+    let patch = Patch::Merge(body);
+    match writer
+        .write("placement", api.patch_status(name, &params, &patch))
+        .await
+    {
+        Ok(_) => Ok(true),
+        Err(kube::Error::Api(status)) if matches!(status.code, 404 | 409) => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
 /// Environments placed on each cluster: the cache's, and those this process placed that the
 /// cache does not show yet (forgotten once it does, or after [`PLACED_PATIENCE`]).
 fn placed_counts(
@@ -114,9 +162,9 @@ fn placed_counts(
 ) -> HashMap<String, u32> {
     let mut counts: HashMap<String, u32> = HashMap::new();
     for environment in environments {
-        if let Some(cluster) = environment.annotations().get(ANNOTATION_CLUSTER) {
+        if let Some(cluster) = super::placed_on(environment) {
             placed.remove(&ObjectRef::from_obj(environment.as_ref()));
-            let count = counts.entry(cluster.clone()).or_default();
+            let count = counts.entry(cluster.to_string()).or_default();
             *count = count.saturating_add(1);
         }
     }
@@ -142,7 +190,7 @@ fn waiting_before(
         .iter()
         .filter(|e| e.namespace() == environment.namespace())
         .filter(|e| e.metadata.deletion_timestamp.is_none())
-        .filter(|e| !e.annotations().contains_key(ANNOTATION_CLUSTER))
+        .filter(|e| super::placed_on(e).is_none())
         .filter(|e| order(e) < mine)
         .filter(|e| {
             context

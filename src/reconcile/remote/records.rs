@@ -84,16 +84,19 @@ pub enum Reach {
 /// The hub environment's status: what the target's record says (its phase, URL, objects,
 /// timings; before the target's previewd wrote any, what the hub said before), with the
 /// cluster and whether it answers. The hub's own forge record stays the hub's.
+/// `record_says_spec`: the record already holds the environment's spec (nothing was written
+/// to it now); only then can its status describe the environment's generation.
 pub fn mirrored_status(
     environment: &PreviewEnvironment,
     record: Option<&PreviewEnvironment>,
     cluster: &str,
     reach: Reach,
+    record_says_spec: bool,
 ) -> PreviewEnvironmentStatus {
     let previous = environment.status.clone().unwrap_or_default();
     let seen = match (reach, record.and_then(|r| r.status.clone())) {
         (Reach::Answers, Some(status)) => PreviewEnvironmentStatus {
-            observed_generation: if record_is_current(record) {
+            observed_generation: if record_says_spec && record_is_current(record) {
                 environment.metadata.generation
             } else {
                 previous.observed_generation
@@ -183,14 +186,20 @@ mod tests {
             phase: Phase::Degraded,
             ..Default::default()
         });
-        let status = mirrored_status(&environment, Some(&record), "eu", Reach::Silent(since));
+        let status = mirrored_status(
+            &environment,
+            Some(&record),
+            "eu",
+            Reach::Silent(since),
+            true,
+        );
         assert_eq!(status.phase, Phase::Ready);
         assert_eq!(status.url.as_deref(), Some("https://app-pr-1.example"));
         let cluster = status.cluster.unwrap();
         assert!(!cluster.reachable);
         assert_eq!(cluster.unreachable_since, Some(since));
         // Answering, the record's status is the environment's.
-        let status = mirrored_status(&environment, Some(&record), "eu", Reach::Answers);
+        let status = mirrored_status(&environment, Some(&record), "eu", Reach::Answers, true);
         assert_eq!(status.phase, Phase::Degraded);
     }
 }
