@@ -71,7 +71,8 @@ pub fn holders<'a>(
     environments.sort_by(|a, b| a.age().cmp(&b.age()));
     let mut hosts = HashMap::new();
     for environment in environments {
-        if environment.metadata.deletion_timestamp.is_some() {
+        // A hub's record wakes through its hub (a push, `/preview wake`), not here.
+        if environment.metadata.deletion_timestamp.is_some() || is_hub_record(environment) {
             continue;
         }
         let Some(status) = environment.status.as_ref() else {
@@ -214,6 +215,24 @@ mod tests {
             ..Default::default()
         });
         environment
+    }
+
+    #[test]
+    fn a_hubs_record_holds_no_host_here() {
+        let mut record = environment("app-pr-1", "app-pr-1.preview.example.com", true);
+        assert_eq!(
+            holders([&record]).len(),
+            1,
+            "as an environment of its own, it holds one"
+        );
+        record.metadata.labels = Some(
+            [(
+                crate::model::metadata::LABEL_HUB_NAMESPACE.to_string(),
+                "team-a".to_string(),
+            )]
+            .into(),
+        );
+        assert!(holders([&record]).is_empty());
     }
 
     #[test]

@@ -12,6 +12,7 @@ use chrono::{DateTime, TimeDelta, Utc};
 
 use crate::model::clock::{deadlines, last_activity};
 use crate::model::crd::{IdleAction, PreviewEnvironment, PreviewTemplate};
+use crate::model::metadata::is_hub_record;
 use crate::model::metadata::{
     LABEL_ENVIRONMENT_NAMESPACE, LABEL_ENVIRONMENT_UID, LABEL_MANAGED_BY,
 };
@@ -92,7 +93,8 @@ pub fn judge(
     facts: Option<&ForgeFacts>,
     now: DateTime<Utc>,
 ) -> Verdict {
-    if environment.metadata.deletion_timestamp.is_some() {
+    // A hub's record: its life is the hub's to decide (`is_hub_record`).
+    if environment.metadata.deletion_timestamp.is_some() || is_hub_record(environment) {
         return Verdict::Keep;
     }
     let Some(template) = template else {
@@ -253,6 +255,35 @@ mod tests {
         assert_eq!(
             judge(&branch, Some(&t), Some(&facts(&[], &["main"])), now()),
             Verdict::Delete(Reason::BranchGone)
+        );
+    }
+
+    #[test]
+    fn a_hubs_record_is_left_to_its_hub() {
+        let mut t = template(|spec| spec.lifecycle.idle_timeout = Some("1h".into()));
+        t.spec.lifecycle.max_age = Some("1h".into());
+        let mut record = environment(Some(2), "changes", 10, 5);
+        let before = judge(&record, Some(&t), Some(&facts(&[], &[])), now());
+        assert_ne!(
+            before,
+            Verdict::Keep,
+            "as an environment of its own, it would go"
+        );
+        record.metadata.labels = Some(
+            [(
+                crate::model::metadata::LABEL_HUB_NAMESPACE.to_string(),
+                "team-a".to_string(),
+            )]
+            .into(),
+        );
+        assert_eq!(
+            judge(&record, Some(&t), Some(&facts(&[], &[])), now()),
+            Verdict::Keep
+        );
+        assert_eq!(
+            judge(&record, None, None, now()),
+            Verdict::Keep,
+            "even its template gone"
         );
     }
 

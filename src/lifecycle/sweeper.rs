@@ -27,7 +27,7 @@ use crate::forge::template_client::TemplateClients;
 use crate::lifecycle::metrics::SweepMetrics;
 use crate::lifecycle::rules::{self, ForgeFacts, LabelledNamespace, Reason, Verdict};
 use crate::model::crd::{ForgeKind, PreviewEnvironment, PreviewTemplate};
-use crate::model::metadata::{LABEL_MANAGED_BY, is_hub_record};
+use crate::model::metadata::LABEL_MANAGED_BY;
 
 /// What one sweep did.
 #[derive(Clone, Debug, Default)]
@@ -82,8 +82,7 @@ impl Sweeper {
         let mut report = SweepReport::default();
         let environments = self.caches.environments.state();
         let facts = self.gather_facts(forge, &mut report).await;
-        // A hub's records are the hub's to judge (`is_hub_record`).
-        for environment in environments.iter().filter(|e| !is_hub_record(e)) {
+        for environment in &environments {
             self.judge_environment(environment, &facts, now, &mut report)
                 .await?;
         }

@@ -97,6 +97,8 @@ pub fn candidates<'a>(
     environments
         .into_iter()
         .filter(|e| e.metadata.deletion_timestamp.is_none() && !e.spec.sleep)
+        // A hub's record: its traffic is the hub's environment's to record.
+        .filter(|e| !is_hub_record(e))
         .filter(|e| {
             e.spec
                 .last_activity
@@ -378,6 +380,16 @@ mod tests {
         let asked = candidates(&environments, with_timeout, Duration::from_secs(300), now());
         let names: Vec<&str> = asked.iter().map(|c| c.name.as_str()).collect();
         assert_eq!(names, ["quiet"]);
+        // A hub's record is the hub's to ask about.
+        let mut record = environment("quiet", false, 30);
+        record.metadata.labels = Some(
+            [(
+                crate::model::metadata::LABEL_HUB_NAMESPACE.to_string(),
+                "team-a".to_string(),
+            )]
+            .into(),
+        );
+        assert!(candidates([&record], with_timeout, Duration::from_secs(300), now()).is_empty());
         assert_eq!(asked[0].host, "quiet.preview.example.com");
         let without = |_: &PreviewEnvironment| {
             Some(std::sync::Arc::new(PreviewTemplate::new(
