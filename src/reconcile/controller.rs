@@ -42,14 +42,7 @@ pub async fn run(
     metrics: ControllerMetrics,
     context_out: Option<tokio::sync::oneshot::Sender<Arc<Context>>>,
 ) {
-    let (environments, templates): (Api<PreviewEnvironment>, Api<PreviewTemplate>) =
-        match &config.namespace {
-            Some(ns) => (
-                Api::namespaced(client.clone(), ns),
-                Api::namespaced(client.clone(), ns),
-            ),
-            None => (Api::all(client.clone()), Api::all(client.clone())),
-        };
+    let (environments, templates) = watched_apis(&client, config.namespace.as_deref());
     let (trigger_tx, trigger_rx) = tokio::sync::mpsc::unbounded_channel();
     let store = ObservedStore::new(client.clone(), trigger_tx.clone());
     // Readiness comes from the watch streams themselves (their InitDone events), after the
@@ -93,12 +86,8 @@ pub async fn run(
         let _ = out.send(context.clone());
     }
     // The looks at registered clusters run as long as the controller, in the same future: a
-    // term as leader that ends takes them with it (returns at once when placement is off).
+    // term as leader that ends takes them with it.
     let looks = look_after_clusters(context.clone());
-    let looks = async move {
-        looks.await;
-        std::future::pending::<()>().await
-    };
     let reconciles = controller
         // A template change re-renders every environment made from it.
         .watches_stream(template_stream, move |template: PreviewTemplate| {
@@ -122,6 +111,20 @@ pub async fn run(
     tokio::select! {
         _ = reconciles => {}
         _ = looks => {}
+    }
+}
+
+/// The APIs of the two watched kinds: in `namespace`, or cluster-wide.
+fn watched_apis(
+    client: &Client,
+    namespace: Option<&str>,
+) -> (Api<PreviewEnvironment>, Api<PreviewTemplate>) {
+    match namespace {
+        Some(ns) => (
+            Api::namespaced(client.clone(), ns),
+            Api::namespaced(client.clone(), ns),
+        ),
+        None => (Api::all(client.clone()), Api::all(client.clone())),
     }
 }
 

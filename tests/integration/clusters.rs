@@ -265,6 +265,16 @@ async fn environments_are_placed_by_room_kept_while_their_cluster_is_away_and_re
         assert_eq!(gauge("previewd_cluster_reachable", &b), Some(0.0));
         assert_eq!(gauge("previewd_cluster_reachable", &a), Some(1.0));
         assert_eq!(gauge("previewd_cluster_environments", &b), Some(2.0));
+        // Every per-cluster metric docs/operations.md promises is on the hub's /metrics.
+        let operations = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/operations.md");
+        let documented =
+            crate::webhooks::documented_metrics(&std::fs::read_to_string(operations).unwrap());
+        let per_cluster: Vec<String> =
+            documented.into_iter().filter(|n| n.starts_with("previewd_cluster_")).collect();
+        assert_eq!(per_cluster.len(), 3, "{per_cluster:?}");
+        for name in per_cluster {
+            assert!(gauge(&name, &b).is_some(), "docs/operations.md promises {name}");
+        }
         for name in ["app-pr-1", "app-pr-2"] {
             let kept = environment_when(&environments, name, "kept, its cluster silent", |e| {
                 e.status

@@ -9,8 +9,9 @@
 //!
 //! The schemas are structural: free-form values only under
 //! `x-kubernetes-preserve-unknown-fields`. Every supported API server (1.34 and newer) also
-//! evaluates CEL rules (`x-kubernetes-validations`); validation lives in the controller today,
-//! where its errors name the field and the ceiling.
+//! evaluates CEL rules (`x-kubernetes-validations`); validation lives in the controller, where
+//! its errors name the field and the ceiling, but for one rule the controller cannot enforce
+//! after the fact: a `PreviewCluster`'s `namespace` never changes.
 //!
 //! The labels, annotations, finalizer and field managers these resources carry are in
 //! [`super::metadata`].

@@ -27,11 +27,11 @@ use crate::reconcile::context::Context;
 /// How long one look may wait for a cluster's answer.
 const LOOK_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// Looks at every registered cluster until the process ends; returns at once when placement
-/// is off.
+/// Looks at every registered cluster, for as long as it is polled; when placement is off,
+/// never does anything (and never ends, like the looks).
 pub async fn look_after_clusters(context: Arc<Context>) {
     let Some(credentials) = context.hub.config.credentials_namespace.clone() else {
-        return;
+        return std::future::pending().await;
     };
     let secrets = SecretReader::for_cluster_credentials(context.client.clone());
     let mut memory = Looked::default();

@@ -37,28 +37,9 @@ pub async fn place(
     placement: &Placement,
     context: &Context,
 ) -> Result<Action, ReconcileError> {
-    if let Some(refusal) = super::refused_template(template) {
-        return wait(
-            environment,
-            context,
-            Phase::Degraded,
-            ReadyReason::NotPlaced,
-            &refusal,
-            None,
-        )
-        .await;
-    }
-    if context.hub.config.credentials_namespace.is_none() {
-        let message = "The template places its environments on registered clusters, and this previewd runs without --cluster-credentials-namespace: placement is off.";
-        return wait(
-            environment,
-            context,
-            Phase::Pending,
-            ReadyReason::NotPlaced,
-            message,
-            None,
-        )
-        .await;
+    if let Some((phase, message)) = not_placeable(template, context) {
+        let reason = ReadyReason::NotPlaced;
+        return wait(environment, context, phase, reason, &message, None).await;
     }
     let namespace = environment.namespace().unwrap_or_default();
     let mut placed = context.hub.placing.lock().await;
@@ -76,15 +57,9 @@ pub async fn place(
     let ahead = waiting_before(environment, placement, &environments, context);
     match choose(placement, &namespace, &candidates, ahead) {
         Choice::On(cluster) => {
-            let version = environment.resource_version().unwrap_or_default();
-            let name = environment.name_any();
-            let (client, writer) = (&context.client, &context.writer);
-            let written = record_placement(client, writer, &namespace, &name, &version, &cluster);
-            if written.await.map_err(ReconcileError::Placement)? {
-                tracing::info!(%cluster, "placed the environment");
-                placed
-                    .0
-                    .insert(ObjectRef::from_obj(environment), (cluster, Instant::now()));
+            if place_on(environment, &cluster, context).await? {
+                let key = ObjectRef::from_obj(environment);
+                placed.0.insert(key, (cluster, Instant::now()));
             }
             // The status's watch event reconciles it on its cluster; this is the net.
             Ok(Action::requeue(Duration::from_secs(1)))
@@ -120,6 +95,36 @@ pub async fn place(
             .await
         }
     }
+}
+
+/// Why no environment of `template` can be placed now, if none can: the template asks what a
+/// placed environment cannot have (`Degraded`), or placement is off (`Pending`).
+fn not_placeable(template: &PreviewTemplate, context: &Context) -> Option<(Phase, String)> {
+    if let Some(refusal) = super::refused_template(template) {
+        return Some((Phase::Degraded, refusal));
+    }
+    context.hub.config.credentials_namespace.is_none().then(|| {
+        let message = "The template places its environments on registered clusters, and this previewd runs without --cluster-credentials-namespace: placement is off.";
+        (Phase::Pending, message.to_string())
+    })
+}
+
+/// Writes `environment`'s placement on `cluster`; false if it changed meanwhile.
+async fn place_on(
+    environment: &PreviewEnvironment,
+    cluster: &str,
+    context: &Context,
+) -> Result<bool, ReconcileError> {
+    let namespace = environment.namespace().unwrap_or_default();
+    let version = environment.resource_version().unwrap_or_default();
+    let name = environment.name_any();
+    let (client, writer) = (&context.client, &context.writer);
+    let written = record_placement(client, writer, &namespace, &name, &version, cluster).await;
+    let written = written.map_err(ReconcileError::Placement)?;
+    if written {
+        tracing::info!(%cluster, "placed the environment");
+    }
+    Ok(written)
 }
 
 /// Records that environment `name` was placed on `cluster` (its `status.cluster`, as
