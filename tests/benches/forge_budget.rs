@@ -54,13 +54,6 @@ fn main() {
     support::run_benchmark(benchmark());
 }
 
-fn setting(name: &str, default: u64) -> u64 {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
 /// The head of PR `number` after `change` pushes (40 hex digits, distinct in their first 7).
 fn head(number: u64, change: u64) -> String {
     use sha2::Digest;
@@ -326,7 +319,7 @@ async fn forge_quiet(forge: &MockServer) {
 }
 
 async fn benchmark() {
-    let size = setting("PREVIEWD_BUDGET_ENVIRONMENTS", 1_000);
+    let size = support::setting::<u64>("PREVIEWD_BUDGET_ENVIRONMENTS", 1_000);
     // `PREVIEWD_BUDGET_LIMITS=<per minute>,<per hour>`: the churn's previewd spends that budget
     // instead of its default, to compare.
     let budget_flags: Option<(String, String)> =
@@ -340,7 +333,7 @@ async fn benchmark() {
             .is_ok_and(|m| m <= GITHUB_PER_MINUTE)
             && hour.parse::<usize>().is_ok_and(|h| h <= GITHUB_PER_HOUR)
     });
-    let churn_seconds = setting("PREVIEWD_BUDGET_CHURN_SECONDS", 60);
+    let churn_seconds = support::setting::<u64>("PREVIEWD_BUDGET_CHURN_SECONDS", 60);
     let client = support::client().await;
     let namespace = support::create_namespace(&client, "bench-budget").await;
     let (forge, limits, ids) = stand_in().await;
@@ -575,8 +568,8 @@ const QUIET_BOUND: Duration = Duration::from_secs(60);
 
 impl BusyBesideQuiet<'_> {
     async fn run(&self, heads: &mut HashMap<u64, String>, changes: &mut HashMap<u64, u64>) {
-        let seconds = setting("PREVIEWD_BUDGET_BUSY_SECONDS", 600);
-        let quiet_every = setting("PREVIEWD_BUDGET_QUIET_EVERY", 60).max(1);
+        let seconds = support::setting::<u64>("PREVIEWD_BUDGET_BUSY_SECONDS", 600);
+        let quiet_every = support::setting::<u64>("PREVIEWD_BUDGET_QUIET_EVERY", 60).max(1);
         let quiet_count = self.size.saturating_sub(1).min(100);
         if quiet_count == 0 {
             return;

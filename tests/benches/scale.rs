@@ -156,13 +156,6 @@ fn main() {
     support::run_benchmark(benchmark());
 }
 
-fn setting<T: std::str::FromStr>(name: &str, default: T) -> T {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
 /// Which content budget previewd runs with (`PREVIEWD_SCALE_CONTENT_BUDGET`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum ContentBudget {
@@ -856,8 +849,8 @@ async fn wait_reconciled(
 
 async fn benchmark() {
     let budget = content_budget();
-    let churn_seconds: u64 = setting("PREVIEWD_SCALE_CHURN_SECONDS", 120);
-    let quiet_seconds: u64 = setting("PREVIEWD_SCALE_QUIET_SECONDS", 60);
+    let churn_seconds: u64 = support::setting("PREVIEWD_SCALE_CHURN_SECONDS", 120);
+    let quiet_seconds: u64 = support::setting("PREVIEWD_SCALE_QUIET_SECONDS", 60);
     let client = support::client().await;
     let namespace = support::create_namespace(&client, "bench-scale").await;
     let forge = github_forge().await;

@@ -17,6 +17,7 @@ use previewd::sandbox::{NodeSimulatorConfig, Sandbox, SandboxOptions, StderrProg
 
 pub mod apiserver;
 pub mod apps;
+pub mod clusters;
 pub mod contents;
 pub mod gate;
 pub mod layers;
@@ -687,6 +688,14 @@ pub async fn ready_reason(
         }
     })
     .await
+}
+
+/// A benchmark's setting: the environment variable `name` parsed, else `default`.
+pub fn setting<T: std::str::FromStr>(name: &str, default: T) -> T {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
 }
 
 /// Runs a benchmark's body on a multi-threaded runtime (benchmarks have no test harness).

@@ -101,6 +101,9 @@ pub fn mirrored_status(
             } else {
                 previous.observed_generation
             },
+            // The URL goes into the PR comment: only a plain http(s) address, whoever wrote
+            // the record's status there.
+            url: status.url.filter(|url| is_plain_url(url)),
             ..status
         },
         // Silent, or not deployed there yet: the last sight stays.
@@ -118,6 +121,20 @@ pub fn mirrored_status(
         forge: previous.forge,
         ..seen
     }
+}
+
+/// `http(s)://` and then only what a host, a port and a path are made of: nothing that
+/// Markdown or HTML would read as more than a link.
+fn is_plain_url(url: &str) -> bool {
+    let rest = url
+        .strip_prefix("https://")
+        .or_else(|| url.strip_prefix("http://"));
+    rest.is_some_and(|rest| {
+        !rest.is_empty()
+            && rest
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || "-._~:/%?=&#+@".contains(c))
+    })
 }
 
 /// Whether the target's previewd has reconciled the record's current spec.
@@ -201,5 +218,17 @@ mod tests {
         // Answering, the record's status is the environment's.
         let status = mirrored_status(&environment, Some(&record), "eu", Reach::Answers, true);
         assert_eq!(status.phase, Phase::Degraded);
+        // But for a URL that would be more than a link in the PR comment.
+        for (url, kept) in [
+            ("https://app-pr-1.preview.example.com/", true),
+            ("http://app-pr-1.preview.example.com:8080/x?y=1", true),
+            ("https://x.example](https://evil.example) **click**", false),
+            ("javascript:alert(1)", false),
+            ("https://<img src=x>", false),
+        ] {
+            record.status.as_mut().unwrap().url = Some(url.to_string());
+            let status = mirrored_status(&environment, Some(&record), "eu", Reach::Answers, true);
+            assert_eq!(status.url.is_some(), kept, "{url}");
+        }
     }
 }
