@@ -1,7 +1,7 @@
 //! Which registered cluster a new environment goes to: the one with the most room among those
 //! its template selects, that admit the template's namespace and answer. Pure: the reconciler
 //! gives it the clusters and what is placed on each; the decision is then written into the API
-//! (the environment's `previewd.dev/cluster` annotation) and never taken again.
+//! (the environment's `status.cluster`) and never taken again.
 
 use std::collections::BTreeMap;
 

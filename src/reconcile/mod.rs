@@ -26,7 +26,7 @@ mod namespace;
 mod pipeline;
 mod prune;
 mod quarantine;
-mod queue;
+pub(crate) mod queue;
 pub mod remote;
 mod renders;
 mod resolve;

@@ -129,7 +129,8 @@ async fn environments_are_placed_by_room_kept_while_their_cluster_is_away_and_re
             placement: PlacementConfig {
                 credentials_namespace: Some(ns.clone()),
                 look_interval: Duration::from_secs(1),
-                unreachable_grace: Duration::from_secs(2),
+                // Long enough that a loaded machine's slow answer is not an absence.
+                unreachable_grace: Duration::from_secs(8),
             },
             ..Default::default()
         };
@@ -176,10 +177,19 @@ async fn environments_are_placed_by_room_kept_while_their_cluster_is_away_and_re
                 .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
                 .sum::<f64>()
         };
-        tokio::time::sleep(Duration::from_secs(2)).await;
-        let before = writes();
+        // Settled first: the agents' last status writes (timings, observedGeneration) are
+        // read back once; then nothing changes for 3 s running.
+        let mut settled = writes();
+        let mut still_since = std::time::Instant::now();
+        while still_since.elapsed() < Duration::from_secs(3) {
+            tokio::time::sleep(Duration::from_millis(250)).await;
+            let now = writes();
+            if now != settled {
+                (settled, still_since) = (now, std::time::Instant::now());
+            }
+        }
         tokio::time::sleep(Duration::from_secs(5)).await;
-        assert_eq!(writes(), before, "{}", running_hub.metrics.render());
+        assert_eq!(writes(), settled, "{}", running_hub.metrics.render());
 
         // A second placement of a placed environment (another replica, a stale copy) is a
         // conflict, not a second cluster.
@@ -237,7 +247,8 @@ async fn environments_are_placed_by_room_kept_while_their_cluster_is_away_and_re
         })
         .await;
         tokio::time::sleep(Duration::from_secs(3)).await;
-        assert!(environments.get_opt("app-pr-2").await.unwrap().is_some());
+        let waiting = environments.get_opt("app-pr-2").await.unwrap().expect("kept");
+        assert!(ready_message(&waiting).contains("Removal waits for cluster"));
 
         // B back: the waiting one goes there (the one being removed still holds its place),
         // and the removal reaches B.

@@ -3,11 +3,12 @@
 //! records previewd wrote there), and the placements this process wrote that its cache has not
 //! shown yet.
 //!
-//! Nothing here decides from memory alone: placements live in the environments' annotations,
+//! Nothing here decides from memory alone: placements live in the environments' status,
 //! reachability in the clusters' status. Memory only saves reads (the records' caches) and
 //! closes the window between a placement's write and its watch event.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use futures::StreamExt;
@@ -31,6 +32,9 @@ pub struct Target {
     /// What the connection was built from (the kubeconfig and the namespace): another value
     /// (a rotated credential) builds a new one.
     pub(super) built_from: String,
+    /// How many of the two caches have listed everything once: until both have, an absent
+    /// record may only not be listed yet, and nothing is decided from them.
+    listed: Arc<AtomicUsize>,
     _watches: Watches,
 }
 
@@ -45,11 +49,14 @@ impl Target {
         trigger: tokio::sync::mpsc::UnboundedSender<ObjectRef<PreviewEnvironment>>,
     ) -> Self {
         let config = watcher::Config::default().labels(LABEL_HUB_NAMESPACE);
+        let listed = Arc::new(AtomicUsize::new(0));
         let (environments, environment_writer) = reflector::store();
+        let environments_listed = once_listed(listed.clone());
         let environment_watch = reflector(
             environment_writer,
             watcher(Api::namespaced(client.clone(), namespace), config.clone()),
         )
+        .inspect(move |event| environments_listed(event))
         .default_backoff()
         .touched_objects()
         .for_each(move |record| {
@@ -61,10 +68,12 @@ impl Target {
             async {}
         });
         let (templates, template_writer) = reflector::store();
+        let templates_listed = once_listed(listed.clone());
         let template_watch = reflector(
             template_writer,
             watcher(Api::namespaced(client.clone(), namespace), config),
         )
+        .inspect(move |event| templates_listed(event))
         .default_backoff()
         .for_each(|_| async {});
         Self {
@@ -73,11 +82,18 @@ impl Target {
             environments,
             templates,
             built_from,
+            listed,
             _watches: Watches(vec![
                 tokio::spawn(environment_watch),
                 tokio::spawn(template_watch),
             ]),
         }
+    }
+
+    /// Whether both caches have listed the records once (a restart, a new term and a rotated
+    /// credential start them empty).
+    pub fn listed(&self) -> bool {
+        self.listed.load(Ordering::Acquire) >= 2
     }
 
     /// The environment record `name`, as its cache holds it.
@@ -90,6 +106,18 @@ impl Target {
     pub fn template(&self, name: &str) -> Option<Arc<PreviewTemplate>> {
         self.templates
             .get(&ObjectRef::new(name).within(&self.namespace))
+    }
+}
+
+/// Counts one cache as listed at its first `InitDone`.
+fn once_listed<K>(
+    listed: Arc<AtomicUsize>,
+) -> impl Fn(&Result<watcher::Event<K>, watcher::Error>) + Send + 'static {
+    let counted = std::sync::atomic::AtomicBool::new(false);
+    move |event| {
+        if matches!(event, Ok(watcher::Event::InitDone)) && !counted.swap(true, Ordering::AcqRel) {
+            listed.fetch_add(1, Ordering::AcqRel);
+        }
     }
 }
 

@@ -172,8 +172,13 @@ pub fn next_status(
         ),
         (Err(error), Some(first)) => {
             let failed_for = (now - first).to_std().unwrap_or_default();
+            let said = previous.and_then(|p| p.message.clone());
             if was_reachable && failed_for < grace {
-                (true, kept_since, previous.and_then(|p| p.message.clone()))
+                (true, kept_since, said)
+            } else if previous.is_some_and(|p| !p.reachable && p.since.is_some()) {
+                // Said unreachable already: the first words stay (an error's text may change
+                // from one look to the next, and each change would be a write).
+                (false, kept_since, said.or_else(|| Some(error.clone())))
             } else {
                 (false, Some(first), Some(error.clone()))
             }
@@ -238,6 +243,10 @@ mod tests {
         assert!(!beyond.reachable);
         assert_eq!(beyond.since, Some(at(10)));
         assert_eq!(beyond.message.as_deref(), Some("connection refused"));
+        // Still failing, in other words: nothing new to write.
+        let other: Result<(), String> = Err("i/o timeout".into());
+        let later = next_status(Some(&beyond), &other, 3, Some(at(10)), GRACE, at(45));
+        assert_eq!(later, beyond);
         let back = next_status(Some(&beyond), &Ok(()), 3, None, GRACE, at(50));
         assert!(back.reachable);
         assert_eq!(back.since, Some(at(50)));

@@ -50,8 +50,8 @@ enum Seen {
     /// It does not answer (or is no longer registered) since then: the environment's own
     /// `unreachableSince` when it said so before, so that its status stays the same at rest.
     Silent(chrono::DateTime<chrono::Utc>),
-    /// Registered and answering, not connected in this process yet (a restart, a new term):
-    /// nothing new to say until the next look connects.
+    /// Registered and answering, not connected in this process yet, or its records not listed
+    /// yet (a restart, a new term, a rotated credential): nothing is decided until they are.
     NotYetConnected,
 }
 
@@ -68,8 +68,10 @@ fn seen(context: &Context, name: &str, environment: &PreviewEnvironment) -> Seen
         return silent(None);
     };
     match (cluster.status.as_ref(), context.hub.target(name)) {
-        (Some(status), Some(target)) if status.reachable => Seen::Answers(target),
-        (Some(status), None) if status.reachable => Seen::NotYetConnected,
+        (Some(status), Some(target)) if status.reachable && target.listed() => {
+            Seen::Answers(target)
+        }
+        (Some(status), _) if status.reachable => Seen::NotYetConnected,
         (Some(status), _) => silent(status.since),
         (None, _) => Seen::NotYetConnected,
     }

@@ -197,10 +197,13 @@ fn waiting_before(
         .filter(|e| e.metadata.deletion_timestamp.is_none())
         .filter(|e| super::placed_on(e).is_none())
         .filter(|e| order(e) < mine)
+        // Only those that would be placed now: not one deployed here before its template
+        // placed, nor a fork's awaiting approval (either would hold the last slot forever).
         .filter(|e| {
-            context
-                .template_of(e)
-                .is_some_and(|t| t.spec.placement.as_ref() == Some(placement))
+            context.template_of(e).is_some_and(|t| {
+                to_place(e, &t) == Some(placement)
+                    && !crate::reconcile::queue::awaits_approval(e, &t)
+            })
         })
         .count();
     u32::try_from(waiting).unwrap_or(u32::MAX)
