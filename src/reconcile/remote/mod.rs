@@ -117,15 +117,7 @@ pub async fn run_on_cluster(
 ) -> Result<Action, ReconcileError> {
     let look_again = Action::requeue(context.hub.config.look_interval);
     if let Some(refusal) = refused_on(context, cluster, environment, template) {
-        let status = held_status(
-            environment,
-            Phase::Degraded,
-            ReadyReason::NotPlaced,
-            &refusal,
-            None,
-            chrono::Utc::now(),
-        );
-        write_status(environment, context, status).await?;
+        say_not_placed(environment, context, Phase::Degraded, &refusal).await?;
         return Ok(look_again);
     }
     let target = match seen(context, cluster, environment) {
@@ -139,9 +131,7 @@ pub async fn run_on_cluster(
     };
     let template_record = template_record(template, &target.namespace);
     let live_template = target.template(&template_record.name_any());
-    if !already_says(live_template.as_deref(), &template_record, |t| {
-        serde_json::to_value(&t.spec).unwrap_or_default()
-    }) {
+    if !already_says(live_template.as_deref(), &template_record, |t| &t.spec) {
         write_record(&target, cluster, &template_record, context).await?;
     }
     let record = environment_record(environment, &template_record, &target.namespace);
@@ -159,20 +149,10 @@ pub async fn run_on_cluster(
                 .map(String::as_str)
                 .unwrap_or("unknown")
         );
-        let status = held_status(
-            environment,
-            Phase::Pending,
-            ReadyReason::NotPlaced,
-            &message,
-            None,
-            chrono::Utc::now(),
-        );
-        write_status(environment, context, status).await?;
+        say_not_placed(environment, context, Phase::Pending, &message).await?;
         return Ok(look_again);
     }
-    let current = already_says(live.as_deref(), &record, |e| {
-        serde_json::to_value(&e.spec).unwrap_or_default()
-    });
+    let current = already_says(live.as_deref(), &record, |e| &e.spec);
     if !current {
         write_record(&target, cluster, &record, context).await?;
     }
@@ -185,6 +165,25 @@ pub async fn run_on_cluster(
     );
     write_status(environment, context, status).await?;
     Ok(Action::requeue(context.config.resync_interval))
+}
+
+/// Writes why `environment` does not run on its cluster now (`NotPlaced`, in `phase`).
+async fn say_not_placed(
+    environment: &PreviewEnvironment,
+    context: &Context,
+    phase: Phase,
+    message: &str,
+) -> Result<(), ReconcileError> {
+    let reason = ReadyReason::NotPlaced;
+    let status = held_status(
+        environment,
+        phase,
+        reason,
+        message,
+        None,
+        chrono::Utc::now(),
+    );
+    write_status(environment, context, status).await
 }
 
 /// Whether `record` stands for `environment` (its hub uid label; a record without one is not

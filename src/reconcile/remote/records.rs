@@ -60,9 +60,10 @@ pub fn environment_record(
 
 /// Whether the live record already says what `wanted` says (its spec, and its labels among
 /// the live ones): then nothing is written.
-pub fn already_says<K>(live: Option<&K>, wanted: &K, spec: impl Fn(&K) -> serde_json::Value) -> bool
+pub fn already_says<K, S>(live: Option<&K>, wanted: &K, spec: fn(&K) -> &S) -> bool
 where
     K: kube::Resource,
+    S: PartialEq,
 {
     live.is_some_and(|live| {
         spec(live) == spec(wanted)
