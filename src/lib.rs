@@ -9,6 +9,8 @@
 //!   health, secrets, environment records, the one writer every write goes through.
 //! * [`engines`]: the third-party renderers previewd runs as programs (`helm template`), each
 //!   with a time and output limit and a cache of what it printed.
+//! * [`database`]: PostgreSQL servers previewd makes a database per environment on: baselines
+//!   loaded once, branched per environment with a role that reaches its branch alone.
 //! * [`forge`]: GitHub and GitLab: webhook parsing, API calls, the PR comment and statuses.
 //! * [`plan`]: the pure step from a template and its render to the exact objects to apply (the
 //!   guard, the content policy, sleep and routes), which the reconciler, `previewd render` and
@@ -25,6 +27,7 @@
 //! [`cluster::caches`].
 
 pub mod cluster;
+pub mod database;
 pub mod engines;
 pub mod forge;
 pub mod gate;

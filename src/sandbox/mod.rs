@@ -31,6 +31,7 @@ pub mod ingress;
 pub mod machine;
 pub mod node_simulator;
 pub mod playground;
+pub mod postgres;
 pub mod process;
 pub mod provision;
 pub mod repositories;

@@ -44,19 +44,38 @@ fn spawner() -> &'static Mutex<mpsc::Sender<(Command, SpawnReply)>> {
     })
 }
 
-/// pids of running children, for the exit hook.
-fn live_children() -> &'static Mutex<HashMap<u32, String>> {
-    static LIVE: OnceLock<Mutex<HashMap<u32, String>>> = OnceLock::new();
+/// pids of running children with the signal that stops each, for the exit hook.
+fn live_children() -> &'static Mutex<HashMap<u32, libc::c_int>> {
+    static LIVE: OnceLock<Mutex<HashMap<u32, libc::c_int>>> = OnceLock::new();
     LIVE.get_or_init(|| Mutex::new(HashMap::new()))
 }
 
-/// A child process that is stopped (SIGTERM, then SIGKILL) when dropped.
+/// A child process that is stopped (its stop signal, then SIGKILL) when dropped.
 pub struct ManagedProcess {
     name: String,
     child: Option<Child>,
     log_path: PathBuf,
     program: PathBuf,
     args: Vec<String>,
+    options: SpawnOptions,
+}
+
+/// How a child is started and stopped, beyond its arguments.
+#[derive(Debug, Clone, Copy)]
+pub struct SpawnOptions {
+    /// The user and group it runs as (a server that refuses to run as root); `None`: ours.
+    pub user: Option<(u32, u32)>,
+    /// The signal that asks it to stop (SIGTERM; PostgreSQL's fast shutdown is SIGINT).
+    pub stop_signal: libc::c_int,
+}
+
+impl Default for SpawnOptions {
+    fn default() -> Self {
+        Self {
+            user: None,
+            stop_signal: libc::SIGTERM,
+        }
+    }
 }
 
 impl ManagedProcess {
@@ -67,15 +86,28 @@ impl ManagedProcess {
         args: &[String],
         log_path: &Path,
     ) -> Result<Self, SandboxError> {
+        Self::spawn_with(name, program, args, log_path, SpawnOptions::default())
+    }
+
+    /// [`ManagedProcess::spawn`], with its user and stop signal.
+    pub fn spawn_with(
+        name: &str,
+        program: &Path,
+        args: &[String],
+        log_path: &Path,
+        options: SpawnOptions,
+    ) -> Result<Self, SandboxError> {
         let log = File::create(log_path).map_err(|e| SandboxError::io(log_path, e))?;
-        let child = launch(name, program, args, log_path, log)?;
-        Ok(Self {
+        let mut process = Self {
             name: name.to_string(),
-            child: Some(child),
+            child: None,
             log_path: log_path.to_path_buf(),
             program: program.to_path_buf(),
             args: args.to_vec(),
-        })
+            options,
+        };
+        process.child = Some(process.launch(log)?);
+        Ok(process)
     }
 
     /// Starts the process again with the same arguments, its log continued (fault tests: a
@@ -86,13 +118,7 @@ impl ManagedProcess {
             .append(true)
             .open(&self.log_path)
             .map_err(|e| SandboxError::io(&self.log_path, e))?;
-        self.child = Some(launch(
-            &self.name,
-            &self.program,
-            &self.args,
-            &self.log_path,
-            log,
-        )?);
+        self.child = Some(self.launch(log)?);
         Ok(())
     }
 
@@ -134,34 +160,51 @@ impl ManagedProcess {
         }
     }
 
-    /// SIGTERM, then SIGKILL after `grace`; reaps the child.
+    /// The stop signal, then SIGKILL after `grace`; reaps the child.
     pub fn stop(&mut self, grace: Duration) {
         let Some(mut child) = self.child.take() else {
             return;
         };
-        terminate(child.id(), grace);
+        terminate(child.id(), self.options.stop_signal, grace);
         let _ = child.wait();
         forget_child(child.id());
     }
 }
 
-/// Spawns `program args…` (from the spawner thread, see the module documentation) with stdout
-/// and stderr going to `log`, and registers it for the exit hook.
-fn launch(
+impl ManagedProcess {
+    /// Spawns the program (from the spawner thread, see the module documentation) with stdout
+    /// and stderr going to `log`, and registers it for the exit hook.
+    fn launch(&self, log: File) -> Result<Child, SandboxError> {
+        let log_err = log
+            .try_clone()
+            .map_err(|e| SandboxError::io(&self.log_path, e))?;
+        let mut command = Command::new(&self.program);
+        command
+            .args(&self.args)
+            .stdin(Stdio::null())
+            .stdout(log)
+            .stderr(log_err)
+            .process_group(0);
+        if let Some((uid, gid)) = self.options.user {
+            // std changes the ids before `pre_exec` runs, so the parent-death signal set
+            // there survives (the kernel clears it on a change of credentials).
+            command.uid(uid).gid(gid);
+        }
+        let child = spawn_bound_to_us(&self.name, &self.program, command)?;
+        live_children()
+            .lock()
+            .expect("children lock")
+            .insert(child.id(), self.options.stop_signal);
+        Ok(child)
+    }
+}
+
+/// Spawns `command` from the spawner thread, asking the kernel to kill it when we go.
+fn spawn_bound_to_us(
     name: &str,
     program: &Path,
-    args: &[String],
-    log_path: &Path,
-    log: File,
+    mut command: Command,
 ) -> Result<Child, SandboxError> {
-    let log_err = log.try_clone().map_err(|e| SandboxError::io(log_path, e))?;
-    let mut command = Command::new(program);
-    command
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(log)
-        .stderr(log_err)
-        .process_group(0);
     let parent = std::process::id() as libc::pid_t;
     // SAFETY: the closure runs in the forked child before exec and only calls the
     // async-signal-safe functions prctl, getppid and _exit.
@@ -187,10 +230,6 @@ fn launch(
         .recv()
         .map_err(|_| SandboxError::Process(format!("{name}: the spawner thread is gone")))?
         .map_err(|e| SandboxError::Process(format!("cannot start {}: {e}", program.display())))?;
-    live_children()
-        .lock()
-        .expect("children lock")
-        .insert(child.id(), name.to_string());
     Ok(child)
 }
 
@@ -206,12 +245,12 @@ fn forget_child(pid: u32) {
     }
 }
 
-/// SIGTERM `pid`, wait up to `grace` for it to go, then SIGKILL it.
-fn terminate(pid: u32, grace: Duration) {
+/// Sends `signal` to `pid`, waits up to `grace` for it to go, then SIGKILLs it.
+fn terminate(pid: u32, signal: libc::c_int, grace: Duration) {
     let pid = pid as libc::pid_t;
     // SAFETY: plain syscalls on a pid we spawned and have not reaped yet.
     unsafe {
-        if libc::kill(pid, libc::SIGTERM) != 0 {
+        if libc::kill(pid, signal) != 0 {
             return;
         }
         let deadline = Instant::now() + grace;
@@ -227,12 +266,12 @@ fn terminate(pid: u32, grace: Duration) {
 }
 
 extern "C" fn stop_live_children() {
-    let pids: Vec<u32> = match live_children().try_lock() {
-        Ok(live) => live.keys().copied().collect(),
+    let pids: Vec<(u32, libc::c_int)> = match live_children().try_lock() {
+        Ok(live) => live.iter().map(|(pid, signal)| (*pid, *signal)).collect(),
         Err(_) => return,
     };
-    for pid in pids {
-        terminate(pid, Duration::from_secs(2));
+    for (pid, signal) in pids {
+        terminate(pid, signal, Duration::from_secs(2));
     }
     for dir in registered_dirs()
         .try_lock()

@@ -15,6 +15,7 @@ const LAYERS: &[(&str, u8)] = &[
     ("model", 0),
     ("cluster", 1),
     ("engines", 1),
+    ("database", 1),
     ("forge", 2),
     ("plan", 2),
     ("webhook", 3),

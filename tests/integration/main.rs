@@ -19,6 +19,7 @@ mod clusters;
 mod containment;
 mod content_policy;
 mod control_plane;
+mod databases;
 mod docs;
 mod engines;
 mod faults;

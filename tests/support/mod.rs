@@ -21,6 +21,7 @@ pub mod clusters;
 pub mod contents;
 pub mod gate;
 pub mod layers;
+pub mod postgres;
 pub mod process;
 pub mod prometheus;
 pub mod proxy;

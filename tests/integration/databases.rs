@@ -1,0 +1,320 @@
+//! A database per environment against a real PostgreSQL (Debian's `postgresql`, started by
+//! `support::postgres`): a baseline loaded once and sealed, branches that hold its rows, roles
+//! that reach their own branch only, removal, a branch stopped midway, hostile names and a
+//! loader that tries to act beyond its role.
+
+use std::time::Duration;
+
+use previewd::database::names::{self, BaselineKey};
+use previewd::database::{BaselineTarget, Branched, DatabaseError, DatabaseServer, ServerLimits};
+use previewd::sandbox::postgres::PostgresOptions;
+
+use crate::support::postgres::{code, connect, database_and_role, postgres, server, superuser};
+
+const ROWS: &str = "CREATE TABLE orders (id int PRIMARY KEY, item text NOT NULL);
+    INSERT INTO orders SELECT g, 'item ' || g FROM generate_series(1, 1000) g;";
+
+fn key(test: &'static str) -> BaselineKey<'static> {
+    BaselineKey {
+        template_namespace: "team-a",
+        template_name: test,
+        database: "orders",
+    }
+}
+
+/// Loads `sql` as version `version` of `key`'s baseline and seals it.
+async fn sealed_baseline(
+    server: &DatabaseServer,
+    key: BaselineKey<'_>,
+    version: &str,
+    sql: &str,
+) -> BaselineTarget {
+    let target = BaselineTarget::new(key, version);
+    let login = server
+        .open_baseline(&target, "loader-password")
+        .await
+        .expect("open the baseline");
+    server.load_sql(&login, sql).await.expect("load the rows");
+    server.seal_baseline(&target).await.expect("seal");
+    target
+}
+
+async fn count_orders(database: &str, password: &str) -> i64 {
+    let address = postgres().superuser_address();
+    let client = connect(&address, database, database, password)
+        .await
+        .expect("the environment's role logs in to its branch");
+    let row = client
+        .query_one("SELECT count(*) FROM orders", &[])
+        .await
+        .expect("count");
+    row.get(0)
+}
+
+#[tokio::test]
+async fn an_environments_branch_holds_the_baseline_and_its_role_reaches_nothing_else() {
+    let server = server(ServerLimits::default());
+    let baseline = sealed_baseline(&server, key("reach"), "v1", ROWS).await;
+    let a = names::branch("reach-uid-a", "orders");
+    let b = names::branch("reach-uid-b", "orders");
+    let made = server.branch(&a, &baseline, "password-a").await.unwrap();
+    assert!(matches!(made, Branched::Made { .. }), "{made:?}");
+    server.branch(&b, &baseline, "password-b").await.unwrap();
+
+    assert_eq!(count_orders(&a, "password-a").await, 1000);
+    let address = postgres().superuser_address();
+    let own = connect(&address, &a, &a, "password-a").await.unwrap();
+    own.batch_execute("INSERT INTO orders VALUES (1001, 'mine'); CREATE TABLE notes (t text)")
+        .await
+        .expect("the role owns what the baseline made, and its branch");
+
+    // A's role opens neither B's branch nor the baseline.
+    let refused = connect(&address, &b, &a, "password-a").await.unwrap_err();
+    assert_eq!(
+        code(&refused),
+        "42501",
+        "A's role opened B's branch: {refused}"
+    );
+    let refused = connect(&address, &baseline.database, &a, "password-a")
+        .await
+        .unwrap_err();
+    assert!(
+        ["42501", "55000"].contains(&code(&refused).as_str()),
+        "A's role opened the baseline: {refused}"
+    );
+    // The baseline role logs in no more once sealed.
+    let refused = connect(
+        &address,
+        &baseline.database,
+        &baseline.role,
+        "loader-password",
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(code(&refused), "28000", "{refused}");
+    assert_eq!(
+        count_orders(&b, "password-b").await,
+        1000,
+        "B untouched by A's rows"
+    );
+
+    // Removal drops the branch and its role, and nothing of B's.
+    drop(own);
+    server.drop_branch(&a).await.unwrap();
+    assert_eq!(database_and_role(&a).await, (false, false));
+    assert_eq!(database_and_role(&b).await, (true, true));
+    server
+        .drop_branch(&a)
+        .await
+        .expect("dropping what is gone is done");
+    server.drop_branch(&b).await.unwrap();
+    server.drop_baseline(key("reach")).await.unwrap();
+    assert!(!database_and_role(&baseline.database).await.0);
+    assert!(!database_and_role(&baseline.role).await.1);
+}
+
+#[tokio::test]
+async fn a_branch_stopped_at_any_point_is_finished_once_with_no_orphan_and_no_duplicate() {
+    let server = server(ServerLimits::default());
+    let baseline = sealed_baseline(&server, key("stopped"), "v1", ROWS).await;
+    for (round, stop_after_ms) in [0u64, 2, 5, 10, 20, 40, 80, 160].into_iter().enumerate() {
+        let name = names::branch(&format!("stopped-uid-{round}"), "orders");
+        // previewd stopped midway: the branch's future dropped where the time runs out (the
+        // server may still be running the statement it was sent).
+        let first = tokio::time::timeout(
+            Duration::from_millis(stop_after_ms),
+            server.branch(&name, &baseline, "first-password"),
+        )
+        .await;
+        // previewd back: the reconcile tries again until the branch is there.
+        let mut again = None;
+        for _ in 0..50 {
+            match server.branch(&name, &baseline, "final-password").await {
+                Ok(done) => {
+                    again = Some(done);
+                    break;
+                }
+                Err(e) => {
+                    eprintln!("round {round}: retrying after {e}");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            }
+        }
+        let again = again.unwrap_or_else(|| panic!("round {round}: never finished"));
+        if matches!(first, Ok(Ok(_))) {
+            assert_eq!(again, Branched::Present, "round {round}");
+        }
+        assert!(server.branch_ready(&name).await.unwrap(), "round {round}");
+        assert_eq!(
+            count_orders(&name, "final-password").await,
+            1000,
+            "round {round}"
+        );
+        let with_prefix = superuser()
+            .await
+            .query(
+                "SELECT datname FROM pg_database WHERE datname = $1",
+                &[&name],
+            )
+            .await
+            .unwrap();
+        assert_eq!(with_prefix.len(), 1, "round {round}: one database");
+        server.drop_branch(&name).await.unwrap();
+        assert_eq!(
+            database_and_role(&name).await,
+            (false, false),
+            "round {round}"
+        );
+    }
+    server.drop_baseline(key("stopped")).await.unwrap();
+}
+
+#[tokio::test]
+async fn hostile_names_and_values_reach_postgresql_only_as_one_name_and_one_value() {
+    use previewd::database::sql::{ident, literal};
+    let admin = server(ServerLimits::default());
+    let hostile_name = "x\"; DROP ROLE previewd; ALTER ROLE previewd SUPERUSER; --";
+    let hostile_password = "p'; ALTER ROLE previewd SUPERUSER; -- \\' \\\\ $$ $a$";
+    admin
+        .execute_as_admin(&format!(
+            "CREATE ROLE {} LOGIN PASSWORD {}",
+            ident(hostile_name).unwrap(),
+            literal(hostile_password).unwrap()
+        ))
+        .await
+        .expect("one role, named as written");
+    assert!(database_and_role(hostile_name).await.1);
+    let address = postgres().superuser_address();
+    connect(&address, "postgres", hostile_name, hostile_password)
+        .await
+        .expect("the password is the value written, byte for byte");
+    let previewd = superuser()
+        .await
+        .query_one(
+            "SELECT rolsuper FROM pg_roles WHERE rolname = 'previewd'",
+            &[],
+        )
+        .await
+        .expect("previewd's admin is still there");
+    assert!(!previewd.get::<_, bool>(0), "and still no superuser");
+    admin
+        .execute_as_admin(&format!("DROP ROLE {}", ident(hostile_name).unwrap()))
+        .await
+        .unwrap();
+
+    // A template and a database named to break out become hashed names, and work.
+    let hostile_key = BaselineKey {
+        template_namespace: "team-a",
+        template_name: "shop\"; DROP DATABASE postgres; --",
+        database: "orders'; --",
+    };
+    let baseline = sealed_baseline(&admin, hostile_key, "v1", ROWS).await;
+    let branch = names::branch("uid'\"; --", hostile_key.database);
+    admin.branch(&branch, &baseline, "pw").await.unwrap();
+    assert_eq!(count_orders(&branch, "pw").await, 1000);
+    admin.drop_branch(&branch).await.unwrap();
+    admin.drop_baseline(hostile_key).await.unwrap();
+}
+
+#[tokio::test]
+async fn a_baseline_loader_acts_with_its_roles_rights_and_no_more() {
+    let server = server(ServerLimits::default());
+    let target = BaselineTarget::new(key("loader"), "v1");
+    let login = server.open_baseline(&target, "loader-pw").await.unwrap();
+    for escalation in [
+        format!("ALTER ROLE {} SUPERUSER", login.user),
+        "CREATE ROLE sneaky LOGIN PASSWORD 'x'".to_string(),
+        "CREATE DATABASE sneaky".to_string(),
+        "COPY (SELECT 1) TO PROGRAM 'id'".to_string(),
+        "RESET ROLE; CREATE ROLE sneaky2".to_string(),
+        "SET ROLE previewd".to_string(),
+    ] {
+        let refused = server.load_sql(&login, &escalation).await;
+        match refused {
+            Err(DatabaseError::Statement { message, .. }) => {
+                assert!(message.contains("42501"), "{escalation}: {message}")
+            }
+            other => panic!("{escalation}: {other:?}"),
+        }
+    }
+    assert_eq!(database_and_role("sneaky").await, (false, false));
+    // What it may do: build its own database.
+    server.load_sql(&login, ROWS).await.unwrap();
+    server.seal_baseline(&target).await.unwrap();
+    server.drop_baseline(key("loader")).await.unwrap();
+}
+
+#[tokio::test]
+async fn a_new_baseline_version_is_branched_from_and_existing_branches_keep_theirs() {
+    let server = server(ServerLimits::default());
+    let v1 = sealed_baseline(&server, key("versions"), "v1", ROWS).await;
+    let old = names::branch("versions-uid-old", "orders");
+    server.branch(&old, &v1, "pw").await.unwrap();
+    let v2 = sealed_baseline(
+        &server,
+        key("versions"),
+        "v2",
+        "CREATE TABLE orders (id int); INSERT INTO orders SELECT generate_series(1, 20);",
+    )
+    .await;
+    assert!(!database_and_role(&v1.database).await.0, "v1 retired");
+    let new = names::branch("versions-uid-new", "orders");
+    server.branch(&new, &v2, "pw").await.unwrap();
+    assert_eq!(count_orders(&new, "pw").await, 20);
+    assert_eq!(
+        count_orders(&old, "pw").await,
+        1000,
+        "the old branch keeps its rows"
+    );
+    let refused = server
+        .branch(&names::branch("late", "orders"), &v1, "pw")
+        .await;
+    assert!(
+        matches!(refused, Err(DatabaseError::BaselineNotReady(_))),
+        "{refused:?}"
+    );
+    for name in [old, new] {
+        server.drop_branch(&name).await.unwrap();
+    }
+    server.drop_baseline(key("versions")).await.unwrap();
+}
+
+#[tokio::test]
+async fn a_full_server_refuses_a_new_branch_and_takes_one_again_once_a_branch_goes() {
+    // A server of its own: the limit counts every branch on the server.
+    let own = crate::support::postgres::start(PostgresOptions::default());
+    let limits = ServerLimits {
+        max_branches: 2,
+        ..ServerLimits::default()
+    };
+    let server = own.server("small", limits);
+    let baseline = sealed_baseline(&server, key("full"), "v1", ROWS).await;
+    let [a, b, c] = ["a", "b", "c"].map(|uid| names::branch(uid, "orders"));
+    server.branch(&a, &baseline, "pw").await.unwrap();
+    server.branch(&b, &baseline, "pw").await.unwrap();
+    let refused = server.branch(&c, &baseline, "pw").await;
+    assert!(
+        matches!(refused, Err(DatabaseError::Full { branches: 2, .. })),
+        "{refused:?}"
+    );
+    assert_eq!(
+        server.branches().await.unwrap().len(),
+        2,
+        "nothing of c made"
+    );
+    assert_eq!(
+        server.branch(&b, &baseline, "pw").await.unwrap(),
+        Branched::Present,
+        "a branch already there is never refused its own place"
+    );
+    server.drop_branch(&a).await.unwrap();
+    server.branch(&c, &baseline, "pw").await.unwrap();
+    // Each role opens at most its connection limit.
+    let address = own.superuser_address();
+    let mut held = Vec::new();
+    for _ in 0..limits.role_connection_limit {
+        held.push(connect(&address, &c, &c, "pw").await.unwrap());
+    }
+    let refused = connect(&address, &c, &c, "pw").await.unwrap_err();
+    assert_eq!(code(&refused), "53300", "{refused}");
+}
