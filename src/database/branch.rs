@@ -62,8 +62,9 @@ impl DatabaseServer {
         }
         for statement in [
             format!(
-                "CREATE DATABASE {database} OWNER {database} TEMPLATE {} ALLOW_CONNECTIONS false",
-                ident(&baseline.database)?
+                "CREATE DATABASE {database} OWNER {database} TEMPLATE {} ALLOW_CONNECTIONS false{}",
+                ident(&baseline.database)?,
+                self.copy_strategy(&admin).await?
             ),
             format!("REVOKE ALL ON DATABASE {database} FROM PUBLIC"),
             format!("ALTER DATABASE {database} ALLOW_CONNECTIONS true"),
@@ -79,6 +80,26 @@ impl DatabaseServer {
         self.run(&admin, "marking the branch", &mark).await?;
         Ok(Branched::Made {
             took: started.elapsed(),
+        })
+    }
+
+    /// How the copy is made: PostgreSQL 15 and later copy a database through the WAL by
+    /// default, block by block; `FILE_COPY` copies its files and checkpoints, four times as
+    /// fast for a 1 GiB baseline here (docs/performance.md, "A database per environment").
+    /// Before 15 there is no choice and no keyword: the copy is by file.
+    async fn copy_strategy(
+        &self,
+        admin: &tokio_postgres::Client,
+    ) -> Result<&'static str, DatabaseError> {
+        let row = admin
+            .query_one("SELECT current_setting('server_version_num')::int", &[])
+            .await
+            .map_err(|e| self.failed("reading the server's version", e))?;
+        let version: i32 = row.get(0);
+        Ok(if version >= 150_000 {
+            " STRATEGY FILE_COPY"
+        } else {
+            ""
         })
     }
 
