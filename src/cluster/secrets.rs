@@ -19,9 +19,19 @@ pub const SECRET_TTL: Duration = Duration::from_secs(30);
 /// never copied into an environment, wherever it lives and whatever names it.
 pub const CLUSTER_CREDENTIAL_TYPE: &str = "previewd.dev/cluster-kubeconfig";
 
+/// The type a database server's admin Secret must have: like a cluster's credential, never
+/// read for a template nor copied into an environment.
+pub const DATABASE_CREDENTIAL_TYPE: &str = "previewd.dev/database-admin";
+
 /// Whether `secret` is a registered cluster's credential.
 pub fn is_cluster_credential(secret: &Secret) -> bool {
     secret.type_.as_deref() == Some(CLUSTER_CREDENTIAL_TYPE)
+}
+
+/// Whether `secret` is one of the operator's credentials previewd holds for itself (a
+/// cluster's kubeconfig, a database server's admin login): never a template's to read or copy.
+pub fn is_operator_credential(secret: &Secret) -> bool {
+    is_cluster_credential(secret) || secret.type_.as_deref() == Some(DATABASE_CREDENTIAL_TYPE)
 }
 
 /// What a reader reads: the Secrets templates name, or clusters' credentials; never both.
@@ -42,7 +52,7 @@ pub enum SecretError {
         key: String,
     },
     #[error(
-        "Secret {namespace}/{name} is a registered cluster's credential (type {CLUSTER_CREDENTIAL_TYPE}): templates never read it"
+        "Secret {namespace}/{name} is an operator's credential (type {CLUSTER_CREDENTIAL_TYPE} or {DATABASE_CREDENTIAL_TYPE}): templates never read it"
     )]
     ClusterCredential { namespace: String, name: String },
     #[error(
@@ -158,15 +168,15 @@ impl SecretReader {
 }
 
 impl SecretReader {
-    /// Refuses a cluster's credential to a template reader, and anything else to a
-    /// credential reader.
+    /// Refuses an operator's credential (a cluster's, a database server's) to a template
+    /// reader, and anything but a cluster's credential to a credential reader.
     fn may_read(&self, secret: &Secret, namespace: &str, name: &str) -> Result<(), SecretError> {
         let (namespace, name) = (namespace.to_string(), name.to_string());
-        match (self.readable, is_cluster_credential(secret)) {
-            (Readable::TemplateSecrets, true) => {
+        match self.readable {
+            Readable::TemplateSecrets if is_operator_credential(secret) => {
                 Err(SecretError::ClusterCredential { namespace, name })
             }
-            (Readable::ClusterCredentials, false) => {
+            Readable::ClusterCredentials if !is_cluster_credential(secret) => {
                 Err(SecretError::NotAClusterCredential { namespace, name })
             }
             _ => Ok(()),

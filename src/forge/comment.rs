@@ -76,6 +76,7 @@ fn render_live(
     render_why(out, status);
     render_objects(out, status);
     render_seeds(out, status);
+    render_databases(out, status);
     render_footprint(out, status, input.prices);
     if let Some(expires_at) = input.expires_at {
         let _ = writeln!(
@@ -279,6 +280,31 @@ fn render_seeds(out: &mut String, status: &PreviewEnvironmentStatus) {
         let _ = writeln!(out, "Seed **{}**: {}{detail}", seed.name, seed.state);
     }
     if !status.seeds.is_empty() {
+        out.push('\n');
+    }
+}
+
+/// Each database's state, and how long its branch took (its name is a DNS label: previewd
+/// refuses any other before it writes the status).
+fn render_databases(out: &mut String, status: &PreviewEnvironmentStatus) {
+    for database in &status.databases {
+        let took = database
+            .branched_in_ms
+            .map(|ms| {
+                format!(
+                    ", branched from its baseline in {:.1} s",
+                    ms as f64 / 1000.0
+                )
+            })
+            .unwrap_or_default();
+        let name: String = database
+            .name
+            .chars()
+            .filter(|c| c.is_ascii_alphanumeric() || *c == '-')
+            .collect();
+        let _ = writeln!(out, "Database **{name}**: {}{took}", database.state);
+    }
+    if !status.databases.is_empty() {
         out.push('\n');
     }
 }

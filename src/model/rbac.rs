@@ -171,6 +171,10 @@ rules:
   - apiGroups: [previewd.dev]
     resources: [previewclusters/status]
     verbs: [get, patch]
+  # Registered database servers: read them (a database per environment).
+  - apiGroups: [previewd.dev]
+    resources: [previewdatabaseservers]
+    verbs: [get, list, watch]
   # Environment namespaces: previewd creates them, and never labels or deletes one that it
   # did not create for the environment (its UID label; the code checks, RBAC cannot).
   - apiGroups: [""]
@@ -293,8 +297,9 @@ subjects:
     name: {{ $account }}
     namespace: {{ $.Release.Namespace }}
 {{- end }}
-{{- /* Placement: the registered clusters' kubeconfigs, in previewd's own namespace. */}}
-{{- if .Values.placement.enabled }}
+{{- /* The operator's credentials in previewd's own namespace: registered clusters'
+kubeconfigs (placement), database servers' admin logins (databases). */}}
+{{- if or .Values.placement.enabled .Values.databases.enabled }}
 ---
 apiVersion: rbac.authorization.k8s.io/v1
 kind: Role

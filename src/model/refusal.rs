@@ -29,6 +29,13 @@ pub enum RefusalReason {
     KindNotServed,
     /// The API server refused an object (retried).
     ApplyRefused,
+    /// A database the template asks for cannot be branched: no server admits it, or the server
+    /// does not answer or refuses (retried).
+    DatabaseUnavailable,
+    /// The baseline's SQL failed, or its ConfigMap is missing.
+    DatabaseBaselineFailed,
+    /// The database server holds its limit of branches: the environment is `Queued`.
+    DatabaseServerFull,
 }
 
 impl RefusalReason {
@@ -51,6 +58,9 @@ impl RefusalReason {
             RefusalReason::NamespaceConflict => "NamespaceConflict",
             RefusalReason::KindNotServed => "KindNotServed",
             RefusalReason::ApplyRefused => "ApplyRefused",
+            RefusalReason::DatabaseUnavailable => "DatabaseUnavailable",
+            RefusalReason::DatabaseBaselineFailed => "DatabaseBaselineFailed",
+            RefusalReason::DatabaseServerFull => "DatabaseServerFull",
         }
     }
 }

@@ -80,6 +80,9 @@ pub struct Plan {
     pub replicas_before_sleep: BTreeMap<String, i32>,
     /// What the environment's pods request while awake ([`footprint`]).
     pub requests: crate::model::footprint::Requests,
+    /// The environment's databases (filled in by the reconciler's databases step, which
+    /// branches them; the plan itself asks no server).
+    pub databases: Vec<crate::model::crd::DatabaseStatus>,
 }
 
 /// A template's manifests: templates previewd renders (minijinja), and text an engine already
@@ -237,6 +240,7 @@ pub fn plan_rendered(
         objects,
         replicas_before_sleep,
         requests,
+        databases: Vec::new(),
     })
 }
 

@@ -38,6 +38,7 @@ pub async fn cleanup(
         return tell_forge_it_is_gone(environment, context).await;
     }
     let Some(namespace) = namespace_of(environment, context) else {
+        super::databases::drop_branches(environment, context).await?;
         return Ok(Action::await_change());
     };
     let namespaces: Api<Namespace> = Api::all(context.client.clone());
@@ -154,6 +155,8 @@ async fn release(
     context: &Context,
     namespace: &str,
 ) -> Result<Action, ReconcileError> {
+    // The namespace is gone, and with it everything that could write to the branches.
+    super::databases::drop_branches(environment, context).await?;
     let action = tell_forge_it_is_gone(environment, context).await?;
     // The reconciler's and the reporter's memory of the environment are dropped once the
     // finalizer is gone (the controller does it): if removing it fails, the next look must

@@ -70,6 +70,8 @@ pub struct ControllerConfig {
     pub content_limits: ContentLimits,
     /// Placing environments on registered clusters (`PreviewCluster`s).
     pub placement: PlacementConfig,
+    /// A database per environment on registered servers (`PreviewDatabaseServer`s).
+    pub databases: super::databases::DatabaseConfig,
 }
 
 /// Who previewd is, and which ClusterRole gives it its rights in an environment namespace.
@@ -100,6 +102,7 @@ impl Default for ControllerConfig {
             prices: None,
             content_limits: ContentLimits::default(),
             placement: Default::default(),
+            databases: Default::default(),
         }
     }
 }

@@ -46,6 +46,8 @@ pub struct Context {
     pub storage_classes: crate::cluster::storage_classes::StorageClasses,
     /// The registered clusters environments are placed on, and the connections to them.
     pub hub: super::remote::hub::Hub,
+    /// The registered database servers and previewd's connections to them.
+    pub databases: super::databases::Databases,
     /// Asks for a reconcile of an environment: used to start queued environments as soon as a
     /// slot frees up.
     pub(super) reconcile_trigger: tokio::sync::mpsc::UnboundedSender<EnvironmentRef>,

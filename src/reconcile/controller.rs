@@ -18,6 +18,7 @@ use super::ControllerMetrics;
 use super::cleanup::cleanup;
 use super::config::ControllerConfig;
 use super::context::{CachedCopy, Context, Memory};
+use super::databases::Databases;
 use super::error::ReconcileError;
 use super::pipeline::reconcile_environment;
 use super::remote::hub::Hub;
@@ -172,6 +173,7 @@ fn build_context(parts: Parts) -> Context {
         ),
         storage_classes: StorageClasses::new(client.clone()),
         hub: Hub::start(client.clone(), config.placement.clone(), trigger.clone()),
+        databases: Databases::start(client.clone(), config.databases.clone()),
         client,
         config,
         metrics: metrics.reconcile,

@@ -41,6 +41,9 @@ pub enum ReconcileError {
     /// being removed, or the cluster does not answer.
     #[error("{0}")]
     RemovalOnCluster(String),
+    /// A database server did not answer or refused (retried with backoff; branches kept).
+    #[error("{0}")]
+    Database(String),
     #[error("finalizer: {0}")]
     Finalizer(#[source] Box<kube::runtime::finalizer::Error<ReconcileError>>),
     /// A manifest engine (Helm) could not be run (missing, or no room for its folder), or a
@@ -92,6 +95,7 @@ impl ReconcileError {
             ReconcileError::Cleanup(_)
             | ReconcileError::NamespaceTerminating(_)
             | ReconcileError::RemovalOnCluster(_) => "cleanup",
+            ReconcileError::Database(_) => "database",
             ReconcileError::Finalizer(_) => "finalizer",
             ReconcileError::Forge(_) | ReconcileError::ForgeNotTold(_) => "forge",
         }

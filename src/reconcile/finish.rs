@@ -96,6 +96,7 @@ fn next_status(
     };
     let mut status = progress_status(environment, progress, placement, remembered, now);
     status.replicas_before_sleep = plan.replicas_before_sleep.clone();
+    status.databases = plan.databases.clone();
     record_waking(environment, &mut status, now);
     if environment.spec.sleep && status.phase == Phase::Ready {
         let previous = environment.status.clone().unwrap_or_default();

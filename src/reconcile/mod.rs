@@ -17,6 +17,7 @@ mod coalesce;
 pub mod config;
 mod context;
 mod controller;
+pub mod databases;
 pub mod dry_run;
 pub mod error;
 mod finish;

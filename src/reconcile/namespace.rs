@@ -47,6 +47,7 @@ pub fn guard_rails(
     namespace: &str,
     template: &PreviewTemplateSpec,
     labels: &BTreeMap<String, String>,
+    database_egress: &[Value],
 ) -> Vec<Value> {
     let metadata = |name: &str| json!({"name": name, "namespace": namespace, "labels": labels});
     let mut objects = Vec::new();
@@ -74,16 +75,16 @@ pub fn guard_rails(
         objects.push(json!({
             "apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy", "metadata": metadata(NETWORK_POLICY_NAME),
             "spec": {"podSelector": {}, "policyTypes": ["Ingress", "Egress"],
-                     "ingress": [{"from": from}], "egress": egress_rules(&policy.dns_peers, &policy.egress)}
+                     "ingress": [{"from": from}], "egress": egress_rules(&policy.dns_peers, &policy.egress, database_egress)}
         }));
     }
     objects
 }
 
 /// Egress out of a default-deny namespace: DNS (port 53 to the cluster's DNS only: port 53 to
-/// any address would carry anything to anywhere), the namespace's own pods, and what the
-/// template lists.
-fn egress_rules(dns_peers: &[Value], extra: &[Value]) -> Vec<Value> {
+/// any address would carry anything to anywhere), the namespace's own pods, what the template
+/// lists, and each database server of the environment on its port.
+fn egress_rules(dns_peers: &[Value], extra: &[Value], databases: &[Value]) -> Vec<Value> {
     let dns_peers = match dns_peers {
         [] => vec![default_dns_peer()],
         listed => listed.to_vec(),
@@ -94,6 +95,7 @@ fn egress_rules(dns_peers: &[Value], extra: &[Value]) -> Vec<Value> {
     [dns, own_pods]
         .into_iter()
         .chain(extra.iter().cloned())
+        .chain(databases.iter().cloned())
         .collect()
 }
 
@@ -149,7 +151,7 @@ mod tests {
             default: [("cpu".to_string(), "500m".to_string())].into(),
             ..Default::default()
         });
-        let objects = guard_rails("preview-x", &template, &BTreeMap::new());
+        let objects = guard_rails("preview-x", &template, &BTreeMap::new(), &[]);
         let kinds: Vec<&str> = objects
             .iter()
             .map(|o| o["kind"].as_str().unwrap())
@@ -177,14 +179,14 @@ mod tests {
         assert_eq!(policy["egress"][0]["to"], json!([default_dns_peer()]));
         template.namespace.network_policy.dns_peers =
             vec![json!({"ipBlock": {"cidr": "10.96.0.10/32"}})];
-        let objects = guard_rails("preview-x", &template, &BTreeMap::new());
+        let objects = guard_rails("preview-x", &template, &BTreeMap::new(), &[]);
         assert_eq!(
             objects[2]["spec"]["egress"][0]["to"],
             json!([{"ipBlock": {"cidr": "10.96.0.10/32"}}])
         );
         template.namespace.network_policy.egress =
             vec![json!({"to": [{"ipBlock": {"cidr": "0.0.0.0/0"}}]})];
-        let objects = guard_rails("preview-x", &template, &BTreeMap::new());
+        let objects = guard_rails("preview-x", &template, &BTreeMap::new(), &[]);
         assert_eq!(
             objects[2]["spec"]["egress"][2]["to"][0]["ipBlock"]["cidr"],
             "0.0.0.0/0"
@@ -195,7 +197,7 @@ mod tests {
         template.namespace.network_policy.default_deny = false;
         template.namespace.resource_quota = None;
         template.namespace.limit_range = None;
-        let objects = guard_rails("preview-x", &template, &BTreeMap::new());
+        let objects = guard_rails("preview-x", &template, &BTreeMap::new(), &[]);
         assert_eq!(objects.len(), 2);
         let hard = &objects[0]["spec"]["hard"];
         assert_eq!(hard["pods"], "50");

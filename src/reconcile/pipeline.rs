@@ -33,8 +33,8 @@ use super::renders::renderer::Renderer;
 use super::status::{Progress, held_status, refused_status};
 use super::write::write_status;
 use super::{
-    access, apply, claim, finish, namespace, prune, quarantine, remote, renders, resolve, schedule,
-    secrets, template_status, volumes, waves,
+    access, apply, claim, databases, finish, namespace, prune, quarantine, remote, renders,
+    resolve, schedule, secrets, template_status, volumes, waves,
 };
 use crate::cluster::observed::ObjectKey;
 use crate::model::ceiling;
@@ -172,6 +172,7 @@ async fn deploy(
     let bypass_cache = schedule::reapply_due(context, &key);
     let progress = apply_steps(
         &mut plan,
+        environment,
         template,
         &namespace_labels,
         context,
@@ -186,11 +187,13 @@ async fn deploy(
 }
 
 /// The apply steps, in order: the namespace (already claimed, with `namespace_labels`),
-/// previewd's access to it, the generated secrets (read back in the namespace, which needs the
-/// access; added to the plan's first wave), the guard rails, then the plan's objects wave by
-/// wave. Returns how far the waves got.
+/// previewd's access to it, the generated secrets and the databases' connection Secrets (read
+/// back in the namespace, which needs the access; added to the plan's first wave; a database
+/// is branched here when it is not yet), the guard rails (open to the databases' servers), then
+/// the plan's objects wave by wave. Returns how far the waves got.
 async fn apply_steps(
     plan: &mut Plan,
+    environment: &PreviewEnvironment,
     template: &PreviewTemplate,
     namespace_labels: &std::collections::BTreeMap<String, String>,
     context: &Context,
@@ -200,7 +203,14 @@ async fn apply_steps(
     apply::apply(context, &[&namespace_object], bypass_cache).await?;
     access::grant(&plan.namespace, &plan.labels, context, bypass_cache).await?;
     secrets::add_generated(plan, template, context).await?;
-    let guard_rails = namespace::guard_rails(&plan.namespace, &template.spec, &plan.labels);
+    let databases = databases::add_databases(plan, environment, template, context).await?;
+    plan.databases = databases.statuses;
+    let guard_rails = namespace::guard_rails(
+        &plan.namespace,
+        &template.spec,
+        &plan.labels,
+        &databases.egress,
+    );
     let guard_rails: Vec<&serde_json::Value> = guard_rails.iter().collect();
     apply::apply(context, &guard_rails, bypass_cache).await?;
     waves::apply_waves(&plan.objects, context, bypass_cache).await
@@ -333,6 +343,12 @@ async fn refuse(
         Utc::now(),
     );
     status.waiting = waiting;
+    if refusal.reason == RefusalReason::DatabaseServerFull {
+        // Waits for a branch, in the order of creation (as the template cap's queue).
+        status.phase = Phase::Queued;
+        let everyone = context.caches.environments.state();
+        status.queue_position = Some(databases::queue_position(environment, &everyone));
+    }
     // Set aside by this refusal (or still); a refusal of another kind keeps what was.
     if let Some(set_aside) = refusal.quarantine {
         status.quarantine = Some(*set_aside);

@@ -104,9 +104,10 @@ fn not_found(namespace: &str, name: &str) -> kube::Error {
 }
 
 /// Whether the Secret's owner lets templates of `template_namespace` copy it.
-/// A registered cluster's credential is never shared, whatever its annotations say.
+/// An operator's credential (a cluster's, a database server's) is never shared, whatever its
+/// annotations say.
 fn shared_with(source: &Secret, template_namespace: &str) -> bool {
-    !crate::cluster::secrets::is_cluster_credential(source)
+    !crate::cluster::secrets::is_operator_credential(source)
         && source
             .annotations()
             .get(COPY_ANNOTATION)
@@ -148,7 +149,7 @@ pub async fn add_generated(
 
 /// The data (key → base64) of the environment's Secret `name`: from the applier's record of
 /// its last apply, else read from the cluster (after a restart), else nothing yet.
-async fn current_data(
+pub(super) async fn current_data(
     plan: &Plan,
     name: &str,
     context: &Context,
@@ -212,7 +213,7 @@ fn generated(
 
 /// `length` letters and digits from the operating system's random source (rejection sampling,
 /// so every character is equally likely).
-fn random_text(length: u32) -> Result<String, getrandom::Error> {
+pub(super) fn random_text(length: u32) -> Result<String, getrandom::Error> {
     let mut text = String::new();
     let mut buffer = [0u8; 64];
     while text.len() < length as usize {
@@ -228,7 +229,7 @@ fn random_text(length: u32) -> Result<String, getrandom::Error> {
 }
 
 /// A Secret of the plan's first wave.
-fn secret_object(plan: &Plan, object: Value) -> RenderedObject {
+pub(super) fn secret_object(plan: &Plan, object: Value) -> RenderedObject {
     RenderedObject {
         manifest: SOURCE.to_string(),
         wave: plan.objects.iter().map(|o| o.wave).min().unwrap_or(0),
@@ -238,7 +239,7 @@ fn secret_object(plan: &Plan, object: Value) -> RenderedObject {
 }
 
 /// Adds `object` unless the template already renders an object of that name.
-fn add(plan: &mut Plan, object: RenderedObject) -> Result<(), Stop> {
+pub(super) fn add(plan: &mut Plan, object: RenderedObject) -> Result<(), Stop> {
     let key = ObjectKey::of(&object.object);
     if let Some(clash) = plan
         .objects
@@ -277,6 +278,7 @@ mod tests {
             }],
             replicas_before_sleep: BTreeMap::new(),
             requests: Default::default(),
+            databases: Vec::new(),
         }
     }
 

@@ -336,6 +336,7 @@ pub fn progress_status(
         observed_generation: environment.metadata.generation,
         resources: progress.resources,
         seeds: progress.seeds,
+        databases: previous.databases.clone(),
         conditions: vec![condition(&previous.conditions, &progress.condition, now)],
         timings: Some(timings),
         forge: previous.forge.clone(),

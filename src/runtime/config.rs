@@ -163,6 +163,10 @@ pub struct ControllerArgs {
     /// (`PreviewCluster`) are. Unset: placement on registered clusters is off.
     #[arg(long, env = "PREVIEWD_CLUSTER_CREDENTIALS_NAMESPACE")]
     pub cluster_credentials_namespace: Option<String>,
+    /// previewd's own namespace, where the admin Secrets of registered database servers
+    /// (`PreviewDatabaseServer`) are. Unset: databases per environment are off.
+    #[arg(long, env = "PREVIEWD_DATABASE_CREDENTIALS_NAMESPACE")]
+    pub database_credentials_namespace: Option<String>,
     /// How often each registered cluster is looked at.
     #[arg(long, env = "PREVIEWD_CLUSTER_LOOK_INTERVAL", default_value = "10s", value_parser = parse_duration)]
     pub cluster_look_interval: std::time::Duration,
@@ -303,6 +307,9 @@ impl ControllerArgs {
                 credentials_namespace: self.cluster_credentials_namespace.clone(),
                 look_interval: self.cluster_look_interval,
                 unreachable_grace: self.cluster_unreachable_grace,
+            },
+            databases: crate::reconcile::databases::DatabaseConfig {
+                credentials_namespace: self.database_credentials_namespace.clone(),
             },
         }
     }

@@ -35,6 +35,7 @@ fn everything_on() -> Value {
         "watchNamespace": "apps",
         "rbac": {"bindableClusterRoles": ["view"], "secretNamespaces": ["apps", "team-b"]},
         "placement": {"enabled": true, "lookInterval": "5s", "unreachableGrace": "1m"},
+        "databases": {"enabled": true},
     })
 }
 
@@ -393,7 +394,7 @@ async fn the_chart_lints_renders_applies_and_its_rbac_carries_a_lifecycle() {
 
         // Apply what Helm would install: CRDs first, then every rendered template.
         let (crds, rendered) = rendered_by_helm(&release, &ns, &values);
-        assert_eq!(crds.len(), 3, "the three CRDs are in the chart");
+        assert_eq!(crds.len(), 4, "the four CRDs are in the chart");
         apply_all(&client, &ns, &crds).await;
         let kinds: Vec<&str> = rendered
             .iter()

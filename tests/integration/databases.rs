@@ -318,3 +318,220 @@ async fn a_full_server_refuses_a_new_branch_and_takes_one_again_once_a_branch_go
     let refused = connect(&address, &c, &c, "pw").await.unwrap_err();
     assert_eq!(code(&refused), "53300", "{refused}");
 }
+
+mod in_previewd {
+    //! The same, through previewd's controller against the real API server: a template asks
+    //! for a database, and each environment gets its branch, its Secret and its egress.
+
+    use std::time::Duration;
+
+    use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+    use k8s_openapi::api::networking::v1::NetworkPolicy;
+    use kube::api::{Api, DeleteParams, PostParams};
+    use previewd::model::crd::{Phase, PreviewEnvironment, PreviewTemplate};
+    use previewd::reconcile::ControllerConfig;
+    use previewd::reconcile::databases::DatabaseConfig;
+    use previewd::sandbox::postgres::{LocalPostgres, PostgresOptions};
+    use serde_json::json;
+
+    use crate::support::postgres::{
+        code, connect, database_and_role, postgres, register_server, unregister_server,
+    };
+    use crate::support::{eventually, in_namespace, start_controller_with, wait_for_phase};
+
+    /// The template `shop` (a ConfigMap, and the database `orders` on `server` from the SQL
+    /// of ConfigMap `orders-baseline`) and the baseline.
+    async fn shop(client: &kube::Client, namespace: &str, server: &str) {
+        let baseline: ConfigMap = serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "orders-baseline"},
+            "data": {"01-schema.sql": "CREATE TABLE orders (id int PRIMARY KEY, item text);",
+                     "02-rows.sql": "INSERT INTO orders SELECT g, 'item ' || g FROM generate_series(1, 1000) g;"},
+        }))
+        .unwrap();
+        Api::<ConfigMap>::namespaced(client.clone(), namespace)
+            .create(&PostParams::default(), &baseline)
+            .await
+            .unwrap();
+        let template: PreviewTemplate = serde_json::from_value(json!({
+            "apiVersion": "previewd.dev/v1alpha1", "kind": "PreviewTemplate", "metadata": {"name": "shop"},
+            "spec": {"forge": {"kind": "github", "repository": "Codertocat/Hello-World"},
+                     "manifests": {"inline": [{"name": "app.yaml", "template": "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: app\ndata:\n  sha: \"{{ sha }}\"\n"}]},
+                     "databases": [{"name": "orders", "server": server, "baseline": {"sqlConfigMap": "orders-baseline"}}]}
+        }))
+        .unwrap();
+        Api::<PreviewTemplate>::namespaced(client.clone(), namespace)
+            .create(&PostParams::default(), &template)
+            .await
+            .unwrap();
+    }
+
+    async fn open_pull_request(client: &kube::Client, namespace: &str, name: &str, number: u64) {
+        let environment: PreviewEnvironment = serde_json::from_value(json!({
+            "apiVersion": "previewd.dev/v1alpha1", "kind": "PreviewEnvironment", "metadata": {"name": name},
+            "spec": {"template": "shop", "source": {"repository": "Codertocat/Hello-World",
+                     "branch": name, "pullRequest": number, "headSha": "abc1234"}}
+        }))
+        .unwrap();
+        Api::<PreviewEnvironment>::namespaced(client.clone(), namespace)
+            .create(&PostParams::default(), &environment)
+            .await
+            .unwrap();
+    }
+
+    fn config(namespace: &str) -> ControllerConfig {
+        ControllerConfig {
+            namespace: Some(namespace.to_string()),
+            databases: DatabaseConfig {
+                credentials_namespace: Some(namespace.to_string()),
+            },
+            ..Default::default()
+        }
+    }
+
+    /// The environment's connection Secret, key by key.
+    async fn connection(
+        client: &kube::Client,
+        environment: &PreviewEnvironment,
+    ) -> std::collections::BTreeMap<String, String> {
+        let namespace = environment
+            .status
+            .as_ref()
+            .unwrap()
+            .namespace
+            .clone()
+            .unwrap();
+        let secret = Api::<Secret>::namespaced(client.clone(), &namespace)
+            .get("database-orders")
+            .await
+            .expect("the environment's database Secret");
+        secret
+            .data
+            .unwrap()
+            .into_iter()
+            .map(|(k, v)| (k, String::from_utf8(v.0).unwrap()))
+            .collect()
+    }
+
+    async fn rows(
+        postgres: &LocalPostgres,
+        details: &std::collections::BTreeMap<String, String>,
+    ) -> i64 {
+        let address = postgres.superuser_address();
+        let client = connect(
+            &address,
+            &details["database"],
+            &details["username"],
+            &details["password"],
+        )
+        .await
+        .expect("the Secret's login opens the branch");
+        client
+            .query_one("SELECT count(*) FROM orders", &[])
+            .await
+            .unwrap()
+            .get(0)
+    }
+
+    #[tokio::test]
+    async fn each_environment_gets_its_branch_its_secret_and_egress_and_removal_drops_it_after_its_namespace()
+     {
+        in_namespace("databases-life", |client, ns| async move {
+            let server = format!("{ns}-pg");
+            register_server(&client, &ns, &server, postgres(), None).await;
+            shop(&client, &ns, &server).await;
+            open_pull_request(&client, &ns, "pr-1", 1).await;
+            open_pull_request(&client, &ns, "pr-2", 2).await;
+            let _running = start_controller_with(&client, config(&ns)).await;
+            let environments: Api<PreviewEnvironment> = Api::namespaced(client.clone(), &ns);
+            let one = wait_for_phase(&environments, "pr-1", Phase::Ready, Duration::from_secs(60)).await;
+            let two = wait_for_phase(&environments, "pr-2", Phase::Ready, Duration::from_secs(60)).await;
+
+            let status = &one.status.as_ref().unwrap().databases;
+            assert_eq!(status.len(), 1, "{status:?}");
+            assert_eq!(status[0].state, "Ready");
+            assert!(status[0].branched_in_ms.is_some(), "{status:?}");
+            let (first, second) = (connection(&client, &one).await, connection(&client, &two).await);
+            assert_eq!(first["database"], status[0].branch);
+            assert_ne!(first["database"], second["database"]);
+            assert_eq!(rows(postgres(), &first).await, 1000);
+            assert_eq!(rows(postgres(), &second).await, 1000);
+            let address = postgres().superuser_address();
+            let across = connect(&address, &second["database"], &first["username"], &first["password"])
+                .await
+                .unwrap_err();
+            assert_eq!(code(&across), "42501", "pr-1's login opened pr-2's branch: {across}");
+
+            // The guard rail opens the server's address on its port, as a rule of its own.
+            let namespace = one.status.as_ref().unwrap().namespace.clone().unwrap();
+            let policy = Api::<NetworkPolicy>::namespaced(client.clone(), &namespace)
+                .get("previewd-default-deny")
+                .await
+                .unwrap();
+            let egress = serde_json::to_value(policy.spec.unwrap().egress.unwrap()).unwrap();
+            let port = postgres().port();
+            assert!(
+                egress.as_array().unwrap().iter().any(|rule| rule
+                    == &json!({"to": [{"ipBlock": {"cidr": "127.0.0.1/32"}}], "ports": [{"protocol": "TCP", "port": port}]})),
+                "{egress:#}"
+            );
+
+            // Removal: the branch and its role go after the namespace, the other stays.
+            environments.delete("pr-1", &DeleteParams::default()).await.unwrap();
+            eventually("pr-1's record gone", Duration::from_secs(90), || {
+                let environments = environments.clone();
+                async move { environments.get_opt("pr-1").await.unwrap().is_none().then_some(()) }
+            })
+            .await;
+            assert_eq!(database_and_role(&first["database"]).await, (false, false));
+            assert_eq!(database_and_role(&second["database"]).await, (true, true));
+            assert_eq!(rows(postgres(), &second).await, 1000);
+            environments.delete("pr-2", &DeleteParams::default()).await.unwrap();
+            eventually("pr-2's branch gone", Duration::from_secs(90), || {
+                let name = second["database"].clone();
+                async move { (database_and_role(&name).await == (false, false)).then_some(()) }
+            })
+            .await;
+            unregister_server(&client, &server).await;
+        })
+        .await;
+    }
+
+    #[tokio::test]
+    async fn a_full_server_queues_the_next_environment_with_its_position_until_a_branch_goes() {
+        in_namespace("databases-queue", |client, ns| async move {
+            let own = crate::support::postgres::start(PostgresOptions::default());
+            let server = format!("{ns}-pg");
+            register_server(&client, &ns, &server, &own, Some(1)).await;
+            shop(&client, &ns, &server).await;
+            open_pull_request(&client, &ns, "pr-1", 1).await;
+            let _running = start_controller_with(&client, config(&ns)).await;
+            let environments: Api<PreviewEnvironment> = Api::namespaced(client.clone(), &ns);
+            wait_for_phase(&environments, "pr-1", Phase::Ready, Duration::from_secs(60)).await;
+            open_pull_request(&client, &ns, "pr-2", 2).await;
+            let queued = wait_for_phase(
+                &environments,
+                "pr-2",
+                Phase::Queued,
+                Duration::from_secs(60),
+            )
+            .await;
+            let status = queued.status.unwrap();
+            assert_eq!(status.queue_position, Some(1));
+            let ready = &status.conditions[0];
+            assert_eq!(ready.reason, "DatabaseServerFull", "{ready:?}");
+            assert!(
+                ready.message.contains("holds 1 branches"),
+                "{}",
+                ready.message
+            );
+
+            environments
+                .delete("pr-1", &DeleteParams::default())
+                .await
+                .unwrap();
+            wait_for_phase(&environments, "pr-2", Phase::Ready, Duration::from_secs(90)).await;
+            unregister_server(&client, &server).await;
+        })
+        .await;
+    }
+}

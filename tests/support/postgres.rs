@@ -89,3 +89,54 @@ pub fn code(error: &tokio_postgres::Error) -> String {
         .map(|db| db.code().code().to_string())
         .unwrap_or_default()
 }
+
+/// Registers `postgres` as the `PreviewDatabaseServer` `name` for templates of `namespace`,
+/// its admin Secret in `namespace` (the tests' previewd reads credentials there), with at
+/// most `max_branches`.
+pub async fn register_server(
+    client: &kube::Client,
+    namespace: &str,
+    name: &str,
+    postgres: &LocalPostgres,
+    max_branches: Option<u64>,
+) {
+    use k8s_openapi::api::core::v1::Secret;
+    use kube::api::{Api, PostParams};
+    use previewd::model::crd::PreviewDatabaseServer;
+    let admin = postgres.admin_address(name);
+    let secret: Secret = serde_json::from_value(serde_json::json!({
+        "apiVersion": "v1", "kind": "Secret",
+        "metadata": {"name": format!("{name}-admin")},
+        "type": previewd::cluster::secrets::DATABASE_CREDENTIAL_TYPE,
+        "stringData": {"username": admin.admin_user, "password": admin.admin_password},
+    }))
+    .unwrap();
+    Api::<Secret>::namespaced(client.clone(), namespace)
+        .create(&PostParams::default(), &secret)
+        .await
+        .unwrap();
+    let mut limits = serde_json::json!({});
+    if let Some(max) = max_branches {
+        limits["maxBranches"] = max.into();
+    }
+    let server: PreviewDatabaseServer = serde_json::from_value(serde_json::json!({
+        "apiVersion": "previewd.dev/v1alpha1", "kind": "PreviewDatabaseServer",
+        "metadata": {"name": name},
+        "spec": {"host": admin.host, "port": admin.port, "adminSecretRef": {"name": format!("{name}-admin")},
+                 "egressCidrs": ["127.0.0.1/32"], "limits": limits, "templateNamespaces": [namespace]},
+    }))
+    .unwrap();
+    Api::<PreviewDatabaseServer>::all(client.clone())
+        .create(&PostParams::default(), &server)
+        .await
+        .unwrap();
+}
+
+/// Removes the `PreviewDatabaseServer` `name` (cluster-scoped: the namespace's deletion does
+/// not take it).
+pub async fn unregister_server(client: &kube::Client, name: &str) {
+    use kube::api::{Api, DeleteParams};
+    let _ = Api::<previewd::model::crd::PreviewDatabaseServer>::all(client.clone())
+        .delete(name, &DeleteParams::default())
+        .await;
+}

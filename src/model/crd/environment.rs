@@ -217,6 +217,9 @@ pub struct PreviewEnvironmentStatus {
     /// One entry per seed job.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub seeds: Vec<SeedStatus>,
+    /// The environment's databases (`spec.databases` of its template).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub databases: Vec<super::DatabaseStatus>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
     /// When the current head SHA was requested, and when it became Ready.

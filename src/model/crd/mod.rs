@@ -6,6 +6,8 @@
 //!   (or by hand). It is the durable record of what should run; its status says what does run.
 //! * [`PreviewCluster`]: a target cluster environments can be placed on, registered by the
 //!   operator.
+//! * [`PreviewDatabaseServer`]: a PostgreSQL server environments' databases are branched on,
+//!   registered by the operator.
 //!
 //! The schemas are structural: free-form values only under
 //! `x-kubernetes-preserve-unknown-fields`. Every supported API server (1.34 and newer) also
@@ -17,10 +19,12 @@
 //! [`super::metadata`].
 
 mod cluster;
+mod database;
 mod environment;
 mod template;
 
 pub use cluster::*;
+pub use database::*;
 pub use environment::*;
 pub use template::*;
 
@@ -55,6 +59,7 @@ pub fn all_crds()
         PreviewTemplate::crd(),
         PreviewEnvironment::crd(),
         PreviewCluster::crd(),
+        PreviewDatabaseServer::crd(),
     ]
 }
 

@@ -61,6 +61,10 @@ pub struct PreviewTemplateSpec {
     /// for its life.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub placement: Option<Placement>,
+    /// Databases every environment gets: each its own branch of a baseline, on a
+    /// `PreviewDatabaseServer` that admits this template's namespace.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub databases: Vec<super::TemplateDatabase>,
 }
 
 /// Which registered clusters a template's environments may run on.
