@@ -201,6 +201,11 @@ impl Demo<'_> {
             "READY: {name} in {:.1} s, {url}",
             took.as_secs_f64()
         ));
+        if let Ok(environment) = self.environments.get(&name).await {
+            for line in super::database::describe(self.client, &environment).await {
+                self.narrator.say(&line);
+            }
+        }
         Ok((name, took))
     }
 

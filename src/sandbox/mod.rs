@@ -19,6 +19,7 @@
 
 pub mod cli;
 pub mod control_plane;
+pub mod database;
 pub mod demo;
 pub mod dry_run;
 pub mod example_templates;

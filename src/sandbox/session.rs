@@ -44,6 +44,7 @@ pub async fn run(args: SandboxArgs) -> Result<(), SandboxError> {
         repositories,
     )
     .await?;
+    let _database = super::database::set_up(&client, &mut controller).await;
     let binaries = sandbox.control_plane().binaries();
     playground.facts.kubectl = binaries.kubectl.display().to_string();
     playground.facts.kubernetes_version = binaries.kubernetes.clone();
