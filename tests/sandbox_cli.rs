@@ -815,6 +815,17 @@ fn the_demo_plays_a_pull_request_and_exits_0() {
     ] {
         assert!(stdout.contains(step), "no {step:?} in:\n{stdout}");
     }
+    // With PostgreSQL installed (as .ci/run installs it), the pull request gets its own
+    // database, and its own login reads the baseline's rows there.
+    if previewd::sandbox::postgres::LocalPostgres::installed().is_some() {
+        let said = stdout
+            .lines()
+            .find(|line| line.contains("DATABASE: orders Ready, branched from its baseline in"));
+        assert!(
+            said.is_some_and(|line| line.contains("reads 1000 rows of orders")),
+            "no database line in:\n{stdout}"
+        );
+    }
     // Nothing is wrong in the demo, so nothing may say so (the sweep at start-up asks the
     // stand-in for open PRs and branches, and must get an answer).
     let complaints: Vec<&str> = stdout
