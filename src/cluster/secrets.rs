@@ -217,6 +217,30 @@ mod tests {
         ));
     }
 
+    #[tokio::test]
+    async fn a_database_servers_admin_login_is_never_read_for_a_template() {
+        crate::install_crypto_provider();
+        let config = kube::Config::new("http://127.0.0.1:9".parse().unwrap());
+        let client = Client::try_from(config).unwrap();
+        let (templates, clusters) = (
+            SecretReader::new(client.clone()),
+            SecretReader::for_cluster_credentials(client),
+        );
+        let admin = Secret {
+            type_: Some(DATABASE_CREDENTIAL_TYPE.into()),
+            ..Default::default()
+        };
+        assert!(matches!(
+            templates.may_read(&admin, "previewd", "shared-pg-admin"),
+            Err(SecretError::ClusterCredential { .. })
+        ));
+        // Nor as a cluster's kubeconfig: each credential reads as what it is.
+        assert!(matches!(
+            clusters.may_read(&admin, "previewd", "shared-pg-admin"),
+            Err(SecretError::NotAClusterCredential { .. })
+        ));
+    }
+
     fn key(name: &str) -> SecretKey {
         ("previews".into(), name.into(), "token".into())
     }

@@ -97,6 +97,7 @@ impl DatabaseServer {
     ) -> Result<BaselineLogin, DatabaseError> {
         let _turn = self.turn().await;
         let admin = self.admin(None).await?;
+        self.recent_enough(&admin).await?;
         let database = ident(&target.database)?;
         let role = ident(&target.role)?;
         match self.find(&admin, &target.database).await? {
@@ -116,7 +117,9 @@ impl DatabaseServer {
         // (One statement a request: CREATE DATABASE refuses to run in a transaction block,
         // which several statements in one request are.)
         for statement in [
-            format!("CREATE DATABASE {database} ALLOW_CONNECTIONS false"),
+            // From template0: template1 is open to connections, and what anyone left there
+            // would be copied into every baseline and branch.
+            format!("CREATE DATABASE {database} TEMPLATE template0 ALLOW_CONNECTIONS false"),
             format!("REVOKE ALL ON DATABASE {database} FROM PUBLIC"),
             format!("GRANT CONNECT, CREATE, TEMPORARY ON DATABASE {database} TO {role}"),
             format!("ALTER DATABASE {database} ALLOW_CONNECTIONS true"),
@@ -163,10 +166,15 @@ impl DatabaseServer {
             self.run(&admin, "closing the baseline", &statement).await?;
         }
         self.end_sessions(&admin, &target.database).await?;
+        self.end_sessions_of(&admin, &target.role).await?;
         let mark = format!("COMMENT ON DATABASE {database} IS {}", literal(SEALED)?);
         self.run(&admin, "sealing the baseline", &mark).await?;
+        // Older sealed versions only: an unsealed one may be another version's load under way
+        // (it is dropped when that version is opened again).
         for old in self.versions(&admin, &target.role).await? {
-            if old != target.database {
+            let found = self.find(&admin, &old).await?;
+            let sealed = matches!(found, Found::Present(Some(ref c)) if c == SEALED);
+            if old != target.database && sealed {
                 let drop = format!("DROP DATABASE {} WITH (FORCE)", ident(&old)?);
                 self.run(&admin, "dropping an older baseline", &drop)
                     .await?;
@@ -185,8 +193,7 @@ impl DatabaseServer {
             let drop = format!("DROP DATABASE {} WITH (FORCE)", ident(&version)?);
             self.run(&admin, "dropping a baseline", &drop).await?;
         }
-        let drop = format!("DROP ROLE IF EXISTS {}", ident(&role)?);
-        self.run(&admin, "dropping a baseline role", &drop).await
+        self.drop_role(&admin, &role).await
     }
 
     /// The databases holding versions of the baseline whose role is `role`.
@@ -206,36 +213,10 @@ impl DatabaseServer {
         Ok(rows.iter().map(|row| row.get(0)).collect())
     }
 
-    /// Creates `role` as a plain login role, or gives an existing one this password and limit
-    /// again; then makes previewd's admin a member, so an admin that is no superuser may
-    /// hand its objects over and end its sessions.
-    pub(super) async fn login_role(
-        &self,
-        admin: &tokio_postgres::Client,
-        role: &str,
-        password: &str,
-        connections: u32,
-    ) -> Result<(), DatabaseError> {
-        let exists = admin
-            .query_opt("SELECT 1 FROM pg_roles WHERE rolname = $1", &[&role])
-            .await
-            .map_err(|e| self.failed("reading the catalogue", e))?
-            .is_some();
-        let name = ident(role)?;
-        let password = literal(password)?;
-        let statement = if exists {
-            format!(
-                "ALTER ROLE {name} WITH LOGIN CONNECTION LIMIT {connections} PASSWORD {password}"
-            )
-        } else {
-            format!(
-                "CREATE ROLE {name} WITH LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOREPLICATION \
-                 NOBYPASSRLS NOINHERIT CONNECTION LIMIT {connections} PASSWORD {password}"
-            )
-        };
-        self.run(admin, "writing a login role", &statement).await?;
-        let member = format!("GRANT {name} TO CURRENT_USER");
-        self.run(admin, "joining a login role", &member).await
+    /// Ends every session of `role` (a load that ran past its time).
+    pub async fn end_sessions_of_role(&self, role: &str) -> Result<(), DatabaseError> {
+        let admin = self.admin(None).await?;
+        self.end_sessions_of(&admin, role).await
     }
 
     /// Ends every session on `database` but previewd's own.
@@ -246,7 +227,7 @@ impl DatabaseServer {
     ) -> Result<(), DatabaseError> {
         admin
             .execute(
-                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+                "SELECT pg_terminate_backend(pid, 5000) FROM pg_stat_activity \
                  WHERE datname = $1 AND pid <> pg_backend_pid()",
                 &[&database],
             )

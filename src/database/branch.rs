@@ -9,9 +9,8 @@
 use std::time::{Duration, Instant};
 
 use super::DatabaseError;
-use super::baseline::{BaselineTarget, Found};
-use super::names::BRANCH_PREFIX;
-use super::server::DatabaseServer;
+use super::baseline::{BaselineTarget, Found, SEALED};
+use super::server::{DatabaseServer, Reservation};
 use super::sql::{ident, literal};
 
 /// The comment a finished branch carries.
@@ -39,6 +38,7 @@ impl DatabaseServer {
         let _turn = self.turn().await;
         let started = Instant::now();
         let admin = self.admin(None).await?;
+        self.recent_enough(&admin).await?;
         let connections = self.limits().role_connection_limit;
         let half_made = match self.find(&admin, name).await? {
             Found::Present(Some(ref c)) if c == READY => {
@@ -48,28 +48,44 @@ impl DatabaseServer {
             Found::Present(_) => true,
             Found::Absent => false,
         };
-        self.within_limit(&admin, name).await?;
-        if !matches!(self.find(&admin, &baseline.database).await?, Found::Present(Some(ref c)) if c == super::baseline::SEALED)
-        {
+        let _place = self.within_limit(&admin, name).await?;
+        let found = self.find(&admin, &baseline.database).await?;
+        if !matches!(found, Found::Present(Some(ref c)) if c == SEALED) {
             return Err(DatabaseError::BaselineNotReady(baseline.database.clone()));
         }
         self.login_role(&admin, name, password, connections).await?;
-        let database = ident(name)?;
         if half_made {
-            let drop = format!("DROP DATABASE {database} WITH (FORCE)");
+            let drop = format!("DROP DATABASE {} WITH (FORCE)", ident(name)?);
             self.run(&admin, "dropping a half-made branch", &drop)
                 .await?;
         }
+        self.copy(&admin, name, baseline).await?;
+        Ok(Branched::Made {
+            took: started.elapsed(),
+        })
+    }
+
+    /// The copy, by file, closed to connections until `PUBLIC`'s `CONNECT` is gone; the
+    /// baseline role's objects handed to the branch's role; the marker, last. (Through the
+    /// WAL, PostgreSQL's default since 15, a 1 GiB copy took four times as long here:
+    /// docs/performance.md, "A database per environment".)
+    async fn copy(
+        &self,
+        admin: &tokio_postgres::Client,
+        name: &str,
+        baseline: &BaselineTarget,
+    ) -> Result<(), DatabaseError> {
+        let database = ident(name)?;
         for statement in [
             format!(
-                "CREATE DATABASE {database} OWNER {database} TEMPLATE {} ALLOW_CONNECTIONS false{}",
-                ident(&baseline.database)?,
-                self.copy_strategy(&admin).await?
+                "CREATE DATABASE {database} OWNER {database} TEMPLATE {} ALLOW_CONNECTIONS false \
+                 STRATEGY FILE_COPY",
+                ident(&baseline.database)?
             ),
             format!("REVOKE ALL ON DATABASE {database} FROM PUBLIC"),
             format!("ALTER DATABASE {database} ALLOW_CONNECTIONS true"),
         ] {
-            self.run(&admin, "copying the baseline", &statement).await?;
+            self.run(admin, "copying the baseline", &statement).await?;
         }
         let inside = self.admin(Some(name)).await?;
         let hand_over = format!("REASSIGN OWNED BY {} TO {database}", ident(&baseline.role)?);
@@ -77,30 +93,7 @@ impl DatabaseServer {
             .await?;
         drop(inside);
         let mark = format!("COMMENT ON DATABASE {database} IS {}", literal(READY)?);
-        self.run(&admin, "marking the branch", &mark).await?;
-        Ok(Branched::Made {
-            took: started.elapsed(),
-        })
-    }
-
-    /// How the copy is made: PostgreSQL 15 and later copy a database through the WAL by
-    /// default, block by block; `FILE_COPY` copies its files and checkpoints, four times as
-    /// fast for a 1 GiB baseline here (docs/performance.md, "A database per environment").
-    /// Before 15 there is no choice and no keyword: the copy is by file.
-    async fn copy_strategy(
-        &self,
-        admin: &tokio_postgres::Client,
-    ) -> Result<&'static str, DatabaseError> {
-        let row = admin
-            .query_one("SELECT current_setting('server_version_num')::int", &[])
-            .await
-            .map_err(|e| self.failed("reading the server's version", e))?;
-        let version: i32 = row.get(0);
-        Ok(if version >= 150_000 {
-            " STRATEGY FILE_COPY"
-        } else {
-            ""
-        })
+        self.run(admin, "marking the branch", &mark).await
     }
 
     /// Whether the branch `name` exists and is finished.
@@ -110,39 +103,38 @@ impl DatabaseServer {
         Ok(matches!(found, Found::Present(Some(ref c)) if c == READY))
     }
 
-    /// Drops the branch `name` and its role, whatever state they are in (absent is done).
+    /// Drops the branch `name` and its role, whatever state they are in (absent is done), and
+    /// whatever the role did to itself (see [`DatabaseServer::drop_role`]).
     pub async fn drop_branch(&self, name: &str) -> Result<(), DatabaseError> {
         let _turn = self.turn().await;
         let admin = self.admin(None).await?;
         let quoted = ident(name)?;
-        for statement in [
-            format!("DROP DATABASE IF EXISTS {quoted} WITH (FORCE)"),
-            format!("DROP ROLE IF EXISTS {quoted}"),
-        ] {
-            self.run(&admin, "dropping a branch", &statement).await?;
+        if self.role_exists(&admin, name).await? {
+            // The owner's membership first: without it the database cannot be dropped.
+            let member = format!("GRANT {quoted} TO CURRENT_USER");
+            self.run(&admin, "taking a branch back", &member).await?;
         }
-        Ok(())
+        let drop = format!("DROP DATABASE IF EXISTS {quoted} WITH (FORCE)");
+        self.run(&admin, "dropping a branch", &drop).await?;
+        self.drop_role(&admin, name).await
     }
 
-    /// Refuses a new branch when the server holds its limit (`name` itself not counted, so a
-    /// half-made branch being finished is never refused for its own place).
+    /// Gives the role of the finished branch `name` this password again (its Secret was lost).
+    pub async fn set_password(&self, name: &str, password: &str) -> Result<(), DatabaseError> {
+        let admin = self.admin(None).await?;
+        let connections = self.limits().role_connection_limit;
+        self.login_role(&admin, name, password, connections).await
+    }
+
+    /// Reserves `name`'s place among the server's branches (refused when the server holds
+    /// its limit; `name` itself is not counted, so a half-made branch being finished is never
+    /// refused for its own place).
     async fn within_limit(
         &self,
         admin: &tokio_postgres::Client,
         name: &str,
-    ) -> Result<(), DatabaseError> {
-        let row = admin
-            .query_one(
-                "SELECT count(*) FROM pg_database WHERE starts_with(datname, $1) AND datname <> $2",
-                &[&BRANCH_PREFIX, &name],
-            )
-            .await
-            .map_err(|e| self.failed("counting branches", e))?;
-        let held: i64 = row.get(0);
-        let held = u64::try_from(held).unwrap_or(0);
-        if held >= self.limits().max_branches {
-            return Err(self.full(held));
-        }
-        Ok(())
+    ) -> Result<Reservation, DatabaseError> {
+        let on_server = self.branches_on(admin).await?;
+        self.reserve(name, &on_server)
     }
 }

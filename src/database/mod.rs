@@ -22,6 +22,7 @@
 mod baseline;
 mod branch;
 pub mod names;
+mod roles;
 mod server;
 pub mod sql;
 

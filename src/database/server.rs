@@ -6,6 +6,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use std::collections::BTreeSet;
+use std::sync::{Mutex, PoisonError};
+
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_postgres::{Client, NoTls};
 
@@ -14,6 +17,14 @@ use super::names::BRANCH_PREFIX;
 
 /// How long a connection may take to open before the server counts as unreachable.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The admin's session settings: names resolve in the catalogue only (`pg_temp` is never
+/// searched for functions or operators, and listed last for the rest).
+const CATALOGUE_ONLY: &str = "-c search_path=pg_catalog,pg_temp";
+
+/// The oldest PostgreSQL previewd branches on: 15 closed `public` to `CREATE` for new
+/// databases and lets `CREATE DATABASE` copy by file (`STRATEGY FILE_COPY`).
+pub const OLDEST_SERVER: i32 = 150_000;
 
 /// Where the server is and how previewd logs in as its admin (a role with `CREATEDB` and
 /// `CREATEROLE`; a superuser is not needed).
@@ -68,6 +79,9 @@ pub struct DatabaseServer {
     address: ServerAddress,
     limits: ServerLimits,
     turns: Arc<Semaphore>,
+    /// Branches being made now: counted against the limit with those on the server, so that
+    /// branches made at once cannot pass it together.
+    reserved: Arc<Mutex<BTreeSet<String>>>,
 }
 
 impl DatabaseServer {
@@ -77,7 +91,49 @@ impl DatabaseServer {
             address,
             limits,
             turns,
+            reserved: Arc::default(),
         }
+    }
+
+    /// Reserves a place for branch `name` if the server's branches, those being made and this
+    /// one stay within the limit; the place is given back when the guard goes.
+    pub(super) fn reserve(
+        &self,
+        name: &str,
+        on_server: &[String],
+    ) -> Result<Reservation, DatabaseError> {
+        let mut reserved = self.reserved.lock().unwrap_or_else(PoisonError::into_inner);
+        let held: BTreeSet<&str> = on_server
+            .iter()
+            .map(String::as_str)
+            .chain(reserved.iter().map(String::as_str))
+            .filter(|other| *other != name)
+            .collect();
+        let held = u64::try_from(held.len()).unwrap_or(u64::MAX);
+        if held >= self.limits.max_branches {
+            return Err(self.full(held));
+        }
+        reserved.insert(name.to_string());
+        Ok(Reservation {
+            name: name.to_string(),
+            reserved: self.reserved.clone(),
+        })
+    }
+
+    /// Refuses a server older than [`OLDEST_SERVER`].
+    pub(super) async fn recent_enough(&self, admin: &Client) -> Result<(), DatabaseError> {
+        let row = admin
+            .query_one("SELECT current_setting('server_version_num')::int", &[])
+            .await
+            .map_err(|e| self.failed("reading the server's version", e))?;
+        let version: i32 = row.get(0);
+        if version < OLDEST_SERVER {
+            return Err(self.statement(
+                "reading the server's version",
+                &format!("PostgreSQL {version} is older than 15, which previewd needs"),
+            ));
+        }
+        Ok(())
     }
 
     pub fn address(&self) -> &ServerAddress {
@@ -98,15 +154,16 @@ impl DatabaseServer {
         }
     }
 
-    /// A connection as previewd's admin to `database` (the admin database when `None`).
+    /// A connection as previewd's admin to `database` (the admin database when `None`). Its
+    /// `search_path` is the catalogue alone: a function or operator another role created in a
+    /// schema of that database (`public` on a server upgraded from before 15) never runs in
+    /// place of the catalogue's, as the admin
+    /// (`a_function_planted_where_the_admin_looks_never_runs_as_the_admin`).
     pub(super) async fn admin(&self, database: Option<&str>) -> Result<Client, DatabaseError> {
         let database = database.unwrap_or(&self.address.admin_database);
-        self.connect(
-            database,
-            &self.address.admin_user,
-            &self.address.admin_password,
-        )
-        .await
+        let (user, password) = (&self.address.admin_user, &self.address.admin_password);
+        self.connect_with(database, user, password, Some(CATALOGUE_ONLY))
+            .await
     }
 
     /// A connection as `user` to `database`; its connection task ends with the client.
@@ -115,6 +172,16 @@ impl DatabaseServer {
         database: &str,
         user: &str,
         password: &str,
+    ) -> Result<Client, DatabaseError> {
+        self.connect_with(database, user, password, None).await
+    }
+
+    async fn connect_with(
+        &self,
+        database: &str,
+        user: &str,
+        password: &str,
+        options: Option<&str>,
     ) -> Result<Client, DatabaseError> {
         let mut config = tokio_postgres::Config::new();
         config
@@ -125,6 +192,9 @@ impl DatabaseServer {
             .dbname(database)
             .application_name("previewd")
             .connect_timeout(CONNECT_TIMEOUT);
+        if let Some(options) = options {
+            config.options(options);
+        }
         let connecting = config.connect(NoTls);
         let (client, connection) = tokio::time::timeout(CONNECT_TIMEOUT, connecting)
             .await
@@ -181,6 +251,10 @@ impl DatabaseServer {
     /// The branch databases on the server, by name.
     pub async fn branches(&self) -> Result<Vec<String>, DatabaseError> {
         let client = self.admin(None).await?;
+        self.branches_on(&client).await
+    }
+
+    pub(super) async fn branches_on(&self, client: &Client) -> Result<Vec<String>, DatabaseError> {
         let rows = client
             .query(
                 "SELECT datname FROM pg_database WHERE starts_with(datname, $1) ORDER BY datname",
@@ -196,5 +270,20 @@ impl DatabaseServer {
             server: self.address.name.clone(),
             branches,
         }
+    }
+}
+
+/// A branch's place while it is being made (see [`DatabaseServer::reserve`]).
+pub(super) struct Reservation {
+    name: String,
+    reserved: Arc<Mutex<BTreeSet<String>>>,
+}
+
+impl Drop for Reservation {
+    fn drop(&mut self) {
+        self.reserved
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(&self.name);
     }
 }

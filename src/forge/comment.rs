@@ -302,7 +302,13 @@ fn render_databases(out: &mut String, status: &PreviewEnvironmentStatus) {
             .chars()
             .filter(|c| c.is_ascii_alphanumeric() || *c == '-')
             .collect();
-        let _ = writeln!(out, "Database **{name}**: {}{took}", database.state);
+        // A placed environment's status comes from another cluster: only previewd's words.
+        let state = match database.state.as_str() {
+            "Ready" => "Ready",
+            "Kept" => "kept until the environment goes",
+            _ => "unknown",
+        };
+        let _ = writeln!(out, "Database **{name}**: {state}{took}");
     }
     if !status.databases.is_empty() {
         out.push('\n');

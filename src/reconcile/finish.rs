@@ -78,6 +78,31 @@ pub(super) async fn finish(
 
 /// The status step: progress, the environment's URL and the remembered timings into the status
 /// to write; a healthy environment that was asked to sleep is `Sleeping`.
+/// The environment's databases: the plan's, and those its status listed that the template no
+/// longer asks for (their branches are still on the server; removal drops every one listed).
+fn databases_held(
+    planned: &[crate::model::crd::DatabaseStatus],
+    environment: &PreviewEnvironment,
+) -> Vec<crate::model::crd::DatabaseStatus> {
+    let mut held = planned.to_vec();
+    let listed = environment.status.iter().flat_map(|s| &s.databases);
+    for before in listed {
+        if !held
+            .iter()
+            .any(|d| d.branch == before.branch && d.server == before.server)
+        {
+            held.push(crate::model::crd::DatabaseStatus {
+                state: "Kept".into(),
+                message: Some(
+                    "the template no longer asks for it: dropped with the environment".into(),
+                ),
+                ..before.clone()
+            });
+        }
+    }
+    held
+}
+
 fn next_status(
     environment: &PreviewEnvironment,
     context: &Context,
@@ -96,7 +121,7 @@ fn next_status(
     };
     let mut status = progress_status(environment, progress, placement, remembered, now);
     status.replicas_before_sleep = plan.replicas_before_sleep.clone();
-    status.databases = plan.databases.clone();
+    status.databases = databases_held(&plan.databases, environment);
     record_waking(environment, &mut status, now);
     if environment.spec.sleep && status.phase == Phase::Ready {
         let previous = environment.status.clone().unwrap_or_default();

@@ -308,6 +308,8 @@ mod tests {
         let mut credential = source(Some("*"));
         credential.type_ = Some(crate::cluster::secrets::CLUSTER_CREDENTIAL_TYPE.into());
         assert!(!shared_with(&credential, "team-a"));
+        credential.type_ = Some(crate::cluster::secrets::DATABASE_CREDENTIAL_TYPE.into());
+        assert!(!shared_with(&credential, "team-a"));
     }
 
     #[test]

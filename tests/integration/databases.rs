@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use previewd::database::names::{self, BaselineKey};
 use previewd::database::{BaselineTarget, Branched, DatabaseError, DatabaseServer, ServerLimits};
-use previewd::sandbox::postgres::PostgresOptions;
+use previewd::sandbox::postgres::{LocalPostgres, PostgresOptions};
 
 use crate::support::postgres::{code, connect, database_and_role, postgres, server, superuser};
 
@@ -115,7 +115,9 @@ async fn an_environments_branch_holds_the_baseline_and_its_role_reaches_nothing_
 
 #[tokio::test]
 async fn a_branch_stopped_at_any_point_is_finished_once_with_no_orphan_and_no_duplicate() {
-    let server = server(ServerLimits::default());
+    // A server of its own: every database and role on it is this test's.
+    let own = crate::support::postgres::start(PostgresOptions::default());
+    let server = own.server("stopped", ServerLimits::default());
     let baseline = sealed_baseline(&server, key("stopped"), "v1", ROWS).await;
     for (round, stop_after_ms) in [0u64, 2, 5, 10, 20, 40, 80, 160].into_iter().enumerate() {
         let name = names::branch(&format!("stopped-uid-{round}"), "orders");
@@ -145,28 +147,61 @@ async fn a_branch_stopped_at_any_point_is_finished_once_with_no_orphan_and_no_du
             assert_eq!(again, Branched::Present, "round {round}");
         }
         assert!(server.branch_ready(&name).await.unwrap(), "round {round}");
+        let client = connect(&own.superuser_address(), &name, &name, "final-password")
+            .await
+            .expect("the final password logs in");
+        let rows: i64 = client
+            .query_one("SELECT count(*) FROM orders", &[])
+            .await
+            .unwrap()
+            .get(0);
+        assert_eq!(rows, 1000, "round {round}");
+        drop(client);
+        // Exactly one branch and one role on the whole server: no second copy, no orphan of
+        // the stopped try under another name.
+        let made = previewds_objects(&own).await;
         assert_eq!(
-            count_orders(&name, "final-password").await,
-            1000,
+            made,
+            (vec![name.clone()], vec![name.clone()]),
             "round {round}"
         );
-        let with_prefix = superuser()
-            .await
-            .query(
-                "SELECT datname FROM pg_database WHERE datname = $1",
-                &[&name],
-            )
-            .await
-            .unwrap();
-        assert_eq!(with_prefix.len(), 1, "round {round}: one database");
         server.drop_branch(&name).await.unwrap();
         assert_eq!(
-            database_and_role(&name).await,
-            (false, false),
+            previewds_objects(&own).await,
+            (vec![], vec![]),
             "round {round}"
         );
     }
     server.drop_baseline(key("stopped")).await.unwrap();
+}
+
+/// The branch databases and branch roles on `postgres`, by name.
+async fn previewds_objects(postgres: &LocalPostgres) -> (Vec<String>, Vec<String>) {
+    let address = postgres.superuser_address();
+    let client = connect(
+        &address,
+        "postgres",
+        &address.admin_user,
+        &address.admin_password,
+    )
+    .await
+    .unwrap();
+    let names = |rows: Vec<tokio_postgres::Row>| rows.iter().map(|r| r.get(0)).collect();
+    let databases = client
+        .query(
+            "SELECT datname FROM pg_database WHERE datname LIKE 'pvd\\_env\\_%' ORDER BY 1",
+            &[],
+        )
+        .await
+        .unwrap();
+    let roles = client
+        .query(
+            "SELECT rolname FROM pg_roles WHERE rolname LIKE 'pvd\\_env\\_%' ORDER BY 1",
+            &[],
+        )
+        .await
+        .unwrap();
+    (names(databases), names(roles))
 }
 
 #[tokio::test]
@@ -238,10 +273,114 @@ async fn a_baseline_loader_acts_with_its_roles_rights_and_no_more() {
         }
     }
     assert_eq!(database_and_role("sneaky").await, (false, false));
-    // What it may do: build its own database.
+    // What it may do: build its own database, and set its own password.
     server.load_sql(&login, ROWS).await.unwrap();
+    let own_password = format!("ALTER ROLE {} PASSWORD 'chosen-by-the-loader'", login.user);
+    server.load_sql(&login, &own_password).await.unwrap();
+    // While it loads, another environment's login cannot open it.
+    let other = sealed_baseline(&server, key("loader-other"), "v1", ROWS).await;
+    let branch = names::branch("loader-uid", "orders");
+    server.branch(&branch, &other, "pw").await.unwrap();
+    let address = postgres().superuser_address();
+    let refused = connect(&address, &target.database, &branch, "pw")
+        .await
+        .unwrap_err();
+    assert_eq!(code(&refused), "42501", "{refused}");
     server.seal_baseline(&target).await.unwrap();
+    // Sealed, the role logs in no more, whatever password it gave itself.
+    let refused = connect(
+        &address,
+        &target.database,
+        &login.user,
+        "chosen-by-the-loader",
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(code(&refused), "28000", "{refused}");
+    server.drop_branch(&branch).await.unwrap();
     server.drop_baseline(key("loader")).await.unwrap();
+    server.drop_baseline(key("loader-other")).await.unwrap();
+}
+
+#[tokio::test]
+async fn a_role_that_revokes_previewd_and_leaves_objects_elsewhere_is_still_dropped_whole() {
+    let own = crate::support::postgres::start(PostgresOptions::default());
+    let server = own.server("leftovers", ServerLimits::default());
+    let baseline = sealed_baseline(&server, key("leftovers"), "v1", ROWS).await;
+    let name = names::branch("leftovers-uid", "orders");
+    server.branch(&name, &baseline, "pw").await.unwrap();
+    let address = own.superuser_address();
+    // The pull request's code, with the environment's login: it tries to take previewd's
+    // membership away (servers before 15 let a role do that; 15 refuses it, and previewd
+    // takes the membership back before it drops anyway), leaves objects in the server's own
+    // database (which `DROP ROLE` refuses to leave behind), and keeps a session open.
+    let inside = connect(&address, &name, &name, "pw").await.unwrap();
+    let revoked = inside
+        .batch_execute(&format!("REVOKE \"{name}\" FROM previewd"))
+        .await;
+    eprintln!("the role's REVOKE of previewd: {revoked:?}");
+    let elsewhere = connect(&address, "postgres", &name, "pw").await.unwrap();
+    elsewhere
+        .batch_execute(
+            "SELECT lo_create(0); ALTER DEFAULT PRIVILEGES GRANT SELECT ON TABLES TO PUBLIC",
+        )
+        .await
+        .expect("a login may do both in a database PUBLIC can open");
+    server
+        .drop_branch(&name)
+        .await
+        .expect("dropped whatever the role did");
+    assert_eq!(previewds_objects(&own).await, (vec![], vec![]));
+    assert!(
+        elsewhere.simple_query("SELECT 1").await.is_err(),
+        "its session ended with it"
+    );
+}
+
+#[tokio::test]
+async fn a_function_planted_where_the_admin_looks_never_runs_as_the_admin() {
+    // A server upgraded from PostgreSQL 14 keeps `public` open to CREATE for everyone.
+    let own = crate::support::postgres::start(PostgresOptions::default());
+    let address = own.superuser_address();
+    let superuser = connect(
+        &address,
+        "postgres",
+        &address.admin_user,
+        &address.admin_password,
+    )
+    .await
+    .unwrap();
+    superuser
+        .batch_execute("GRANT CREATE ON SCHEMA public TO PUBLIC")
+        .await
+        .unwrap();
+    let server = own.server("planted", ServerLimits::default());
+    let baseline = sealed_baseline(&server, key("planted"), "v1", ROWS).await;
+    let name = names::branch("planted-uid", "orders");
+    server.branch(&name, &baseline, "pw").await.unwrap();
+    // The environment's login plants a closer match for a function previewd's admin calls on
+    // its catalogue queries: run as the admin, it would give the role CREATEDB.
+    let planted = connect(&address, "postgres", &name, "pw").await.unwrap();
+    planted
+        .batch_execute(&format!(
+            "CREATE FUNCTION public.starts_with(name, text) RETURNS boolean LANGUAGE plpgsql AS $$
+             BEGIN EXECUTE 'ALTER ROLE \"{name}\" CREATEDB'; RETURN pg_catalog.starts_with($1::text, $2); END $$"
+        ))
+        .await
+        .expect("public is open to CREATE here");
+    server.branches().await.unwrap();
+    let other = names::branch("planted-uid-2", "orders");
+    server.branch(&other, &baseline, "pw").await.unwrap();
+    server.drop_branch(&other).await.unwrap();
+    let createdb: bool = superuser
+        .query_one(
+            "SELECT rolcreatedb FROM pg_roles WHERE rolname = $1",
+            &[&name],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(!createdb, "the planted function ran as previewd's admin");
 }
 
 #[tokio::test]

@@ -2,6 +2,7 @@
 //! egress to its server.
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
@@ -26,6 +27,11 @@ pub(super) const READY: &str = "Ready";
 
 /// The length of the passwords previewd gives environments' roles.
 const PASSWORD_LENGTH: u32 = 32;
+/// How long a baseline's SQL may run: a statement that never ends (`pg_sleep`) must not hold
+/// a reconcile forever.
+const LOAD_TIMEOUT: Duration = Duration::from_secs(600);
+/// How long one branch may take (a copy of a large baseline on a busy disk).
+const BRANCH_TIMEOUT: Duration = Duration::from_secs(600);
 
 /// What the step adds besides the Secrets: the egress rules to the servers and the
 /// databases' status.
@@ -43,9 +49,18 @@ pub async fn add_databases(
     context: &Context,
 ) -> Result<PlannedDatabases, Stop> {
     let mut planned = PlannedDatabases::default();
+    if template.spec.databases.is_empty() {
+        return Ok(planned);
+    }
+    distinct_names(&template.spec.databases)?;
+    let on = context.databases.config.credentials_namespace.is_some();
+    if on && !context.databases.listed().await {
+        let why = "the registered database servers are not listed yet".to_string();
+        return Err(Stop::Failed(ReconcileError::Database(why)));
+    }
     for wanted in &template.spec.databases {
         let server = registered(wanted, template, context)?;
-        planned.egress.push(egress_rule(&server));
+        planned.egress.push(egress_rule(&server, &wanted.name)?);
         let (status, password) =
             branch_of(plan, environment, template, wanted, &server, context).await?;
         let secret = connection_secret(plan, wanted, &server, &status.branch, &password);
@@ -105,15 +120,42 @@ fn valid_name(name: &str) -> Result<(), Refusal> {
     ))
 }
 
-/// The NetworkPolicy egress rule to the server: its addresses, its port, nothing else.
-fn egress_rule(server: &PreviewDatabaseServer) -> Value {
-    let to: Vec<Value> = server
-        .spec
-        .egress_cidrs
+/// Two databases of one name would share one branch, each with its own password.
+fn distinct_names(databases: &[TemplateDatabase]) -> Result<(), Refusal> {
+    let mut seen = std::collections::BTreeSet::new();
+    match databases.iter().find(|d| !seen.insert(d.name.as_str())) {
+        None => Ok(()),
+        Some(twice) => Err(Refusal::new(
+            RefusalReason::RenderFailed,
+            format!(
+                "spec.databases names {:?} twice; nothing was applied",
+                twice.name
+            ),
+        )),
+    }
+}
+
+/// The NetworkPolicy egress rule to the server: its addresses, its port, nothing else. A
+/// server without addresses, or with one that is no CIDR, is refused: an empty `to` would
+/// let the port through to every address.
+fn egress_rule(server: &PreviewDatabaseServer, database: &str) -> Result<Value, Refusal> {
+    let cidrs = &server.spec.egress_cidrs;
+    let valid = |cidr: &String| cidr.parse::<ipnet::IpNet>().is_ok();
+    if cidrs.is_empty() || !cidrs.iter().all(valid) {
+        return Err(unavailable(
+            format!(
+                "spec.databases {database}: PreviewDatabaseServer {:?} lists no egressCidrs, or one that is not a CIDR ({}): the environment's network cannot be opened to it alone; nothing was applied",
+                server.metadata.name.as_deref().unwrap_or_default(),
+                cidrs.join(", ")
+            ),
+            None,
+        ));
+    }
+    let to: Vec<Value> = cidrs
         .iter()
         .map(|cidr| json!({"ipBlock": {"cidr": cidr}}))
         .collect();
-    json!({"to": to, "ports": [{"protocol": "TCP", "port": server.spec.port}]})
+    Ok(json!({"to": to, "ports": [{"protocol": "TCP", "port": server.spec.port}]}))
 }
 
 /// The branch's status and its role's password: kept from the status and the Secret when the
@@ -134,10 +176,12 @@ async fn branch_of(
         .and_then(|value| BASE64.decode(value).ok())
         .and_then(|bytes| String::from_utf8(bytes).ok());
     let made = environment.status.as_ref().and_then(|status| {
-        status
-            .databases
-            .iter()
-            .find(|d| d.name == wanted.name && d.branch == branch && d.state == READY)
+        status.databases.iter().find(|d| {
+            d.name == wanted.name
+                && d.server == wanted.server
+                && d.branch == branch
+                && d.state == READY
+        })
     });
     if let (Some(made), Some(password)) = (made, &password) {
         return Ok((made.clone(), password.clone()));
@@ -152,15 +196,24 @@ async fn branch_of(
                 Some(message.clone()),
             )
         })?;
+    if let Some(made) = made
+        && connection.branch_ready(&branch).await.unwrap_or(false)
+    {
+        // Made, and only its Secret is lost: a new password, no new copy.
+        let password = new_password()?;
+        let set = connection.set_password(&branch, &password).await;
+        set.map_err(|e| refused_by_server(wanted, e))?;
+        return Ok((made.clone(), password));
+    }
     let baseline = sealed_baseline(&connection, template, wanted, context).await?;
     let password = match password {
         Some(password) => password,
-        None => secrets::random_text(PASSWORD_LENGTH)
-            .map_err(|e| unavailable(format!("no randomness from the system: {e}"), None))?,
+        None => new_password()?,
     };
-    let branched = connection
-        .branch(&branch, &baseline, &password)
+    let branching = connection.branch(&branch, &baseline, &password);
+    let branched = tokio::time::timeout(BRANCH_TIMEOUT, branching)
         .await
+        .map_err(|_| timed_out(wanted, "the branch", BRANCH_TIMEOUT))?
         .map_err(|e| refused_by_server(wanted, e))?;
     let took = match branched {
         Branched::Made { took } => Some(u64::try_from(took.as_millis()).unwrap_or(u64::MAX)),
@@ -195,29 +248,72 @@ async fn sealed_baseline(
         database: &wanted.name,
     };
     let target = BaselineTarget::new(key, &version);
+    let failed = |message: String| {
+        Stop::Refused(Refusal::new(
+            RefusalReason::DatabaseBaselineFailed,
+            format!(
+                "spec.databases {}: the baseline SQL of ConfigMap {namespace}/{} failed: {message}; nothing was applied (it is loaded again once the ConfigMap changes)",
+                wanted.name, wanted.baseline.sql_config_map
+            ),
+        ))
+    };
+    if let Some(message) = context.databases.failed_load(&target.database) {
+        return Err(failed(message));
+    }
+    // Another reconcile loading it: this one holds no slot waiting, and comes back later.
     let lock = context.databases.load_lock(&target.database);
-    let _loading = lock.lock().await;
+    let Ok(_loading) = lock.try_lock() else {
+        let why = format!("the baseline of {} is being loaded", wanted.name);
+        return Err(Stop::Failed(ReconcileError::Database(why)));
+    };
     let in_words = |e: DatabaseError| refused_by_server(wanted, e);
     if server.baseline_sealed(&target).await.map_err(in_words)? {
         return Ok(target);
     }
-    let password = secrets::random_text(PASSWORD_LENGTH)
-        .map_err(|e| unavailable(format!("no randomness from the system: {e}"), None))?;
-    let login = server
-        .open_baseline(&target, &password)
-        .await
-        .map_err(in_words)?;
-    if let Err(e) = server.load_sql(&login, &sql).await {
-        return Err(Stop::Refused(Refusal::new(
-            RefusalReason::DatabaseBaselineFailed,
-            format!(
-                "spec.databases {}: the baseline SQL of ConfigMap {namespace}/{} failed: {e}; nothing was applied (the template's authors mend the SQL; it is tried again when the environment is next reconciled)",
-                wanted.name, wanted.baseline.sql_config_map
-            ),
-        )));
+    let password = new_password()?;
+    let login = server.open_baseline(&target, &password).await;
+    let login = login.map_err(in_words)?;
+    match load(server, &target, &login, &sql).await {
+        Loaded::Done => {}
+        Loaded::Failed(message) => {
+            context
+                .databases
+                .note_failed_load(&target.database, message.clone());
+            return Err(failed(message));
+        }
+        Loaded::Interrupted(error) => return Err(in_words(error)),
     }
     server.seal_baseline(&target).await.map_err(in_words)?;
     Ok(target)
+}
+
+/// How a load ended.
+enum Loaded {
+    Done,
+    /// The SQL failed or ran past its time: the same SQL fails again.
+    Failed(String),
+    /// The server went away meanwhile: tried again.
+    Interrupted(DatabaseError),
+}
+
+/// Runs the baseline's SQL as its role, for [`LOAD_TIMEOUT`] at most.
+async fn load(
+    server: &DatabaseServer,
+    target: &BaselineTarget,
+    login: &crate::database::BaselineLogin,
+    sql: &str,
+) -> Loaded {
+    match tokio::time::timeout(LOAD_TIMEOUT, server.load_sql(login, sql)).await {
+        Ok(Ok(())) => Loaded::Done,
+        Ok(Err(e @ DatabaseError::Unreachable { .. })) => Loaded::Interrupted(e),
+        Ok(Err(e)) => Loaded::Failed(e.to_string()),
+        Err(_) => {
+            // Its statement may still run on the server: its sessions end with it.
+            let _ = server.end_sessions_of_role(&target.role).await;
+            let minutes = LOAD_TIMEOUT.as_secs() / 60;
+            Loaded::Failed(format!("it did not finish within {minutes} min"))
+        }
+    }
 }
 
 /// The baseline's SQL: the ConfigMap's values in key order.
@@ -296,6 +392,21 @@ fn refused_by_server(wanted: &TemplateDatabase, error: DatabaseError) -> Stop {
         )
         .into(),
     }
+}
+
+fn new_password() -> Result<String, Refusal> {
+    secrets::random_text(PASSWORD_LENGTH)
+        .map_err(|e| unavailable(format!("no randomness from the system: {e}"), None))
+}
+
+fn timed_out(wanted: &TemplateDatabase, what: &str, after: Duration) -> Stop {
+    let message = format!(
+        "spec.databases {} on server {}: {what} did not finish within {} s",
+        wanted.name,
+        wanted.server,
+        after.as_secs()
+    );
+    unavailable(format!("{message}; tried again"), Some(message)).into()
 }
 
 /// `DatabaseUnavailable`, tried again with backoff when `retry` says why.

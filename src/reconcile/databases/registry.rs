@@ -30,6 +30,9 @@ pub struct Databases {
     servers: Store<PreviewDatabaseServer>,
     connections: Mutex<HashMap<String, (String, DatabaseServer)>>,
     loads: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    /// Baseline versions whose SQL failed, with PostgreSQL's message: not loaded again until
+    /// the SQL changes (a new version).
+    failed: Mutex<HashMap<String, String>>,
     _watch: Option<WatchTask>,
 }
 
@@ -57,8 +60,18 @@ impl Databases {
             servers,
             connections: Mutex::new(HashMap::new()),
             loads: Mutex::new(HashMap::new()),
+            failed: Mutex::new(HashMap::new()),
             _watch: watch,
         }
+    }
+
+    /// Whether the watch has listed the registered servers (it starts empty: until then, a
+    /// server not seen is not a server that is gone). Waits up to 10 s.
+    pub async fn listed(&self) -> bool {
+        let listing = self.servers.wait_until_ready();
+        tokio::time::timeout(std::time::Duration::from_secs(10), listing)
+            .await
+            .is_ok_and(|listed| listed.is_ok())
     }
 
     /// The registered server `name`, as the watch last saw it.
@@ -136,6 +149,17 @@ impl Databases {
         let server = DatabaseServer::new(address, limits);
         connections.insert(name, (fingerprint, server.clone()));
         server
+    }
+
+    /// PostgreSQL's message for a baseline version whose SQL failed.
+    pub(super) fn failed_load(&self, baseline: &str) -> Option<String> {
+        let failed = self.failed.lock().unwrap_or_else(PoisonError::into_inner);
+        failed.get(baseline).cloned()
+    }
+
+    pub(super) fn note_failed_load(&self, baseline: &str, message: String) {
+        let mut failed = self.failed.lock().unwrap_or_else(PoisonError::into_inner);
+        failed.insert(baseline.to_string(), message);
     }
 
     /// The lock held while one baseline version is loaded: two environments of a template
