@@ -67,7 +67,7 @@ impl DatabaseServer {
 
     /// The copy, by file, closed to connections until `PUBLIC`'s `CONNECT` is gone; the
     /// baseline role's objects handed to the branch's role; the marker, last. (Through the
-    /// WAL, PostgreSQL's default since 15, a 1 GiB copy took four times as long here:
+    /// WAL, PostgreSQL's default since 15, a 1 GiB copy took five times as long here:
     /// docs/performance.md, "A database per environment".)
     async fn copy(
         &self,

@@ -416,3 +416,56 @@ fn unavailable(message: String, retry: Option<String>) -> Refusal {
         ..Refusal::new(RefusalReason::DatabaseUnavailable, message)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn server(cidrs: &[&str]) -> PreviewDatabaseServer {
+        let mut server = PreviewDatabaseServer::new("shared-pg", Default::default());
+        server.spec.port = 5432;
+        server.spec.egress_cidrs = cidrs.iter().map(|c| c.to_string()).collect();
+        server
+    }
+
+    #[test]
+    fn the_egress_opens_the_servers_addresses_on_its_port_and_nothing_without_them() {
+        let rule = egress_rule(&server(&["10.0.40.12/32", "fd00::12/128"]), "orders").unwrap();
+        assert_eq!(
+            rule,
+            json!({"to": [{"ipBlock": {"cidr": "10.0.40.12/32"}}, {"ipBlock": {"cidr": "fd00::12/128"}}],
+                   "ports": [{"protocol": "TCP", "port": 5432}]})
+        );
+        // An empty `to` would let the port through to every address.
+        for refused in [&[][..], &["10.0.40.12"][..], &["0.0.0.0/0 ; x"][..]] {
+            let refusal = egress_rule(&server(refused), "orders").unwrap_err();
+            assert_eq!(
+                refusal.reason,
+                RefusalReason::DatabaseUnavailable,
+                "{refused:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_database_named_twice_or_outside_a_dns_label_is_refused() {
+        let database = |name: &str| TemplateDatabase {
+            name: name.into(),
+            ..Default::default()
+        };
+        assert!(distinct_names(&[database("orders"), database("users")]).is_ok());
+        assert!(distinct_names(&[database("orders"), database("orders")]).is_err());
+        for bad in [
+            "",
+            "Orders",
+            "a_b",
+            "-a",
+            "a-",
+            &"a".repeat(31),
+            "x\"; DROP",
+        ] {
+            assert!(valid_name(bad).is_err(), "{bad:?}");
+        }
+        assert!(valid_name("orders-2").is_ok());
+    }
+}
