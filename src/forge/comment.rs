@@ -463,6 +463,45 @@ mod tests {
         );
     }
 
+    /// Each database says its state and how long its branch took, in previewd's own words:
+    /// a status read back from another cluster (or written by hand) names nothing else.
+    #[test]
+    fn each_database_says_its_state_and_branch_time_in_previewds_words_only() {
+        use crate::model::crd::DatabaseStatus;
+        let mut ready = status(Phase::Ready);
+        let database = |name: &str, state: &str, ms: Option<u64>| DatabaseStatus {
+            name: name.into(),
+            state: state.into(),
+            branched_in_ms: ms,
+            ..Default::default()
+        };
+        ready.databases = vec![
+            database("orders", "Ready", Some(1220)),
+            database("users", "Kept", None),
+            database(
+                "x](https://evil.example) <img src=x>",
+                "**Approved** @acme/admins",
+                None,
+            ),
+        ];
+        let text = render(&input(CommentState::Live(&ready)));
+        assert!(
+            text.contains("Database **orders**: Ready, branched from its baseline in 1.2 s\n"),
+            "{text}"
+        );
+        assert!(text.contains("Database **users**: kept until the environment goes\n"));
+        assert!(
+            text.contains("Database **xhttpsevilexampleimgsrcx**: unknown\n"),
+            "{text}"
+        );
+        for hostile in ["evil.example", "<img", "Approved", "@acme"] {
+            assert!(
+                !text.contains(hostile),
+                "{hostile} reached the comment:\n{text}"
+            );
+        }
+    }
+
     /// A chart's `fail` message (or an engine's error) is quoted, not rendered: no heading,
     /// link, image, HTML or @-mention of it reaches the comment as Markdown, whatever backticks
     /// it holds to close the quote.
