@@ -476,15 +476,23 @@ mod in_previewd {
     use crate::support::postgres::{
         code, connect, database_and_role, postgres, register_server, unregister_server,
     };
+    use crate::support::process::PreviewdProcess;
     use crate::support::{eventually, in_namespace, start_controller_with, wait_for_phase};
 
     /// The template `shop` (a ConfigMap, and the database `orders` on `server` from the SQL
     /// of ConfigMap `orders-baseline`) and the baseline.
     async fn shop(client: &kube::Client, namespace: &str, server: &str) {
+        shop_of(client, namespace, server, 1000).await;
+    }
+
+    /// [`shop`] with a baseline of `rows` orders.
+    async fn shop_of(client: &kube::Client, namespace: &str, server: &str, rows: u64) {
+        let insert =
+            format!("INSERT INTO orders SELECT g, 'item ' || g FROM generate_series(1, {rows}) g;");
         let baseline: ConfigMap = serde_json::from_value(json!({
             "apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "orders-baseline"},
             "data": {"01-schema.sql": "CREATE TABLE orders (id int PRIMARY KEY, item text);",
-                     "02-rows.sql": "INSERT INTO orders SELECT g, 'item ' || g FROM generate_series(1, 1000) g;"},
+                     "02-rows.sql": insert},
         }))
         .unwrap();
         Api::<ConfigMap>::namespaced(client.clone(), namespace)
@@ -672,5 +680,106 @@ mod in_previewd {
             unregister_server(&client, &server).await;
         })
         .await;
+    }
+
+    /// previewd SIGKILLed while it branches (its environment's role made, the copy under way
+    /// or just done), then started again: the same branch is finished, once.
+    #[tokio::test]
+    async fn previewd_killed_while_it_branches_finishes_the_one_branch_when_it_comes_back() {
+        in_namespace("databases-sigkill", |client, ns| async move {
+            // A server of its own, so that every branch and role on it is this test's; a
+            // baseline big enough (about 70 MiB) that the copy takes a while.
+            let own = crate::support::postgres::start(PostgresOptions::default());
+            let server = format!("{ns}-pg");
+            register_server(&client, &ns, &server, &own, None).await;
+            shop_of(&client, &ns, &server, 300_000).await;
+            open_pull_request(&client, &ns, "pr-1", 1).await;
+            let logs = tempfile::tempdir().unwrap();
+            let first = previewd(&ns, "first", logs.path());
+            let address = own.superuser_address();
+            let watcher = connect(
+                &address,
+                "postgres",
+                &address.admin_user,
+                &address.admin_password,
+            )
+            .await
+            .unwrap();
+            let started = tokio::time::Instant::now();
+            loop {
+                let roles = watcher
+                    .query(
+                        "SELECT 1 FROM pg_roles WHERE rolname LIKE 'pvd\\_env\\_%'",
+                        &[],
+                    )
+                    .await
+                    .unwrap();
+                if !roles.is_empty() {
+                    break;
+                }
+                assert!(
+                    started.elapsed() < Duration::from_secs(120),
+                    "no branch begun"
+                );
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            first.signal(libc::SIGKILL);
+            drop(first);
+            let second = previewd(&ns, "second", logs.path());
+            let environments: Api<PreviewEnvironment> = Api::namespaced(client.clone(), &ns);
+            let ready = wait_for_phase(
+                &environments,
+                "pr-1",
+                Phase::Ready,
+                Duration::from_secs(120),
+            )
+            .await;
+            let details = connection(&client, &ready).await;
+            assert_eq!(rows(&own, &details).await, 300_000);
+            let branch = details["database"].clone();
+            assert_eq!(
+                super::previewds_objects(&own).await,
+                (vec![branch.clone()], vec![branch]),
+                "one branch and one role on the server"
+            );
+            environments
+                .delete("pr-1", &DeleteParams::default())
+                .await
+                .unwrap();
+            eventually("pr-1's record gone", Duration::from_secs(90), || {
+                let environments = environments.clone();
+                async move {
+                    environments
+                        .get_opt("pr-1")
+                        .await
+                        .unwrap()
+                        .is_none()
+                        .then_some(())
+                }
+            })
+            .await;
+            assert_eq!(super::previewds_objects(&own).await, (vec![], vec![]));
+            drop(second);
+            unregister_server(&client, &server).await;
+        })
+        .await;
+    }
+
+    /// `previewd run` for `namespace`, databases on (credentials in that namespace).
+    fn previewd(namespace: &str, name: &str, logs: &std::path::Path) -> PreviewdProcess {
+        PreviewdProcess::start(
+            name,
+            &crate::support::shared().kubeconfig_path,
+            &[
+                "--watch-namespace",
+                namespace,
+                "--leader-elect",
+                "false",
+                "--database-credentials-namespace",
+                namespace,
+            ],
+            &[],
+            logs,
+        )
     }
 }
