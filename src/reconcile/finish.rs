@@ -76,8 +76,6 @@ pub(super) async fn finish(
     Ok(Action::requeue(requeue))
 }
 
-/// The status step: progress, the environment's URL and the remembered timings into the status
-/// to write; a healthy environment that was asked to sleep is `Sleeping`.
 /// The environment's databases: the plan's, and those its status listed that the template no
 /// longer asks for (their branches are still on the server; removal drops every one listed).
 fn databases_held(
@@ -103,6 +101,8 @@ fn databases_held(
     held
 }
 
+/// The status step: progress, the environment's URL and the remembered timings into the status
+/// to write; a healthy environment that was asked to sleep is `Sleeping`.
 fn next_status(
     environment: &PreviewEnvironment,
     context: &Context,
