@@ -530,7 +530,30 @@ async fn versions_in(client: &kube::Client, namespace: &str) -> Vec<(String, Str
             .await
             .unwrap();
         for object in listed {
-            let version = object.resource_version().unwrap_or_default();
+            let version = match kind {
+                // The quota controller writes a quota's status (what is used) whenever it
+                // recounts, at times of its own: on a loaded machine after the settle window
+                // (CI saw one such write after the restart). What previewd wrote is the spec
+                // and its own managed fields.
+                "ResourceQuota" => format!(
+                    "{} {:?}",
+                    object.data["spec"],
+                    object
+                        .metadata
+                        .managed_fields
+                        .iter()
+                        .flatten()
+                        .filter(|entry| {
+                            entry
+                                .manager
+                                .as_deref()
+                                .is_some_and(|m| m.starts_with("previewd"))
+                        })
+                        .map(|entry| entry.time.clone())
+                        .collect::<Vec<_>>()
+                ),
+                _ => object.resource_version().unwrap_or_default(),
+            };
             versions.push((format!("{kind}/{}", object.name_any()), version));
         }
     }
