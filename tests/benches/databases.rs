@@ -23,7 +23,7 @@ use previewd::database::names::{self, BaselineKey};
 use previewd::database::{BaselineLogin, BaselineTarget, Branched, DatabaseServer, ServerLimits};
 use previewd::sandbox::postgres::{LocalPostgres, PostgresOptions};
 
-use support::postgres::connect;
+use support::postgres::{connect, superuser_of};
 use support::setting;
 
 const KEY: BaselineKey<'static> = BaselineKey {
@@ -245,15 +245,7 @@ async fn assert_rows(
 /// Writes out what the step before left dirty, so that no timed step pays for another's
 /// writes (a file copy checkpoints, and would flush what a restore just wrote).
 async fn checkpoint(postgres: &LocalPostgres) {
-    let address = postgres.superuser_address();
-    let client = connect(
-        &address,
-        "postgres",
-        &address.admin_user,
-        &address.admin_password,
-    )
-    .await
-    .expect("superuser");
+    let client = superuser_of(postgres).await;
     client
         .batch_execute("CHECKPOINT")
         .await
@@ -261,16 +253,8 @@ async fn checkpoint(postgres: &LocalPostgres) {
 }
 
 async fn database_size(postgres: &LocalPostgres, database: &str) -> i64 {
-    let address = postgres.superuser_address();
-    let client = connect(
-        &address,
-        "postgres",
-        &address.admin_user,
-        &address.admin_password,
-    )
-    .await
-    .expect("superuser");
-    client
+    superuser_of(postgres)
+        .await
         .query_one("SELECT pg_database_size($1)", &[&database])
         .await
         .expect("size")

@@ -9,7 +9,9 @@ use previewd::database::names::{self, BaselineKey};
 use previewd::database::{BaselineTarget, Branched, DatabaseError, DatabaseServer, ServerLimits};
 use previewd::sandbox::postgres::{LocalPostgres, PostgresOptions};
 
-use crate::support::postgres::{code, connect, database_and_role, postgres, server, superuser};
+use crate::support::postgres::{
+    code, connect, database_and_role, postgres, server, superuser, superuser_of,
+};
 
 const ROWS: &str = "CREATE TABLE orders (id int PRIMARY KEY, item text NOT NULL);
     INSERT INTO orders SELECT g, 'item ' || g FROM generate_series(1, 1000) g;";
@@ -177,15 +179,7 @@ async fn a_branch_stopped_at_any_point_is_finished_once_with_no_orphan_and_no_du
 
 /// The branch databases and branch roles on `postgres`, by name.
 async fn previewds_objects(postgres: &LocalPostgres) -> (Vec<String>, Vec<String>) {
-    let address = postgres.superuser_address();
-    let client = connect(
-        &address,
-        "postgres",
-        &address.admin_user,
-        &address.admin_password,
-    )
-    .await
-    .unwrap();
+    let client = superuser_of(postgres).await;
     let names = |rows: Vec<tokio_postgres::Row>| rows.iter().map(|r| r.get(0)).collect();
     let databases = client
         .query(
@@ -342,14 +336,7 @@ async fn a_function_planted_where_the_admin_looks_never_runs_as_the_admin() {
     // A server upgraded from PostgreSQL 14 keeps `public` open to CREATE for everyone.
     let own = crate::support::postgres::start(PostgresOptions::default());
     let address = own.superuser_address();
-    let superuser = connect(
-        &address,
-        "postgres",
-        &address.admin_user,
-        &address.admin_password,
-    )
-    .await
-    .unwrap();
+    let superuser = superuser_of(&own).await;
     superuser
         .batch_execute("GRANT CREATE ON SCHEMA public TO PUBLIC")
         .await
@@ -696,15 +683,7 @@ mod in_previewd {
             open_pull_request(&client, &ns, "pr-1", 1).await;
             let logs = tempfile::tempdir().unwrap();
             let first = previewd(&ns, "first", logs.path());
-            let address = own.superuser_address();
-            let watcher = connect(
-                &address,
-                "postgres",
-                &address.admin_user,
-                &address.admin_password,
-            )
-            .await
-            .unwrap();
+            let watcher = crate::support::postgres::superuser_of(&own).await;
             let started = tokio::time::Instant::now();
             loop {
                 let roles = watcher

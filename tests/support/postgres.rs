@@ -55,7 +55,12 @@ pub async fn connect(
 
 /// The superuser, on the `postgres` database of the shared server.
 pub async fn superuser() -> tokio_postgres::Client {
-    let address = postgres().superuser_address();
+    superuser_of(postgres()).await
+}
+
+/// The superuser of `server`, on its `postgres` database.
+pub async fn superuser_of(server: &LocalPostgres) -> tokio_postgres::Client {
+    let address = server.superuser_address();
     connect(
         &address,
         "postgres",
