@@ -109,6 +109,12 @@ pub struct DatabaseBaseline {
     /// baseline's own role (never previewd's admin). A changed ConfigMap is a new baseline
     /// version: new environments branch from it, running ones keep their rows.
     pub sql_config_map: String,
+    /// Loads the baseline again this often even when its SQL is unchanged (e.g. `24h`, at least
+    /// `1h`), for SQL that reads the clock or other sources: periods count from the Unix epoch
+    /// (`24h` turns at 00:00 UTC), and the first environment branched in a new period loads it.
+    /// Environments already running keep their branch.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub refresh_every: Option<String>,
 }
 
 /// An environment's database, as previewd last made or saw it.

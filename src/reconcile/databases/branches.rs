@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
-use chrono::Utc;
+use chrono::{DateTime, Utc};
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::{Api, ResourceExt};
 use serde_json::{Value, json};
@@ -241,7 +241,8 @@ async fn sealed_baseline(
 ) -> Result<BaselineTarget, Stop> {
     let namespace = template.namespace().unwrap_or_default();
     let sql = baseline_sql(&namespace, wanted, context).await?;
-    let version = hex::encode(Sha256::digest(sql.as_bytes()));
+    let refresh = refresh_period(wanted)?;
+    let version = baseline_version(&sql, refresh, Utc::now());
     let key = BaselineKey {
         template_namespace: &namespace,
         template_name: &template.name_any(),
@@ -285,6 +286,43 @@ async fn sealed_baseline(
     }
     server.seal_baseline(&target).await.map_err(in_words)?;
     Ok(target)
+}
+
+/// The shortest `baseline.refreshEvery`: each period loads the whole SQL again on the shared
+/// server, and a template must not make that its every branch.
+const SHORTEST_REFRESH: Duration = Duration::from_secs(3_600);
+
+/// `baseline.refreshEvery`, when set, checked against [`SHORTEST_REFRESH`].
+fn refresh_period(wanted: &TemplateDatabase) -> Result<Option<Duration>, Refusal> {
+    let Some(text) = wanted.baseline.refresh_every.as_deref() else {
+        return Ok(None);
+    };
+    let refused = |why: String| {
+        Refusal::new(
+            RefusalReason::RenderFailed,
+            format!(
+                "spec.databases {}: baseline.refreshEvery {why}; nothing was applied",
+                wanted.name
+            ),
+        )
+    };
+    let period = crate::model::durations::parse_duration(text).map_err(refused)?;
+    if period < SHORTEST_REFRESH {
+        return Err(refused(format!("{text:?} is shorter than 1h")));
+    }
+    Ok(Some(period))
+}
+
+/// The baseline version: the SQL's digest, and with a refresh period the number of the
+/// period `now` falls in (counted from the Unix epoch, so every replica and restart agrees).
+fn baseline_version(sql: &str, refresh: Option<Duration>, now: DateTime<Utc>) -> String {
+    let digest = hex::encode(Sha256::digest(sql.as_bytes()));
+    let Some(period) = refresh else {
+        return digest;
+    };
+    let seconds = u64::try_from(now.timestamp()).unwrap_or(0);
+    let number = seconds.checked_div(period.as_secs()).unwrap_or(0);
+    format!("{digest}@{number}")
 }
 
 /// How a load ended.
@@ -420,6 +458,7 @@ fn unavailable(message: String, retry: Option<String>) -> Refusal {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::crd::DatabaseBaseline;
 
     fn server(cidrs: &[&str]) -> PreviewDatabaseServer {
         let mut server = PreviewDatabaseServer::new("shared-pg", Default::default());
@@ -445,6 +484,49 @@ mod tests {
                 "{refused:?}"
             );
         }
+    }
+
+    #[test]
+    fn a_refreshed_baseline_is_a_new_version_each_period_and_the_same_within_one() {
+        let at = |text: &str| text.parse::<DateTime<Utc>>().unwrap();
+        let day = Some(Duration::from_secs(86_400));
+        let morning = baseline_version("SELECT 1", day, at("2026-11-28T08:00:00Z"));
+        let evening = baseline_version("SELECT 1", day, at("2026-11-28T23:59:59Z"));
+        let next_day = baseline_version("SELECT 1", day, at("2026-11-29T00:00:00Z"));
+        assert_eq!(morning, evening);
+        assert_ne!(evening, next_day);
+        assert_ne!(
+            morning,
+            baseline_version("SELECT 2", day, at("2026-11-28T08:00:00Z"))
+        );
+        // Without a period only the SQL names the version.
+        let never = baseline_version("SELECT 1", None, at("2026-11-28T08:00:00Z"));
+        assert_eq!(
+            never,
+            baseline_version("SELECT 1", None, at("2030-01-01T00:00:00Z"))
+        );
+    }
+
+    #[test]
+    fn a_refresh_period_under_an_hour_or_not_a_duration_is_refused() {
+        let every = |text: &str| TemplateDatabase {
+            name: "orders".into(),
+            baseline: DatabaseBaseline {
+                sql_config_map: "orders-baseline".into(),
+                refresh_every: Some(text.into()),
+            },
+            ..Default::default()
+        };
+        assert_eq!(
+            refresh_period(&every("24h")).unwrap(),
+            Some(Duration::from_secs(86_400))
+        );
+        for refused in ["59m", "1s", "0", "daily", "99999999999999999999d"] {
+            let refusal = refresh_period(&every(refused)).unwrap_err();
+            assert_eq!(refusal.reason, RefusalReason::RenderFailed, "{refused}");
+            assert!(refusal.message.contains("refreshEvery"), "{refused}");
+        }
+        assert_eq!(refresh_period(&TemplateDatabase::default()).unwrap(), None);
     }
 
     #[test]
