@@ -64,6 +64,14 @@ pub async fn from_kubeconfig(kubeconfig: Kubeconfig) -> Result<kube::Client, Cli
 /// gate"). kube's builder also notes when an exec plugin's client certificate expires
 /// (`Client::valid_until`); previewd never reads it, so this stack leaves it out.
 pub fn limited(config: kube::Config, in_flight: usize) -> Result<kube::Client, ClientError> {
+    // kube's builder refuses a proxy its features cannot speak (previewd builds it with none);
+    // this one must not connect past it silently either.
+    if let Some(proxy) = &config.proxy_url {
+        return Err(ClientError::Client(kube::Error::ProxyProtocolDisabled {
+            proxy_url: Box::new(proxy.clone()),
+            protocol_feature: "kube/http-proxy",
+        }));
+    }
     let mut tcp = HttpConnector::new();
     tcp.enforce_http(false);
     tcp.set_nodelay(true);
@@ -219,6 +227,20 @@ mod tests {
         assert_eq!(nodelay_of_connections_to(address), [true]);
         release.send(()).unwrap();
         assert_eq!(asked.await.unwrap().unwrap(), "{}");
+    }
+
+    #[test]
+    fn a_kubeconfig_naming_a_proxy_is_refused_not_bypassed() {
+        crate::install_crypto_provider();
+        let mut config = kube::Config::new("https://10.0.0.1:6443".parse().unwrap());
+        config.proxy_url = Some("http://proxy.internal:3128".parse().unwrap());
+        let refused = limited(config, 2).err().map(|e| e.to_string());
+        assert!(
+            refused
+                .as_deref()
+                .is_some_and(|e| e.contains("proxy.internal")),
+            "{refused:?}"
+        );
     }
 
     #[tokio::test]

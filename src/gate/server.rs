@@ -212,6 +212,9 @@ impl Gate {
             };
             match gate.waker.wake(&namespace, &name, &seen).await {
                 Ok(()) => {
+                    gate.metrics
+                        .wake_seconds
+                        .observe(spent_at.elapsed().as_secs_f64());
                     tracing::info!(environment = %name, %namespace, "a request wakes the environment")
                 }
                 Err(error) => {

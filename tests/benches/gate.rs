@@ -69,7 +69,57 @@ impl Waker for NoWake {
 }
 
 /// A bare hyper HTTP/1.1 server that answers every request with a fixed 404.
-async fn bare_hyper() -> std::net::SocketAddr {
+/// What a bare hyper server answers every request with: status, headers and body.
+#[derive(Clone)]
+struct Fixed {
+    status: StatusCode,
+    headers: Vec<(http::header::HeaderName, &'static str)>,
+    body: bytes::Bytes,
+}
+
+impl Fixed {
+    /// A 404 and nothing else: the floor.
+    fn not_found() -> Self {
+        Self {
+            status: StatusCode::NOT_FOUND,
+            headers: Vec::new(),
+            body: bytes::Bytes::from_static(b"No preview environment at this address.\n"),
+        }
+    }
+
+    /// The bytes the gate sends for a sleeping environment's host (its waiting page, the same
+    /// status, headers and body), answered without looking anything up: what a server that
+    /// answers this page costs the load generator and the kernel, apart from the gate's work.
+    fn waiting_page() -> Self {
+        let holder = previewd::gate::hosts::Holder {
+            namespace: "previews".into(),
+            name: "pr-500".into(),
+            team: "previews".into(),
+            head: String::new(),
+            resource_version: String::new(),
+            asleep: true,
+            generation: 0,
+            phase: Phase::Sleeping,
+            queue_position: None,
+            last_wake_seconds: None,
+        };
+        let page = previewd::gate::page::waiting(&holder, true);
+        Self {
+            status: page.status,
+            headers: vec![
+                (http::header::CONTENT_TYPE, page.content_type),
+                (http::header::CACHE_CONTROL, "no-store"),
+                (http::header::RETRY_AFTER, "5"),
+            ],
+            body: bytes::Bytes::from(page.body),
+        }
+    }
+}
+
+/// A bare hyper server answering `fixed` to every request; with `bounded`, under the gate's
+/// connection bounds (a head timeout, so a timer per request, and a lifetime per connection):
+/// what the gate's defences cost, apart from its own work.
+async fn bare_hyper(fixed: Fixed, bounded: bool) -> std::net::SocketAddr {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let address = listener.local_addr().unwrap();
     tokio::spawn(async move {
@@ -77,17 +127,29 @@ async fn bare_hyper() -> std::net::SocketAddr {
             let Ok((stream, _)) = listener.accept().await else {
                 continue;
             };
+            let fixed = fixed.clone();
             tokio::spawn(async move {
-                let service = service_fn(|_request| async {
-                    let mut response = Response::new(axum::body::Body::from(
-                        "No preview environment at this address.\n",
-                    ));
-                    *response.status_mut() = StatusCode::NOT_FOUND;
-                    Ok::<_, std::convert::Infallible>(response)
+                let service = service_fn(move |_request| {
+                    let mut response = Response::new(axum::body::Body::from(fixed.body.clone()));
+                    *response.status_mut() = fixed.status;
+                    for (name, value) in &fixed.headers {
+                        let value = http::HeaderValue::from_static(value);
+                        response.headers_mut().insert(name.clone(), value);
+                    }
+                    async move { Ok::<_, std::convert::Infallible>(response) }
                 });
-                let _ = http1::Builder::new()
-                    .serve_connection(TokioIo::new(stream), service)
-                    .await;
+                if !bounded {
+                    let _ = http1::Builder::new()
+                        .serve_connection(TokioIo::new(stream), service)
+                        .await;
+                    return;
+                }
+                let bounds = previewd::gate::server::Bounds::default();
+                let connection = http1::Builder::new()
+                    .timer(hyper_util::rt::TokioTimer::new())
+                    .header_read_timeout(bounds.head_timeout)
+                    .serve_connection(TokioIo::new(stream), service);
+                let _ = tokio::time::timeout(bounds.connection_lifetime, connection).await;
             });
         }
     });
@@ -250,10 +312,12 @@ async fn load(
 }
 
 async fn throughput() {
-    let bare = bare_hyper().await;
+    let bare = bare_hyper(Fixed::not_found(), false).await;
+    let bounded = bare_hyper(Fixed::not_found(), true).await;
+    let same_page = bare_hyper(Fixed::waiting_page(), true).await;
     let (gate, sleeping) = gate_over_environments().await;
     println!(
-        "Wake gate: {REQUESTS} GETs per scenario on loopback, {CONNECTIONS} keep-alive connections, one load generator (reqwest) for all three; {ENVIRONMENTS} environments in the gate's index:"
+        "Wake gate: {REQUESTS} GETs per scenario on loopback, {CONNECTIONS} keep-alive connections, one load generator (reqwest) for all five; {ENVIRONMENTS} environments in the gate's index:"
     );
     let floor = load(bare, "pr-9999.preview.example.com", 404).await;
     let ms = |d: Duration| d.as_secs_f64() * 1000.0;
@@ -267,8 +331,16 @@ async fn throughput() {
     };
     row("bare hyper server, fixed 404", floor);
     row(
+        "bare hyper server under the gate's connection bounds (head timeout, lifetime), fixed 404",
+        load(bounded, "pr-9999.preview.example.com", 404).await,
+    );
+    row(
         "gate, a host no environment holds (404)",
         load(gate, "pr-9999.preview.example.com", 404).await,
+    );
+    row(
+        "bare hyper server under those bounds answering the gate's waiting page (same status, headers and body)",
+        load(same_page, &sleeping, 503).await,
     );
     row(
         "gate, a sleeping environment's host (waiting page)",
@@ -378,7 +450,7 @@ async fn wake_latency() {
         client.clone(),
         running.metrics.cluster.clone(),
     ));
-    let gate_address = support::gate::serve(&running, waker).await;
+    let (gate_address, gate_metrics) = support::gate::serve(&running, waker).await;
     let ingress = SandboxIngress::start(client.clone(), gate_address)
         .await
         .unwrap();
@@ -456,6 +528,7 @@ async fn wake_latency() {
         tokio::time::sleep(Duration::from_millis(300)).await;
         let watches = watch_steps(&client, &namespace, &target, seen.clone());
         tokio::time::sleep(Duration::from_millis(500)).await;
+        let gate_before = gate_metrics.wake_seconds.get_sample_sum();
         let started = Instant::now();
         assert_eq!(
             get("text/html").await,
@@ -476,7 +549,9 @@ async fn wake_latency() {
             step.map(|s| s.saturating_duration_since(started))
                 .unwrap_or_default()
         };
+        let gate_share = gate_metrics.wake_seconds.get_sample_sum() - gate_before;
         rows.push([
+            Duration::from_secs_f64(gate_share.max(0.0)),
             at(seen.woken),
             at(seen.scaled_up),
             at(seen.available),
@@ -490,10 +565,28 @@ async fn wake_latency() {
         values[values.len() / 2]
     };
     let s = |d: Duration| d.as_secs_f64();
-    let (woken, scaled, available, routed, answered) =
-        (median(0), median(1), median(2), median(3), median(4));
-    let previewd_share = woken + scaled.saturating_sub(woken) + routed.saturating_sub(available);
-    println!("  request → wake written (gate): {:.3} s", s(woken));
+    let (gate, woken, scaled, available, routed, answered) = (
+        median(0),
+        median(1),
+        median(2),
+        median(3),
+        median(4),
+        median(5),
+    );
+    assert_eq!(
+        gate_metrics.wake_seconds.get_sample_count(),
+        WAKES as u64,
+        "the gate times each wake it wrote (previewd_gate_wake_seconds)"
+    );
+    // previewd's own share: the gate's (its answer to the API server's acceptance of the
+    // wake, its own histogram) and the two reconciles'. The rest of "request → wake seen" is
+    // the sandbox's ingress (it lists the Ingresses per request) and the watch's delivery.
+    let previewd_share = gate + scaled.saturating_sub(woken) + routed.saturating_sub(available);
+    println!(
+        "  request → wake seen by a watch: {:.3} s, of which the gate (its answer → the API server accepted the wake, previewd_gate_wake_seconds): {:.3} s",
+        s(woken),
+        s(gate)
+    );
     println!(
         "  wake → workloads scaled up (previewd's reconcile): {:.3} s",
         s(scaled.saturating_sub(woken))

@@ -30,14 +30,70 @@ fn main() {
 /// `outcome`.
 type Answered = (u16, Duration, String);
 
+/// The webhook server's own timing of its deliveries (`previewd_webhook_duration_seconds`,
+/// from a delivery's arrival to its answer): previewd's share, without the load generator's
+/// queue and the loopback.
+#[derive(Clone, Copy)]
+struct ServerTimes {
+    count: u64,
+    sum: f64,
+    /// Deliveries answered within each of [`ServerTimes::BOUNDS`].
+    within: [u64; 4],
+}
+
+impl ServerTimes {
+    const BOUNDS: [f64; 4] = [0.001, 0.0025, 0.005, 0.01];
+
+    fn read(histogram: &prometheus::Histogram) -> Self {
+        let sample = prometheus::core::Metric::metric(histogram);
+        let histogram = sample.get_histogram();
+        let mut within = [0; 4];
+        for bucket in histogram.get_bucket() {
+            if let Some(i) = Self::BOUNDS.iter().position(|b| *b == bucket.upper_bound()) {
+                within[i] = bucket.cumulative_count();
+            }
+        }
+        Self {
+            count: histogram.get_sample_count(),
+            sum: histogram.get_sample_sum(),
+            within,
+        }
+    }
+
+    /// What the server measured between `before` and now, in words.
+    fn since(self, before: Self) -> String {
+        let count = self.count.saturating_sub(before.count).max(1) as f64;
+        let mean_ms = (self.sum - before.sum) / count * 1000.0;
+        let shares: Vec<String> = Self::BOUNDS
+            .iter()
+            .zip(self.within.iter().zip(before.within.iter()))
+            .map(|(bound, (now, then))| {
+                let share = now.saturating_sub(*then) as f64 / count * 100.0;
+                format!("{share:.1} % within {} ms", bound * 1000.0)
+            })
+            .collect();
+        format!(
+            "the webhook server's own time (arrival → answer): mean {mean_ms:.2} ms; {}",
+            shares.join(", ")
+        )
+    }
+}
+
 /// Sends `deliveries` with at most [`IN_FLIGHT`] at once, checks that every one was answered
-/// 202 with `outcome`, and prints throughput and latency.
-async fn run<F, Fut>(what: &str, outcome: &str, deliveries: Vec<(String, Vec<u8>)>, send: &F)
-where
+/// 202 with `outcome`, and prints throughput and latency, and previewd's own share of it (the
+/// server's timing, from `server`).
+async fn run<F, Fut>(
+    what: &str,
+    outcome: &str,
+    deliveries: Vec<(String, Vec<u8>)>,
+    send: &F,
+    server: &prometheus::Histogram,
+) where
     F: Fn(String, Vec<u8>) -> Fut,
     Fut: std::future::Future<Output = Answered>,
 {
     let count = deliveries.len();
+    let server_before = ServerTimes::read(server);
     let started = Instant::now();
     let results: Vec<(String, Answered)> = futures::stream::iter(deliveries)
         .map(|(id, body)| {
@@ -71,6 +127,10 @@ where
         ms(percentile(0.99)),
         ms(*latencies.last().unwrap())
     );
+    println!(
+        "    of which previewd: {}",
+        ServerTimes::read(server).since(server_before)
+    );
 }
 
 async fn benchmark() {
@@ -99,6 +159,11 @@ async fn benchmark() {
 
     let running = support::start_controller(&client, &namespace).await;
     let state = running.server_state(&client, 2 << 20);
+    let server_times = running
+        .metrics
+        .webhook
+        .duration
+        .with_label_values(&["github"]);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}/webhooks/github", listener.local_addr().unwrap());
     tokio::spawn(server::serve(state, listener, std::future::pending()));
@@ -187,6 +252,7 @@ async fn benchmark() {
         "unchanged",
         same,
         &send,
+        &server_times,
     )
     .await;
     let served = support::apiserver::request_counts(&client)
@@ -204,6 +270,7 @@ async fn benchmark() {
         "accepted",
         fresh,
         &send,
+        &server_times,
     )
     .await;
     let served = support::apiserver::request_counts(&client)

@@ -102,7 +102,7 @@ async fn controller_and_gate(
         inner: ClusterWaker::new(client.clone(), running.metrics.cluster.clone()),
         wakes: AtomicUsize::new(0),
     });
-    let address = support::gate::serve(&running, waker.clone()).await;
+    let (address, _) = support::gate::serve(&running, waker.clone()).await;
     (running, address, waker)
 }
 

@@ -33,15 +33,17 @@ pub async fn controller(
     super::start_controller_with(client, config).await
 }
 
-/// The gate over `running`'s environments, waking with `waker`, on a free loopback port.
-pub async fn serve(running: &super::Running, waker: Arc<dyn Waker>) -> SocketAddr {
+/// The gate over `running`'s environments, waking with `waker`, on a free loopback port; its
+/// address and metrics.
+pub async fn serve(running: &super::Running, waker: Arc<dyn Waker>) -> (SocketAddr, GateMetrics) {
+    let metrics = GateMetrics::new();
     let gate = Gate::new(
         running.caches.environments.clone(),
         waker,
-        GateMetrics::new(),
+        metrics.clone(),
         Default::default(),
     );
-    listen(gate).await
+    (listen(gate).await, metrics)
 }
 
 /// `gate` serving on a free loopback port until the test ends.
