@@ -1275,13 +1275,13 @@ async fn a_body_far_over_the_limit_gets_413_directly_and_through_the_sandbox_rel
 }
 
 #[tokio::test]
-async fn a_newer_write_between_the_intakes_read_and_its_write_is_not_overwritten() {
-    // docs/forges.md: "The intake reads the environment fresh before writing and writes with
-    // its `resourceVersion` as a precondition, so two deliveries handled at once (even by two
-    // replicas) cannot interleave." Another replica writes the third commit between this
-    // intake's read and its write of the second: the write is refused (409), the environment
-    // read again, and the second commit, now older, is not applied. Without the precondition
-    // the second commit overwrites the third.
+async fn a_newer_write_just_before_the_intakes_write_is_not_overwritten() {
+    // docs/forges.md: "The API server keeps the order itself: it refuses a `spec.source` whose
+    // `changedAt` is older than the stored one, so two deliveries handled at once (even by two
+    // replicas) cannot interleave." Another replica writes the third commit just before this
+    // intake's write of the second reaches the API server: the API server refuses the second
+    // (its CEL rule), and the intake answers it as older. Without the rule the second commit
+    // overwrites the third.
     in_namespace("intake-precondition", |client, ns| async move {
         use previewd::cluster::records::{Applied, Records};
         use previewd::cluster::writer::Writer;
@@ -1303,26 +1303,26 @@ async fn a_newer_write_between_the_intakes_read_and_its_write_is_not_overwritten
         let environments: Api<PreviewEnvironment> = Api::namespaced(client.clone(), &ns);
         let first = apply_in_order(&client, at('1', "2026-11-26T10:00:00Z")).await;
         assert_eq!(first.unwrap(), Applied::Written);
-        // Another replica's write of the third commit, right after this intake's first read of
-        // the environment is answered (before the intake sees the answer).
+        // Another replica's write of the third commit, just before this intake's write of the
+        // second is sent.
         let fired = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let third = at('3', "2026-11-26T10:03:00Z");
         let other_replica = {
             let environments = environments.clone();
             support::layers::Around::new(move |method, path| {
-                let reads_it =
-                    method == http::Method::GET && path.ends_with("/previewenvironments/pr-7");
-                if !reads_it || fired.swap(true, std::sync::atomic::Ordering::SeqCst) {
+                let writes_it =
+                    method == http::Method::PATCH && path.ends_with("/previewenvironments/pr-7");
+                if !writes_it || fired.swap(true, std::sync::atomic::Ordering::SeqCst) {
                     return Default::default();
                 }
                 let (environments, third) = (environments.clone(), third.clone());
                 support::layers::Hooks {
-                    before: None,
-                    after: Some(Box::pin(async move {
+                    before: Some(Box::pin(async move {
                         let params = kube::api::PatchParams::apply("other-replica").force();
                         let patch = kube::api::Patch::Apply(&third);
                         environments.patch("pr-7", &params, &patch).await.unwrap();
                     })),
+                    after: None,
                 }
             })
         };
@@ -1336,6 +1336,78 @@ async fn a_newer_write_between_the_intakes_read_and_its_write_is_not_overwritten
         assert_eq!(second.unwrap(), Applied::Older);
         let now = environments.get("pr-7").await.unwrap();
         assert_eq!(now.spec.source.head_sha, "3".repeat(40));
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn one_apply_per_new_head_whatever_the_controller_writes_meanwhile() {
+    // issue 58: the intake's apply carried the resourceVersion it had read, so a status write
+    // of the controller in between made it a 409, a read and a second apply. The order is now
+    // the API server's (a CEL rule on `spec.source`): one apply per new head, an older source
+    // refused even from another writer, a newer one written onto a record being removed said
+    // so (the forge is asked to deliver it again).
+    in_namespace("intake-one-apply", |client, ns| async move {
+        use previewd::cluster::records::{Applied, Records};
+        use previewd::cluster::writer::Writer;
+        use previewd::model::crd::{OLDER_SOURCE_MESSAGE, PreviewEnvironment};
+        use kube::api::{Patch, PatchParams};
+        let writer = Writer::new(previewd::cluster::metrics::ClusterMetrics::new());
+        let applies = || writer.metrics().writes.with_label_values(&["intake_apply"]).get();
+        let at = |sha: char, changed_at: &str| -> PreviewEnvironment {
+            serde_json::from_value(json!({
+                "apiVersion": "previewd.dev/v1alpha1", "kind": "PreviewEnvironment",
+                "metadata": {"name": "pr-8", "namespace": ns},
+                "spec": {"template": "t", "source": {"repository": "o/r", "branch": "b",
+                    "pullRequest": 8, "headSha": sha.to_string().repeat(40),
+                    "changedAt": changed_at}}}))
+            .unwrap()
+        };
+        let records = Records::new(&client, &writer);
+        let environments: Api<PreviewEnvironment> = Api::namespaced(client.clone(), &ns);
+        let first = records.apply_in_order(&at('1', "2026-11-26T10:00:00Z")).await;
+        assert_eq!(first.unwrap(), Applied::Written);
+        // The controller's status write, between two deliveries.
+        let status = json!({"status": {"phase": "Deploying", "message": "rolling out"}});
+        environments
+            .patch_status("pr-8", &PatchParams::default(), &Patch::Merge(&status))
+            .await
+            .unwrap();
+        let before = applies();
+        let second = records.apply_in_order(&at('2', "2026-11-26T10:01:00Z")).await;
+        assert_eq!(second.unwrap(), Applied::Written);
+        assert_eq!(applies() - before, 1, "one apply for the new head");
+        // Two changes within one second (GitHub's resolution) go in arrival order.
+        let same_second = records.apply_in_order(&at('3', "2026-11-26T10:01:00Z")).await;
+        assert_eq!(same_second.unwrap(), Applied::Written);
+        // An older source is refused by the API server, whoever writes it.
+        let older = records.apply_in_order(&at('0', "2026-11-26T09:59:00Z")).await;
+        assert_eq!(older.unwrap(), Applied::Older);
+        let by_hand = json!({"spec": {"source": {"headSha": "f".repeat(40), "changedAt": "2026-11-26T09:00:00Z"}}});
+        let refused = environments
+            .patch("pr-8", &PatchParams::default(), &Patch::Merge(&by_hand))
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(&refused, kube::Error::Api(s) if s.code == 422 && s.message.contains(OLDER_SOURCE_MESSAGE)),
+            "{refused:?}"
+        );
+        let now = environments.get("pr-8").await.unwrap();
+        assert_eq!(now.spec.source.head_sha, "3".repeat(40));
+        // Being removed (a finalizer holds it): the newer change is written onto it, and said.
+        let held = json!({"metadata": {"finalizers": ["previewd.dev/test-hold"]}});
+        environments
+            .patch("pr-8", &PatchParams::default(), &Patch::Merge(&held))
+            .await
+            .unwrap();
+        environments.delete("pr-8", &Default::default()).await.unwrap();
+        let removed = records.apply_in_order(&at('4', "2026-11-26T10:02:00Z")).await;
+        assert_eq!(removed.unwrap(), Applied::BeingRemoved);
+        let released = json!({"metadata": {"finalizers": null}});
+        environments
+            .patch("pr-8", &PatchParams::default(), &Patch::Merge(&released))
+            .await
+            .unwrap();
     })
     .await;
 }

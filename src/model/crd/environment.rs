@@ -95,8 +95,21 @@ pub enum CheckState {
     Failure,
 }
 
+/// The message of the API server's refusal of a source older than the stored one (the rule
+/// below); the intake reads an apply refused with it as a delivery out of order.
+pub const OLDER_SOURCE_MESSAGE: &str =
+    "spec.source is older than the environment's (changedAt): deliveries arrived out of order";
+
+/// What an environment deploys. The API server keeps its order itself: a write whose
+/// `changedAt` is older than the stored one is refused (a CEL transition rule), so that the
+/// intake's apply needs no `resourceVersion` precondition, which every status write of the
+/// controller would break (issue 58: 1,664 applies for 1,000 new heads with it).
 #[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase")]
+#[schemars(extend("x-kubernetes-validations" = [{
+    "rule": "!has(oldSelf.changedAt) || !has(self.changedAt) || timestamp(self.changedAt) >= timestamp(oldSelf.changedAt)",
+    "message": "spec.source is older than the environment's (changedAt): deliveries arrived out of order"
+}]))]
 pub struct Source {
     /// Repository as the template names it.
     pub repository: String,

@@ -12,8 +12,10 @@
 //! The schemas are structural: free-form values only under
 //! `x-kubernetes-preserve-unknown-fields`. Every supported API server (1.34 and newer) also
 //! evaluates CEL rules (`x-kubernetes-validations`); validation lives in the controller, where
-//! its errors name the field and the ceiling, but for one rule the controller cannot enforce
-//! after the fact: a `PreviewCluster`'s `namespace` never changes.
+//! its errors name the field and the ceiling, but for two rules the controller cannot enforce
+//! after the fact: a `PreviewCluster`'s `namespace` never changes, and a PreviewEnvironment's
+//! `spec.source` never goes back to an older `changedAt` (the order of deliveries, kept by the
+//! API server for every writer and replica at once).
 //!
 //! The labels, annotations, finalizer and field managers these resources carry are in
 //! [`super::metadata`].
