@@ -61,6 +61,15 @@ pub(super) enum Found {
     Present(Option<String>),
 }
 
+/// Whose sessions [`DatabaseServer::end_sessions`] ends.
+#[derive(Clone, Copy, Debug)]
+pub(super) enum Sessions<'a> {
+    /// Every session on this database.
+    On(&'a str),
+    /// Every session of this role.
+    Of(&'a str),
+}
+
 impl DatabaseServer {
     /// Whether `database` exists and what its comment says.
     pub(super) async fn find(
@@ -165,8 +174,10 @@ impl DatabaseServer {
         ] {
             self.run(&admin, "closing the baseline", &statement).await?;
         }
-        self.end_sessions(&admin, &target.database).await?;
-        self.end_sessions_of(&admin, &target.role).await?;
+        self.end_sessions(&admin, Sessions::On(&target.database))
+            .await?;
+        self.end_sessions(&admin, Sessions::Of(&target.role))
+            .await?;
         let mark = format!("COMMENT ON DATABASE {database} IS {}", literal(SEALED)?);
         self.run(&admin, "sealing the baseline", &mark).await?;
         // Older sealed versions only: an unsealed one may be another version's load under way
@@ -216,23 +227,35 @@ impl DatabaseServer {
     /// Ends every session of `role` (a load that ran past its time).
     pub async fn end_sessions_of_role(&self, role: &str) -> Result<(), DatabaseError> {
         let admin = self.admin(None).await?;
-        self.end_sessions_of(&admin, role).await
+        self.end_sessions(&admin, Sessions::Of(role)).await
     }
 
-    /// Ends every session on `database` but previewd's own.
+    /// Ends every session of `whose` but previewd's own, waiting up to 5 s for each to end
+    /// (a role's on any database). The two queries are fixed: a name
+    /// reaches them only as a bound parameter.
     pub(super) async fn end_sessions(
         &self,
         admin: &tokio_postgres::Client,
-        database: &str,
+        whose: Sessions<'_>,
     ) -> Result<(), DatabaseError> {
-        admin
-            .execute(
+        let (query, name, step) = match whose {
+            Sessions::On(database) => (
                 "SELECT pg_terminate_backend(pid, 5000) FROM pg_stat_activity \
                  WHERE datname = $1 AND pid <> pg_backend_pid()",
-                &[&database],
-            )
+                database,
+                "ending sessions",
+            ),
+            Sessions::Of(role) => (
+                "SELECT pg_terminate_backend(pid, 5000) FROM pg_stat_activity \
+                 WHERE usename = $1 AND pid <> pg_backend_pid()",
+                role,
+                "ending a role's sessions",
+            ),
+        };
+        admin
+            .execute(query, &[&name])
             .await
-            .map_err(|e| self.failed("ending sessions", e))?;
+            .map_err(|e| self.failed(step, e))?;
         Ok(())
     }
 

@@ -2,6 +2,7 @@
 //! they left behind, whatever they did to themselves meanwhile.
 
 use super::DatabaseError;
+use super::baseline::Sessions;
 use super::server::DatabaseServer;
 use super::sql::{ident, literal};
 
@@ -37,23 +38,6 @@ impl DatabaseServer {
         self.run(admin, "joining a login role", &member).await
     }
 
-    /// Ends every session of `role`, on any database, waiting up to 5 s for each to end.
-    pub(super) async fn end_sessions_of(
-        &self,
-        admin: &tokio_postgres::Client,
-        role: &str,
-    ) -> Result<(), DatabaseError> {
-        admin
-            .execute(
-                "SELECT pg_terminate_backend(pid, 5000) FROM pg_stat_activity \
-                 WHERE usename = $1 AND pid <> pg_backend_pid()",
-                &[&role],
-            )
-            .await
-            .map_err(|e| self.failed("ending a role's sessions", e))?;
-        Ok(())
-    }
-
     /// Drops `role` (absent is done). previewd first takes its membership back (a role on
     /// PostgreSQL 15 may revoke it from previewd itself), takes its login and ends its
     /// sessions, then drops what it owns or was granted in every database where it holds
@@ -74,7 +58,7 @@ impl DatabaseServer {
         ] {
             self.run(admin, "taking a role back", &statement).await?;
         }
-        self.end_sessions_of(admin, role).await?;
+        self.end_sessions(admin, Sessions::Of(role)).await?;
         for database in self.databases_holding(admin, role).await? {
             let inside = self.admin(Some(&database)).await?;
             let drop = format!("DROP OWNED BY {name}");
