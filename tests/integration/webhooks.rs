@@ -1274,6 +1274,23 @@ async fn a_body_far_over_the_limit_gets_413_directly_and_through_the_sandbox_rel
     .await;
 }
 
+/// PreviewEnvironment pr-`number` of `namespace` at head `sha` (40 times), changed at
+/// `changed_at`: the intake's wanted state for one delivery.
+fn environment_at(
+    namespace: &str,
+    number: u64,
+    sha: char,
+    changed_at: &str,
+) -> previewd::model::crd::PreviewEnvironment {
+    serde_json::from_value(json!({
+        "apiVersion": "previewd.dev/v1alpha1", "kind": "PreviewEnvironment",
+        "metadata": {"name": format!("pr-{number}"), "namespace": namespace},
+        "spec": {"template": "t", "source": {"repository": "o/r", "branch": "b",
+            "pullRequest": number, "headSha": sha.to_string().repeat(40),
+            "changedAt": changed_at}}}))
+    .unwrap()
+}
+
 #[tokio::test]
 async fn a_newer_write_just_before_the_intakes_write_is_not_overwritten() {
     // docs/forges.md: "The API server keeps the order itself: it refuses a `spec.source` whose
@@ -1291,15 +1308,7 @@ async fn a_newer_write_just_before_the_intakes_write_is_not_overwritten() {
         let apply_in_order = |client, wanted: PreviewEnvironment| async move {
             Records::new(client, writer).apply_in_order(&wanted).await
         };
-        let at = |sha: char, changed_at: &str| -> PreviewEnvironment {
-            serde_json::from_value(json!({
-                "apiVersion": "previewd.dev/v1alpha1", "kind": "PreviewEnvironment",
-                "metadata": {"name": "pr-7", "namespace": ns},
-                "spec": {"template": "t", "source": {"repository": "o/r", "branch": "b",
-                    "pullRequest": 7, "headSha": sha.to_string().repeat(40),
-                    "changedAt": changed_at}}}))
-            .unwrap()
-        };
+        let at = |sha: char, changed_at: &str| environment_at(&ns, 7, sha, changed_at);
         let environments: Api<PreviewEnvironment> = Api::namespaced(client.clone(), &ns);
         let first = apply_in_order(&client, at('1', "2026-11-26T10:00:00Z")).await;
         assert_eq!(first.unwrap(), Applied::Written);
@@ -1354,15 +1363,7 @@ async fn one_apply_per_new_head_whatever_the_controller_writes_meanwhile() {
         use kube::api::{Patch, PatchParams};
         let writer = Writer::new(previewd::cluster::metrics::ClusterMetrics::new());
         let applies = || writer.metrics().writes.with_label_values(&["intake_apply"]).get();
-        let at = |sha: char, changed_at: &str| -> PreviewEnvironment {
-            serde_json::from_value(json!({
-                "apiVersion": "previewd.dev/v1alpha1", "kind": "PreviewEnvironment",
-                "metadata": {"name": "pr-8", "namespace": ns},
-                "spec": {"template": "t", "source": {"repository": "o/r", "branch": "b",
-                    "pullRequest": 8, "headSha": sha.to_string().repeat(40),
-                    "changedAt": changed_at}}}))
-            .unwrap()
-        };
+        let at = |sha: char, changed_at: &str| environment_at(&ns, 8, sha, changed_at);
         let records = Records::new(&client, &writer);
         let environments: Api<PreviewEnvironment> = Api::namespaced(client.clone(), &ns);
         let first = records.apply_in_order(&at('1', "2026-11-26T10:00:00Z")).await;
