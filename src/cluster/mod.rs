@@ -21,6 +21,7 @@ pub mod caches;
 pub mod client;
 pub mod errors;
 pub(crate) mod health;
+pub mod installed_crds;
 pub mod metrics;
 pub mod observed;
 pub(crate) mod recall;

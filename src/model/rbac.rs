@@ -190,6 +190,11 @@ rules:
   - apiGroups: [storage.k8s.io]
     resources: [storageclasses]
     verbs: [get, list]
+  # To check at start that the installed PreviewEnvironment CRD keeps the order of deliveries.
+  - apiGroups: [apiextensions.k8s.io]
+    resources: [customresourcedefinitions]
+    verbs: [get]
+    resourceNames: [previewenvironments.previewd.dev]
   # To wait until a new environment namespace's RoleBinding is in force.
   - apiGroups: [authorization.k8s.io]
     resources: [selfsubjectaccessreviews]

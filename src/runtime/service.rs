@@ -336,6 +336,9 @@ pub async fn run_controller(args: RunArgs) -> Result<(), Error> {
         None => client::inferred_config().await?,
     };
     let client = client::limited(connection.clone(), args.api_concurrency)?;
+    crate::cluster::installed_crds::check_delivery_order(&client)
+        .await
+        .map_err(Error::Config)?;
     let lease = match args.leader.settings(client.default_namespace()) {
         Some(settings) => Some(Election {
             settings,

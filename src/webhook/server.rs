@@ -824,7 +824,7 @@ async fn act(
                 e.name_any()
             ),
             (Decision::Apply(e), Applied::BeingRemoved) => format!(
-                "not applied {}/{}: it is still being removed; deliver again once it is gone",
+                "not kept {}/{}: it is still being removed, and the change goes with it; deliver again once it is gone",
                 e.namespace().unwrap_or_default(),
                 e.name_any()
             ),

@@ -45,6 +45,12 @@ pub fn environment_record(
     let name = record_name("environment", &hub_namespace, &environment.name_any());
     let mut spec = environment.spec.clone();
     spec.template = template_record.name_any();
+    // The order of deliveries is the hub's (its intake and its API server's rule on
+    // `spec.source`). On the target the record has one writer, the hub, which must always be
+    // able to write it: with `changedAt` copied, a record whose time is ahead of the hub's (a
+    // GitLab push that carries none, then a late merge-request delivery; a hand edit) would be
+    // refused by the target's rule on every try.
+    spec.source.changed_at = None;
     let mut record = PreviewEnvironment::new(&name, spec);
     record.metadata.namespace = Some(namespace.to_string());
     let mut labels = environment.labels().clone();
