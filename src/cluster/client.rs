@@ -94,9 +94,18 @@ pub fn limited(config: kube::Config, in_flight: usize) -> Result<kube::Client, C
         .option_layer(retry)
         .option_layer(config.auth_layer().map_err(ClientError::Client)?)
         .layer(config.extra_headers_layer().map_err(ClientError::Client)?)
+        .map_request(log_request)
         .map_err(tower::BoxError::from)
         .service(http);
     Ok(ClientBuilder::new(service, config.default_namespace.clone()).build())
+}
+
+/// Each request's method and URL at debug level, as kube's own stack logs them (its
+/// `TraceLayer`): what `RUST_LOG=debug` shows of previewd's API traffic. Never a header: the
+/// credentials travel there.
+fn log_request<B>(request: http::Request<B>) -> http::Request<B> {
+    tracing::debug!(http.method = %request.method(), http.url = %request.uri(), "requesting");
+    request
 }
 
 #[cfg(test)]

@@ -684,16 +684,20 @@ async fn a_template_whose_renders_hang_delays_another_by_one_render_at_most() {
         // Every slow render has asked for its turn before the quick one does.
         tokio::time::sleep(Duration::from_secs(1)).await;
         create_variant_environment(&client, &ns, "quick", 7).await;
+        // Rendered: its namespace is claimed, the step right after the render. (Its status is
+        // written only after its objects are applied, which on a loaded machine took longer
+        // than a hanging render's timeout: CI at 4a4ab48 counted the next two slow renders'
+        // timeouts too.)
+        let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
+        let quick_namespace = kube::api::ListParams::default().labels(&format!(
+            "previewd.dev/environment=quick-pr-7,previewd.dev/environment-namespace={ns}"
+        ));
         let timed_out = eventually(
             "the quick one rendered",
             Duration::from_secs(60),
             || async {
-                let quick = environments.get("quick-pr-7").await.ok()?.status?;
-                let rendered = matches!(
-                    quick.phase,
-                    Phase::Deploying | Phase::Seeding | Phase::Ready
-                );
-                rendered.then_some(())?;
+                let claimed = namespaces.list_metadata(&quick_namespace).await.ok()?;
+                (!claimed.items.is_empty()).then_some(())?;
                 let mut timed_out = 0;
                 for name in &slow {
                     let status = environments
