@@ -6,7 +6,9 @@
 //! refuses to start on an older CRD and says what to apply; the replicas of the previous
 //! version keep running meanwhile, since the new ones never turn ready.
 
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::{
+    CustomResourceDefinition, CustomResourceDefinitionVersion,
+};
 use kube::api::Api;
 use kube::{Client, CustomResourceExt};
 
@@ -31,28 +33,29 @@ pub async fn check_delivery_order(client: &Client) -> Result<(), String> {
 /// Whether every served version's schema holds the order rule on `spec.source` (found by its
 /// message, [`OLDER_SOURCE_MESSAGE`]).
 pub fn keeps_delivery_order(crd: &CustomResourceDefinition) -> bool {
-    let served = crd.spec.versions.iter().filter(|version| version.served);
-    let mut any = false;
-    for version in served {
-        any = true;
-        let source = version
-            .schema
-            .as_ref()
-            .and_then(|schema| schema.open_api_v3_schema.as_ref())
-            .and_then(|root| root.properties.as_ref()?.get("spec"))
-            .and_then(|spec| spec.properties.as_ref()?.get("source"));
-        let has_rule = source
-            .and_then(|source| source.x_kubernetes_validations.as_ref())
-            .is_some_and(|rules| {
-                rules
-                    .iter()
-                    .any(|rule| rule.message.as_deref() == Some(OLDER_SOURCE_MESSAGE))
-            });
-        if !has_rule {
-            return false;
-        }
-    }
-    any
+    let mut served = crd
+        .spec
+        .versions
+        .iter()
+        .filter(|version| version.served)
+        .peekable();
+    served.peek().is_some() && served.all(has_order_rule)
+}
+
+/// Whether `version`'s schema of `spec.source` carries the order rule.
+fn has_order_rule(version: &CustomResourceDefinitionVersion) -> bool {
+    version
+        .schema
+        .as_ref()
+        .and_then(|schema| schema.open_api_v3_schema.as_ref())
+        .and_then(|root| root.properties.as_ref()?.get("spec"))
+        .and_then(|spec| spec.properties.as_ref()?.get("source"))
+        .and_then(|source| source.x_kubernetes_validations.as_ref())
+        .is_some_and(|rules| {
+            rules
+                .iter()
+                .any(|rule| rule.message.as_deref() == Some(OLDER_SOURCE_MESSAGE))
+        })
 }
 
 #[cfg(test)]

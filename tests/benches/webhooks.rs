@@ -265,12 +265,14 @@ async fn benchmark() {
         .map(|(i, body)| (format!("new-{i}"), body))
         .collect();
     let before = support::apiserver::request_counts(&client).await;
-    let intake_applies_before = running
+    // previewd's own count of its apply requests: the API server's count also holds what
+    // kube's retry layer sends again after a 429 or 5xx, which a loaded machine can cause.
+    let intake_applies = running
         .metrics
         .cluster
         .writes
-        .with_label_values(&["intake_apply"])
-        .get();
+        .with_label_values(&["intake_apply"]);
+    let intake_applies_before = intake_applies.get();
     run(
         "a new head SHA each (one server-side apply each)",
         "accepted",
@@ -286,16 +288,8 @@ async fn benchmark() {
     // the controller's status writes meanwhile cost no second apply (they did, with the
     // resourceVersion precondition before: 1,664 for 1,000 heads at b41db6a).
     let applies = served.count("APPLY", "previewenvironments");
-    // previewd's own count of its apply requests: the API server's count also holds what
-    // kube's retry layer sends again after a 429 or 5xx, which a loaded machine can cause.
-    let intake_applies = running
-        .metrics
-        .cluster
-        .writes
-        .with_label_values(&["intake_apply"])
-        .get();
     assert_eq!(
-        intake_applies.saturating_sub(intake_applies_before) as usize,
+        intake_applies.get().saturating_sub(intake_applies_before) as usize,
         DELIVERIES,
         "{}",
         served.describe()

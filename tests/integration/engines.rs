@@ -689,8 +689,9 @@ async fn a_template_whose_renders_hang_delays_another_by_one_render_at_most() {
         // than a hanging render's timeout: CI at 4a4ab48 counted the next two slow renders'
         // timeouts too.)
         let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
+        use previewd::model::metadata::{LABEL_ENVIRONMENT, LABEL_ENVIRONMENT_NAMESPACE};
         let quick_namespace = kube::api::ListParams::default().labels(&format!(
-            "previewd.dev/environment=quick-pr-7,previewd.dev/environment-namespace={ns}"
+            "{LABEL_ENVIRONMENT}=quick-pr-7,{LABEL_ENVIRONMENT_NAMESPACE}={ns}"
         ));
         let timed_out = eventually(
             "the quick one rendered",

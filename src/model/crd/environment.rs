@@ -108,7 +108,7 @@ pub const OLDER_SOURCE_MESSAGE: &str =
 #[serde(rename_all = "camelCase")]
 #[schemars(extend("x-kubernetes-validations" = [{
     "rule": "!has(oldSelf.changedAt) || !has(self.changedAt) || timestamp(self.changedAt) >= timestamp(oldSelf.changedAt)",
-    "message": "spec.source is older than the environment's (changedAt): deliveries arrived out of order"
+    "message": OLDER_SOURCE_MESSAGE
 }]))]
 pub struct Source {
     /// Repository as the template names it.
