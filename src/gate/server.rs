@@ -70,7 +70,16 @@ pub trait Waker: Send + Sync + 'static {
         namespace: &'a str,
         name: &'a str,
         seen: &'a records::Seen<'a>,
-    ) -> Pin<Box<dyn Future<Output = Result<(), String>> + Send + 'a>>;
+    ) -> Pin<Box<dyn Future<Output = Result<Woke, String>> + Send + 'a>>;
+}
+
+/// What a wake the API server answered came to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Woke {
+    /// The environment's record says it is awake.
+    Written,
+    /// The environment was removed before the wake reached it: nothing was woken.
+    Gone,
 }
 
 /// Wakes environments by writing their record (`spec.sleep: false` and the activity), through
@@ -95,12 +104,13 @@ impl Waker for ClusterWaker {
         namespace: &'a str,
         name: &'a str,
         seen: &'a records::Seen<'a>,
-    ) -> Pin<Box<dyn Future<Output = Result<(), String>> + Send + 'a>> {
+    ) -> Pin<Box<dyn Future<Output = Result<Woke, String>> + Send + 'a>> {
         Box::pin(async move {
             let now = chrono::Utc::now();
             let records = records::Records::new(&self.client, &self.writer);
             match records.wake_for_request(namespace, name, seen, now).await {
-                Ok(_) => Ok(()),
+                Ok(true) => Ok(Woke::Written),
+                Ok(false) => Ok(Woke::Gone),
                 Err(error) => Err(error.to_string()),
             }
         })
@@ -211,11 +221,17 @@ impl Gate {
                 resource_version: &version,
             };
             match gate.waker.wake(&namespace, &name, &seen).await {
-                Ok(()) => {
+                Ok(Woke::Written) => {
                     gate.metrics
                         .wake_seconds
                         .observe(spent_at.elapsed().as_secs_f64());
                     tracing::info!(environment = %name, %namespace, "a request wakes the environment")
+                }
+                Ok(Woke::Gone) => {
+                    tracing::debug!(environment = %name, %namespace, "the environment was removed before the gate's wake reached it");
+                    // Nothing was woken: neither a wake to time nor one the client spent.
+                    gate.turns.give_back(&namespace, &name);
+                    gate.budget.give_back(client, &team, spent_at);
                 }
                 Err(error) => {
                     tracing::warn!(environment = %name, %namespace, %error, "could not wake the environment; a request in a few seconds tries again");
@@ -350,9 +366,9 @@ mod tests {
             _: &'a str,
             _: &'a str,
             _: &'a records::Seen<'a>,
-        ) -> Pin<Box<dyn Future<Output = Result<(), String>> + Send + 'a>> {
+        ) -> Pin<Box<dyn Future<Output = Result<Woke, String>> + Send + 'a>> {
             self.0.fetch_add(1, Ordering::SeqCst);
-            Box::pin(async { Ok(()) })
+            Box::pin(async { Ok(Woke::Written) })
         }
     }
 

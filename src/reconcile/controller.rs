@@ -334,8 +334,10 @@ async fn with_own_writes(
             Ok(None)
         }
         CachedCopy::Unsure => {
-            let fresh = api
-                .get_opt(&environment.name_any())
+            let name = environment.name_any();
+            let fresh = context
+                .metrics
+                .timed("read", api.get_opt(&name))
                 .await
                 .map_err(ReconcileError::Read)?;
             let Some(fresh) = fresh else {

@@ -18,6 +18,10 @@ const SEED_MEMORY: Duration = Duration::from_secs(24 * 3600);
 #[derive(Clone)]
 pub struct ReconcileMetrics {
     pub reconcile_duration: HistogramVec,
+    /// Seconds each step of a reconcile took (`step`: [`STEPS`]): where a reconcile's time
+    /// goes, previewd's own work (render, plan) apart from its waits on the API server and the
+    /// forge.
+    pub step_duration: HistogramVec,
     pub reconcile_errors: IntCounterVec,
     /// Seconds from a commit's request (the push) to its environment being Ready.
     pub time_to_ready: Histogram,
@@ -56,6 +60,7 @@ impl MetricSet for ReconcileMetrics {
     fn collectors(&self) -> Vec<Box<dyn Collector>> {
         vec![
             Box::new(self.reconcile_duration.clone()),
+            Box::new(self.step_duration.clone()),
             Box::new(self.reconcile_errors.clone()),
             Box::new(self.time_to_ready.clone()),
             Box::new(self.seed_duration.clone()),
@@ -67,6 +72,48 @@ impl MetricSet for ReconcileMetrics {
             Box::new(self.cluster_environments.clone()),
             Box::new(self.cluster_capacity.clone()),
         ]
+    }
+}
+
+/// The steps [`ReconcileMetrics::step_duration`] times, in the order a reconcile takes them:
+/// reading the environment afresh when the cache may lack previewd's last status write, the
+/// render and plan, the checks before anything is applied (hosts, copied secrets, kinds
+/// served, storage classes), claiming the namespace, the applies (namespace, access, secrets,
+/// databases, guard rails, waves), the prune, telling the forge, and writing the status.
+pub const STEPS: [&str; 9] = [
+    "read", "render", "checks", "claim", "apply", "prune", "report", "status", "event",
+];
+
+/// `previewd_reconcile_step_seconds`, from half a millisecond (a render read back by digest)
+/// to ten seconds (a forge that answers slowly).
+fn step_duration() -> HistogramVec {
+    HistogramVec::new(
+        HistogramOpts::new(
+            "previewd_reconcile_step_seconds",
+            "Time one step of a reconcile took, by step",
+        )
+        .buckets(vec![
+            0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+        ]),
+        &["step"],
+    )
+    .expect("valid metric")
+}
+
+impl ReconcileMetrics {
+    /// Runs `step`, timed as `name` (one of [`STEPS`]).
+    pub async fn timed<T>(
+        &self,
+        name: &'static str,
+        step: impl std::future::Future<Output = T>,
+    ) -> T {
+        debug_assert!(STEPS.contains(&name), "{name} is not among STEPS");
+        let started = Instant::now();
+        let output = step.await;
+        self.step_duration
+            .with_label_values(&[name])
+            .observe(started.elapsed().as_secs_f64());
+        output
     }
 }
 
@@ -133,6 +180,7 @@ impl ReconcileMetrics {
                 &["outcome"],
             )
             .expect("valid metric"),
+            step_duration: step_duration(),
             reconcile_errors: counter_at_zero(
                 Opts::new(
                     "previewd_reconcile_errors_total",

@@ -136,16 +136,17 @@ async fn deploy(
         return Err(refusal.into());
     }
     let observed = context.applier.observed();
+    let renderer = context.renderer();
     let rendered = render_and_plan(
         environment,
         template,
         namespace,
-        &context.renderer(),
+        &renderer,
         Some(&context.client),
         limits(context),
         move |object| observed.live_replicas(&ObjectKey::of(object)),
-    )
-    .await;
+    );
+    let rendered = context.metrics.timed("render", rendered).await;
     let beyond_ceiling = match &rendered {
         Err(refusal) if refusal.reason == RefusalReason::TemplateBeyondCeiling => {
             Some(refusal.message.as_str())
@@ -159,31 +160,46 @@ async fn deploy(
     }
     let mut plan = rendered
         .map_err(|refusal| quarantine::record(refusal, environment, template, memory_limit))?;
-    for host in std::iter::once(&plan.host).chain(&plan.extra_hosts) {
-        refuse_a_taken_host(environment, host, context)?;
-    }
-    secrets::add_copies(&mut plan, template, context).await?;
-    waves::check_served(&plan, context).await?;
-    volumes::refuse_retained(&plan, context).await?;
+    let checks = checks_before_applying(&mut plan, environment, template, context);
+    context.metrics.timed("checks", checks).await?;
     let uid = environment.metadata.uid.as_deref().unwrap_or_default();
     let namespace_labels = namespace::namespace_labels(&template.spec, &plan.labels, uid);
-    claim::claim_namespace(environment, namespace, &namespace_labels, context).await?;
+    let claimed = claim::claim_namespace(environment, namespace, &namespace_labels, context);
+    context.metrics.timed("claim", claimed).await?;
     let key = ObjectRef::from_obj(environment);
     let bypass_cache = schedule::reapply_due(context, &key);
-    let progress = apply_steps(
+    let applied = apply_steps(
         &mut plan,
         environment,
         template,
         &namespace_labels,
         context,
         bypass_cache,
-    )
-    .await?;
-    prune::prune(environment, &plan.objects, context).await?;
+    );
+    let progress = context.metrics.timed("apply", applied).await?;
+    let pruned = prune::prune(environment, &plan.objects, context);
+    context.metrics.timed("prune", pruned).await?;
     if bypass_cache {
         context.memory.note_full_apply(&key, Instant::now());
     }
     Ok(finish::finish(environment, context, &key, plan, progress, held).await?)
+}
+
+/// The checks before anything is applied: the URL hosts are this environment's, the copied
+/// secrets are shared with it (added to the plan), the cluster serves every kind, and no claim's
+/// storage class keeps its volumes.
+async fn checks_before_applying(
+    plan: &mut Plan,
+    environment: &PreviewEnvironment,
+    template: &PreviewTemplate,
+    context: &Context,
+) -> Result<(), Stop> {
+    for host in std::iter::once(&plan.host).chain(&plan.extra_hosts) {
+        refuse_a_taken_host(environment, host, context)?;
+    }
+    secrets::add_copies(plan, template, context).await?;
+    waves::check_served(plan, context).await?;
+    volumes::refuse_retained(plan, context).await
 }
 
 /// The apply steps, in order: the namespace (already claimed, with `namespace_labels`),

@@ -25,10 +25,8 @@ pub async fn write_status(
 ) -> Result<(), ReconcileError> {
     let mut forge_result = Ok(());
     if let Some(template) = context.template_of(environment) {
-        let (record, result) = context
-            .reporter
-            .report(environment, &template, &status)
-            .await;
+        let report = context.reporter.report(environment, &template, &status);
+        let (record, result) = context.metrics.timed("report", report).await;
         status.forge = record;
         forge_result = match result {
             Err(e) if let Some(wait) = e.waits_for_budget() => {
@@ -86,9 +84,12 @@ pub async fn write_status_only(
         ..Default::default()
     };
     let patch = Patch::Merge(patch);
-    let written = context
+    let write = context
         .writer
-        .write("status", api.patch_status(&name, &params, &patch))
+        .write("status", api.patch_status(&name, &params, &patch));
+    let written = context
+        .metrics
+        .timed("status", write)
         .await
         .map_err(ReconcileError::Status)?;
     context.memory.wrote_status(
@@ -151,10 +152,10 @@ pub async fn publish(
         secondary: None,
     };
     let reference = environment.object_ref(&());
-    let published = context
+    let publish = context
         .writer
-        .write("event", context.recorder.publish(&event, &reference))
-        .await;
+        .write("event", context.recorder.publish(&event, &reference));
+    let published = context.metrics.timed("event", publish).await;
     if let Err(e) = published {
         tracing::debug!(error = %e, "could not publish an event");
     }

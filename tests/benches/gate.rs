@@ -33,7 +33,7 @@ use k8s_openapi::api::networking::v1::Ingress;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::runtime::watcher;
 use previewd::gate::metrics::GateMetrics;
-use previewd::gate::server::{ClusterWaker, Gate, Waker};
+use previewd::gate::server::{ClusterWaker, Gate, Waker, Woke};
 use previewd::model::crd::{Phase, PreviewEnvironment, PreviewEnvironmentStatus, PreviewTemplate};
 use previewd::sandbox::ingress::SandboxIngress;
 use serde_json::json;
@@ -62,9 +62,10 @@ impl Waker for NoWake {
         _: &'a str,
         _: &'a str,
         _: &'a previewd::cluster::records::Seen<'a>,
-    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), String>> + Send + 'a>> {
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<Woke, String>> + Send + 'a>>
+    {
         self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        Box::pin(async { Ok(()) })
+        Box::pin(async { Ok(Woke::Written) })
     }
 }
 

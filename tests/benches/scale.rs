@@ -15,8 +15,9 @@
 //! standby replica): each successor starts with an empty apply cache and must write nothing
 //! for the unchanged environments, counted by the API server.
 //!
-//! Printed per size: time to all Ready, latency p50/p99 and its parts (delivery → objects
-//! applied, applied → rollout complete, rollout complete → Ready), writes per minute in churn and at
+//! Printed per size: time to all Ready, latency p50/p99 and its parts (delivery → the new head
+//! on the environment → objects applied, applied → rollout complete, rollout complete → Ready)
+//! and every reconcile's steps as previewd times them, writes per minute in churn and at
 //! steady state, objects changed in untouched environments, apply-cache hit ratio, previewd's
 //! RSS (now and peak) and CPU seconds. Writes are counted twice: by previewd's own metrics and
 //! by the API server's `apiserver_request_total` (by verb and resource, every client, with the
@@ -201,16 +202,26 @@ fn head(number: u64, change: u64) -> String {
 /// When each (PR, head) was first seen `Ready`, from a watch of the environments.
 type ReadySeen = Arc<Mutex<HashMap<(u64, String), Instant>>>;
 
-async fn watch_ready(environments: Api<PreviewEnvironment>, seen: ReadySeen) {
+/// When each (PR, head) was first seen as the environment's head (the webhook intake's write
+/// of `spec.source.headSha`), from the same watch.
+type HeadsSeen = Arc<Mutex<HashMap<(u64, String), Instant>>>;
+
+async fn watch_ready(environments: Api<PreviewEnvironment>, seen: ReadySeen, heads: HeadsSeen) {
     let mut stream = watcher(environments, watcher::Config::default())
         .default_backoff()
         .applied_objects()
         .boxed();
     while let Some(event) = stream.next().await {
         let Ok(environment) = event else { continue };
-        let (Some(number), Some(status)) =
-            (environment.spec.source.pull_request, environment.status)
-        else {
+        let Some(number) = environment.spec.source.pull_request else {
+            continue;
+        };
+        heads
+            .lock()
+            .unwrap()
+            .entry((number, environment.spec.source.head_sha.clone()))
+            .or_insert_with(Instant::now);
+        let Some(status) = environment.status else {
             continue;
         };
         if let (Phase::Ready, Some(sha)) = (status.phase, status.deployed_sha) {
@@ -272,31 +283,36 @@ async fn watch_rollouts(client: Client, seen: Rollouts) {
     }
 }
 
-/// push → Ready in three parts, per push that reached Ready: delivery → objects applied
-/// (previewd), applied → rollout complete (Kubernetes), rollout complete → status Ready
-/// (previewd). `None` for a push whose parts were not all seen (superseded).
+/// push → Ready in four parts, per push that reached Ready: delivery → the new head on the
+/// environment (previewd's webhook intake), → objects applied (previewd's controller), →
+/// rollout complete (Kubernetes), → status Ready (previewd). `None` for a push whose parts were
+/// not all seen (superseded).
 fn breakdown(
     pushed: Instant,
+    head_seen: Instant,
     ready: Instant,
     rollout: &RolloutSeen,
     deployments: usize,
-) -> Option<[Duration; 3]> {
+) -> Option<[Duration; 4]> {
     if rollout.applied.len() < deployments || rollout.complete.len() < deployments {
         return None;
     }
     let applied = *rollout.applied.values().max()?;
+    let head_seen = head_seen.min(applied);
     let complete = (*rollout.complete.values().max()?).max(applied);
     let ready = ready.max(complete);
     Some([
-        applied.checked_duration_since(pushed)?,
+        head_seen.checked_duration_since(pushed)?,
+        applied - head_seen,
         complete - applied,
         ready - complete,
     ])
 }
 
-/// p50 and p99 of each part of [`breakdown`], and of previewd's share (first + last), in words.
-fn describe_breakdown(parts: &[[Duration; 3]]) -> String {
-    let column = |pick: &dyn Fn(&[Duration; 3]) -> Duration| {
+/// p50 and p99 of each part of [`breakdown`], and of previewd's share (all but the rollout), in
+/// words.
+fn describe_breakdown(parts: &[[Duration; 4]]) -> String {
+    let column = |pick: &dyn Fn(&[Duration; 4]) -> Duration| {
         let mut values: Vec<Duration> = parts.iter().map(pick).collect();
         values.sort();
         format!(
@@ -306,11 +322,13 @@ fn describe_breakdown(parts: &[[Duration; 3]]) -> String {
         )
     };
     format!(
-        "delivery → objects applied {}; applied → rollout complete (Kubernetes) {}; rollout complete → status Ready {}; previewd's share (first + last) {} ({} pushes)",
+        "delivery → objects applied {} (delivery → new head on the environment {}, → objects applied {}); applied → rollout complete (Kubernetes) {}; rollout complete → status Ready {}; previewd's share (all but the rollout) {} ({} pushes)",
+        column(&|p| p[0] + p[1]),
         column(&|p| p[0]),
         column(&|p| p[1]),
         column(&|p| p[2]),
-        column(&|p| p[0] + p[2]),
+        column(&|p| p[3]),
+        column(&|p| p[0] + p[1] + p[3]),
         parts.len()
     )
 }
@@ -446,6 +464,88 @@ impl Counters {
         } else {
             self.applies_skipped / total
         }
+    }
+}
+
+/// previewd's `previewd_reconcile_step_seconds`, read from its `/metrics`: per step, the
+/// cumulative count at each bucket bound, the sum and the count.
+#[derive(Default)]
+struct StepTimes {
+    /// (step, bound) → reconciles whose step took at most `bound` seconds.
+    buckets: std::collections::BTreeMap<(String, String), f64>,
+    sums: HashMap<String, f64>,
+}
+
+impl StepTimes {
+    async fn read(previewd: &PreviewdProcess, http: &reqwest::Client) -> Self {
+        let text = previewd
+            .metrics_text(http)
+            .await
+            .expect("previewd answers /metrics");
+        let mut times = Self::default();
+        for line in text.lines() {
+            let Some(rest) = line.strip_prefix("previewd_reconcile_step_seconds") else {
+                continue;
+            };
+            let Some((labels, value)) = rest.rsplit_once(' ') else {
+                continue;
+            };
+            let Ok(value) = value.parse::<f64>() else {
+                continue;
+            };
+            let label = |name: &str| {
+                let start = labels.find(&format!("{name}=\""))? + name.len() + 2;
+                let end = labels[start..].find('"')? + start;
+                Some(labels[start..end].to_string())
+            };
+            let Some(step) = label("step") else { continue };
+            if labels.starts_with("_bucket") {
+                let Some(bound) = label("le") else { continue };
+                times.buckets.insert((step, bound), value);
+            } else if labels.starts_with("_sum") {
+                times.sums.insert(step, value);
+            }
+        }
+        times
+    }
+
+    /// Per step, between `earlier` and these: how many, the mean, and the bucket bound the
+    /// 99th percentile falls under, in words (steps not taken are left out).
+    fn since(&self, earlier: &Self) -> String {
+        let mut by_step: std::collections::BTreeMap<&str, Vec<(f64, f64)>> = Default::default();
+        for ((step, bound), count) in &self.buckets {
+            let before = earlier.buckets.get(&(step.clone(), bound.clone()));
+            let Ok(bound) = bound.parse::<f64>() else {
+                continue;
+            };
+            by_step
+                .entry(step.as_str())
+                .or_default()
+                .push((bound, count - before.copied().unwrap_or(0.0)));
+        }
+        let mut words = Vec::new();
+        for step in previewd::reconcile::metrics::STEPS {
+            let Some(buckets) = by_step.get_mut(step) else {
+                continue;
+            };
+            buckets.sort_by(|a, b| a.0.total_cmp(&b.0));
+            let count = buckets.last().map_or(0.0, |(_, c)| *c);
+            if count < 1.0 {
+                continue;
+            }
+            let sum = self.sums.get(step).copied().unwrap_or(0.0)
+                - earlier.sums.get(step).copied().unwrap_or(0.0);
+            let p99 = buckets
+                .iter()
+                .find(|(_, c)| *c >= count * 0.99)
+                .map_or(f64::INFINITY, |(bound, _)| *bound);
+            words.push(format!(
+                "{step} {count:.0}× mean {:.1} ms, p99 ≤ {:.1} ms",
+                sum / count * 1000.0,
+                p99 * 1000.0
+            ));
+        }
+        words.join("; ")
     }
 }
 
@@ -908,7 +1008,12 @@ async fn benchmark() {
     let pid = previewd.child.id();
     let environments: Api<PreviewEnvironment> = Api::namespaced(client.clone(), &namespace);
     let seen: ReadySeen = Arc::default();
-    let watch = tokio::spawn(watch_ready(environments.clone(), seen.clone()));
+    let heads: HeadsSeen = Arc::default();
+    let watch = tokio::spawn(watch_ready(
+        environments.clone(),
+        seen.clone(),
+        heads.clone(),
+    ));
     let rollouts: Rollouts = Arc::default();
     let rollout_watch = tokio::spawn(watch_rollouts(client.clone(), rollouts.clone()));
 
@@ -1024,6 +1129,7 @@ async fn benchmark() {
         let served_before_churn = apiserver::request_counts(&client).await;
         let forge_before_churn = forge_requests_so_far(&forge).await;
         let churn_start = Counters::read(&previewd, &http).await;
+        let steps_before_churn = StepTimes::read(&previewd, &http).await;
         let versions_before_churn = versions_after_quiet;
         let churn_started = Instant::now();
         let mut pushes: Vec<(u64, String, Instant)> = Vec::new();
@@ -1052,6 +1158,9 @@ async fn benchmark() {
         settle(&previewd, &http).await;
         let churn_elapsed = churn_started.elapsed();
         let churn = Counters::read(&previewd, &http).await.since(churn_start);
+        let steps_in_churn = StepTimes::read(&previewd, &http)
+            .await
+            .since(&steps_before_churn);
         let served_in_churn = apiserver::request_counts(&client)
             .await
             .since(&served_before_churn);
@@ -1086,14 +1195,16 @@ async fn benchmark() {
             .into_iter()
             .filter_map(|e| Some((e.spec.source.pull_request?, e.status?.namespace?)))
             .collect();
-        let parts: Vec<[Duration; 3]> = {
+        let parts: Vec<[Duration; 4]> = {
             let (seen, rollouts) = (seen.lock().unwrap(), rollouts.lock().unwrap());
+            let heads = heads.lock().unwrap();
             pushes
                 .iter()
                 .filter_map(|(n, sha, sent)| {
-                    let ready = *seen.get(&(*n, sha.clone()))?;
+                    let key = (*n, sha.clone());
+                    let (ready, head_seen) = (*seen.get(&key)?, *heads.get(&key)?);
                     let rollout = rollouts.get(&(namespaces.get(n)?.clone(), sha.clone()))?;
-                    breakdown(*sent, ready, rollout, 2)
+                    breakdown(*sent, head_seen, ready, rollout, 2)
                 })
                 .collect()
         };
@@ -1133,6 +1244,9 @@ async fn benchmark() {
         println!(
             "  {size} environments, push → Ready in parts (times at which the benchmark's own watches saw each step): {}",
             describe_breakdown(&parts)
+        );
+        println!(
+            "  {size} environments, churn, every reconcile's steps as previewd timed them (previewd_reconcile_step_seconds): {steps_in_churn}"
         );
         let by_operation: Vec<String> = churn
             .writes_by_operation

@@ -16,7 +16,7 @@ use kube::Client;
 use kube::api::{
     Api, ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams,
 };
-use previewd::gate::server::{ClusterWaker, Waker};
+use previewd::gate::server::{ClusterWaker, Waker, Woke};
 use previewd::model::crd::{Phase, PreviewEnvironment, PreviewTemplate};
 use serde_json::{Value, json};
 use support::{eventually, in_namespace, wait_for_phase};
@@ -47,7 +47,8 @@ impl Waker for CountingWaker {
         namespace: &'a str,
         name: &'a str,
         seen: &'a previewd::cluster::records::Seen<'a>,
-    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), String>> + Send + 'a>> {
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<Woke, String>> + Send + 'a>>
+    {
         self.wakes.fetch_add(1, Ordering::SeqCst);
         self.inner.wake(namespace, name, seen)
     }
@@ -323,9 +324,10 @@ impl Waker for Tally {
         _namespace: &'a str,
         _name: &'a str,
         _seen: &'a previewd::cluster::records::Seen<'a>,
-    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), String>> + Send + 'a>> {
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<Woke, String>> + Send + 'a>>
+    {
         self.0.fetch_add(1, Ordering::SeqCst);
-        Box::pin(async { Ok(()) })
+        Box::pin(async { Ok(Woke::Written) })
     }
 }
 
@@ -454,6 +456,92 @@ async fn a_client_wakes_no_more_than_its_share_and_all_clients_no_more_than_the_
             tally.0.load(Ordering::SeqCst),
             2,
             "one client's share, whatever it claims"
+        );
+    })
+    .await;
+}
+
+/// Removes the environment just before the cluster's waker writes its wake: the wake finds it
+/// gone, as when a pull request is closed between the gate's answer and its write.
+struct RemovingWaker {
+    inner: ClusterWaker,
+    client: Client,
+}
+
+impl Waker for RemovingWaker {
+    fn wake<'a>(
+        &'a self,
+        namespace: &'a str,
+        name: &'a str,
+        seen: &'a previewd::cluster::records::Seen<'a>,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<Woke, String>> + Send + 'a>>
+    {
+        Box::pin(async move {
+            let api: Api<PreviewEnvironment> = Api::namespaced(self.client.clone(), namespace);
+            api.delete(name, &Default::default()).await.unwrap();
+            self.inner.wake(namespace, name, seen).await
+        })
+    }
+}
+
+/// A wake that finds its environment removed woke nothing: it is not timed as a wake
+/// (`previewd_gate_wake_seconds`), and the client's share of wakes is given back. On the code
+/// before, the gate timed it and logged "a request wakes the environment", and the client's
+/// second request was refused for a wake that never happened.
+#[tokio::test]
+async fn a_wake_that_finds_its_environment_removed_is_neither_timed_nor_spent() {
+    use previewd::gate::budget::WakeLimits;
+    use previewd::gate::server::{Clients, Gate};
+    in_namespace("gate-gone", |client, ns| async move {
+        sleeping_environments(&client, &ns, 2).await;
+        let (caches, _watches) =
+            previewd::cluster::caches::Caches::start(client.clone(), Some(&ns));
+        caches.wait_until_ready().await;
+        let metrics = previewd::gate::metrics::GateMetrics::new();
+        let waker = RemovingWaker {
+            inner: ClusterWaker::new(client.clone(), Default::default()),
+            client: client.clone(),
+        };
+        let clients = Clients {
+            wakes: WakeLimits {
+                per_client: 1,
+                in_all: 10,
+                window: Duration::from_secs(600),
+            },
+            ..Clients::default()
+        };
+        let gate = Gate::new(
+            caches.environments.clone(),
+            Arc::new(waker),
+            metrics.clone(),
+            clients,
+        );
+        let address = support::gate::listen(gate).await;
+        let api: Api<PreviewEnvironment> = Api::namespaced(client.clone(), &ns);
+        // The client's share is one wake: its second host wakes only once the first wake,
+        // which found nothing to wake, was given back.
+        for n in 1..=2 {
+            let host = format!("pr-{n}.budget.example.com");
+            eventually("the client may wake", Duration::from_secs(10), || async {
+                let (status, body) = get_for(address, &host, "203.0.113.7").await;
+                (status == 503 && body.contains("starting")).then_some(())
+            })
+            .await;
+            eventually("the wake removed it", Duration::from_secs(10), || async {
+                api.get_opt(&format!("pr-{n}"))
+                    .await
+                    .unwrap()
+                    .is_none()
+                    .then_some(())
+            })
+            .await;
+        }
+        // The last wake's answer comes after the removal: a moment for the gate to hear it.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert_eq!(
+            metrics.wake_seconds.get_sample_count(),
+            0,
+            "no wake was written"
         );
     })
     .await;
