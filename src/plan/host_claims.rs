@@ -15,22 +15,33 @@ pub fn taken_by<'a>(
     host: &str,
     others: impl IntoIterator<Item = &'a PreviewEnvironment>,
 ) -> Option<&'a PreviewEnvironment> {
-    // The URL host, or one of the extra Ingress hosts an environment claimed.
-    let holds = |env: &PreviewEnvironment| {
-        env.status.as_ref().is_some_and(|status| {
-            status
-                .host
-                .iter()
-                .chain(&status.extra_hosts)
-                .any(|held| held.eq_ignore_ascii_case(host))
-        })
-    };
-    let i_hold = holds(environment);
-    others.into_iter().find(|other| {
+    let holds_first = holds_before(environment, host);
+    others.into_iter().find(|other| holds_first(other))
+}
+
+/// Whether another environment holds `host` before `environment` may ([`taken_by`]'s test of
+/// each), for a search in place (the controller's cache).
+pub fn holds_before<'a>(
+    environment: &'a PreviewEnvironment,
+    host: &'a str,
+) -> impl Fn(&PreviewEnvironment) -> bool + 'a {
+    let i_hold = holds(environment, host);
+    move |other| {
         other.metadata.uid != environment.metadata.uid
             && other.metadata.deletion_timestamp.is_none()
-            && holds(other)
+            && holds(other, host)
             && (!i_hold || other.age() < environment.age())
+    }
+}
+
+/// The URL host, or one of the extra Ingress hosts, `environment` claimed.
+fn holds(environment: &PreviewEnvironment, host: &str) -> bool {
+    environment.status.as_ref().is_some_and(|status| {
+        status
+            .host
+            .iter()
+            .chain(&status.extra_hosts)
+            .any(|held| held.eq_ignore_ascii_case(host))
     })
 }
 

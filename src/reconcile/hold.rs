@@ -44,10 +44,11 @@ pub fn hold(
             displace: None,
         });
     }
-    if environment.spec.sleep {
+    if environment.spec.sleep || queue::runs_whatever_its_peers(environment, template) {
+        // The common case, on every reconcile: no look at the other environments at all.
         return None;
     }
-    let peers: Vec<Arc<PreviewEnvironment>> = peers_of(environment, context).collect();
+    let peers = peers_of(environment, context);
     let peers: Vec<&PreviewEnvironment> = peers.iter().map(|p| p.as_ref()).collect();
     match queue::admission(environment, &peers, template) {
         Admission::Run => None,
@@ -128,12 +129,12 @@ fn awaiting_approval(
 }
 
 /// The other environments of the same template, from the cache (the environment included).
-fn peers_of<'a>(
-    environment: &'a PreviewEnvironment,
-    context: &Context,
-) -> impl Iterator<Item = Arc<PreviewEnvironment>> + 'a {
-    context.caches.environments.state().into_iter().filter(|e| {
-        e.spec.template == environment.spec.template && e.namespace() == environment.namespace()
+/// Filtered in the cache, and compared in place: a copy of every environment's handle and
+/// names, for each of thousands of environments on every look, was previewd's busiest work.
+fn peers_of(environment: &PreviewEnvironment, context: &Context) -> Vec<Arc<PreviewEnvironment>> {
+    context.caches.environments.state_filter(|e| {
+        e.spec.template == environment.spec.template
+            && e.metadata.namespace == environment.metadata.namespace
     })
 }
 
@@ -184,7 +185,8 @@ pub async fn displace(
     context: &Context,
 ) -> Result<(), kube::Error> {
     let namespace = environment.namespace().unwrap_or_default();
-    let Some(visitor) = peers_of(environment, context).find(|p| p.name_any() == name) else {
+    let peers = peers_of(environment, context);
+    let Some(visitor) = peers.into_iter().find(|p| p.name_any() == name) else {
         return Ok(());
     };
     let seen = crate::cluster::records::Seen {

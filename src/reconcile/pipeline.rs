@@ -239,9 +239,8 @@ fn refuse_a_taken_host(
     host: &str,
     context: &Context,
 ) -> Result<(), Refusal> {
-    let everyone = context.caches.environments.state();
-    let Some(holder) = host_claims::taken_by(environment, host, everyone.iter().map(|e| &**e))
-    else {
+    let holds_first = host_claims::holds_before(environment, host);
+    let Some(holder) = context.caches.environments.find(holds_first) else {
         return Ok(());
     };
     Err(Refusal::new(

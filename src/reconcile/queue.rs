@@ -118,6 +118,15 @@ fn turn(environment: &PreviewEnvironment) -> (Claim, DateTime<Utc>, String) {
     )
 }
 
+/// True when [`admission`] is `Run` whoever the peers are: the template caps nothing, or the
+/// environment already holds its slot. Callers need not gather the peers then.
+pub fn runs_whatever_its_peers(
+    environment: &PreviewEnvironment,
+    template: &PreviewTemplate,
+) -> bool {
+    template.spec.lifecycle.max_environments.is_none() || holds_slot(environment)
+}
+
 /// Whether `environment` may deploy, given every environment of its template (`peers`, from
 /// the cache; `environment` itself may or may not be among them).
 pub fn admission(
@@ -128,7 +137,7 @@ pub fn admission(
     let Some(cap) = template.spec.lifecycle.max_environments else {
         return Admission::Run;
     };
-    if holds_slot(environment) {
+    if runs_whatever_its_peers(environment, template) {
         return Admission::Run;
     }
     let name = environment.name_any();

@@ -74,12 +74,13 @@ pub fn decide(
 ) -> Vec<Decision> {
     let mut decisions = Vec::new();
     for template in templates.iter().filter(|t| serves(t, event)) {
+        // Compared in place: `name_any()` and `namespace()` copy a name for each of the
+        // thousands of environments a delivery looks through.
+        let (name, namespace) = (template.name_any(), &template.metadata.namespace);
         let existing: Vec<&PreviewEnvironment> = environments
             .iter()
             .map(|e| e.as_ref())
-            .filter(|e| {
-                e.spec.template == template.name_any() && e.namespace() == template.namespace()
-            })
+            .filter(|e| e.spec.template == name && e.metadata.namespace == *namespace)
             .collect();
         let start = decisions.len();
         decide_for_template(event, template, &existing, now, &mut decisions);
@@ -101,7 +102,7 @@ pub fn decide(
             .iter()
             .filter_map(|decision| match decision {
                 Decision::Apply(wanted) => existing.iter().find(|current| {
-                    current.name_any() == wanted.name_any()
+                    same_name(current, wanted)
                         && current.spec.sleep
                         && current.spec.source.head_sha != wanted.spec.source.head_sha
                 }),
@@ -130,7 +131,7 @@ fn keep_known_skip(decision: &mut Decision, existing: &[&PreviewEnvironment]) {
     let head = &wanted.spec.source.head_sha;
     wanted.spec.skip = existing
         .iter()
-        .find(|current| current.name_any() == wanted.name_any())
+        .find(|current| same_name(current, wanted))
         .and_then(|current| current.spec.skip.clone())
         .filter(|skip| &skip.sha == head);
 }
@@ -153,7 +154,7 @@ fn is_mere_activity_refresh(
         return false;
     };
     existing.iter().any(|current| {
-        current.name_any() == wanted.name_any()
+        same_name(current, wanted)
             && current.metadata.deletion_timestamp.is_none()
             && current.spec.source == wanted.spec.source
             && current.spec.template == wanted.spec.template
@@ -176,9 +177,19 @@ fn is_out_of_order(decision: &Decision, existing: &[&PreviewEnvironment]) -> boo
         return false;
     };
     existing.iter().any(|current| {
-        current.name_any() == wanted.name_any()
-            && wanted.spec.source.is_older_than(&current.spec.source)
+        same_name(current, wanted) && wanted.spec.source.is_older_than(&current.spec.source)
     })
+}
+
+/// Whether two environments have one name; compared in place, since a delivery compares
+/// against every environment of its template and `name_any()` copies the name each time.
+fn same_name(a: &PreviewEnvironment, b: &PreviewEnvironment) -> bool {
+    a.metadata.name == b.metadata.name
+}
+
+/// Whether `environment` is named `name` (compared in place, as [`same_name`]).
+fn named(environment: &PreviewEnvironment, name: &str) -> bool {
+    environment.metadata.name.as_deref() == Some(name)
 }
 
 fn serves(template: &PreviewTemplate, event: &ForgeEvent) -> bool {
@@ -222,7 +233,7 @@ fn decide_for_template(
             };
             let superseded = existing
                 .iter()
-                .any(|e| e.name_any() == name && closed.is_older_than(&e.spec.source));
+                .any(|e| named(e, &name) && closed.is_older_than(&e.spec.source));
             (!superseded)
                 .then(|| delete(template, name, reason))
                 .into_iter()
@@ -261,7 +272,7 @@ fn change_request(
         return None;
     }
     let name = naming::environment_name(&template.name_any(), &change.branch, Some(change.number));
-    let exists = existing.iter().any(|e| e.name_any() == name);
+    let exists = existing.iter().any(|e| named(e, &name));
     if change.draft && !triggers.draft_pull_requests {
         return exists.then(|| delete(template, name, DeletionReason::Draft));
     }
@@ -373,7 +384,7 @@ fn branch_deleted(
         .collect();
     let branch_env = naming::environment_name(&template.name_any(), branch, None);
     let globs = &template.spec.triggers.branches;
-    if !existing.iter().any(|e| e.name_any() == branch_env)
+    if !existing.iter().any(|e| named(e, &branch_env))
         && globs.iter().any(|glob| glob_matches(glob, branch))
     {
         decisions.push(delete(template, branch_env, DeletionReason::BranchDeleted));

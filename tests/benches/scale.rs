@@ -54,7 +54,7 @@ use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, ListParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
 use previewd::model::crd::{Phase, PreviewEnvironment};
-use support::apiserver::{self, RequestCounts, Requests};
+use support::apiserver::{self, RequestCounts, RequestSeconds, Requests};
 use support::process::PreviewdProcess;
 use support::webhooks::*;
 
@@ -547,6 +547,26 @@ impl StepTimes {
         }
         words.join("; ")
     }
+}
+
+/// The API server's mean time for each write on a push's way to Ready, in words: the intake's
+/// apply of the environment, the applies of the changed objects, the status write.
+fn path_seconds(now: &RequestSeconds, before: &RequestSeconds) -> String {
+    let path = [
+        ("APPLY", "previewenvironments", "the intake's apply"),
+        ("APPLY", "configmaps", "apply of a ConfigMap"),
+        ("APPLY", "deployments", "apply of a Deployment"),
+        ("PATCH", "previewenvironments/status", "the status write"),
+    ];
+    path.iter()
+        .filter_map(|(verb, resource, what)| {
+            let (mean, served) = now.mean_ms_since(before, verb, resource)?;
+            Some(format!(
+                "{what} ({verb} {resource}) {mean:.1} ms ({served:.0})"
+            ))
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// A process's resident memory (now and peak, MiB), CPU seconds (user + system) and open
@@ -1127,6 +1147,7 @@ async fn benchmark() {
 
         // 3. Churn: one push a second to a random environment.
         let served_before_churn = apiserver::request_counts(&client).await;
+        let seconds_before_churn = RequestSeconds::read(&client).await;
         let forge_before_churn = forge_requests_so_far(&forge).await;
         let churn_start = Counters::read(&previewd, &http).await;
         let steps_before_churn = StepTimes::read(&previewd, &http).await;
@@ -1164,6 +1185,7 @@ async fn benchmark() {
         let served_in_churn = apiserver::request_counts(&client)
             .await
             .since(&served_before_churn);
+        let seconds_in_churn = RequestSeconds::read(&client).await;
         let versions_after_churn = object_versions(&client, &namespace).await;
         let (forge_in_churn, forge_per_push) =
             forge_requests_since(&forge, forge_before_churn, pushes.len()).await;
@@ -1247,6 +1269,10 @@ async fn benchmark() {
         );
         println!(
             "  {size} environments, churn, every reconcile's steps as previewd timed them (previewd_reconcile_step_seconds): {steps_in_churn}"
+        );
+        println!(
+            "  {size} environments, churn, the API server's own time per request of previewd's writes on the way to Ready (apiserver_request_duration_seconds, mean): {}",
+            path_seconds(&seconds_in_churn, &seconds_before_churn)
         );
         let by_operation: Vec<String> = churn
             .writes_by_operation

@@ -118,13 +118,18 @@ pub async fn request_counts(client: &Client) -> RequestCounts {
 
 fn parse(text: &str) -> RequestCounts {
     let mut counts = BTreeMap::new();
-    for line in text.lines() {
-        let Some(rest) = line.strip_prefix("apiserver_request_total{") else {
-            continue;
-        };
-        let Some((labels, value)) = rest.rsplit_once("} ") else {
-            continue;
-        };
+    for (key, value) in series(text, "apiserver_request_total{") {
+        *counts.entry(key).or_insert(0) += value as u64;
+    }
+    RequestCounts(counts)
+}
+
+/// Every series of the metric whose lines start with `prefix` (its name and `{`), by (verb,
+/// resource, subresource), with its value; other labels are summed over by the caller.
+fn series<'a>(text: &'a str, prefix: &'a str) -> impl Iterator<Item = (Requests, f64)> + 'a {
+    text.lines().filter_map(move |line| {
+        let rest = line.strip_prefix(prefix)?;
+        let (labels, value) = rest.rsplit_once("} ")?;
         let label = |name: &str| {
             labels
                 .split(',')
@@ -138,8 +143,47 @@ fn parse(text: &str) -> RequestCounts {
             resource: label("resource"),
             subresource: label("subresource"),
         };
-        let value: f64 = value.trim().parse().unwrap_or(0.0);
-        *counts.entry(key).or_insert(0) += value as u64;
+        Some((key, value.trim().parse().unwrap_or(0.0)))
+    })
+}
+
+/// The API server's own time serving requests (`apiserver_request_duration_seconds`, from a
+/// request's arrival to its answer: admission, validation, etcd): per (verb, resource,
+/// subresource), the seconds in all and the requests.
+#[derive(Clone, Debug, Default)]
+pub struct RequestSeconds(pub BTreeMap<Requests, (f64, f64)>);
+
+impl RequestSeconds {
+    pub async fn read(client: &Client) -> Self {
+        let request = http::Request::get("/metrics")
+            .body(Vec::new())
+            .expect("a GET request");
+        let text = client
+            .request_text(request)
+            .await
+            .expect("the API server's /metrics");
+        let mut seconds: BTreeMap<Requests, (f64, f64)> = BTreeMap::new();
+        for (key, sum) in series(&text, "apiserver_request_duration_seconds_sum{") {
+            seconds.entry(key).or_default().0 += sum;
+        }
+        for (key, count) in series(&text, "apiserver_request_duration_seconds_count{") {
+            seconds.entry(key).or_default().1 += count;
+        }
+        Self(seconds)
     }
-    RequestCounts(counts)
+
+    /// The mean in milliseconds of `verb` on `resource` (`resource/subresource`) between
+    /// `earlier` and these, with how many; `None` if none was served.
+    pub fn mean_ms_since(&self, earlier: &Self, verb: &str, resource: &str) -> Option<(f64, f64)> {
+        let (resource, subresource) = resource.split_once('/').unwrap_or((resource, ""));
+        let key = Requests {
+            verb: verb.into(),
+            resource: resource.into(),
+            subresource: subresource.into(),
+        };
+        let (sum, count) = self.0.get(&key).copied()?;
+        let (sum_before, count_before) = earlier.0.get(&key).copied().unwrap_or_default();
+        let served = count - count_before;
+        (served >= 1.0).then(|| ((sum - sum_before) / served * 1000.0, served))
+    }
 }
