@@ -229,8 +229,10 @@ impl Gate {
                 }
                 Ok(Woke::Gone) => {
                     tracing::debug!(environment = %name, %namespace, "the environment was removed before the gate's wake reached it");
-                    // Nothing was woken: neither a wake to time nor one the client spent.
-                    gate.turns.give_back(&namespace, &name);
+                    // Nothing was woken: neither a wake to time nor one the client spent. The
+                    // turn is kept a moment (as after a failure), so that requests to the host
+                    // before the cache drops it do not each send a wake that finds nothing.
+                    gate.turns.failed(&namespace, &name, Instant::now());
                     gate.budget.give_back(client, &team, spent_at);
                 }
                 Err(error) => {

@@ -1,7 +1,9 @@
 //! The API server's own count of the requests it served (`apiserver_request_total` from its
 //! `/metrics`), so that a test or benchmark counts writes where previewd cannot influence the
 //! figure. The counter covers every client of the API server, so readers compare a before and
-//! an after and look at the resources they care about.
+//! an after and look at the resources they care about. And its own time serving them
+//! (`apiserver_request_duration_seconds`, [`RequestSeconds`]), to tell a wait on the API server
+//! from previewd's own time.
 
 use std::collections::BTreeMap;
 
@@ -106,14 +108,18 @@ impl RequestCounts {
 
 /// Reads `apiserver_request_total` from the API server's `/metrics` (the admin identity may).
 pub async fn request_counts(client: &Client) -> RequestCounts {
+    parse(&metrics_text(client).await)
+}
+
+/// The API server's `/metrics`, as text.
+async fn metrics_text(client: &Client) -> String {
     let request = http::Request::get("/metrics")
         .body(Vec::new())
         .expect("a GET request");
-    let text = client
+    client
         .request_text(request)
         .await
-        .expect("the API server's /metrics");
-    parse(&text)
+        .expect("the API server's /metrics")
 }
 
 fn parse(text: &str) -> RequestCounts {
@@ -155,13 +161,7 @@ pub struct RequestSeconds(pub BTreeMap<Requests, (f64, f64)>);
 
 impl RequestSeconds {
     pub async fn read(client: &Client) -> Self {
-        let request = http::Request::get("/metrics")
-            .body(Vec::new())
-            .expect("a GET request");
-        let text = client
-            .request_text(request)
-            .await
-            .expect("the API server's /metrics");
+        let text = metrics_text(client).await;
         let mut seconds: BTreeMap<Requests, (f64, f64)> = BTreeMap::new();
         for (key, sum) in series(&text, "apiserver_request_duration_seconds_sum{") {
             seconds.entry(key).or_default().0 += sum;
