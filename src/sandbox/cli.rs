@@ -71,6 +71,7 @@ impl SandboxArgs {
                 startup_delay: Duration::from_millis(self.pod_startup_ms),
                 ..Default::default()
             },
+            audit_writes: false,
         }
     }
 }

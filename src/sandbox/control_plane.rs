@@ -18,6 +18,27 @@ const SERVICE_CIDR: &str = "10.96.0.0/16";
 /// Prefix of data folders, followed by the owner's pid (so dead owners' folders can be swept).
 const DATA_DIR_PREFIX: &str = "previewd-sandbox-";
 
+/// The audit policy of a control plane started with `audit_writes`: one line per create, update
+/// or patch of what a push writes on its way to `Ready` (the environment, its status, the app's
+/// ConfigMaps and Deployments) and of the Deployments' status the controller manager writes
+/// during a rollout; nothing else. Each line holds when the API server received the request and
+/// when it answered (`requestReceivedTimestamp`, `stageTimestamp`, microseconds).
+const AUDIT_POLICY: &str = r#"apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: ["RequestReceived"]
+rules:
+  - level: Metadata
+    verbs: ["create", "update", "patch"]
+    resources:
+      - group: previewd.dev
+        resources: ["previewenvironments", "previewenvironments/status"]
+      - group: ""
+        resources: ["configmaps"]
+      - group: apps
+        resources: ["deployments", "deployments/status"]
+  - level: None
+"#;
+
 /// A running control plane. Dropping it stops every process and removes its data.
 pub struct ControlPlane {
     dir: PathBuf,
@@ -28,6 +49,7 @@ pub struct ControlPlane {
     processes: Vec<ManagedProcess>,
     started_in: Duration,
     binaries: Binaries,
+    audit_log: Option<PathBuf>,
 }
 
 /// Ports of one control plane.
@@ -60,13 +82,14 @@ impl Ports {
 
 impl ControlPlane {
     /// Starts the control plane and waits until the apiserver answers `/readyz` and the
-    /// `default` namespace's service account exists (pods can then be created).
-    pub async fn start(binaries: &Binaries) -> Result<Self, SandboxError> {
+    /// `default` namespace's service account exists (pods can then be created). With
+    /// `audit_writes`, the API server logs the writes [`AUDIT_POLICY`] names.
+    pub async fn start(binaries: &Binaries, audit_writes: bool) -> Result<Self, SandboxError> {
         // A port picked free can be taken by someone else before our process binds it
         // (several test binaries start control planes at once); such a start is retried.
         let mut last_error = None;
         for _ in 0..3 {
-            match Self::start_once(binaries).await {
+            match Self::start_once(binaries, audit_writes).await {
                 Ok(plane) => return Ok(plane),
                 Err(e @ SandboxError::PortTaken(_)) => last_error = Some(e),
                 Err(e) => return Err(e),
@@ -75,7 +98,7 @@ impl ControlPlane {
         Err(last_error.expect("three attempts were made"))
     }
 
-    async fn start_once(binaries: &Binaries) -> Result<Self, SandboxError> {
+    async fn start_once(binaries: &Binaries, audit_writes: bool) -> Result<Self, SandboxError> {
         let started = Instant::now();
         sweep_stale_data_dirs();
         let dir = make_data_dir()?;
@@ -83,6 +106,7 @@ impl ControlPlane {
         let ports = Ports::pick()?;
         let token = random_hex(16)?;
         write_credentials(&dir, &token)?;
+        let audit_log = audit_writes.then(|| write_audit_policy(&dir)).transpose()?;
 
         let mut processes = Vec::new();
         let etcd = ManagedProcess::spawn(
@@ -93,10 +117,14 @@ impl ControlPlane {
         )?;
         processes.insert(0, etcd);
 
+        let mut args = apiserver_args(&dir, &ports);
+        if let Some(log) = &audit_log {
+            args.extend(audit_args(&dir, log));
+        }
         let apiserver = ManagedProcess::spawn(
             "kube-apiserver",
             &binaries.apiserver,
-            &apiserver_args(&dir, &ports),
+            &args,
             &dir.join("apiserver.log"),
         )?;
         processes.insert(0, apiserver);
@@ -111,6 +139,7 @@ impl ControlPlane {
             processes,
             started_in: Duration::ZERO,
             binaries: binaries.clone(),
+            audit_log,
         };
         plane.wait_for_apiserver_certificate().await?;
         let kubeconfig_text = kubeconfig_yaml(&api_url, &token, &dir.join("certs/apiserver.crt"))?;
@@ -157,6 +186,12 @@ impl ControlPlane {
     /// The binaries it runs, and the kubectl of the same release.
     pub fn binaries(&self) -> &Binaries {
         &self.binaries
+    }
+
+    /// The API server's audit log (JSON lines, written at least once a second), when started
+    /// with `audit_writes`.
+    pub fn audit_log_path(&self) -> Option<&Path> {
+        self.audit_log.as_deref()
     }
 
     /// How long the start took, from nothing to pods being creatable.
@@ -384,6 +419,30 @@ fn apiserver_args(dir: &Path, ports: &Ports) -> Vec<String> {
         "--allow-privileged=true".into(),
         // No kubelet answers on the nodes' addresses; never try to reach one.
         "--kubelet-preferred-address-types=InternalIP".into(),
+    ]
+}
+
+/// Writes [`AUDIT_POLICY`] into `dir`; returns where the audit log will be.
+fn write_audit_policy(dir: &Path) -> Result<PathBuf, SandboxError> {
+    let policy = dir.join("audit-policy.yaml");
+    std::fs::write(&policy, AUDIT_POLICY).map_err(|e| SandboxError::io(&policy, e))?;
+    Ok(dir.join("audit.log"))
+}
+
+/// The API server's flags for an audit log at `log`. Batches are written off the request path
+/// (`batch`), at least once a second so that a benchmark reads them soon after; the log is not
+/// rotated below 1 GiB.
+fn audit_args(dir: &Path, log: &Path) -> Vec<String> {
+    vec![
+        format!(
+            "--audit-policy-file={}",
+            dir.join("audit-policy.yaml").display()
+        ),
+        format!("--audit-log-path={}", log.display()),
+        "--audit-log-format=json".into(),
+        "--audit-log-mode=batch".into(),
+        "--audit-log-batch-max-wait=1s".into(),
+        "--audit-log-maxsize=1024".into(),
     ]
 }
 

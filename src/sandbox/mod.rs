@@ -85,6 +85,10 @@ pub struct SandboxOptions {
     /// Where the built control-plane binaries are cached (`~/.cache/previewd`).
     pub cache_dir: PathBuf,
     pub nodes: NodeSimulatorConfig,
+    /// Whether the API server keeps an audit log of the writes on a push's way to `Ready`
+    /// ([`ControlPlane::audit_log_path`]), for benchmarks that split a path into the API
+    /// server's time and the time between its answers.
+    pub audit_writes: bool,
 }
 
 /// A control plane with simulated nodes and previewd's CRDs installed.
@@ -108,7 +112,7 @@ impl Sandbox {
         })
         .await
         .map_err(|e| SandboxError::Provision(format!("provisioning task failed: {e}")))??;
-        let control_plane = ControlPlane::start(&binaries).await?;
+        let control_plane = ControlPlane::start(&binaries, options.audit_writes).await?;
         let client = control_plane.client().await?;
         install_crds(&client).await?;
         let node_simulator = NodeSimulator::start(client, options.nodes).await?;

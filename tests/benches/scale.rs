@@ -44,7 +44,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use chrono::{TimeDelta, Utc};
+use chrono::{DateTime, TimeDelta, Utc};
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret, Service, ServiceAccount};
@@ -55,6 +55,7 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
 use previewd::model::crd::{Phase, PreviewEnvironment};
 use support::apiserver::{self, RequestCounts, RequestSeconds, Requests};
+use support::audit::{self, PushPath};
 use support::process::PreviewdProcess;
 use support::webhooks::*;
 
@@ -154,6 +155,8 @@ fn main() {
     // Two pods per environment; a simulated node takes 250, like a kubelet with --max-pods=250.
     let pods = sizes().into_iter().max().unwrap_or(0) * 2;
     support::simulate_nodes((pods / 200 + 1) as usize);
+    // When the API server received and answered each write on a push's way to Ready.
+    support::audit_writes();
     support::run_benchmark(benchmark());
 }
 
@@ -307,6 +310,73 @@ fn breakdown(
         complete - applied,
         ready - complete,
     ])
+}
+
+/// The wall-clock time of `at`, to compare the benchmark's own times with the API server's
+/// audit log: `clock` is an `Instant` and the wall-clock time read at the same moment.
+fn wall_clock(clock: (Instant, DateTime<Utc>), at: Instant) -> DateTime<Utc> {
+    clock.1 + TimeDelta::from_std(at.saturating_duration_since(clock.0)).unwrap_or_default()
+}
+
+/// Each push's way to Ready as the API server's audit log shows it (`support::audit`).
+fn audited_paths(
+    log: &std::path::Path,
+    clock: (Instant, DateTime<Utc>),
+    churn: &Churn,
+    rollouts: &HashMap<(String, String), RolloutSeen>,
+) -> Vec<PushPath> {
+    let writes = audit::read(log, wall_clock(clock, churn.started));
+    churn
+        .pushes
+        .iter()
+        .filter_map(|(number, sha, sent)| {
+            let (environment, objects_namespace) = churn.environments.get(number)?;
+            let rollout = rollouts.get(&(objects_namespace.clone(), sha.clone()))?;
+            if rollout.complete.len() < 2 {
+                return None;
+            }
+            let push = audit::Push {
+                environment,
+                namespace: churn.namespace,
+                objects_namespace,
+                sent: wall_clock(clock, *sent),
+                rollout_seen: wall_clock(clock, *rollout.complete.values().max()?),
+            };
+            audit::path_of(&writes, &push)
+        })
+        .collect()
+}
+
+/// What [`audited_paths`] needs to know of a churn.
+struct Churn<'a> {
+    namespace: &'a str,
+    started: Instant,
+    /// (PR, head, when sent)
+    pushes: &'a [(u64, String, Instant)],
+    /// By PR: the environment's name and its objects' namespace.
+    environments: HashMap<u64, (String, String)>,
+}
+
+/// p50 and p99 of previewd's own time per push and of the API server's, in words.
+fn describe_audited(paths: &[PushPath]) -> String {
+    let column = |pick: &dyn Fn(&PushPath) -> Duration| {
+        let mut values: Vec<Duration> = paths.iter().map(pick).collect();
+        values.sort();
+        format!(
+            "p50 {:.1} ms, p99 {:.1} ms",
+            percentile(&values, 0.50).as_secs_f64() * 1000.0,
+            percentile(&values, 0.99).as_secs_f64() * 1000.0
+        )
+    };
+    format!(
+        "previewd's own time (all but the rollout and the API server serving previewd's writes) {}: delivery → the intake's write received {}, its answer → the first object's apply received {}, the rollout's last status write answered → previewd's status write received {}; the API server serving previewd's writes {} ({} pushes)",
+        column(&PushPath::previewd),
+        column(&|p| p.intake),
+        column(&|p| p.deploy),
+        column(&|p| p.ready),
+        column(&|p| p.served),
+        paths.len()
+    )
 }
 
 /// p50 and p99 of each part of [`breakdown`], and of previewd's share (all but the rollout), in
@@ -1035,6 +1105,7 @@ async fn benchmark() {
         heads.clone(),
     ));
     let rollouts: Rollouts = Arc::default();
+    let clock = (Instant::now(), Utc::now());
     let rollout_watch = tokio::spawn(watch_rollouts(client.clone(), rollouts.clone()));
 
     println!(
@@ -1209,13 +1280,20 @@ async fn benchmark() {
         };
         latencies.sort();
         let superseded = pushes.len() - latencies.len();
-        let namespaces: HashMap<u64, String> = environments
+        let by_number: HashMap<u64, (String, String)> = environments
             .list(&ListParams::default())
             .await
             .unwrap()
             .items
             .into_iter()
-            .filter_map(|e| Some((e.spec.source.pull_request?, e.status?.namespace?)))
+            .filter_map(|e| {
+                let name = e.name_any();
+                Some((e.spec.source.pull_request?, (name, e.status?.namespace?)))
+            })
+            .collect();
+        let namespaces: HashMap<u64, String> = by_number
+            .iter()
+            .map(|(n, (_, objects))| (*n, objects.clone()))
             .collect();
         let parts: Vec<[Duration; 4]> = {
             let (seen, rollouts) = (seen.lock().unwrap(), rollouts.lock().unwrap());
@@ -1267,6 +1345,19 @@ async fn benchmark() {
             "  {size} environments, push → Ready in parts (times at which the benchmark's own watches saw each step): {}",
             describe_breakdown(&parts)
         );
+        if let Some(log) = &support::shared().audit_log {
+            let churn = Churn {
+                namespace: &namespace,
+                started: churn_started,
+                pushes: &pushes,
+                environments: by_number,
+            };
+            let paths = audited_paths(log, clock, &churn, &rollouts.lock().unwrap());
+            println!(
+                "  {size} environments, push → Ready by the API server's audit log (when it received and answered each write): {}",
+                describe_audited(&paths)
+            );
+        }
         println!(
             "  {size} environments, churn, every reconcile's steps as previewd timed them (previewd_reconcile_step_seconds): {steps_in_churn}"
         );

@@ -4,7 +4,7 @@
 #![allow(dead_code)] // each test binary uses a different part of this module
 
 use std::future::Future;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -17,6 +17,7 @@ use previewd::sandbox::{NodeSimulatorConfig, Sandbox, SandboxOptions, StderrProg
 
 pub mod apiserver;
 pub mod apps;
+pub mod audit;
 pub mod clusters;
 pub mod contents;
 pub mod gate;
@@ -35,6 +36,8 @@ pub struct SharedCluster {
     pub apiserver_pid: Option<u32>,
     /// Whether pods are run by the node simulator (they are on the sandbox).
     pub simulated_nodes: bool,
+    /// The API server's audit log of writes, when asked for by [`audit_writes`] before the start.
+    pub audit_log: Option<PathBuf>,
     /// Requests to the thread that owns the sandbox (fault tests); `None` on an external cluster.
     control: Option<tokio::sync::mpsc::UnboundedSender<ClusterRequest>>,
 }
@@ -107,6 +110,16 @@ pub fn simulate_nodes(nodes: usize) {
     SIMULATED_NODES.store(nodes.max(1), std::sync::atomic::Ordering::Relaxed);
 }
 
+/// Whether the shared cluster's API server keeps an audit log of writes (off by default).
+static AUDIT_WRITES: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Asks for the shared cluster's audit log ([`SharedCluster::audit_log`]); effective only before
+/// the first [`shared`].
+#[allow(dead_code)] // only the scale benchmark reads the audit log
+pub fn audit_writes() {
+    AUDIT_WRITES.store(true, std::sync::atomic::Ordering::Relaxed);
+}
+
 /// The shared cluster, started on first use. The sandbox lives on a thread of its own with its
 /// own runtime (each `#[tokio::test]` has a runtime that ends with the test), and is stopped by
 /// previewd's exit hook when the test binary exits.
@@ -119,10 +132,14 @@ pub fn shared() -> &'static SharedCluster {
                 kubeconfig_path: path.into(),
                 apiserver_pid: None,
                 simulated_nodes: false,
+                audit_log: None,
                 control: None,
             };
         }
-        start_sandbox(SIMULATED_NODES.load(std::sync::atomic::Ordering::Relaxed))
+        start_sandbox(
+            SIMULATED_NODES.load(std::sync::atomic::Ordering::Relaxed),
+            AUDIT_WRITES.load(std::sync::atomic::Ordering::Relaxed),
+        )
     })
 }
 
@@ -132,13 +149,13 @@ pub fn second() -> &'static SharedCluster {
     static SECOND: OnceLock<SharedCluster> = OnceLock::new();
     SECOND.get_or_init(|| {
         previewd::install_crypto_provider();
-        start_sandbox(1)
+        start_sandbox(1, false)
     })
 }
 
 /// Starts a sandbox with `nodes` simulated nodes on a thread of its own, which keeps it
 /// running (and answers its fault requests) until the process ends.
-fn start_sandbox(nodes: usize) -> SharedCluster {
+fn start_sandbox(nodes: usize, audit_writes: bool) -> SharedCluster {
     let (tx, rx) = std::sync::mpsc::channel();
     let (control, mut requests) = tokio::sync::mpsc::unbounded_channel();
     std::thread::Builder::new()
@@ -156,6 +173,7 @@ fn start_sandbox(nodes: usize) -> SharedCluster {
                         nodes,
                         ..NodeSimulatorConfig::default()
                     },
+                    audit_writes,
                 };
                 match Sandbox::start(options, Arc::new(StderrProgress)).await {
                     Ok(mut sandbox) => {
@@ -163,7 +181,12 @@ fn start_sandbox(nodes: usize) -> SharedCluster {
                             .control_plane_mut()
                             .process_mut("kube-apiserver")
                             .and_then(|p| p.pid());
-                        let _ = tx.send(Ok((sandbox.kubeconfig_path().to_path_buf(), pid)));
+                        let audit_log = sandbox
+                            .control_plane()
+                            .audit_log_path()
+                            .map(Path::to_path_buf);
+                        let kubeconfig = sandbox.kubeconfig_path().to_path_buf();
+                        let _ = tx.send(Ok((kubeconfig, pid, audit_log)));
                         // The sender lives in a static: this loop runs until the process ends.
                         while let Some(request) = requests.recv().await {
                             let plane = sandbox.control_plane_mut();
@@ -192,7 +215,7 @@ fn start_sandbox(nodes: usize) -> SharedCluster {
             });
         })
         .expect("spawn the sandbox thread");
-    let (kubeconfig_path, apiserver_pid) = rx
+    let (kubeconfig_path, apiserver_pid, audit_log) = rx
         .recv()
         .expect("sandbox thread answered")
         .unwrap_or_else(|e| panic!("the test control plane did not start: {e}"));
@@ -200,6 +223,7 @@ fn start_sandbox(nodes: usize) -> SharedCluster {
         kubeconfig_path,
         apiserver_pid,
         simulated_nodes: true,
+        audit_log,
         control: Some(control),
     }
 }
