@@ -16,6 +16,7 @@ mod folders;
 pub mod forges;
 pub mod github;
 pub mod gitlab;
+mod json_path;
 mod limits;
 pub mod metrics;
 pub mod report;

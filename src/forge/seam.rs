@@ -223,17 +223,14 @@ pub struct WebhookDescriptor {
 impl WebhookDescriptor {
     /// The repository a delivery is about, read before verification only to find whose
     /// webhook secret applies. Nothing is acted on until the signature is checked.
+    /// The body is checked whole for syntax, but not built: only the path's keys are compared.
     pub fn repository_of(&self, body: &[u8]) -> Result<Option<String>, ParseError> {
-        let value: serde_json::Value =
-            serde_json::from_slice(body).map_err(|source| ParseError::Json {
+        super::json_path::string_at(body, self.repository_field).map_err(|source| {
+            ParseError::Json {
                 event: "webhook".into(),
                 source,
-            })?;
-        let mut node = &value;
-        for key in self.repository_field {
-            node = &node[*key];
-        }
-        Ok(node.as_str().map(str::to_string))
+            }
+        })
     }
 }
 
