@@ -182,7 +182,10 @@ mod tests {
         // levels neither overflow the stack nor hide the repository.
         let (open, close) = ("[".repeat(100_000), "]".repeat(100_000));
         let deep = format!(r#"{{"a": {open}{close}, "repository": {{"full_name": "o/r"}}}}"#);
-        assert_eq!(string_at(deep.as_bytes(), PATH).unwrap(), Some("o/r".into()));
+        assert_eq!(
+            string_at(deep.as_bytes(), PATH).unwrap(),
+            Some("o/r".into())
+        );
         let at_the_path = format!(r#"{{"repository": {{"full_name": {open}{close}}}}}"#);
         assert_eq!(string_at(at_the_path.as_bytes(), PATH).unwrap(), None);
         let unclosed = format!(r#"{{"repository": {open}}}"#);
