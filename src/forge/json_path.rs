@@ -2,16 +2,18 @@
 //! verified previewd needs only its repository, to find whose webhook secret applies
 //! ([`super::seam::WebhookDescriptor::repository_of`]); a delivery is tens of kilobytes, and a
 //! `serde_json::Value` of it is an allocation for every key and value in it. Here the whole
-//! document is still checked for syntax (a body that is not JSON is refused as before), but
-//! only the keys on the path are compared, in place, and only the string found is kept.
+//! document is still read as a `Value` would read it, and refused where a `Value` would be (not
+//! JSON, cut short or followed by more, a string that is not UTF-8 or a lone surrogate, a number
+//! out of range, nesting past serde_json's 128 levels: a malformed delivery stays a 400), but
+//! nothing is built: keys are compared where they lie, and only the string found is kept.
 
 use std::fmt;
 
-use serde::de::{DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
+use serde::de::{DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
 
 /// The string at `path` (object keys from the top) in `json`: `None` when a key is missing or
-/// the value there is not a string. Fails only when `json` is not one JSON value. A key given
-/// twice counts at its last place, as it does in a `serde_json::Value`.
+/// the value there is not a string. Fails where reading `json` as a `serde_json::Value` would.
+/// A key given twice counts at its last place, as it does in a `Value`.
 pub fn string_at(json: &[u8], path: &[&str]) -> Result<Option<String>, serde_json::Error> {
     let mut deserializer = serde_json::Deserializer::from_slice(json);
     let found = StringAt(path).deserialize(&mut deserializer)?;
@@ -61,26 +63,81 @@ impl<'de> Visitor<'de> for StringAt<'_> {
         Ok(None)
     }
 
-    fn visit_seq<A: SeqAccess<'de>>(self, mut items: A) -> Result<Self::Value, A::Error> {
-        while items.next_element::<IgnoredAny>()?.is_some() {}
-        Ok(None)
+    fn visit_seq<A: SeqAccess<'de>>(self, items: A) -> Result<Self::Value, A::Error> {
+        Skip.visit_seq(items).map(|()| None)
     }
 
     fn visit_map<A: MapAccess<'de>>(self, mut entries: A) -> Result<Self::Value, A::Error> {
-        let mut found = None;
         let Some((key, rest)) = self.0.split_first() else {
             // The path ends at an object, not a string.
-            while entries.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
-            return Ok(found);
+            return Skip.visit_map(entries).map(|()| None);
         };
+        let mut found = None;
         while let Some(on_path) = entries.next_key_seed(KeyIs(key))? {
             if on_path {
                 found = entries.next_value_seed(StringAt(rest))?;
             } else {
-                entries.next_value::<IgnoredAny>()?;
+                entries.next_value_seed(Skip)?;
             }
         }
         Ok(found)
+    }
+}
+
+/// Reads a value off the path as a `Value` would (every string decoded, every number parsed,
+/// every level counted against serde_json's limit) and keeps nothing. serde's `IgnoredAny`
+/// skips faster, but checks only brackets and quotes, and no depth.
+struct Skip;
+
+impl<'de> DeserializeSeed<'de> for Skip {
+    type Value = ();
+
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<(), D::Error> {
+        deserializer.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for Skip {
+    type Value = ();
+
+    fn expecting(&self, formatter: &mut fmt::Formatter) -> fmt::Result {
+        formatter.write_str("any JSON value")
+    }
+
+    fn visit_str<E>(self, _: &str) -> Result<(), E> {
+        Ok(())
+    }
+
+    fn visit_bool<E>(self, _: bool) -> Result<(), E> {
+        Ok(())
+    }
+
+    fn visit_i64<E>(self, _: i64) -> Result<(), E> {
+        Ok(())
+    }
+
+    fn visit_u64<E>(self, _: u64) -> Result<(), E> {
+        Ok(())
+    }
+
+    fn visit_f64<E>(self, _: f64) -> Result<(), E> {
+        Ok(())
+    }
+
+    fn visit_unit<E>(self) -> Result<(), E> {
+        Ok(())
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut items: A) -> Result<(), A::Error> {
+        while items.next_element_seed(Skip)?.is_some() {}
+        Ok(())
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut entries: A) -> Result<(), A::Error> {
+        while entries.next_key_seed(Skip)?.is_some() {
+            entries.next_value_seed(Skip)?;
+        }
+        Ok(())
     }
 }
 
@@ -177,19 +234,45 @@ mod tests {
     }
 
     #[test]
-    fn deep_nesting_is_skipped_without_recursion() {
-        // What is off the path is skipped by serde_json without recursing: a hundred thousand
-        // levels neither overflow the stack nor hide the repository.
-        let (open, close) = ("[".repeat(100_000), "]".repeat(100_000));
-        let deep = format!(r#"{{"a": {open}{close}, "repository": {{"full_name": "o/r"}}}}"#);
-        assert_eq!(
-            string_at(deep.as_bytes(), PATH).unwrap(),
-            Some("o/r".into())
-        );
-        let at_the_path = format!(r#"{{"repository": {{"full_name": {open}{close}}}}}"#);
-        assert_eq!(string_at(at_the_path.as_bytes(), PATH).unwrap(), None);
-        let unclosed = format!(r#"{{"repository": {open}}}"#);
-        assert!(string_at(unclosed.as_bytes(), PATH).is_err());
+    fn what_a_value_refuses_off_the_path_is_refused_too() {
+        let nested = |levels: usize| format!("{}1{}", "[".repeat(levels), "]".repeat(levels));
+        let (deep_enough, too_deep, far_too_deep) = (nested(125), nested(129), nested(100_000));
+        let refused: [&[u8]; 5] = [
+            b"\"\xff\"",
+            b"\"\\ud800\"",
+            b"1e400",
+            too_deep.as_bytes(),
+            far_too_deep.as_bytes(),
+        ];
+        let within = |value: &[u8]| {
+            [
+                [
+                    &br#"{"other": "#[..],
+                    value,
+                    br#", "repository": {"full_name": "o/r"}}"#,
+                ]
+                .concat(),
+                [
+                    &br#"{"repository": {"id": "#[..],
+                    value,
+                    br#", "full_name": "o/r"}}"#,
+                ]
+                .concat(),
+            ]
+        };
+        for value in refused {
+            for json in within(value) {
+                let shown = String::from_utf8_lossy(&json[..json.len().min(60)]).into_owned();
+                assert!(by_value(&json, PATH).is_none(), "a Value refuses {shown}");
+                assert!(string_at(&json, PATH).is_err(), "{shown}");
+            }
+        }
+        for json in within(deep_enough.as_bytes()) {
+            assert!(by_value(&json, PATH).is_some(), "a Value reads 127 levels");
+            assert_eq!(string_at(&json, PATH).unwrap(), Some("o/r".into()));
+        }
+        // On the path too: invalid UTF-8 in the repository's name.
+        assert!(string_at(b"{\"repository\": {\"full_name\": \"\xff\"}}", PATH).is_err());
     }
 
     #[test]

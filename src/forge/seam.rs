@@ -272,6 +272,50 @@ mod tests {
         assert!(on_github.repository_of(b"{not json").is_err());
     }
 
+    /// The repository read before verification picks whose secret verifies a delivery; the
+    /// parse after it names the repository acted on. A body naming its repository twice could
+    /// make them differ, so the parse refuses it, on either forge, at either level of the path.
+    #[test]
+    fn a_delivery_naming_its_repository_twice_is_refused_by_the_parse() {
+        let fixtures = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/fixtures");
+        let cases = [
+            (
+                ForgeKind::Github,
+                "github/pull_request.opened.json",
+                "pull_request",
+            ),
+            (
+                ForgeKind::Gitlab,
+                "gitlab/merge_request.json",
+                "Merge Request Hook",
+            ),
+        ];
+        for (kind, file, event_type) in cases {
+            let webhook = &forge(kind).webhook;
+            let body = std::fs::read(fixtures.join(file)).unwrap();
+            let (outer, inner) = (webhook.repository_field[0], webhook.repository_field[1]);
+            assert!((webhook.parse)(event_type, &body).is_ok(), "{file} parses");
+            let text = String::from_utf8(body).unwrap();
+            let twice_outer =
+                text.replacen('{', &format!("{{\"{outer}\": {{\"{inner}\": \"x/y\"}},"), 1);
+            let twice_inner = text.replacen(
+                &format!("\"{outer}\": {{"),
+                &format!("\"{outer}\": {{\"{inner}\": \"x/y\","),
+                1,
+            );
+            for twice in [twice_outer, twice_inner] {
+                assert_ne!(
+                    webhook.repository_of(twice.as_bytes()).unwrap().as_deref(),
+                    Some("x/y"),
+                    "the fixture's own comes last"
+                );
+                let refused = (webhook.parse)(event_type, twice.as_bytes());
+                let error = refused.err().map(|e| format!("{e:?}")).unwrap_or_default();
+                assert!(error.contains("duplicate field"), "{file}: {error}");
+            }
+        }
+    }
+
     #[test]
     fn every_forge_has_its_own_webhook_path() {
         let paths: std::collections::HashSet<_> = super::super::forges::all()
