@@ -1,10 +1,12 @@
 //! Benchmark: the wake gate.
 //!
 //! 1. Requests per second on loopback, 32 keep-alive connections, the same load generator for
-//!    three servers in one run: a bare hyper HTTP/1.1 server answering a fixed 404 (the floor),
-//!    the gate for a host no environment holds (404), and the gate for the host of a sleeping
-//!    environment among 1,000 (the waiting page; its wake, one write per 30 s, goes to a
-//!    counting waker here: the write is measured in part 2).
+//!    five servers in turn, five rounds: a bare hyper HTTP/1.1 server answering a fixed 404 (the
+//!    floor), the same under the gate's connection bounds, the gate for a host no environment
+//!    holds (404), a bare server sending the gate's waiting page, and the gate for the host of a
+//!    sleeping environment among 1,000 (the waiting page; its wake, one write per 30 s, goes to
+//!    a counting waker here: the write is measured in part 3). Each ratio is to the bare server
+//!    in the same round.
 //! 2. A flood for every sleeping host from 500 client addresses: the wakes stay within the wake
 //!    budget (60 in all per 10 minutes), asserted.
 //! 3. Wake latency against the real control plane: an environment of a Deployment (2 replicas),
@@ -312,41 +314,83 @@ async fn load(
     (REQUESTS as f64 / elapsed.as_secs_f64(), at(0.5), at(0.99))
 }
 
+/// How many times each scenario of [`throughput`] runs, in turn with the others: a ratio is
+/// taken within a round (the scenario against the bare server just before it), so that what
+/// else the two cores do for a moment moves both sides of it.
+const ROUNDS: usize = 5;
+
 async fn throughput() {
     let bare = bare_hyper(Fixed::not_found(), false).await;
     let bounded = bare_hyper(Fixed::not_found(), true).await;
     let same_page = bare_hyper(Fixed::waiting_page(), true).await;
     let (gate, sleeping) = gate_over_environments().await;
+    let nobody = "pr-9999.preview.example.com";
+    let scenarios: [(&str, std::net::SocketAddr, &str, u16); 5] = [
+        ("bare hyper server, fixed 404", bare, nobody, 404),
+        (
+            "bare hyper server under the gate's connection bounds (head timeout, lifetime), fixed 404",
+            bounded,
+            nobody,
+            404,
+        ),
+        ("gate, a host no environment holds (404)", gate, nobody, 404),
+        (
+            "bare hyper server under those bounds answering the gate's waiting page (same status, headers and body)",
+            same_page,
+            &sleeping,
+            503,
+        ),
+        (
+            "gate, a sleeping environment's host (waiting page)",
+            gate,
+            &sleeping,
+            503,
+        ),
+    ];
     println!(
-        "Wake gate: {REQUESTS} GETs per scenario on loopback, {CONNECTIONS} keep-alive connections, one load generator (reqwest) for all five; {ENVIRONMENTS} environments in the gate's index:"
+        "Wake gate: {REQUESTS} GETs per scenario and round, {ROUNDS} rounds of the five in turn, on loopback, {CONNECTIONS} keep-alive connections, one load generator (reqwest) for all five; {ENVIRONMENTS} environments in the gate's index:"
     );
-    let floor = load(bare, "pr-9999.preview.example.com", 404).await;
-    let ms = |d: Duration| d.as_secs_f64() * 1000.0;
-    let row = |what: &str, (rate, p50, p99): (f64, Duration, Duration)| {
-        println!(
-            "  {what}: {rate:.0} requests/s ({:.2} of the bare server), p50 {:.2} ms, p99 {:.2} ms",
-            rate / floor.0,
-            ms(p50),
-            ms(p99)
-        );
+    let mut runs: Vec<Vec<(f64, Duration, Duration)>> = vec![Vec::new(); scenarios.len()];
+    for _ in 0..ROUNDS {
+        for (i, (_, address, host, status)) in scenarios.iter().enumerate() {
+            runs[i].push(load(*address, host, *status).await);
+        }
+    }
+    for (i, (what, ..)) in scenarios.iter().enumerate() {
+        println!("  {what}: {}", describe_rounds(&runs[i], &runs[0]));
+    }
+}
+
+/// A scenario's rounds in words: the median rate, its ratio to the bare server's in each round
+/// (median, and the lowest and highest), and the median p50 and p99.
+fn describe_rounds(
+    rounds: &[(f64, Duration, Duration)],
+    floor: &[(f64, Duration, Duration)],
+) -> String {
+    let median = |mut values: Vec<f64>| {
+        values.sort_by(f64::total_cmp);
+        values[values.len() / 2]
     };
-    row("bare hyper server, fixed 404", floor);
-    row(
-        "bare hyper server under the gate's connection bounds (head timeout, lifetime), fixed 404",
-        load(bounded, "pr-9999.preview.example.com", 404).await,
-    );
-    row(
-        "gate, a host no environment holds (404)",
-        load(gate, "pr-9999.preview.example.com", 404).await,
-    );
-    row(
-        "bare hyper server under those bounds answering the gate's waiting page (same status, headers and body)",
-        load(same_page, &sleeping, 503).await,
-    );
-    row(
-        "gate, a sleeping environment's host (waiting page)",
-        load(gate, &sleeping, 503).await,
-    );
+    let ratios: Vec<f64> = rounds.iter().zip(floor).map(|(r, f)| r.0 / f.0).collect();
+    let (lowest, highest) = ratios
+        .iter()
+        .fold((f64::MAX, f64::MIN), |(lo, hi), r| (lo.min(*r), hi.max(*r)));
+    let ms = |pick: fn(&(f64, Duration, Duration)) -> Duration| {
+        median(
+            rounds
+                .iter()
+                .map(|r| pick(r).as_secs_f64() * 1000.0)
+                .collect(),
+        )
+    };
+    format!(
+        "{:.0} requests/s ({:.2} of the bare server in the same round; {lowest:.2} to {highest:.2} over the rounds), p50 {:.2} ms, p99 {:.2} ms (medians of {} rounds)",
+        median(rounds.iter().map(|r| r.0).collect()),
+        median(ratios.clone()),
+        ms(|r| r.1),
+        ms(|r| r.2),
+        rounds.len()
+    )
 }
 
 const APP: &str = "apiVersion: apps/v1

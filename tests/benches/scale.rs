@@ -239,7 +239,7 @@ async fn watch_ready(environments: Api<PreviewEnvironment>, seen: ReadySeen, hea
 /// When the benchmark's watch first saw each Deployment of an environment namespace at a head
 /// SHA (its pod template's `previewd.dev/sha`): applied, and rolled out (the controller reports
 /// the generation observed, every replica updated and available).
-#[derive(Default)]
+#[derive(Clone, Default)]
 struct RolloutSeen {
     applied: HashMap<String, Instant>,
     complete: HashMap<String, Instant>,
@@ -318,20 +318,20 @@ fn wall_clock(clock: (Instant, DateTime<Utc>), at: Instant) -> DateTime<Utc> {
     clock.1 + TimeDelta::from_std(at.saturating_duration_since(clock.0)).unwrap_or_default()
 }
 
-/// Each push's way to Ready as the API server's audit log shows it (`support::audit`).
-fn audited_paths(
-    log: &std::path::Path,
-    clock: (Instant, DateTime<Utc>),
-    churn: &Churn,
-    rollouts: &HashMap<(String, String), RolloutSeen>,
-) -> Vec<PushPath> {
-    let writes = audit::read(log, wall_clock(clock, churn.started));
+/// Each push's way to Ready as the API server's audit log shows it (`support::audit`); a push
+/// the watches did not see `Ready` at its head is left out, as from the latencies.
+fn audited_paths(log: &std::path::Path, churn: &Churn) -> Vec<PushPath> {
+    let clock = churn.clock;
+    let writes = audit::read(log, clock.1);
     churn
         .pushes
         .iter()
         .filter_map(|(number, sha, sent)| {
             let (environment, objects_namespace) = churn.environments.get(number)?;
-            let rollout = rollouts.get(&(objects_namespace.clone(), sha.clone()))?;
+            let ready = churn.ready.get(&(*number, sha.clone()))?;
+            let rollout = churn
+                .rollouts
+                .get(&(objects_namespace.clone(), sha.clone()))?;
             if rollout.complete.len() < 2 {
                 return None;
             }
@@ -341,24 +341,32 @@ fn audited_paths(
                 objects_namespace,
                 sent: wall_clock(clock, *sent),
                 rollout_seen: wall_clock(clock, *rollout.complete.values().max()?),
+                ready_seen: wall_clock(clock, *ready),
             };
             audit::path_of(&writes, &push)
         })
         .collect()
 }
 
-/// What [`audited_paths`] needs to know of a churn.
+/// What [`audited_paths`] needs to know of a churn: copies of what the watches saw, so that no
+/// lock is held while the log is read.
 struct Churn<'a> {
     namespace: &'a str,
-    started: Instant,
+    /// An `Instant` and the wall-clock time, read together as the churn started.
+    clock: (Instant, DateTime<Utc>),
     /// (PR, head, when sent)
     pushes: &'a [(u64, String, Instant)],
     /// By PR: the environment's name and its objects' namespace.
     environments: HashMap<u64, (String, String)>,
+    ready: HashMap<(u64, String), Instant>,
+    rollouts: HashMap<(String, String), RolloutSeen>,
 }
 
 /// p50 and p99 of previewd's own time per push and of the API server's, in words.
-fn describe_audited(paths: &[PushPath]) -> String {
+fn describe_audited(paths: &[PushPath], pushes: usize) -> String {
+    if paths.is_empty() {
+        return format!("none of the {pushes} pushes found in the log");
+    }
     let column = |pick: &dyn Fn(&PushPath) -> Duration| {
         let mut values: Vec<Duration> = paths.iter().map(pick).collect();
         values.sort();
@@ -369,7 +377,7 @@ fn describe_audited(paths: &[PushPath]) -> String {
         )
     };
     format!(
-        "previewd's own time (all but the rollout and the API server serving previewd's writes) {}: delivery → the intake's write received {}, its answer → the first object's apply received {}, the rollout's last status write answered → previewd's status write received {}; the API server serving previewd's writes {} ({} pushes)",
+        "previewd's own time (all but the rollout and the API server serving previewd's writes) {}: delivery → the intake's write received {}, its answer → the first object's apply received {}, the rollout's last status write answered → previewd's status write received {}; the API server serving previewd's writes {} ({} of {pushes} pushes)",
         column(&PushPath::previewd),
         column(&|p| p.intake),
         column(&|p| p.deploy),
@@ -1105,7 +1113,6 @@ async fn benchmark() {
         heads.clone(),
     ));
     let rollouts: Rollouts = Arc::default();
-    let clock = (Instant::now(), Utc::now());
     let rollout_watch = tokio::spawn(watch_rollouts(client.clone(), rollouts.clone()));
 
     println!(
@@ -1224,6 +1231,7 @@ async fn benchmark() {
         let steps_before_churn = StepTimes::read(&previewd, &http).await;
         let versions_before_churn = versions_after_quiet;
         let churn_started = Instant::now();
+        let churn_clock = (churn_started, Utc::now());
         let mut pushes: Vec<(u64, String, Instant)> = Vec::new();
         let mut tick = tokio::time::interval(Duration::from_secs(1));
         for second in 0..churn_seconds {
@@ -1348,14 +1356,17 @@ async fn benchmark() {
         if let Some(log) = &support::shared().audit_log {
             let churn = Churn {
                 namespace: &namespace,
-                started: churn_started,
+                clock: churn_clock,
                 pushes: &pushes,
                 environments: by_number,
+                ready: seen.lock().unwrap().clone(),
+                rollouts: rollouts.lock().unwrap().clone(),
             };
-            let paths = audited_paths(log, clock, &churn, &rollouts.lock().unwrap());
+            // Tens of megabytes at 1,000 environments: off the runtime's scheduling.
+            let paths = tokio::task::block_in_place(|| audited_paths(log, &churn));
             println!(
                 "  {size} environments, push → Ready by the API server's audit log (when it received and answered each write): {}",
-                describe_audited(&paths)
+                describe_audited(&paths, pushes.len())
             );
         }
         println!(

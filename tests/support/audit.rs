@@ -50,13 +50,18 @@ impl Write {
     }
 }
 
-/// Every write in the log at `path` received at or after `since`, in the order received.
+/// Every write in the log at `path` received at or after `since`, in the order received. Fails
+/// on a line that is not an audit event (but the last, which the API server may be writing).
 pub fn read(path: &Path, since: DateTime<Utc>) -> Vec<Write> {
     let text = std::fs::read_to_string(path)
         .unwrap_or_else(|e| panic!("read the audit log {}: {e}", path.display()));
-    let mut writes: Vec<Write> = text
+    let complete = text.rsplit_once('\n').map_or("", |(whole, _)| whole);
+    let mut writes: Vec<Write> = complete
         .lines()
-        .filter_map(|line| serde_json::from_str::<Write>(line).ok())
+        .map(|line| {
+            serde_json::from_str::<Write>(line)
+                .unwrap_or_else(|e| panic!("an audit line that is not an event ({e}): {line}"))
+        })
         .filter(|w| w.received() >= since)
         .collect();
     writes.sort_by_key(Write::received);
@@ -74,6 +79,8 @@ pub struct Push<'a> {
     pub sent: DateTime<Utc>,
     /// When the benchmark's watch saw the last of the environment's Deployments rolled out.
     pub rollout_seen: DateTime<Utc>,
+    /// When the benchmark's watch saw the environment `Ready` at the push's head.
+    pub ready_seen: DateTime<Utc>,
 }
 
 /// One push's way to `Ready` as the API server saw it.
@@ -98,17 +105,29 @@ impl PushPath {
     }
 }
 
-/// `push`'s path in `log`, or `None` when a step is missing (a push superseded before `Ready`).
+/// `push`'s path in `log`, or `None` when a step is missing. Each write is the one that made
+/// the step the benchmark saw: previewd's status write is the last one received before the
+/// watch saw `Ready` at the head; the rollout's completing write, the controller manager's last
+/// one before both the watch saw the rollout complete and that status write; the applies, those
+/// received from the intake's write on until then. A watch event can reach previewd a moment
+/// before the writer's own answer is complete: windows open at a write's arrival.
 pub fn path_of(log: &[Write], push: &Push) -> Option<PushPath> {
-    let intake = log.iter().find(|w| {
-        w.of("previewenvironments", "", push.namespace)
+    let environment = |w: &&Write, subresource: &str| {
+        w.of("previewenvironments", subresource, push.namespace)
             && w.object_ref.name == push.environment
-            && w.received() >= push.sent
+    };
+    let intake = log
+        .iter()
+        .find(|w| environment(w, "") && w.received() >= push.sent)?;
+    let status = log.iter().rev().find(|w| {
+        environment(w, "status")
+            && w.received() > intake.received()
+            && w.received() <= push.ready_seen
     })?;
     let rollout_done = log.iter().rev().find(|w| {
         w.of("deployments", "status", push.objects_namespace)
-            && w.received() > intake.answered()
-            && w.received() <= push.rollout_seen
+            && w.received() > intake.received()
+            && w.received() <= push.rollout_seen.min(status.received())
     })?;
     let applies: Vec<&Write> = log
         .iter()
@@ -117,17 +136,12 @@ pub fn path_of(log: &[Write], push: &Push) -> Option<PushPath> {
                 || w.of("deployments", "", push.objects_namespace);
             object
                 && w.verb == "patch"
-                && w.received() >= intake.answered()
+                && w.received() >= intake.received()
                 && w.received() < rollout_done.received()
         })
         .collect();
     let first_apply = applies.iter().map(|w| w.received()).min()?;
     let last_answer = applies.iter().map(|w| w.answered()).max()?;
-    let status = log.iter().find(|w| {
-        w.of("previewenvironments", "status", push.namespace)
-            && w.object_ref.name == push.environment
-            && w.received() >= rollout_done.received()
-    })?;
     Some(PushPath {
         intake: between(push.sent, intake.received()),
         deploy: between(intake.answered(), first_apply),
