@@ -19,10 +19,10 @@ const SERVICE_CIDR: &str = "10.96.0.0/16";
 const DATA_DIR_PREFIX: &str = "previewd-sandbox-";
 
 /// The audit policy of a control plane started with `audit_writes`: one line per create, update
-/// or patch of what a push writes on its way to `Ready` (the environment, its status, the app's
-/// ConfigMaps and Deployments) and of the Deployments' status the controller manager writes
-/// during a rollout; nothing else. Each line holds when the API server received the request and
-/// when it answered (`requestReceivedTimestamp`, `stageTimestamp`, microseconds).
+/// or patch of a PreviewEnvironment or its status, a ConfigMap, a Deployment or its status, by
+/// anyone (what a push writes on its way to `Ready`, and the controller manager's rollout
+/// status); nothing else. Each line holds when the API server received the request and when it
+/// answered (`requestReceivedTimestamp`, `stageTimestamp`, microseconds).
 const AUDIT_POLICY: &str = r#"apiVersion: audit.k8s.io/v1
 kind: Policy
 omitStages: ["RequestReceived"]
@@ -429,9 +429,9 @@ fn write_audit_policy(dir: &Path) -> Result<PathBuf, SandboxError> {
     Ok(dir.join("audit.log"))
 }
 
-/// The API server's flags for an audit log at `log`. Batches are written off the request path
-/// (`batch`), at least once a second so that a benchmark reads them soon after; the log is not
-/// rotated below 1 GiB.
+/// The API server's flags for an audit log at `log`. The file is written in batches (`batch`:
+/// the API server still checks the policy and builds each event as it serves), at least once a
+/// second so that a benchmark reads them soon after; the log is not rotated below 1 GiB.
 fn audit_args(dir: &Path, log: &Path) -> Vec<String> {
     vec![
         format!(
