@@ -367,15 +367,7 @@ fn describe_audited(paths: &[PushPath], pushes: usize) -> String {
     if paths.is_empty() {
         return format!("none of the {pushes} pushes found in the log");
     }
-    let column = |pick: &dyn Fn(&PushPath) -> Duration| {
-        let mut values: Vec<Duration> = paths.iter().map(pick).collect();
-        values.sort();
-        format!(
-            "p50 {:.1} ms, p99 {:.1} ms",
-            percentile(&values, 0.50).as_secs_f64() * 1000.0,
-            percentile(&values, 0.99).as_secs_f64() * 1000.0
-        )
-    };
+    let column = |pick: &dyn Fn(&PushPath) -> Duration| p50_p99(paths.iter().map(pick), 1);
     format!(
         "previewd's own time (all but the rollout and the API server serving previewd's writes) {}: delivery → the intake's write received {}, its answer → the first object's apply received {}, the rollout's last status write answered → previewd's status write received {}; the API server serving previewd's writes {} ({} of {pushes} pushes)",
         column(&PushPath::previewd),
@@ -390,15 +382,7 @@ fn describe_audited(paths: &[PushPath], pushes: usize) -> String {
 /// p50 and p99 of each part of [`breakdown`], and of previewd's share (all but the rollout), in
 /// words.
 fn describe_breakdown(parts: &[[Duration; 4]]) -> String {
-    let column = |pick: &dyn Fn(&[Duration; 4]) -> Duration| {
-        let mut values: Vec<Duration> = parts.iter().map(pick).collect();
-        values.sort();
-        format!(
-            "p50 {:.0} ms, p99 {:.0} ms",
-            percentile(&values, 0.50).as_secs_f64() * 1000.0,
-            percentile(&values, 0.99).as_secs_f64() * 1000.0
-        )
-    };
+    let column = |pick: &dyn Fn(&[Duration; 4]) -> Duration| p50_p99(parts.iter().map(pick), 0);
     format!(
         "delivery → objects applied {} (delivery → new head on the environment {}, → objects applied {}); applied → rollout complete (Kubernetes) {}; rollout complete → status Ready {}; previewd's share (all but the rollout) {} ({} pushes)",
         column(&|p| p[0] + p[1]),
@@ -816,6 +800,18 @@ fn changed_outside(
         .collect();
     changed.sort();
     changed
+}
+
+/// "p50 … ms, p99 … ms" of `values`, in milliseconds with `decimals` places.
+fn p50_p99(values: impl Iterator<Item = Duration>, decimals: usize) -> String {
+    let mut values: Vec<Duration> = values.collect();
+    values.sort();
+    let ms = |p: f64| percentile(&values, p).as_secs_f64() * 1000.0;
+    format!(
+        "p50 {:.decimals$} ms, p99 {:.decimals$} ms",
+        ms(0.50),
+        ms(0.99)
+    )
 }
 
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
